@@ -1,0 +1,338 @@
+//! Datasets on disk: creating and opening them, snapshots of one committed version, segments.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::compute::concat_batches;
+use arrow::datatypes::UInt64Type;
+
+use crate::error::{Error, IoContext, Result};
+use crate::format::{self, ep, meta};
+use crate::index::EpisodeIndex;
+use crate::manifest::{self, Manifest, SegmentEntry};
+use crate::schema::TransitionSchema;
+use crate::segment::{self, MappedIpc};
+use crate::writer::{DatasetWriter, WriterOptions};
+
+/// A dataset directory. Cheap handle: it holds the path only; [`Dataset::snapshot`] reads.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    root: PathBuf,
+}
+
+impl Dataset {
+    /// Creates an empty dataset at `path` (which must not exist, or be an empty directory) and
+    /// commits version 1 with `schema` and no transitions.
+    pub fn create(path: impl AsRef<Path>, schema: &TransitionSchema) -> Result<Self> {
+        let root = path.as_ref().to_path_buf();
+        if root.exists() {
+            let mut entries = std::fs::read_dir(&root).at(&root)?;
+            if entries.next().is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "{} already exists and is not empty",
+                    root.display()
+                )));
+            }
+        }
+        std::fs::create_dir_all(root.join(format::SEGMENTS_DIR)).at(&root)?;
+        std::fs::create_dir_all(manifest::versions_dir(&root)).at(&root)?;
+        let m = Manifest {
+            format: format::FORMAT_NAME.into(),
+            format_version: format::FORMAT_VERSION,
+            version: 1,
+            created_unix_ms: manifest::now_ms(),
+            columns: schema.to_columns(),
+            transitions: 0,
+            episodes: 0,
+            next_episode_id: 0,
+            next_segment_id: 0,
+            next_row: 0,
+            segments: vec![],
+            properties: Default::default(),
+        };
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            manifest::sync_dir(parent)?;
+        }
+        manifest::sync_dir(&root)?;
+        m.publish(&root)?;
+        Ok(Dataset { root })
+    }
+
+    /// Opens an existing dataset: checks that it has a readable newest manifest.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let root = path.as_ref().to_path_buf();
+        if !root.is_dir() {
+            return Err(Error::NotFound { path: root });
+        }
+        manifest::read_latest(&root)?;
+        Ok(Dataset { root })
+    }
+
+    /// The dataset directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Committed versions, ascending.
+    pub fn versions(&self) -> Result<Vec<u64>> {
+        manifest::list_versions(&self.root)
+    }
+
+    /// The newest committed manifest.
+    pub fn latest_manifest(&self) -> Result<Manifest> {
+        manifest::read_latest(&self.root)
+    }
+
+    /// A snapshot of the newest committed version: maps every segment (zero-copy) and builds the
+    /// episode index. Cost O(segments + episodes); transitions are not read.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Snapshot::load(&self.root, manifest::read_latest(&self.root)?, None)
+    }
+
+    /// A snapshot of version `version`.
+    pub fn snapshot_at(&self, version: u64) -> Result<Snapshot> {
+        Snapshot::load(&self.root, manifest::read(&self.root, version)?, None)
+    }
+
+    /// Takes the single-writer lock and returns a writer that appends after the newest version.
+    /// Fails with [`Error::Locked`] if another writer (in any process) holds it.
+    pub fn writer(&self, options: WriterOptions) -> Result<DatasetWriter> {
+        DatasetWriter::open(&self.root, options)
+    }
+}
+
+/// One mapped segment: its transition batches and its episode table.
+#[derive(Debug)]
+pub struct Segment {
+    entry: SegmentEntry,
+    file: MappedIpc,
+    batch_starts: Vec<u64>,
+    episodes: RecordBatch,
+}
+
+impl Segment {
+    fn open(root: &Path, entry: &SegmentEntry, schema: &TransitionSchema) -> Result<Self> {
+        let path = root.join(&entry.path);
+        let file = segment::open_ipc(&path, schema.arrow_schema())?;
+        check_file(&path, &file, entry, entry.bytes, meta::KIND_TRANSITIONS, entry.rows)?;
+        let ep_path = root.join(&entry.episodes_path);
+        let ep_file = segment::open_ipc(&ep_path, schema.episode_schema())?;
+        check_file(&ep_path, &ep_file, entry, entry.episodes_bytes, meta::KIND_EPISODES, entry.episodes)?;
+        let episodes = match ep_file.batches.len() {
+            1 => ep_file.batches[0].clone(),
+            _ => concat_batches(schema.episode_schema(), &ep_file.batches)?,
+        };
+        let mut batch_starts = vec![0u64];
+        for b in &file.batches {
+            batch_starts.push(batch_starts.last().unwrap() + b.num_rows() as u64);
+        }
+        let seg = Segment {
+            entry: entry.clone(),
+            file,
+            batch_starts,
+            episodes,
+        };
+        seg.check_episode_table(&ep_path)?;
+        Ok(seg)
+    }
+
+    /// Episode ids consecutive, rows contiguous and covering the segment, no episode split
+    /// across record batches. O(episodes + batches).
+    fn check_episode_table(&self, path: &Path) -> Result<()> {
+        let t = &self.episodes;
+        let col = |name| t.column_by_name(name).expect("schema checked").as_primitive::<UInt64Type>();
+        let (ids, starts, lens) = (col(ep::EPISODE_ID), col(ep::ROW_START), col(ep::LENGTH));
+        let mut row = 0u64;
+        for i in 0..t.num_rows() {
+            let (id, start, len) = (ids.value(i), starts.value(i), lens.value(i));
+            if id != self.entry.first_episode_id + i as u64 || start != row || len == 0 {
+                return Err(Error::corrupt(
+                    path,
+                    format!("episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"),
+                ));
+            }
+            row += len;
+        }
+        if row != self.entry.rows {
+            return Err(Error::corrupt(path, format!("episodes cover {row} rows, segment has {}", self.entry.rows)));
+        }
+        let starts = starts.values();
+        for &b in &self.batch_starts[..self.batch_starts.len() - 1] {
+            if starts.binary_search(&b).is_err() {
+                return Err(Error::corrupt(path, format!("an episode spans record batches at row {b}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The manifest entry.
+    pub fn entry(&self) -> &SegmentEntry {
+        &self.entry
+    }
+    /// Number of transitions.
+    pub fn num_rows(&self) -> u64 {
+        self.entry.rows
+    }
+    /// The zero-copy record batches of transitions.
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.file.batches
+    }
+    /// The episode table (one row per episode).
+    pub fn episode_table(&self) -> &RecordBatch {
+        &self.episodes
+    }
+    /// The batch holding segment row `row` and the row's offset inside it. O(log batches).
+    pub fn locate(&self, row: u64) -> (usize, usize) {
+        let b = self.batch_starts.partition_point(|&s| s <= row) - 1;
+        (b, (row - self.batch_starts[b]) as usize)
+    }
+    /// Rows `[row, row + len)` as a zero-copy batch. The range must lie inside one record batch,
+    /// which holds for any range inside one episode.
+    pub fn slice(&self, row: u64, len: usize) -> RecordBatch {
+        let (b, off) = self.locate(row);
+        self.file.batches[b].slice(off, len)
+    }
+    /// The whole mapped file (for checksums).
+    pub fn mapped_bytes(&self) -> &[u8] {
+        self.file.map.as_slice()
+    }
+}
+
+fn check_file(path: &Path, f: &MappedIpc, entry: &SegmentEntry, bytes: u64, kind: &str, rows: u64) -> Result<()> {
+    let bad = |r: String| Err(Error::corrupt(path, r));
+    if f.bytes != bytes {
+        return bad(format!("{} bytes, manifest says {bytes}", f.bytes));
+    }
+    if f.metadata.get(meta::FILE_KIND).map(String::as_str) != Some(kind) {
+        return bad(format!("footer does not mark it as a `{kind}` file"));
+    }
+    if f.metadata.get(meta::SEGMENT_ID) != Some(&format::segment_name(entry.id)) {
+        return bad(format!("footer names another segment than {}", entry.id));
+    }
+    if f.num_rows() != rows {
+        return bad(format!("{} rows, manifest says {rows}", f.num_rows()));
+    }
+    Ok(())
+}
+
+/// One committed version, mapped and indexed. Readers hold a snapshot; commits after it are
+/// invisible until [`Snapshot::refresh`]. Cloning is cheap (segments are shared).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    root: PathBuf,
+    manifest: Arc<Manifest>,
+    schema: TransitionSchema,
+    segments: Vec<Arc<Segment>>,
+    index: Arc<EpisodeIndex>,
+}
+
+impl Snapshot {
+    fn load(root: &Path, manifest: Manifest, previous: Option<&Snapshot>) -> Result<Self> {
+        let schema = TransitionSchema::from_columns(&manifest.columns).map_err(|e| {
+            Error::corrupt(
+                manifest::versions_dir(root).join(format::manifest_name(manifest.version)),
+                format!("invalid schema: {e}"),
+            )
+        })?;
+        let reuse: HashMap<u64, Arc<Segment>> = previous
+            .filter(|p| p.schema == schema)
+            .map(|p| p.segments.iter().map(|s| (s.entry.id, s.clone())).collect())
+            .unwrap_or_default();
+        let segments = manifest
+            .segments
+            .iter()
+            .map(|e| match reuse.get(&e.id) {
+                Some(s) if s.entry == *e => Ok(s.clone()),
+                _ => Segment::open(root, e, &schema).map(Arc::new),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let first_id = manifest.segments.first().map_or(manifest.next_episode_id, |s| s.first_episode_id);
+        // Extend the previous index when this version only drops old segments and adds new ones.
+        let index = match previous {
+            Some(p) if !p.segments.is_empty() => {
+                let dropped = p.segments.iter().take_while(|s| s.entry.first_episode_id < first_id).count();
+                let kept = &p.segments[dropped..];
+                if segments.len() >= kept.len() && kept.iter().zip(&segments).all(|(a, b)| Arc::ptr_eq(a, b)) {
+                    p.index.extended(dropped, segments[kept.len()..].iter().map(|s| &s.episodes))
+                } else {
+                    EpisodeIndex::from_tables(first_id, segments.iter().map(|s| &s.episodes))
+                }
+            }
+            _ => EpisodeIndex::from_tables(first_id, segments.iter().map(|s| &s.episodes)),
+        };
+        Ok(Snapshot {
+            root: root.to_path_buf(),
+            manifest: Arc::new(manifest),
+            schema,
+            segments,
+            index: Arc::new(index),
+        })
+    }
+
+    /// Moves to the newest committed version, reusing the segments that are still part of it.
+    /// Returns whether the version changed.
+    pub fn refresh(&mut self) -> Result<bool> {
+        let latest = manifest::list_versions(&self.root)?.last().copied().unwrap_or(0);
+        if latest == self.manifest.version {
+            return Ok(false);
+        }
+        *self = Snapshot::load(&self.root, manifest::read(&self.root, latest)?, Some(self))?;
+        Ok(true)
+    }
+
+    /// The dataset directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+    /// This snapshot's version.
+    pub fn version(&self) -> u64 {
+        self.manifest.version
+    }
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    /// The transition schema.
+    pub fn schema(&self) -> &TransitionSchema {
+        &self.schema
+    }
+    /// The mapped segments, in episode order.
+    pub fn segments(&self) -> &[Arc<Segment>] {
+        &self.segments
+    }
+    /// The episode index.
+    pub fn episodes(&self) -> &Arc<EpisodeIndex> {
+        &self.index
+    }
+    /// Total transitions.
+    pub fn num_transitions(&self) -> u64 {
+        self.manifest.transitions
+    }
+    /// Total episodes.
+    pub fn num_episodes(&self) -> u64 {
+        self.manifest.episodes
+    }
+    /// Bytes of all segment files and episode tables.
+    pub fn bytes_on_disk(&self) -> u64 {
+        self.manifest.segments.iter().map(|s| s.bytes + s.episodes_bytes).sum()
+    }
+    /// The transitions of the episode with id `id`, zero-copy.
+    pub fn episode(&self, id: u64) -> Option<RecordBatch> {
+        let loc = self.index.by_id(id)?;
+        Some(self.segments[loc.segment].slice(loc.segment_row, loc.length as usize))
+    }
+    /// A per-episode column (`episode_return`, `terminated`, ...) over all episode tables.
+    pub fn episode_column(&self, name: &str) -> Result<Vec<Arc<dyn Array>>> {
+        self.segments
+            .iter()
+            .map(|s| {
+                s.episodes
+                    .column_by_name(name)
+                    .cloned()
+                    .ok_or_else(|| Error::InvalidArgument(format!("no episode column `{name}`")))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,101 @@
+//! The crate's error type. Variants are named by what the caller should do about them.
+
+use std::path::{Path, PathBuf};
+
+/// Result alias used throughout trajstore.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in trajstore. Bad input is always one of these, never a panic.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A dataset, version or file that should exist does not.
+    #[error("not found: {}", path.display())]
+    NotFound {
+        /// The missing path.
+        path: PathBuf,
+    },
+    /// A file exists but its bytes are not what trajstore wrote (truncated, bit-flipped, foreign).
+    #[error("corrupt file {}: {reason}", path.display())]
+    Corrupt {
+        /// The offending file.
+        path: PathBuf,
+        /// What check failed.
+        reason: String,
+    },
+    /// The dataset was written by an incompatible format version.
+    #[error("incompatible format: found {found}, this build supports {supported}")]
+    IncompatibleFormat {
+        /// What the file declares.
+        found: String,
+        /// What this build reads.
+        supported: String,
+    },
+    /// Data does not match the dataset's schema.
+    #[error("schema mismatch: {0}")]
+    SchemaMismatch(String),
+    /// Input data is inconsistent (a reappearing episode id, a null in a required column, ...).
+    #[error("invalid data: {0}")]
+    InvalidData(String),
+    /// A caller passed an argument that cannot work.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Another writer holds the dataset's lock.
+    #[error(
+        "dataset {} is locked by another writer (lock file {}); only one writer may append at a time",
+        dataset.display(),
+        lock.display()
+    )]
+    Locked {
+        /// The dataset directory.
+        dataset: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// An I/O error on a named path.
+    #[error("I/O error on {}: {source}", path.display())]
+    Io {
+        /// The path being accessed.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An error from arrow-rs.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// An error from the parquet crate.
+    #[error("parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+}
+
+impl Error {
+    /// Wraps an I/O error with the path it happened on; `NotFound` becomes [`Error::NotFound`].
+    pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        let path = path.as_ref().to_path_buf();
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::NotFound { path }
+        } else {
+            Error::Io { path, source }
+        }
+    }
+
+    /// A [`Error::Corrupt`] for `path`.
+    pub fn corrupt(path: impl AsRef<Path>, reason: impl Into<String>) -> Self {
+        Error::Corrupt {
+            path: path.as_ref().to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Attaches a path to I/O results.
+pub(crate) trait IoContext<T> {
+    fn at(self, path: impl AsRef<Path>) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn at(self, path: impl AsRef<Path>) -> Result<T> {
+        self.map_err(|e| Error::io(path, e))
+    }
+}

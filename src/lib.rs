@@ -1,0 +1,66 @@
+//! # trajstore
+//!
+//! An Apache Arrow columnar store for reinforcement-learning transitions.
+//!
+//! Transitions live in memory-mapped Arrow IPC *file* segments that hold whole episodes, with
+//! precomputed trajectory boundary columns (`episode_id`, `step`, `is_first`, `is_last`,
+//! `terminated`, `truncated`) and a per-segment episode table. Opening a dataset reads manifests
+//! and episode tables only: O(episodes), never O(transitions). Reads are zero-copy views of the
+//! maps. Every file is standard Arrow IPC that pyarrow, Polars, DuckDB and DataFusion read.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use arrow::array::{FixedSizeListArray, Float32Array, RecordBatch};
+//! use arrow::datatypes::{DataType, Field};
+//! use trajstore::{Dataset, EpisodeEnd, TransitionSchema, WriterOptions};
+//!
+//! # fn main() -> trajstore::Result<()> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let schema = TransitionSchema::builder(&[3], 2).build()?;
+//! let ds = Dataset::create(dir.path().join("demo.trajstore"), &schema)?;
+//!
+//! // Append one episode of 4 transitions and commit.
+//! let mut writer = ds.writer(WriterOptions::default())?;
+//! let list = |n: i32, v: Vec<f32>| {
+//!     let item = Arc::new(Field::new("item", DataType::Float32, false));
+//!     Arc::new(FixedSizeListArray::new(item, n, Arc::new(Float32Array::from(v)), None))
+//! };
+//! let batch = RecordBatch::try_from_iter([
+//!     ("observation", list(3, vec![0.0; 12]) as _),
+//!     ("action", list(2, vec![1.0; 8]) as _),
+//!     ("reward", Arc::new(Float32Array::from(vec![1.0, 0.0, 0.0, 1.0])) as _),
+//! ])?;
+//! writer.append_episode(&batch, EpisodeEnd::terminated())?;
+//! let version = writer.commit()?;
+//!
+//! // Readers see whole committed versions.
+//! let snap = ds.snapshot()?;
+//! assert_eq!((snap.version(), snap.num_transitions(), snap.num_episodes()), (version, 4, 1));
+//! let episode = snap.episode(0).unwrap();
+//! assert_eq!(episode.num_rows(), 4);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod dataset;
+pub mod error;
+pub mod export;
+pub mod format;
+pub mod index;
+pub mod ingest;
+pub mod manifest;
+pub mod schema;
+pub mod segment;
+pub mod stats;
+pub mod synth;
+pub mod verify;
+pub mod writer;
+
+mod fault;
+
+pub use dataset::{Dataset, Segment, Snapshot};
+pub use error::{Error, Result};
+pub use index::{EpisodeIndex, EpisodeLocation};
+pub use manifest::Manifest;
+pub use schema::{ActionKind, TransitionSchema};
+pub use writer::{DatasetWriter, EpisodeEnd, Step, Values, WriterOptions};

@@ -1,0 +1,529 @@
+//! The transition schema: boundary columns, observation/action/reward, optional columns, and the
+//! episode-table schema derived from it. Validation of schemas read from disk or given by users.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::format::{self, col, ep, meta};
+
+/// How actions are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ActionKind {
+    /// A `FixedSizeList<float>` of `dim` values per transition.
+    Continuous {
+        /// Number of action dimensions.
+        dim: usize,
+    },
+    /// One `int64` per transition (never one-hot).
+    Discrete,
+}
+
+/// One column as described in a manifest (`schemas/manifest.schema.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnDesc {
+    /// Column name.
+    pub name: String,
+    /// Type in the grammar of [`format::type_name`].
+    #[serde(rename = "type")]
+    pub data_type: String,
+    /// Whether nulls are allowed.
+    pub nullable: bool,
+    /// Tensor shape of a fixed-size-list column (row-major); absent means `[list_size]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<usize>>,
+}
+
+/// A validated transition schema. Cheap to clone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransitionSchema {
+    schema: SchemaRef,
+    payload: SchemaRef,
+    episodes: SchemaRef,
+    obs_shape: Vec<usize>,
+    action: ActionKind,
+}
+
+/// Builds a [`TransitionSchema`] from shapes and types.
+#[derive(Debug, Clone)]
+pub struct TransitionSchemaBuilder {
+    obs_type: DataType,
+    obs_shape: Vec<usize>,
+    action: ActionKind,
+    action_type: DataType,
+    next_observation: bool,
+    extra: Vec<Field>,
+}
+
+impl TransitionSchemaBuilder {
+    /// Observations of `shape` (row-major) with elements of type `elem` (default `float32`).
+    pub fn observation(mut self, elem: DataType, shape: &[usize]) -> Self {
+        self.obs_type = elem;
+        self.obs_shape = shape.to_vec();
+        self
+    }
+    /// Continuous actions: `dim` values of type `float32`.
+    pub fn continuous_action(mut self, dim: usize) -> Self {
+        self.action = ActionKind::Continuous { dim };
+        self.action_type = DataType::Float32;
+        self
+    }
+    /// Discrete actions stored as one `int64`.
+    pub fn discrete_action(mut self) -> Self {
+        self.action = ActionKind::Discrete;
+        self.action_type = DataType::Int64;
+        self
+    }
+    /// Store `next_observation` explicitly (default: derived from the next row).
+    pub fn next_observation(mut self, store: bool) -> Self {
+        self.next_observation = store;
+        self
+    }
+    /// Adds a user column (any fixed-width type of the manifest grammar).
+    pub fn column(mut self, field: Field) -> Self {
+        self.extra.push(field);
+        self
+    }
+    /// Validates and builds.
+    pub fn build(self) -> Result<TransitionSchema> {
+        let n: usize = self.obs_shape.iter().product();
+        if self.obs_shape.is_empty() || n == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "observation shape {:?} must be non-empty with no zero dimension",
+                self.obs_shape
+            )));
+        }
+        let obs = tensor_field(col::OBSERVATION, self.obs_type.clone(), &self.obs_shape, false)?;
+        let action = match self.action {
+            ActionKind::Continuous { dim } => {
+                if dim == 0 {
+                    return Err(Error::InvalidArgument("action dimension must be > 0".into()));
+                }
+                Field::new(col::ACTION, fsl(self.action_type, dim)?, false)
+            }
+            ActionKind::Discrete => Field::new(col::ACTION, DataType::Int64, false),
+        };
+        let mut fields = vec![obs.clone(), action, Field::new(col::REWARD, DataType::Float32, false)];
+        if self.next_observation {
+            fields.push(obs.with_name(col::NEXT_OBSERVATION));
+        }
+        fields.extend(self.extra);
+        TransitionSchema::from_payload(&Schema::new(fields))
+    }
+}
+
+/// A non-nullable `FixedSizeList<elem>[n]` type with a non-nullable `item` child.
+pub fn fsl(elem: DataType, n: usize) -> Result<DataType> {
+    let n = i32::try_from(n).map_err(|_| Error::InvalidArgument(format!("list size {n} too large")))?;
+    Ok(DataType::FixedSizeList(Field::new("item", elem, false).into(), n))
+}
+
+/// A fixed-shape tensor field: flat `FixedSizeList` storage plus `arrow.fixed_shape_tensor` metadata.
+pub fn tensor_field(name: &str, elem: DataType, shape: &[usize], nullable: bool) -> Result<Field> {
+    let n = shape.iter().product();
+    let shape_json = serde_json::json!({ "shape": shape }).to_string();
+    Ok(Field::new(name, fsl(elem, n)?, nullable).with_metadata(HashMap::from([
+        (meta::EXTENSION_NAME.to_string(), meta::FIXED_SHAPE_TENSOR.to_string()),
+        (meta::EXTENSION_METADATA.to_string(), shape_json),
+    ])))
+}
+
+/// Reads the tensor shape of a fixed-size-list field from its extension metadata (or `[n]`).
+pub fn field_shape(field: &Field) -> Result<Vec<usize>> {
+    let DataType::FixedSizeList(_, n) = field.data_type() else {
+        return Ok(vec![]);
+    };
+    let n = *n as usize;
+    let md = field.metadata();
+    if md.get(meta::EXTENSION_NAME).map(String::as_str) != Some(meta::FIXED_SHAPE_TENSOR) {
+        return Ok(vec![n]);
+    }
+    let bad = |why: &str| {
+        Error::SchemaMismatch(format!(
+            "column `{}`: invalid {} metadata: {why}",
+            field.name(),
+            meta::FIXED_SHAPE_TENSOR
+        ))
+    };
+    let raw = md.get(meta::EXTENSION_METADATA).ok_or_else(|| bad("missing"))?;
+    let v: serde_json::Value = serde_json::from_str(raw).map_err(|e| bad(&e.to_string()))?;
+    let shape: Vec<usize> = v
+        .get("shape")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .ok_or_else(|| bad("no integer `shape` array"))?;
+    if shape.iter().product::<usize>() != n {
+        return Err(bad(&format!("shape {shape:?} does not multiply to list size {n}")));
+    }
+    Ok(shape)
+}
+
+fn boundary_fields() -> [Field; 6] {
+    [
+        Field::new(col::EPISODE_ID, DataType::UInt64, false),
+        Field::new(col::STEP, DataType::UInt32, false),
+        Field::new(col::IS_FIRST, DataType::Boolean, false),
+        Field::new(col::IS_LAST, DataType::Boolean, false),
+        Field::new(col::TERMINATED, DataType::Boolean, false),
+        Field::new(col::TRUNCATED, DataType::Boolean, false),
+    ]
+}
+
+fn is_numeric(dt: &DataType) -> bool {
+    dt.is_integer() || dt.is_floating()
+}
+
+impl TransitionSchema {
+    /// Starts a builder: `float32` observations of `obs_shape`, continuous `float32` actions of
+    /// `act_dim`, no stored `next_observation`.
+    pub fn builder(obs_shape: &[usize], act_dim: usize) -> TransitionSchemaBuilder {
+        TransitionSchemaBuilder {
+            obs_type: DataType::Float32,
+            obs_shape: obs_shape.to_vec(),
+            action: ActionKind::Continuous { dim: act_dim },
+            action_type: DataType::Float32,
+            next_observation: false,
+            extra: vec![],
+        }
+    }
+
+    /// Validates the schema of the payload a user appends (everything but the boundary columns,
+    /// in any order) and puts it in canonical order: observation, action, reward,
+    /// next_observation, then user columns in their given order.
+    pub fn from_payload(payload: &Schema) -> Result<Self> {
+        let mut fields: Vec<Field> = boundary_fields().into();
+        for name in [col::OBSERVATION, col::ACTION, col::REWARD] {
+            let f = payload.field_with_name(name).map_err(|_| {
+                Error::SchemaMismatch(format!(
+                    "required column `{name}` is missing (have: {})",
+                    names(payload)
+                ))
+            })?;
+            fields.push(f.clone());
+        }
+        if let Ok(f) = payload.field_with_name(col::NEXT_OBSERVATION) {
+            fields.push(f.clone());
+        }
+        for f in payload.fields() {
+            if col::BOUNDARY.contains(&f.name().as_str()) {
+                return Err(Error::SchemaMismatch(format!(
+                    "column `{}` is a boundary column computed by the writer; do not pass it",
+                    f.name()
+                )));
+            }
+            if ![col::OBSERVATION, col::ACTION, col::REWARD, col::NEXT_OBSERVATION]
+                .contains(&f.name().as_str())
+            {
+                fields.push(f.as_ref().clone());
+            }
+        }
+        Self::try_from_arrow(&Schema::new(fields))
+    }
+
+    /// Validates a full on-disk schema (boundary columns first, then the payload in canonical order).
+    pub fn try_from_arrow(schema: &Schema) -> Result<Self> {
+        let mismatch = |m: String| Error::SchemaMismatch(m);
+        let fields = schema.fields();
+        let expected = boundary_fields();
+        if fields.len() < expected.len() + 3 {
+            return Err(mismatch(format!(
+                "expected at least {} columns, found {} ({})",
+                expected.len() + 3,
+                fields.len(),
+                names(schema)
+            )));
+        }
+        for (f, e) in fields.iter().zip(expected.iter()) {
+            if f.name() != e.name() || f.data_type() != e.data_type() || f.is_nullable() {
+                return Err(mismatch(format!(
+                    "boundary column `{}` must be non-null {} at this position, found `{}`: {}{}",
+                    e.name(),
+                    e.data_type(),
+                    f.name(),
+                    f.data_type(),
+                    if f.is_nullable() { " (nullable)" } else { "" }
+                )));
+            }
+        }
+        let rest = &fields[expected.len()..];
+        let obs = &rest[0];
+        if obs.name() != col::OBSERVATION {
+            return Err(mismatch(format!("expected `{}` after the boundary columns", col::OBSERVATION)));
+        }
+        match obs.data_type() {
+            DataType::FixedSizeList(child, _) if is_numeric(child.data_type()) => {}
+            other => {
+                return Err(mismatch(format!(
+                    "`{}` must be a fixed-size list of numbers, found {other}",
+                    col::OBSERVATION
+                )));
+            }
+        }
+        let obs_shape = field_shape(obs)?;
+        let action = &rest[1];
+        let action_kind = match action.data_type() {
+            DataType::FixedSizeList(child, n) if child.data_type().is_floating() => {
+                ActionKind::Continuous { dim: *n as usize }
+            }
+            DataType::Int64 => ActionKind::Discrete,
+            other => {
+                return Err(mismatch(format!(
+                    "`{}` must be a fixed-size list of floats (continuous) or int64 (discrete), found {other}",
+                    col::ACTION
+                )));
+            }
+        };
+        if action.name() != col::ACTION {
+            return Err(mismatch(format!("expected `{}` after `{}`", col::ACTION, col::OBSERVATION)));
+        }
+        let reward = &rest[2];
+        if reward.name() != col::REWARD || reward.data_type() != &DataType::Float32 {
+            return Err(mismatch(format!(
+                "expected `{}: float32` after `{}`, found `{}: {}`",
+                col::REWARD,
+                col::ACTION,
+                reward.name(),
+                reward.data_type()
+            )));
+        }
+        for f in &rest[..3] {
+            if f.is_nullable() {
+                return Err(mismatch(format!("required column `{}` must not be nullable", f.name())));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for f in fields {
+            if !seen.insert(f.name().as_str()) {
+                return Err(mismatch(format!("duplicate column `{}`", f.name())));
+            }
+            if format::type_name(f.data_type()).is_none() {
+                return Err(mismatch(format!(
+                    "column `{}` has type {}, but only fixed-width types are stored (bool, ints, \
+                     floats, and fixed-size lists of those)",
+                    f.name(),
+                    f.data_type()
+                )));
+            }
+            if let DataType::FixedSizeList(child, _) = f.data_type()
+                && child.is_nullable()
+            {
+                return Err(mismatch(format!(
+                    "column `{}`: fixed-size list items must be non-nullable",
+                    f.name()
+                )));
+            }
+        }
+        for f in &rest[3..] {
+            if f.name() == col::NEXT_OBSERVATION
+                && (f.data_type() != obs.data_type() || f.is_nullable())
+            {
+                return Err(mismatch(format!(
+                    "`{}` must have the type of `{}` ({}) and be non-null",
+                    col::NEXT_OBSERVATION,
+                    col::OBSERVATION,
+                    obs.data_type()
+                )));
+            }
+        }
+        if let Some(pos) = rest.iter().position(|f| f.name() == col::NEXT_OBSERVATION)
+            && pos != 3
+        {
+            return Err(mismatch(format!("`{}` must follow `{}`", col::NEXT_OBSERVATION, col::REWARD)));
+        }
+        let schema = Arc::new(schema.clone());
+        let payload = Arc::new(Schema::new(rest.to_vec()));
+        let has_next = rest.iter().any(|f| f.name() == col::NEXT_OBSERVATION);
+        let mut ep_fields = vec![
+            Field::new(ep::EPISODE_ID, DataType::UInt64, false),
+            Field::new(ep::ROW_START, DataType::UInt64, false),
+            Field::new(ep::LENGTH, DataType::UInt64, false),
+            Field::new(ep::EPISODE_RETURN, DataType::Float64, false),
+            Field::new(ep::TERMINATED, DataType::Boolean, false),
+            Field::new(ep::TRUNCATED, DataType::Boolean, false),
+        ];
+        if !has_next {
+            ep_fields.push(obs.as_ref().clone().with_name(ep::FINAL_OBSERVATION).with_nullable(true));
+        }
+        Ok(TransitionSchema {
+            schema,
+            payload,
+            episodes: Arc::new(Schema::new(ep_fields)),
+            obs_shape,
+            action: action_kind,
+        })
+    }
+
+    /// The full on-disk schema of segment files.
+    pub fn arrow_schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+    /// The schema of appended episode batches (no boundary columns).
+    pub fn payload_schema(&self) -> &SchemaRef {
+        &self.payload
+    }
+    /// The schema of episode tables.
+    pub fn episode_schema(&self) -> &SchemaRef {
+        &self.episodes
+    }
+    /// Shape of one observation.
+    pub fn observation_shape(&self) -> &[usize] {
+        &self.obs_shape
+    }
+    /// Number of scalar values in one observation.
+    pub fn observation_len(&self) -> usize {
+        self.obs_shape.iter().product()
+    }
+    /// The observation field.
+    pub fn observation_field(&self) -> &Field {
+        self.payload.field(0)
+    }
+    /// How actions are stored.
+    pub fn action_kind(&self) -> &ActionKind {
+        &self.action
+    }
+    /// Whether `next_observation` is stored (otherwise it is derived from the next row and the
+    /// episode's `final_observation`).
+    pub fn has_next_observation(&self) -> bool {
+        self.payload.column_with_name(col::NEXT_OBSERVATION).is_some()
+    }
+    /// Bytes of one row, excluding validity bitmaps (bools count 1/8).
+    pub fn row_bytes(&self) -> f64 {
+        self.schema.fields().iter().map(|f| value_bytes(f.data_type())).sum()
+    }
+
+    /// The columns as written in manifests.
+    pub fn to_columns(&self) -> Vec<ColumnDesc> {
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| ColumnDesc {
+                name: f.name().clone(),
+                data_type: format::type_name(f.data_type()).expect("validated fixed-width type"),
+                nullable: f.is_nullable(),
+                shape: match f.data_type() {
+                    DataType::FixedSizeList(..) => field_shape(f).ok(),
+                    _ => None,
+                },
+            })
+            .collect()
+    }
+
+    /// Rebuilds and validates a schema from manifest columns.
+    pub fn from_columns(cols: &[ColumnDesc]) -> Result<Self> {
+        let fields = cols
+            .iter()
+            .map(|c| {
+                let dt = format::parse_type(&c.data_type)?;
+                Ok(match (&dt, &c.shape) {
+                    (DataType::FixedSizeList(child, _), Some(shape)) => {
+                        let f = tensor_field(&c.name, child.data_type().clone(), shape, c.nullable)?;
+                        if f.data_type() != &dt {
+                            return Err(Error::SchemaMismatch(format!(
+                                "column `{}`: shape {shape:?} does not match type {}",
+                                c.name, c.data_type
+                            )));
+                        }
+                        f
+                    }
+                    _ => Field::new(&c.name, dt, c.nullable),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Self::try_from_arrow(&Schema::new(fields))
+    }
+
+    /// Checks that `other` (e.g. a segment file's schema) has the same names, types and nullability.
+    pub fn check_same(&self, other: &Schema) -> std::result::Result<(), String> {
+        let a = self.schema.fields();
+        let b = other.fields();
+        if a.len() != b.len() {
+            return Err(format!("{} columns, expected {}", b.len(), a.len()));
+        }
+        for (x, y) in a.iter().zip(b.iter()) {
+            if x.name() != y.name()
+                || x.data_type() != y.data_type()
+                || x.is_nullable() != y.is_nullable()
+            {
+                return Err(format!(
+                    "column `{}: {}` where `{}: {}` was expected",
+                    y.name(),
+                    y.data_type(),
+                    x.name(),
+                    x.data_type()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn value_bytes(dt: &DataType) -> f64 {
+    match dt {
+        DataType::Boolean => 0.125,
+        DataType::FixedSizeList(child, n) => *n as f64 * value_bytes(child.data_type()),
+        other => other.primitive_width().unwrap_or(0) as f64,
+    }
+}
+
+fn names(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_produces_canonical_schema() {
+        let s = TransitionSchema::builder(&[3, 4], 2)
+            .next_observation(true)
+            .column(Field::new("cost", DataType::Float64, true))
+            .build()
+            .unwrap();
+        let names: Vec<_> = s.arrow_schema().fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(
+            names,
+            [
+                "episode_id", "step", "is_first", "is_last", "terminated", "truncated", "observation",
+                "action", "reward", "next_observation", "cost"
+            ]
+        );
+        assert_eq!(s.observation_shape(), &[3, 4]);
+        assert_eq!(s.observation_len(), 12);
+        assert!(s.has_next_observation());
+        // Episode table has no final_observation when next_observation is stored.
+        assert!(s.episode_schema().column_with_name(ep::FINAL_OBSERVATION).is_none());
+        // Manifest columns round-trip.
+        let back = TransitionSchema::from_columns(&s.to_columns()).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn rejects_bad_schemas() {
+        assert!(TransitionSchema::builder(&[0], 2).build().is_err());
+        assert!(TransitionSchema::builder(&[3], 0).build().is_err());
+        let bad = Schema::new(vec![
+            Field::new("observation", fsl(DataType::Float32, 3).unwrap(), false),
+            Field::new("action", DataType::Utf8, false),
+            Field::new("reward", DataType::Float32, false),
+        ]);
+        let err = TransitionSchema::from_payload(&bad).unwrap_err().to_string();
+        assert!(err.contains("action"), "{err}");
+        let missing = Schema::new(vec![Field::new("observation", fsl(DataType::Float32, 3).unwrap(), false)]);
+        let err = TransitionSchema::from_payload(&missing).unwrap_err().to_string();
+        assert!(err.contains("`action` is missing"), "{err}");
+        let string_col = TransitionSchema::builder(&[3], 1)
+            .column(Field::new("note", DataType::Utf8, true))
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(string_col.contains("fixed-width"), "{string_col}");
+    }
+}

@@ -1,0 +1,402 @@
+//! Writing one Arrow IPC file (crash-safely) and opening one zero-copy from a memory map.
+//!
+//! Both segment files (`<id>.arrow`) and episode tables (`<id>.episodes.arrow`) go through here.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::ipc::reader::FileDecoder;
+use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
+use arrow::ipc::{Block, MetadataVersion};
+
+use crate::error::{Error, IoContext, Result};
+use crate::format::{self, meta};
+
+const MAGIC: &[u8; 6] = b"ARROW1";
+/// Smallest possible IPC file: magic + padding, footer length, magic.
+const MIN_FILE_LEN: usize = 8 + 4 + 6;
+
+/// Size and checksum of a finished file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// CRC-32C (Castagnoli) of the whole file.
+    pub crc32c: u32,
+}
+
+/// Formats a checksum as written in manifests (`crc32c:` + 8 lowercase hex digits).
+pub fn checksum_string(crc: u32) -> String {
+    format!("crc32c:{crc:08x}")
+}
+
+/// A `Write` that counts bytes and computes CRC-32C of everything that passes through.
+struct HashingWriter<W> {
+    inner: W,
+    crc: u32,
+    bytes: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes one IPC file under a temporary name; [`IpcFileWriter::finish`] syncs it and renames it
+/// into place. Dropping it unfinished leaves only the temporary file, which no manifest names.
+pub struct IpcFileWriter {
+    writer: FileWriter<HashingWriter<BufWriter<File>>>,
+    tmp: PathBuf,
+    path: PathBuf,
+    rows: u64,
+}
+
+impl IpcFileWriter {
+    /// Creates `path` + `.tmp` with `schema`, 64-byte alignment, no compression, and footer
+    /// metadata `trajstore:kind = kind` and `trajstore:segment_id = segment_id`.
+    pub fn create(path: &Path, schema: &Schema, kind: &str, segment_id: u64) -> Result<Self> {
+        let tmp = tmp_path(path);
+        let file = File::create(&tmp).at(&tmp)?;
+        let sink = HashingWriter {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            crc: 0,
+            bytes: 0,
+        };
+        let options = IpcWriteOptions::try_new(format::IPC_ALIGNMENT, false, MetadataVersion::V5)?;
+        let mut writer = FileWriter::try_new_with_options(sink, schema, options)?;
+        writer.write_metadata(meta::FORMAT_VERSION, format::FORMAT_VERSION.to_string());
+        writer.write_metadata(meta::FILE_KIND, kind);
+        writer.write_metadata(meta::SEGMENT_ID, format::segment_name(segment_id));
+        Ok(Self {
+            writer,
+            tmp,
+            path: path.to_path_buf(),
+            rows: 0,
+        })
+    }
+
+    /// Appends one record batch (one IPC message; it becomes one zero-copy batch when read).
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.writer.write(batch).map_err(|e| self.io_or_arrow(e))?;
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far (approximately the final file size).
+    pub fn bytes_written(&self) -> u64 {
+        self.writer.get_ref().bytes
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Writes the footer, fsyncs, and renames the file to its final name. The caller fsyncs the
+    /// directory before publishing a manifest that names the file.
+    pub fn finish(mut self) -> Result<FileInfo> {
+        self.writer.finish().map_err(|e| self.io_or_arrow(e))?;
+        let mut sink = self.writer.into_inner().map_err(Error::Arrow)?;
+        sink.flush().at(&self.tmp)?;
+        let info = FileInfo {
+            bytes: sink.bytes,
+            crc32c: sink.crc,
+        };
+        let file = sink.inner.into_inner().map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+        file.sync_all().at(&self.tmp)?;
+        drop(file);
+        crate::fault::point("segment-before-rename");
+        std::fs::rename(&self.tmp, &self.path).at(&self.path)?;
+        Ok(info)
+    }
+
+    fn io_or_arrow(&self, e: arrow::error::ArrowError) -> Error {
+        match e {
+            arrow::error::ArrowError::IoError(_, source) => Error::io(&self.tmp, source),
+            other => Error::Arrow(other),
+        }
+    }
+}
+
+/// The temporary name a file is written under before its rename.
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format::TMP_SUFFIX);
+    PathBuf::from(s)
+}
+
+/// An IPC file opened from a memory map. Its batches are zero-copy views of the map; the map
+/// lives as long as any of them.
+#[derive(Debug, Clone)]
+pub struct MappedIpc {
+    /// The record batches, in file order.
+    pub batches: Vec<RecordBatch>,
+    /// The footer's custom metadata.
+    pub metadata: HashMap<String, String>,
+    /// File size.
+    pub bytes: u64,
+    /// The whole mapped file.
+    pub map: Buffer,
+}
+
+impl MappedIpc {
+    /// Total rows over all batches.
+    pub fn num_rows(&self) -> u64 {
+        self.batches.iter().map(|b| b.num_rows() as u64).sum()
+    }
+}
+
+/// Maps `path` read-only and decodes it without copying, after checking magic, footer, schema
+/// (names, types and nullability must equal `expected`), message bounds and buffer alignment.
+///
+/// Cost: O(record batches) plus the pages holding the footer and message headers; column data is
+/// not read. Every failed check is [`Error::Corrupt`] naming the path.
+pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
+    let file = File::open(path).at(path)?;
+    let len = file.metadata().at(path)?.len() as usize;
+    let corrupt = |reason: String| Error::corrupt(path, reason);
+    if len < MIN_FILE_LEN {
+        return Err(corrupt(format!("{len} bytes is too short for an Arrow IPC file")));
+    }
+    // SAFETY: the map is read-only and committed trajstore files are immutable: they are written
+    // under a temporary name and renamed into place, and never modified or truncated afterwards
+    // (a file replaced under the same name keeps the old inode alive for this map). Modifying a
+    // committed file from outside trajstore is outside the format's contract.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.at(path)?;
+    let map = Buffer::from(bytes::Bytes::from_owner(mmap));
+    let data = map.as_slice();
+    if &data[..6] != MAGIC || &data[len - 6..] != MAGIC {
+        return Err(corrupt("missing ARROW1 magic (not an Arrow IPC file, or truncated)".into()));
+    }
+    let footer_len = i32::from_le_bytes(data[len - 10..len - 6].try_into().expect("4 bytes"));
+    let footer_end = len - 10;
+    if footer_len <= 0 || footer_len as usize > footer_end - 8 {
+        return Err(corrupt(format!("footer length {footer_len} out of bounds")));
+    }
+    let footer_start = footer_end - footer_len as usize;
+    let footer = arrow::ipc::root_as_footer(&data[footer_start..footer_end])
+        .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
+    if footer.version() != MetadataVersion::V5 {
+        return Err(corrupt(format!("metadata version {:?}, expected V5", footer.version())));
+    }
+    let fb_schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
+    // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
+    let schema = catch_unwind(AssertUnwindSafe(|| arrow::ipc::convert::fb_to_schema(fb_schema)))
+        .map_err(|_| corrupt("unreadable schema in footer".into()))?;
+    let mut metadata = HashMap::new();
+    if let Some(kv) = footer.custom_metadata() {
+        for e in kv {
+            if let (Some(k), Some(v)) = (e.key(), e.value()) {
+                metadata.insert(k.to_string(), v.to_string());
+            }
+        }
+    }
+    check_schema(expected, &schema).map_err(|m| corrupt(format!("schema mismatch: {m}")))?;
+    if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
+        return Err(corrupt("dictionary batches are not part of the format".into()));
+    }
+    let schema: SchemaRef = Arc::new(schema);
+    let decoder = FileDecoder::new(schema.clone(), MetadataVersion::V5).with_require_alignment(true);
+    let blocks = footer.recordBatches().map(|b| b.iter().copied().collect::<Vec<_>>());
+    let mut batches = Vec::new();
+    for (i, block) in blocks.unwrap_or_default().iter().enumerate() {
+        let slice = check_block(block, footer_start, data)
+            .map_err(|m| corrupt(format!("record batch {i}: {m}")))?;
+        let block_data = map.slice_with_length(slice.0, slice.1);
+        let decoded = catch_unwind(AssertUnwindSafe(|| decoder.read_record_batch(block, &block_data)))
+            .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
+            .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
+            .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
+        batches.push(decoded);
+    }
+    Ok(MappedIpc {
+        batches,
+        metadata,
+        bytes: len as u64,
+        map,
+    })
+}
+
+fn check_schema(expected: &Schema, found: &Schema) -> std::result::Result<(), String> {
+    if expected.fields().len() != found.fields().len() {
+        return Err(format!(
+            "{} columns, expected {}",
+            found.fields().len(),
+            expected.fields().len()
+        ));
+    }
+    for (e, f) in expected.fields().iter().zip(found.fields()) {
+        if e.name() != f.name() || e.data_type() != f.data_type() || e.is_nullable() != f.is_nullable() {
+            return Err(format!(
+                "column `{}: {}` where `{}: {}` was expected",
+                f.name(),
+                f.data_type(),
+                e.name(),
+                e.data_type()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a block and the buffers its message declares lie inside the file, so that decoding
+/// never indexes out of bounds. Returns the (offset, length) of the block.
+fn check_block(block: &Block, footer_start: usize, data: &[u8]) -> std::result::Result<(usize, usize), String> {
+    let (off, meta_len, body_len) = (block.offset(), block.metaDataLength(), block.bodyLength());
+    if off < 8 || meta_len < 8 || body_len < 0 {
+        return Err(format!("invalid block (offset {off}, metadata {meta_len}, body {body_len})"));
+    }
+    let (off, meta_len, body_len) = (off as usize, meta_len as usize, body_len as usize);
+    let end = off
+        .checked_add(meta_len)
+        .and_then(|x| x.checked_add(body_len))
+        .filter(|&e| e <= footer_start)
+        .ok_or_else(|| format!("block at {off} runs past the data section"))?;
+    let header = &data[off..off + meta_len];
+    let (prefix, msg_len) = if header[..4] == [0xff; 4] { (8, &header[4..8]) } else { (4, &header[..4]) };
+    let msg_len = i32::from_le_bytes(msg_len.try_into().expect("4 bytes"));
+    if msg_len < 0 || prefix + msg_len as usize > meta_len {
+        return Err(format!("message length {msg_len} exceeds the block's metadata length {meta_len}"));
+    }
+    let message = arrow::ipc::root_as_message(&header[prefix..prefix + msg_len as usize])
+        .map_err(|e| format!("invalid message: {e}"))?;
+    if message.bodyLength() as usize != body_len {
+        return Err(format!(
+            "message body length {} differs from the footer's {body_len}",
+            message.bodyLength()
+        ));
+    }
+    let rb = message
+        .header_as_record_batch()
+        .ok_or_else(|| "message is not a record batch".to_string())?;
+    if rb.compression().is_some() {
+        return Err("compressed buffers are not part of the format".into());
+    }
+    for (j, b) in rb.buffers().into_iter().flatten().enumerate() {
+        let (bo, bl) = (b.offset(), b.length());
+        if bo < 0 || bl < 0 || (bo as u64).saturating_add(bl as u64) > body_len as u64 {
+            return Err(format!("buffer {j} ({bo}+{bl}) lies outside the message body ({body_len})"));
+        }
+    }
+    Ok((off, end - off))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Float32Array, UInt64Array};
+    use arrow::datatypes::{DataType, Field};
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("a", DataType::UInt64, false),
+            Field::new("b", DataType::Float32, false),
+        ])
+    }
+
+    fn write_file(path: &Path, rows: usize) -> FileInfo {
+        let s = Arc::new(schema());
+        let batch = RecordBatch::try_new(
+            s.clone(),
+            vec![
+                Arc::new(UInt64Array::from_iter_values(0..rows as u64)),
+                Arc::new(Float32Array::from_iter_values((0..rows).map(|i| i as f32 * 0.5))),
+            ],
+        )
+        .unwrap();
+        let mut w = IpcFileWriter::create(path, &s, meta::KIND_TRANSITIONS, 7).unwrap();
+        w.write(&batch).unwrap();
+        w.write(&batch.slice(0, 3)).unwrap();
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn write_then_map_is_zero_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.arrow");
+        let info = write_file(&p, 1000);
+        assert!(!tmp_path(&p).exists());
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(info.bytes, bytes.len() as u64);
+        assert_eq!(info.crc32c, crc32c::crc32c(&bytes));
+        let f = open_ipc(&p, &schema()).unwrap();
+        assert_eq!(f.batches.len(), 2);
+        assert_eq!(f.num_rows(), 1003);
+        assert_eq!(f.metadata[meta::FILE_KIND], meta::KIND_TRANSITIONS);
+        assert_eq!(f.metadata[meta::SEGMENT_ID], format::segment_name(7));
+        let map = f.map.as_slice().as_ptr_range();
+        for batch in &f.batches {
+            for c in batch.columns() {
+                let ptr = c.to_data().buffers()[0].as_ptr();
+                assert!(map.contains(&ptr), "column data must point into the mmap");
+                assert_eq!(ptr as usize % 64, 0, "buffers are 64-byte aligned");
+            }
+        }
+        let b = f.batches[0].column(1).as_any().downcast_ref::<Float32Array>().unwrap();
+        assert_eq!(b.value(999), 499.5);
+    }
+
+    #[test]
+    fn every_truncation_and_many_bit_flips_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.arrow");
+        write_file(&p, 100);
+        let good = std::fs::read(&p).unwrap();
+        let q = dir.path().join("bad.arrow");
+        for cut in 0..good.len() {
+            std::fs::write(&q, &good[..cut]).unwrap();
+            let err = open_ipc(&q, &schema()).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "cut {cut}: {err}");
+        }
+        // Flip every bit outside the column data: headers, metadata and footer. Each flip must
+        // be detected or harmless (a flipped value byte is only found by `verify`'s checksum).
+        let mut detected = 0;
+        let mut misaligned = 0;
+        for i in 0..good.len() {
+            for bit in [0u8, 3, 7] {
+                let mut bad = good.clone();
+                bad[i] ^= 1 << bit;
+                std::fs::write(&q, &bad).unwrap();
+                if let Err(e) = open_ipc(&q, &schema()) {
+                    assert!(matches!(e, Error::Corrupt { .. }), "byte {i} bit {bit}: {e}");
+                    detected += 1;
+                    misaligned += e.to_string().contains("Misaligned") as usize;
+                }
+            }
+        }
+        assert!(detected > 100, "only {detected} flips detected");
+        // Flipping the low bit of a buffer offset misaligns it: rejected, never silently copied.
+        assert!(misaligned > 0);
+    }
+
+    #[test]
+    fn wrong_schema_and_foreign_files_are_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.arrow");
+        write_file(&p, 10);
+        let other = Schema::new(vec![Field::new("a", DataType::UInt64, false)]);
+        let err = open_ipc(&p, &other).unwrap_err().to_string();
+        assert!(err.contains("schema mismatch") && err.contains("x.arrow"), "{err}");
+        let q = dir.path().join("foreign.arrow");
+        std::fs::write(&q, b"PAR1 this is not arrow at all, just some bytes PAR1").unwrap();
+        assert!(matches!(open_ipc(&q, &schema()), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            open_ipc(&dir.path().join("missing.arrow"), &schema()),
+            Err(Error::NotFound { .. })
+        ));
+    }
+}
