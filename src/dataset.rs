@@ -116,10 +116,24 @@ impl Segment {
     fn open(root: &Path, entry: &SegmentEntry, schema: &TransitionSchema) -> Result<Self> {
         let path = root.join(&entry.path);
         let file = segment::open_ipc(&path, schema.arrow_schema())?;
-        check_file(&path, &file, entry, entry.bytes, meta::KIND_TRANSITIONS, entry.rows)?;
+        check_file(
+            &path,
+            &file,
+            entry,
+            entry.bytes,
+            meta::KIND_TRANSITIONS,
+            entry.rows,
+        )?;
         let ep_path = root.join(&entry.episodes_path);
         let ep_file = segment::open_ipc(&ep_path, schema.episode_schema())?;
-        check_file(&ep_path, &ep_file, entry, entry.episodes_bytes, meta::KIND_EPISODES, entry.episodes)?;
+        check_file(
+            &ep_path,
+            &ep_file,
+            entry,
+            entry.episodes_bytes,
+            meta::KIND_EPISODES,
+            entry.episodes,
+        )?;
         let episodes = match ep_file.batches.len() {
             1 => ep_file.batches[0].clone(),
             _ => concat_batches(schema.episode_schema(), &ep_file.batches)?,
@@ -142,7 +156,11 @@ impl Segment {
     /// across record batches. O(episodes + batches).
     fn check_episode_table(&self, path: &Path) -> Result<()> {
         let t = &self.episodes;
-        let col = |name| t.column_by_name(name).expect("schema checked").as_primitive::<UInt64Type>();
+        let col = |name| {
+            t.column_by_name(name)
+                .expect("schema checked")
+                .as_primitive::<UInt64Type>()
+        };
         let (ids, starts, lens) = (col(ep::EPISODE_ID), col(ep::ROW_START), col(ep::LENGTH));
         let mut row = 0u64;
         for i in 0..t.num_rows() {
@@ -150,18 +168,26 @@ impl Segment {
             if id != self.entry.first_episode_id + i as u64 || start != row || len == 0 {
                 return Err(Error::corrupt(
                     path,
-                    format!("episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"),
+                    format!(
+                        "episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"
+                    ),
                 ));
             }
             row += len;
         }
         if row != self.entry.rows {
-            return Err(Error::corrupt(path, format!("episodes cover {row} rows, segment has {}", self.entry.rows)));
+            return Err(Error::corrupt(
+                path,
+                format!("episodes cover {row} rows, segment has {}", self.entry.rows),
+            ));
         }
         let starts = starts.values();
         for &b in &self.batch_starts[..self.batch_starts.len() - 1] {
             if starts.binary_search(&b).is_err() {
-                return Err(Error::corrupt(path, format!("an episode spans record batches at row {b}")));
+                return Err(Error::corrupt(
+                    path,
+                    format!("an episode spans record batches at row {b}"),
+                ));
             }
         }
         Ok(())
@@ -200,7 +226,14 @@ impl Segment {
     }
 }
 
-fn check_file(path: &Path, f: &MappedIpc, entry: &SegmentEntry, bytes: u64, kind: &str, rows: u64) -> Result<()> {
+fn check_file(
+    path: &Path,
+    f: &MappedIpc,
+    entry: &SegmentEntry,
+    bytes: u64,
+    kind: &str,
+    rows: u64,
+) -> Result<()> {
     let bad = |r: String| Err(Error::corrupt(path, r));
     if f.bytes != bytes {
         return bad(format!("{} bytes, manifest says {bytes}", f.bytes));
@@ -248,14 +281,24 @@ impl Snapshot {
                 _ => Segment::open(root, e, &schema).map(Arc::new),
             })
             .collect::<Result<Vec<_>>>()?;
-        let first_id = manifest.segments.first().map_or(manifest.next_episode_id, |s| s.first_episode_id);
+        let first_id = manifest
+            .segments
+            .first()
+            .map_or(manifest.next_episode_id, |s| s.first_episode_id);
         // Extend the previous index when this version only drops old segments and adds new ones.
         let index = match previous {
             Some(p) if !p.segments.is_empty() => {
-                let dropped = p.segments.iter().take_while(|s| s.entry.first_episode_id < first_id).count();
+                let dropped = p
+                    .segments
+                    .iter()
+                    .take_while(|s| s.entry.first_episode_id < first_id)
+                    .count();
                 let kept = &p.segments[dropped..];
-                if segments.len() >= kept.len() && kept.iter().zip(&segments).all(|(a, b)| Arc::ptr_eq(a, b)) {
-                    p.index.extended(dropped, segments[kept.len()..].iter().map(|s| &s.episodes))
+                if segments.len() >= kept.len()
+                    && kept.iter().zip(&segments).all(|(a, b)| Arc::ptr_eq(a, b))
+                {
+                    p.index
+                        .extended(dropped, segments[kept.len()..].iter().map(|s| &s.episodes))
                 } else {
                     EpisodeIndex::from_tables(first_id, segments.iter().map(|s| &s.episodes))
                 }
@@ -274,7 +317,10 @@ impl Snapshot {
     /// Moves to the newest committed version, reusing the segments that are still part of it.
     /// Returns whether the version changed.
     pub fn refresh(&mut self) -> Result<bool> {
-        let latest = manifest::list_versions(&self.root)?.last().copied().unwrap_or(0);
+        let latest = manifest::list_versions(&self.root)?
+            .last()
+            .copied()
+            .unwrap_or(0);
         if latest == self.manifest.version {
             return Ok(false);
         }
@@ -316,7 +362,11 @@ impl Snapshot {
     }
     /// Bytes of all segment files and episode tables.
     pub fn bytes_on_disk(&self) -> u64 {
-        self.manifest.segments.iter().map(|s| s.bytes + s.episodes_bytes).sum()
+        self.manifest
+            .segments
+            .iter()
+            .map(|s| s.bytes + s.episodes_bytes)
+            .sum()
     }
     /// The transitions of the episode with id `id`, zero-copy.
     pub fn episode(&self, id: u64) -> Option<RecordBatch> {

@@ -34,7 +34,10 @@ pub struct EpisodeLocation {
 
 impl EpisodeIndex {
     /// Builds the index from episode tables (one per segment, in order). Cost O(episodes).
-    pub fn from_tables<'a>(first_id: u64, tables: impl IntoIterator<Item = &'a RecordBatch>) -> Self {
+    pub fn from_tables<'a>(
+        first_id: u64,
+        tables: impl IntoIterator<Item = &'a RecordBatch>,
+    ) -> Self {
         let mut idx = EpisodeIndex {
             first_id,
             ..Default::default()
@@ -46,9 +49,18 @@ impl EpisodeIndex {
     }
 
     fn push_table(&mut self, seg: u32, t: &RecordBatch) {
-        let rs = t.column_by_name(ep::ROW_START).expect("validated episode table");
-        let len = t.column_by_name(ep::LENGTH).expect("validated episode table");
-        for (r, l) in rs.as_primitive::<UInt64Type>().values().iter().zip(len.as_primitive::<UInt64Type>().values()) {
+        let rs = t
+            .column_by_name(ep::ROW_START)
+            .expect("validated episode table");
+        let len = t
+            .column_by_name(ep::LENGTH)
+            .expect("validated episode table");
+        for (r, l) in rs
+            .as_primitive::<UInt64Type>()
+            .values()
+            .iter()
+            .zip(len.as_primitive::<UInt64Type>().values())
+        {
             self.segment.push(seg);
             self.segment_row.push(*r);
             self.start.push(self.rows);
@@ -59,18 +71,31 @@ impl EpisodeIndex {
 
     /// The index after dropping the first `dropped_segments` segments (retention) and appending
     /// `new_tables`: extended in O(new episodes + dropped episodes), not rebuilt.
-    pub fn extended<'a>(&self, dropped_segments: usize, new_tables: impl IntoIterator<Item = &'a RecordBatch>) -> Self {
-        let cut = self.segment.partition_point(|&s| (s as usize) < dropped_segments);
+    pub fn extended<'a>(
+        &self,
+        dropped_segments: usize,
+        new_tables: impl IntoIterator<Item = &'a RecordBatch>,
+    ) -> Self {
+        let cut = self
+            .segment
+            .partition_point(|&s| (s as usize) < dropped_segments);
         let row_cut = self.start.get(cut).copied().unwrap_or(self.rows);
         let mut idx = EpisodeIndex {
             first_id: self.first_id + cut as u64,
-            segment: self.segment[cut..].iter().map(|s| s - dropped_segments as u32).collect(),
+            segment: self.segment[cut..]
+                .iter()
+                .map(|s| s - dropped_segments as u32)
+                .collect(),
             segment_row: self.segment_row[cut..].to_vec(),
             start: self.start[cut..].iter().map(|s| s - row_cut).collect(),
             length: self.length[cut..].to_vec(),
             rows: self.rows - row_cut,
         };
-        let next_seg = self.segment.last().map_or(0, |s| *s as usize + 1).saturating_sub(dropped_segments);
+        let next_seg = self
+            .segment
+            .last()
+            .map_or(0, |s| *s as usize + 1)
+            .saturating_sub(dropped_segments);
         for (i, t) in new_tables.into_iter().enumerate() {
             idx.push_table((next_seg + i) as u32, t);
         }

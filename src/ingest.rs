@@ -1,0 +1,1358 @@
+//! Parquet ingest: turns a Parquet file of transitions (one row per transition, D4RL/Minari/LeRobot
+//! style exports, pandas/Polars dumps) into trajstore episodes.
+//!
+//! Episode boundaries come from one of two places:
+//!
+//! - an **episode id column** ([`ParquetIngestOptions::episode_col`]): an episode is a maximal run
+//!   of equal ids, the rows of one episode must be contiguous, and optional flag columns are read
+//!   on each episode's last row. The original id is kept as the user column `source_episode`
+//!   (ids are reassigned densely by the writer);
+//! - **flag columns** ([`ParquetIngestOptions::terminated_col`],
+//!   [`ParquetIngestOptions::truncated_col`]): an episode ends at a row where either flag is set
+//!   (D4RL semantics); the rows after the last flag form a final episode marked truncated.
+//!
+//! Observations and actions may be fixed-size lists, variable-size lists of constant length, or
+//! several scalar columns combined into one vector. Other fixed-width columns are kept as user
+//! columns.
+//!
+//! Ingest streams: row groups are decoded in parallel (a window of up to
+//! [`rayon::current_num_threads`] row groups, each by its own reader) and fed in order to one
+//! [`DatasetWriter`]. Memory is bounded by the window of decoded row groups, plus the longest
+//! episode (an episode that spans row groups is carried across them), plus the writer's batch
+//! buffer. The ingest commits once at the end; on any error nothing is committed, and a dataset
+//! directory that the ingest created is removed again.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+use arrow::array::{
+    Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray, FixedSizeListArray,
+    OffsetSizeTrait, PrimitiveArray, RecordBatch,
+};
+use arrow::compute::{CastOptions, cast_with_options, concat_batches};
+use arrow::datatypes::{
+    DataType, Field, FieldRef, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type,
+    Int32Type, Int64Type, Schema, SchemaRef, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use rayon::prelude::*;
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::format::{self, col};
+use crate::schema::{TransitionSchema, field_shape, fsl, tensor_field};
+use crate::writer::{DatasetWriter, EpisodeEnd, WriterOptions};
+
+/// Name of the user column that keeps the input's episode id in episode-id mode.
+pub const SOURCE_EPISODE: &str = "source_episode";
+
+/// Property set on the dataset to the (canonical) path of the ingested file.
+pub const SOURCE_PROPERTY: &str = "source";
+
+/// Default [`ParquetIngestOptions::batch_rows`].
+pub const DEFAULT_BATCH_ROWS: usize = 64 * 1024;
+
+/// How to read a Parquet file of transitions. Construct with `ParquetIngestOptions::default()`
+/// and the `with_*` methods (or assign the public fields); new options get defaults.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ParquetIngestOptions {
+    /// Episodes from an id column (integers; the rows of one episode must be contiguous).
+    pub episode_col: Option<String>,
+    /// Per-row terminated flag (bool, or numbers where non-zero means set).
+    pub terminated_col: Option<String>,
+    /// Per-row truncated flag (bool, or numbers where non-zero means set).
+    pub truncated_col: Option<String>,
+    /// The observation column (default `observation`); ignored when
+    /// [`ParquetIngestOptions::observation_cols`] is non-empty.
+    pub observation_col: String,
+    /// Several numeric columns (scalars or lists) concatenated, in this order, into the
+    /// observation vector.
+    pub observation_cols: Vec<String>,
+    /// The action column (default `action`); ignored when
+    /// [`ParquetIngestOptions::action_cols`] is non-empty. A scalar integer column is a
+    /// discrete action stored as `int64`; a scalar float column a continuous action of
+    /// dimension 1; a list of floats a continuous action (lists of integers are cast to
+    /// `float32`).
+    pub action_col: String,
+    /// Several numeric columns concatenated into one continuous action vector.
+    pub action_cols: Vec<String>,
+    /// The reward column (default `reward`), cast to `float32`.
+    pub reward_col: String,
+    /// A column holding o_{t+1}, converted like the observation and stored as `next_observation`.
+    pub next_observation_col: Option<String>,
+    /// Columns to ignore.
+    pub drop_cols: Vec<String>,
+    /// Rows per decoded record batch (default 64Ki).
+    pub batch_rows: usize,
+    /// Show a progress bar on stderr (it hides itself when stderr is not a terminal).
+    pub progress: bool,
+}
+
+impl Default for ParquetIngestOptions {
+    fn default() -> Self {
+        Self {
+            episode_col: None,
+            terminated_col: None,
+            truncated_col: None,
+            observation_col: col::OBSERVATION.into(),
+            observation_cols: vec![],
+            action_col: col::ACTION.into(),
+            action_cols: vec![],
+            reward_col: col::REWARD.into(),
+            next_observation_col: None,
+            drop_cols: vec![],
+            batch_rows: DEFAULT_BATCH_ROWS,
+            progress: false,
+        }
+    }
+}
+
+fn strings<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Vec<String> {
+    names.into_iter().map(Into::into).collect()
+}
+
+impl ParquetIngestOptions {
+    /// Sets [`ParquetIngestOptions::episode_col`].
+    pub fn with_episode_col(mut self, name: impl Into<String>) -> Self {
+        self.episode_col = Some(name.into());
+        self
+    }
+    /// Sets [`ParquetIngestOptions::terminated_col`].
+    pub fn with_terminated_col(mut self, name: impl Into<String>) -> Self {
+        self.terminated_col = Some(name.into());
+        self
+    }
+    /// Sets [`ParquetIngestOptions::truncated_col`].
+    pub fn with_truncated_col(mut self, name: impl Into<String>) -> Self {
+        self.truncated_col = Some(name.into());
+        self
+    }
+    /// Sets [`ParquetIngestOptions::observation_col`].
+    pub fn with_observation_col(mut self, name: impl Into<String>) -> Self {
+        self.observation_col = name.into();
+        self
+    }
+    /// Sets [`ParquetIngestOptions::observation_cols`].
+    pub fn with_observation_cols<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        names: I,
+    ) -> Self {
+        self.observation_cols = strings(names);
+        self
+    }
+    /// Sets [`ParquetIngestOptions::action_col`].
+    pub fn with_action_col(mut self, name: impl Into<String>) -> Self {
+        self.action_col = name.into();
+        self
+    }
+    /// Sets [`ParquetIngestOptions::action_cols`].
+    pub fn with_action_cols<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        names: I,
+    ) -> Self {
+        self.action_cols = strings(names);
+        self
+    }
+    /// Sets [`ParquetIngestOptions::reward_col`].
+    pub fn with_reward_col(mut self, name: impl Into<String>) -> Self {
+        self.reward_col = name.into();
+        self
+    }
+    /// Sets [`ParquetIngestOptions::next_observation_col`].
+    pub fn with_next_observation_col(mut self, name: impl Into<String>) -> Self {
+        self.next_observation_col = Some(name.into());
+        self
+    }
+    /// Sets [`ParquetIngestOptions::drop_cols`].
+    pub fn with_drop_cols<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
+        self.drop_cols = strings(names);
+        self
+    }
+    /// Sets [`ParquetIngestOptions::batch_rows`].
+    pub fn with_batch_rows(mut self, rows: usize) -> Self {
+        self.batch_rows = rows;
+        self
+    }
+    /// Sets [`ParquetIngestOptions::progress`].
+    pub fn with_progress(mut self, progress: bool) -> Self {
+        self.progress = progress;
+        self
+    }
+}
+
+/// What an ingest did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IngestReport {
+    /// Transitions ingested.
+    pub rows: u64,
+    /// Episodes ingested.
+    pub episodes: u64,
+    /// The dataset version after the commit.
+    pub version: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// The [`TransitionSchema`] that ingesting `input` with `opts` would produce. Reads the Parquet
+/// footer, plus the first row when an observation or action is a variable-size list (to learn
+/// its length).
+pub fn infer_parquet_schema(input: &Path, opts: &ParquetIngestOptions) -> Result<TransitionSchema> {
+    let meta = load_metadata(input)?;
+    Ok(Plan::build(input, &meta, opts)?.schema)
+}
+
+/// Ingests `input` into `dataset` (a path): creates the dataset, with the schema of
+/// [`infer_parquet_schema`], if it does not exist (or is an empty directory), otherwise appends
+/// to it (the schemas must match). Commits once at the end and sets the dataset property
+/// `source` to the input's path. On any error nothing is committed, and a dataset directory this
+/// call created is removed.
+///
+/// Cost: one pass over the file; memory is bounded by a window of
+/// [`rayon::current_num_threads`] decoded row groups, the longest episode and the writer's batch
+/// buffer ([`WriterOptions::batch_bytes`]).
+pub fn ingest_parquet(
+    input: &Path,
+    dataset: &Path,
+    opts: &ParquetIngestOptions,
+    writer_opts: WriterOptions,
+) -> Result<IngestReport> {
+    let started = Instant::now();
+    let meta = load_metadata(input)?;
+    let mut plan = Plan::build(input, &meta, opts)?;
+    let existed = dataset.exists();
+    let fresh = !existed || is_empty_dir(dataset)?;
+    let (ds, created) = if fresh {
+        match Dataset::create(dataset, &plan.schema) {
+            Ok(ds) => (ds, true),
+            // Someone else's non-empty directory: never remove it.
+            Err(e @ Error::InvalidArgument(_)) => return Err(e),
+            Err(e) => {
+                remove_created(dataset, existed);
+                return Err(e);
+            }
+        }
+    } else {
+        if !dataset.is_dir() {
+            return Err(Error::InvalidArgument(format!(
+                "{} exists and is not a dataset directory",
+                dataset.display()
+            )));
+        }
+        (Dataset::open(dataset)?, false)
+    };
+    let result = (|| {
+        let mut writer = ds.writer(writer_opts)?;
+        if !created {
+            plan.adopt(writer.schema(), input, dataset)?;
+        }
+        let (rows, episodes) = stream(input, &meta, &plan, opts, &mut writer)?;
+        let source = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
+        writer.set_property(SOURCE_PROPERTY, source.display().to_string());
+        let version = writer.commit()?;
+        Ok(IngestReport {
+            rows,
+            episodes,
+            version,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    })();
+    if result.is_err() && created {
+        remove_created(dataset, existed);
+    }
+    result
+}
+
+fn remove_created(dataset: &Path, existed_empty: bool) {
+    // Best effort: the original error is the one to report.
+    let _ = std::fs::remove_dir_all(dataset);
+    if existed_empty {
+        let _ = std::fs::create_dir(dataset);
+    }
+}
+
+fn is_empty_dir(path: &Path) -> Result<bool> {
+    if !path.is_dir() {
+        return Ok(false);
+    }
+    let mut entries = std::fs::read_dir(path).map_err(|e| Error::io(path, e))?;
+    Ok(entries.next().is_none())
+}
+
+fn load_metadata(input: &Path) -> Result<ArrowReaderMetadata> {
+    let file = File::open(input).map_err(|e| Error::io(input, e))?;
+    Ok(ArrowReaderMetadata::load(&file, Default::default())?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan: which input column becomes which stored column, and how.
+// ---------------------------------------------------------------------------------------------
+
+/// A tensor column (observation, continuous action, next observation) built from one or more
+/// input columns, concatenated per row.
+#[derive(Debug, Clone)]
+struct TensorSpec {
+    /// Input column and its number of values per row.
+    sources: Vec<(String, usize)>,
+    /// Element type after conversion.
+    elem: DataType,
+    /// Tensor shape (product = sum of the widths).
+    shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    fn width(&self) -> usize {
+        self.sources.iter().map(|s| s.1).sum()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum ActionSpec {
+    Discrete(String),
+    Continuous(TensorSpec),
+}
+
+#[derive(Debug, Clone)]
+struct EpisodeCol {
+    name: String,
+    signed: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    schema: TransitionSchema,
+    /// Root column indices to decode.
+    projection: Vec<usize>,
+    observation: TensorSpec,
+    action: ActionSpec,
+    reward: String,
+    next_observation: Option<TensorSpec>,
+    episode: Option<EpisodeCol>,
+    terminated: Option<String>,
+    truncated: Option<String>,
+}
+
+/// The shape of one input column.
+#[derive(Debug, Clone)]
+enum Kind {
+    /// One number per row.
+    Scalar(DataType),
+    /// A (possibly nested) fixed-size list of numbers: element type, shape.
+    Fixed(DataType, Vec<usize>),
+    /// A variable-size list of numbers.
+    List(DataType),
+}
+
+impl Kind {
+    fn elem(&self) -> &DataType {
+        match self {
+            Kind::Scalar(e) | Kind::Fixed(e, _) | Kind::List(e) => e,
+        }
+    }
+}
+
+fn is_numeric(dt: &DataType) -> bool {
+    dt.is_integer() || dt.is_floating()
+}
+
+/// Classifies a column as a numeric scalar, fixed-size list or list; `None` otherwise.
+fn kind_of(field: &Field) -> Option<Kind> {
+    match field.data_type() {
+        dt if is_numeric(dt) => Some(Kind::Scalar(dt.clone())),
+        DataType::FixedSizeList(child, n) => {
+            let n = usize::try_from(*n).ok().filter(|&n| n > 0)?;
+            match kind_of(child)? {
+                Kind::Scalar(e) => {
+                    // A flat list may carry `arrow.fixed_shape_tensor` metadata (e.g. our export).
+                    let shape = field_shape(field).unwrap_or_else(|_| vec![n]);
+                    Some(Kind::Fixed(e, shape))
+                }
+                Kind::Fixed(e, inner) => {
+                    let mut shape = vec![n];
+                    shape.extend(inner);
+                    Some(Kind::Fixed(e, shape))
+                }
+                Kind::List(_) => None,
+            }
+        }
+        DataType::List(child) | DataType::LargeList(child) if is_numeric(child.data_type()) => {
+            Some(Kind::List(child.data_type().clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Reserved names a leftover input column may not take.
+fn reserved(name: &str) -> bool {
+    col::BOUNDARY.contains(&name)
+        || [
+            col::OBSERVATION,
+            col::ACTION,
+            col::REWARD,
+            col::NEXT_OBSERVATION,
+        ]
+        .contains(&name)
+}
+
+/// Why a leftover column with a reserved name cannot be kept, and what to do instead.
+fn reserved_error(name: &str) -> Error {
+    let role = match name {
+        col::TERMINATED | col::TRUNCATED | col::OBSERVATION | col::ACTION | col::REWARD => name,
+        col::NEXT_OBSERVATION => "next-observation",
+        _ => "",
+    };
+    let fix = if role.is_empty() {
+        format!(
+            "the store computes `{name}` itself; pass --drop-cols {name} (or --episode-col {name} if it holds episode ids)"
+        )
+    } else {
+        format!("use it with --{role}-col {name}, or pass --drop-cols {name}")
+    };
+    Error::SchemaMismatch(format!(
+        "column `{name}` would be kept as a user column, but its name is reserved for a stored column; {fix}"
+    ))
+}
+
+/// The user-column type of an input column, if it is fixed-width: fixed-size list children are
+/// renamed to a non-nullable `item`.
+fn user_type(dt: &DataType) -> Option<DataType> {
+    let out = match dt {
+        DataType::FixedSizeList(child, n) => DataType::FixedSizeList(
+            Field::new("item", child.data_type().clone(), false).into(),
+            *n,
+        ),
+        other => other.clone(),
+    };
+    // Only types that survive the manifest round trip.
+    format::parse_type(&format::type_name(&out)?).ok()?;
+    Some(out)
+}
+
+impl Plan {
+    fn build(
+        input: &Path,
+        meta: &ArrowReaderMetadata,
+        opts: &ParquetIngestOptions,
+    ) -> Result<Plan> {
+        let file_schema = meta.schema().clone();
+        if opts.batch_rows == 0 {
+            return Err(Error::InvalidArgument(
+                "batch_rows must be at least 1".into(),
+            ));
+        }
+        if opts.episode_col.is_none()
+            && opts.terminated_col.is_none()
+            && opts.truncated_col.is_none()
+        {
+            return Err(Error::InvalidArgument(
+                "no way to find episode boundaries: give an episode id column (--episode-col NAME; an \
+                 episode is a run of equal ids, optional flag columns are read on its last row), or \
+                 flag columns (--terminated-col NAME and/or --truncated-col NAME; an episode ends at a \
+                 row where either is set)"
+                    .into(),
+            ));
+        }
+        let mut seen = HashSet::new();
+        for f in file_schema.fields() {
+            if !seen.insert(f.name().as_str()) {
+                return Err(Error::SchemaMismatch(format!(
+                    "{} has two columns named `{}`",
+                    input.display(),
+                    f.name()
+                )));
+            }
+        }
+        let all_names = || {
+            file_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        // Every input column used, with the role it plays (to reject double use).
+        let mut used: Vec<(String, &'static str)> = vec![];
+        let mut take = |name: &str, role: &'static str, flag: &str| -> Result<FieldRef> {
+            if let Some((_, other)) = used.iter().find(|(n, _)| n == name) {
+                return Err(Error::InvalidArgument(format!(
+                    "column `{name}` is used both as {other} and as {role}"
+                )));
+            }
+            if opts.drop_cols.iter().any(|d| d == name) {
+                return Err(Error::InvalidArgument(format!(
+                    "column `{name}` is used as {role} and also listed in --drop-cols"
+                )));
+            }
+            let field = file_schema.field_with_name(name).map_err(|_| {
+                Error::SchemaMismatch(format!(
+                    "{} has no column `{name}` for the {role} (set it with {flag}); columns: {}",
+                    input.display(),
+                    all_names()
+                ))
+            })?;
+            used.push((name.to_string(), role));
+            Ok(Arc::new(field.clone()))
+        };
+
+        // Episode boundaries.
+        let episode = match &opts.episode_col {
+            Some(name) => {
+                let f = take(name, "episode id", "--episode-col")?;
+                if !f.data_type().is_integer() {
+                    return Err(Error::SchemaMismatch(format!(
+                        "episode id column `{name}` must hold integers, found {}",
+                        f.data_type()
+                    )));
+                }
+                Some(EpisodeCol {
+                    name: name.clone(),
+                    signed: f.data_type().is_signed_integer(),
+                })
+            }
+            None => None,
+        };
+        let mut flag = |name: &Option<String>,
+                        role: &'static str,
+                        opt: &str|
+         -> Result<Option<String>> {
+            let Some(name) = name else { return Ok(None) };
+            let f = take(name, role, opt)?;
+            let dt = f.data_type();
+            if !(dt == &DataType::Boolean || is_numeric(dt)) {
+                return Err(Error::SchemaMismatch(format!(
+                    "{role} column `{name}` must be bool or numeric (non-zero = set), found {dt}"
+                )));
+            }
+            Ok(Some(name.clone()))
+        };
+        let terminated = flag(&opts.terminated_col, "terminated flag", "--terminated-col")?;
+        let truncated = flag(&opts.truncated_col, "truncated flag", "--truncated-col")?;
+
+        // Tensors: collect their kinds first; lengths of variable-size lists come from row 0.
+        let mut tensor_kinds = |names: Vec<String>,
+                                role: &'static str,
+                                opt: &str|
+         -> Result<Vec<(String, Kind)>> {
+            names
+                .into_iter()
+                .map(|name| {
+                    let f = take(&name, role, opt)?;
+                    let kind = kind_of(&f).ok_or_else(|| {
+                        Error::SchemaMismatch(format!(
+                            "{role} column `{name}` must be numbers or (fixed-size) lists of numbers, found {}",
+                            f.data_type()
+                        ))
+                    })?;
+                    Ok((name, kind))
+                })
+                .collect()
+        };
+        let obs_names = if opts.observation_cols.is_empty() {
+            vec![opts.observation_col.clone()]
+        } else {
+            opts.observation_cols.clone()
+        };
+        let obs_opt = if opts.observation_cols.is_empty() {
+            "--observation-col"
+        } else {
+            "--observation-cols"
+        };
+        let obs_kinds = tensor_kinds(obs_names, "observation", obs_opt)?;
+        let act_names = if opts.action_cols.is_empty() {
+            vec![opts.action_col.clone()]
+        } else {
+            opts.action_cols.clone()
+        };
+        let act_opt = if opts.action_cols.is_empty() {
+            "--action-col"
+        } else {
+            "--action-cols"
+        };
+        let act_kinds = tensor_kinds(act_names, "action", act_opt)?;
+        let next_kinds = match &opts.next_observation_col {
+            Some(n) => Some(tensor_kinds(
+                vec![n.clone()],
+                "next observation",
+                "--next-observation-col",
+            )?),
+            None => None,
+        };
+        let reward_field = take(&opts.reward_col, "reward", "--reward-col")?;
+        if !is_numeric(reward_field.data_type()) {
+            return Err(Error::SchemaMismatch(format!(
+                "reward column `{}` must be a number, found {}",
+                opts.reward_col,
+                reward_field.data_type()
+            )));
+        }
+
+        let list_cols: Vec<&str> = obs_kinds
+            .iter()
+            .chain(&act_kinds)
+            .chain(next_kinds.iter().flatten())
+            .filter(|(_, k)| matches!(k, Kind::List(_)))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let lengths = first_row_lengths(input, meta, &list_cols)?;
+        let width_of = |name: &str, kind: &Kind| -> usize {
+            match kind {
+                Kind::Scalar(_) => 1,
+                Kind::Fixed(_, shape) => shape.iter().product(),
+                Kind::List(_) => lengths.iter().find(|(n, _)| n == name).map_or(0, |l| l.1),
+            }
+        };
+        let tensor = |kinds: &[(String, Kind)], force_float: bool| -> TensorSpec {
+            let sources: Vec<(String, usize)> = kinds
+                .iter()
+                .map(|(n, k)| (n.clone(), width_of(n, k)))
+                .collect();
+            let first = kinds[0].1.elem().clone();
+            let mut elem = if kinds.iter().all(|(_, k)| k.elem() == &first) {
+                first
+            } else {
+                DataType::Float32
+            };
+            if force_float && !elem.is_floating() {
+                elem = DataType::Float32;
+            }
+            let width = sources.iter().map(|s| s.1).sum();
+            let shape = match kinds {
+                [(_, Kind::Fixed(_, shape))] => shape.clone(),
+                _ => vec![width],
+            };
+            TensorSpec {
+                sources,
+                elem,
+                shape,
+            }
+        };
+
+        let observation = tensor(&obs_kinds, false);
+        let action = match act_kinds.as_slice() {
+            [(name, Kind::Scalar(dt))] if dt.is_integer() => ActionSpec::Discrete(name.clone()),
+            kinds => {
+                let mut spec = tensor(kinds, true);
+                spec.shape = vec![spec.width()];
+                ActionSpec::Continuous(spec)
+            }
+        };
+        let next_observation = match next_kinds {
+            Some(kinds) => {
+                let mut spec = tensor(&kinds, false);
+                if spec.elem != observation.elem || spec.width() != observation.width() {
+                    return Err(Error::SchemaMismatch(format!(
+                        "next observation column `{}` holds {} values of {} per row, the observation {} of {}",
+                        spec.sources[0].0,
+                        spec.width(),
+                        spec.elem,
+                        observation.width(),
+                        observation.elem
+                    )));
+                }
+                spec.shape = observation.shape.clone();
+                Some(spec)
+            }
+            None => None,
+        };
+
+        // Payload fields in canonical order; `source_episode` leads the user columns.
+        let mut fields = vec![
+            tensor_field(
+                col::OBSERVATION,
+                observation.elem.clone(),
+                &observation.shape,
+                false,
+            )?,
+            match &action {
+                ActionSpec::Discrete(_) => Field::new(col::ACTION, DataType::Int64, false),
+                ActionSpec::Continuous(spec) => {
+                    Field::new(col::ACTION, fsl(spec.elem.clone(), spec.width())?, false)
+                }
+            },
+            Field::new(col::REWARD, DataType::Float32, false),
+        ];
+        if next_observation.is_some() {
+            fields.push(tensor_field(
+                col::NEXT_OBSERVATION,
+                observation.elem.clone(),
+                &observation.shape,
+                false,
+            )?);
+        }
+        if let Some(e) = &episode {
+            let dt = if e.signed {
+                DataType::Int64
+            } else {
+                DataType::UInt64
+            };
+            fields.push(Field::new(SOURCE_EPISODE, dt, false));
+        }
+
+        // Everything else is kept as a user column, or dropped.
+        for d in &opts.drop_cols {
+            if file_schema.field_with_name(d).is_err() {
+                return Err(Error::InvalidArgument(format!(
+                    "--drop-cols names `{d}`, which {} does not have; columns: {}",
+                    input.display(),
+                    all_names()
+                )));
+            }
+        }
+        let mut projection = vec![];
+        for (i, f) in file_schema.fields().iter().enumerate() {
+            let name = f.name().as_str();
+            if opts.drop_cols.iter().any(|d| d == name) {
+                continue;
+            }
+            projection.push(i);
+            if used.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            if reserved(name) || (episode.is_some() && name == SOURCE_EPISODE) {
+                return Err(reserved_error(name));
+            }
+            let dt = user_type(f.data_type()).ok_or_else(|| {
+                Error::SchemaMismatch(format!(
+                    "column `{name}` has type {}, but only fixed-width columns (bool, ints, floats and \
+                     fixed-size lists of numbers) can be stored; pass --drop-cols {name} to ignore it",
+                    f.data_type()
+                ))
+            })?;
+            fields.push(Field::new(name, dt, f.is_nullable()));
+        }
+        let schema = TransitionSchema::from_payload(&Schema::new(fields))?;
+        Ok(Plan {
+            schema,
+            projection,
+            observation,
+            action,
+            reward: opts.reward_col.clone(),
+            next_observation,
+            episode,
+            terminated,
+            truncated,
+        })
+    }
+
+    /// Appending: the dataset's schema must match the inferred one (nullability of user columns
+    /// aside: the dataset's wins, and nulls are checked row by row). The dataset's schema is then
+    /// the one converted batches take.
+    fn adopt(&mut self, existing: &TransitionSchema, input: &Path, dataset: &Path) -> Result<()> {
+        let mismatch = |why: String| {
+            Error::SchemaMismatch(format!(
+                "cannot append {} to {}: {why}",
+                input.display(),
+                dataset.display()
+            ))
+        };
+        let a = existing.arrow_schema();
+        let b = self.schema.arrow_schema();
+        let names = |s: &SchemaRef| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if a.fields().len() != b.fields().len() {
+            return Err(mismatch(format!(
+                "the file gives columns [{}], the dataset has [{}]",
+                names(b),
+                names(a)
+            )));
+        }
+        for (x, y) in a.fields().iter().zip(b.fields()) {
+            if x.name() != y.name() || x.data_type() != y.data_type() {
+                return Err(mismatch(format!(
+                    "the file gives `{}: {}` where the dataset has `{}: {}`",
+                    y.name(),
+                    type_label(y.data_type()),
+                    x.name(),
+                    type_label(x.data_type())
+                )));
+            }
+        }
+        let (mine, theirs) = (
+            self.schema.observation_shape(),
+            existing.observation_shape(),
+        );
+        if mine.len() > 1 && mine != theirs {
+            return Err(mismatch(format!(
+                "observation shape {mine:?}, the dataset stores {theirs:?}"
+            )));
+        }
+        self.schema = existing.clone();
+        Ok(())
+    }
+}
+
+fn type_label(dt: &DataType) -> String {
+    format::type_name(dt).unwrap_or_else(|| dt.to_string())
+}
+
+/// Length of row 0 of each variable-size list column.
+fn first_row_lengths(
+    input: &Path,
+    meta: &ArrowReaderMetadata,
+    cols: &[&str],
+) -> Result<Vec<(String, usize)>> {
+    if cols.is_empty() {
+        return Ok(vec![]);
+    }
+    let schema = meta.schema();
+    let idx: Vec<usize> = cols
+        .iter()
+        .filter_map(|c| schema.index_of(c).ok())
+        .collect();
+    let file = File::open(input).map_err(|e| Error::io(input, e))?;
+    let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+        .with_projection(ProjectionMask::roots(meta.parquet_schema(), idx))
+        .with_batch_size(1)
+        .with_limit(1)
+        .build()?;
+    let batch = match reader.next() {
+        Some(b) => b?,
+        None => {
+            return Err(Error::InvalidData(format!(
+                "{} has no rows, so the length of list column `{}` cannot be inferred",
+                input.display(),
+                cols[0]
+            )));
+        }
+    };
+    cols.iter()
+        .map(|&c| {
+            let a = column(&batch, c)?;
+            if a.is_null(0) {
+                return Err(null_at(c, 0));
+            }
+            let n = match a.data_type() {
+                DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
+                _ => a.as_list::<i64>().value_length(0) as usize,
+            };
+            if n == 0 {
+                return Err(Error::InvalidData(format!(
+                    "row 0: column `{c}` is an empty list"
+                )));
+            }
+            Ok((c.to_string(), n))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion of one decoded batch (runs on the rayon pool).
+// ---------------------------------------------------------------------------------------------
+
+/// One decoded and converted record batch.
+struct Chunk {
+    /// Input row of the chunk's first row.
+    base: u64,
+    /// Converted payload, in the dataset's payload schema.
+    payload: RecordBatch,
+    /// Episode ids as u64 bit patterns (episode-id mode).
+    ids: Option<Vec<u64>>,
+    terminated: Option<BooleanArray>,
+    truncated: Option<BooleanArray>,
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| Error::SchemaMismatch(format!("decoded batch has no column `{name}`")))
+}
+
+fn null_at(name: &str, row: u64) -> Error {
+    Error::InvalidData(format!("row {row}: column `{name}` is null"))
+}
+
+fn check_no_nulls(a: &dyn Array, name: &str, base: u64) -> Result<()> {
+    if a.null_count() > 0
+        && let Some(i) = (0..a.len()).find(|&i| a.is_null(i))
+    {
+        return Err(null_at(name, base + i as u64));
+    }
+    Ok(())
+}
+
+fn cast_to(a: &ArrayRef, dt: &DataType, name: &str) -> Result<ArrayRef> {
+    if a.data_type() == dt {
+        return Ok(a.clone());
+    }
+    let opts = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    cast_with_options(a, dt, &opts)
+        .map_err(|e| Error::InvalidData(format!("column `{name}`: cannot convert to {dt}: {e}")))
+}
+
+/// The values of `a` flattened to `width` per row (scalar, nested fixed-size list, or list of
+/// exactly `width`), checking nulls and lengths and naming the input row of any problem.
+fn flatten(a: &ArrayRef, name: &str, width: usize, base: u64) -> Result<ArrayRef> {
+    check_no_nulls(a.as_ref(), name, base)?;
+    let rows = a.len();
+    let values = match a.data_type() {
+        DataType::FixedSizeList(..) => {
+            let mut values = a.clone();
+            let mut per_row = 1;
+            while let DataType::FixedSizeList(_, n) = values.data_type() {
+                per_row *= *n as usize;
+                let next = values.as_fixed_size_list().values().clone();
+                if next.null_count() > 0
+                    && let Some(i) = (0..next.len()).find(|&i| next.is_null(i))
+                {
+                    return Err(Error::InvalidData(format!(
+                        "row {}: column `{name}` has a null list item",
+                        base + (i / per_row) as u64
+                    )));
+                }
+                values = next;
+            }
+            values
+        }
+        DataType::List(_) => list_values::<i32>(a, name, width, base)?,
+        DataType::LargeList(_) => list_values::<i64>(a, name, width, base)?,
+        _ => a.clone(),
+    };
+    if values.len() != rows * width {
+        return Err(Error::InvalidData(format!(
+            "column `{name}` has {} values for {rows} rows, expected {width} per row",
+            values.len()
+        )));
+    }
+    Ok(values)
+}
+
+fn list_values<O: OffsetSizeTrait>(
+    a: &ArrayRef,
+    name: &str,
+    width: usize,
+    base: u64,
+) -> Result<ArrayRef> {
+    let list = a.as_list::<O>();
+    let offsets = list.value_offsets();
+    for (i, w) in offsets.windows(2).enumerate() {
+        let n = (w[1] - w[0]).as_usize();
+        if n != width {
+            return Err(Error::InvalidData(format!(
+                "row {}: column `{name}` has a list of length {n}, expected {width} (the length of the \
+                 first row; every row must have the same length)",
+                base + i as u64
+            )));
+        }
+    }
+    let start = offsets[0].as_usize();
+    let values = list
+        .values()
+        .slice(start, offsets[offsets.len() - 1].as_usize() - start);
+    if values.null_count() > 0
+        && let Some(i) = (0..values.len()).find(|&i| values.is_null(i))
+    {
+        return Err(Error::InvalidData(format!(
+            "row {}: column `{name}` has a null list item",
+            base + (i / width) as u64
+        )));
+    }
+    Ok(values)
+}
+
+/// Concatenates per-row blocks of several primitive arrays: row r of the output is row r of
+/// each part, in order.
+fn interleave_typed<T: ArrowPrimitiveType>(parts: &[(ArrayRef, usize)], rows: usize) -> ArrayRef {
+    let total: usize = parts.iter().map(|p| p.1).sum();
+    let slices: Vec<(&[T::Native], usize)> = parts
+        .iter()
+        .map(|(a, w)| (a.as_primitive::<T>().values().as_ref(), *w))
+        .collect();
+    let mut out = Vec::with_capacity(rows * total);
+    for r in 0..rows {
+        for (v, w) in &slices {
+            out.extend_from_slice(&v[r * w..(r + 1) * w]);
+        }
+    }
+    Arc::new(PrimitiveArray::<T>::from_iter_values(out))
+}
+
+fn interleave_rows(parts: &[(ArrayRef, usize)], rows: usize, elem: &DataType) -> Result<ArrayRef> {
+    Ok(match elem {
+        DataType::Int8 => interleave_typed::<Int8Type>(parts, rows),
+        DataType::Int16 => interleave_typed::<Int16Type>(parts, rows),
+        DataType::Int32 => interleave_typed::<Int32Type>(parts, rows),
+        DataType::Int64 => interleave_typed::<Int64Type>(parts, rows),
+        DataType::UInt8 => interleave_typed::<UInt8Type>(parts, rows),
+        DataType::UInt16 => interleave_typed::<UInt16Type>(parts, rows),
+        DataType::UInt32 => interleave_typed::<UInt32Type>(parts, rows),
+        DataType::UInt64 => interleave_typed::<UInt64Type>(parts, rows),
+        DataType::Float16 => interleave_typed::<Float16Type>(parts, rows),
+        DataType::Float32 => interleave_typed::<Float32Type>(parts, rows),
+        DataType::Float64 => interleave_typed::<Float64Type>(parts, rows),
+        other => {
+            return Err(Error::SchemaMismatch(format!(
+                "cannot combine columns of type {other}"
+            )));
+        }
+    })
+}
+
+fn convert_tensor(spec: &TensorSpec, batch: &RecordBatch, base: u64) -> Result<ArrayRef> {
+    let rows = batch.num_rows();
+    let parts = spec
+        .sources
+        .iter()
+        .map(|(name, width)| {
+            let flat = flatten(column(batch, name)?, name, *width, base)?;
+            Ok((cast_to(&flat, &spec.elem, name)?, *width))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let values = match parts.as_slice() {
+        [(one, _)] => one.clone(),
+        _ => interleave_rows(&parts, rows, &spec.elem)?,
+    };
+    let item = Arc::new(Field::new("item", spec.elem.clone(), false));
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        item,
+        spec.width() as i32,
+        values,
+        None,
+    )?))
+}
+
+/// A kept column in its stored type: fixed-size lists get the stored child, nulls are checked
+/// where the stored column is non-nullable.
+fn convert_user(field: &Field, a: &ArrayRef, base: u64) -> Result<ArrayRef> {
+    let name = field.name();
+    if !field.is_nullable() {
+        check_no_nulls(a.as_ref(), name, base)?;
+    }
+    match (field.data_type(), a.data_type()) {
+        (DataType::FixedSizeList(item, n), DataType::FixedSizeList(_, m)) if n == m => {
+            let list = a.as_fixed_size_list();
+            let values = cast_to(list.values(), item.data_type(), name)?;
+            let width = *n as usize;
+            if values.null_count() > 0
+                && let Some(i) =
+                    (0..values.len()).find(|&i| values.is_null(i) && list.is_valid(i / width))
+            {
+                return Err(Error::InvalidData(format!(
+                    "row {}: column `{name}` has a null list item",
+                    base + (i / width) as u64
+                )));
+            }
+            Ok(Arc::new(FixedSizeListArray::try_new(
+                item.clone(),
+                *n,
+                values,
+                list.nulls().cloned(),
+            )?))
+        }
+        (want, _) => cast_to(a, want, name),
+    }
+}
+
+fn convert_flags(
+    batch: &RecordBatch,
+    name: &Option<String>,
+    base: u64,
+) -> Result<Option<BooleanArray>> {
+    let Some(name) = name else { return Ok(None) };
+    let a = column(batch, name)?;
+    check_no_nulls(a.as_ref(), name, base)?;
+    Ok(Some(
+        cast_to(a, &DataType::Boolean, name)?.as_boolean().clone(),
+    ))
+}
+
+fn convert(plan: &Plan, batch: &RecordBatch, base: u64) -> Result<Chunk> {
+    let (ids, source_ids) = match &plan.episode {
+        Some(e) => {
+            let a = column(batch, &e.name)?;
+            check_no_nulls(a.as_ref(), &e.name, base)?;
+            if e.signed {
+                let a = cast_to(a, &DataType::Int64, &e.name)?;
+                let bits = a
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .map(|&v| v as u64)
+                    .collect();
+                (Some(bits), Some(a))
+            } else {
+                let a = cast_to(a, &DataType::UInt64, &e.name)?;
+                (
+                    Some(a.as_primitive::<UInt64Type>().values().to_vec()),
+                    Some(a),
+                )
+            }
+        }
+        None => (None, None),
+    };
+    let payload_schema = plan.schema.payload_schema().clone();
+    let mut columns = Vec::with_capacity(payload_schema.fields().len());
+    for field in payload_schema.fields() {
+        let array = match field.name().as_str() {
+            col::OBSERVATION => convert_tensor(&plan.observation, batch, base)?,
+            col::NEXT_OBSERVATION => match &plan.next_observation {
+                Some(spec) => convert_tensor(spec, batch, base)?,
+                None => convert_user(field, column(batch, col::NEXT_OBSERVATION)?, base)?,
+            },
+            col::ACTION => match &plan.action {
+                ActionSpec::Discrete(name) => {
+                    let a = column(batch, name)?;
+                    check_no_nulls(a.as_ref(), name, base)?;
+                    cast_to(a, &DataType::Int64, name)?
+                }
+                ActionSpec::Continuous(spec) => convert_tensor(spec, batch, base)?,
+            },
+            col::REWARD => {
+                let a = column(batch, &plan.reward)?;
+                check_no_nulls(a.as_ref(), &plan.reward, base)?;
+                cast_to(a, &DataType::Float32, &plan.reward)?
+            }
+            name => match (&source_ids, name) {
+                (Some(ids), SOURCE_EPISODE) => ids.clone(),
+                _ => convert_user(field, column(batch, name)?, base)?,
+            },
+        };
+        columns.push(array);
+    }
+    Ok(Chunk {
+        base,
+        payload: RecordBatch::try_new(payload_schema, columns)?,
+        ids,
+        terminated: convert_flags(batch, &plan.terminated, base)?,
+        truncated: convert_flags(batch, &plan.truncated, base)?,
+    })
+}
+
+/// Decodes and converts one row group with its own reader.
+fn decode_group(
+    input: &Path,
+    meta: &ArrowReaderMetadata,
+    plan: &Plan,
+    group: usize,
+    base: u64,
+    batch_rows: usize,
+) -> Result<Vec<Chunk>> {
+    let file = File::open(input).map_err(|e| Error::io(input, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+        .with_row_groups(vec![group])
+        .with_projection(ProjectionMask::roots(
+            meta.parquet_schema(),
+            plan.projection.iter().copied(),
+        ))
+        .with_batch_size(batch_rows)
+        .build()?;
+    let mut out = vec![];
+    let mut row = base;
+    for batch in reader {
+        let batch = batch?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        out.push(convert(plan, &batch, row)?);
+        row += batch.num_rows() as u64;
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Episode assembly (runs on the calling thread, in input order).
+// ---------------------------------------------------------------------------------------------
+
+struct Assembler<'a> {
+    writer: &'a mut DatasetWriter,
+    plan: &'a Plan,
+    /// Converted rows of the episode in progress.
+    pending: Vec<RecordBatch>,
+    /// Episode-id mode: id of the episode in progress and ids of finished episodes.
+    current: Option<u64>,
+    finished: HashSet<u64>,
+    /// Flags of the last row added to `pending`.
+    last_terminated: bool,
+    last_truncated: bool,
+    episodes: u64,
+    rows: u64,
+}
+
+impl Assembler<'_> {
+    fn show_id(&self, bits: u64) -> String {
+        match &self.plan.episode {
+            Some(e) if e.signed => (bits as i64).to_string(),
+            _ => bits.to_string(),
+        }
+    }
+
+    fn take(&mut self, chunk: &Chunk, from: usize, to: usize) {
+        if to > from {
+            self.pending.push(chunk.payload.slice(from, to - from));
+        }
+    }
+
+    fn end_episode(&mut self, terminated: bool, truncated: bool) -> Result<()> {
+        let batch = match self.pending.len() {
+            0 => return Ok(()),
+            1 => self.pending.pop().expect("one batch"),
+            _ => concat_batches(self.plan.schema.payload_schema(), &self.pending)?,
+        };
+        self.pending.clear();
+        let end = EpisodeEnd {
+            terminated,
+            truncated: truncated || !terminated,
+            ..Default::default()
+        };
+        self.writer.append_episode(&batch, end)?;
+        self.episodes += 1;
+        Ok(())
+    }
+
+    fn push(&mut self, chunk: Chunk) -> Result<()> {
+        let n = chunk.payload.num_rows();
+        let flag = |a: &Option<BooleanArray>, i: usize| a.as_ref().is_some_and(|a| a.value(i));
+        let mut from = 0;
+        if let Some(ids) = &chunk.ids {
+            for (i, &id) in ids.iter().enumerate() {
+                let row = chunk.base + i as u64;
+                match self.current {
+                    Some(c) if c == id => {
+                        if self.last_terminated {
+                            let name = self.plan.terminated.as_deref().unwrap_or(col::TERMINATED);
+                            return Err(Error::InvalidData(format!(
+                                "row {}: `{name}` is set, but row {row} continues episode {}; a terminated \
+                                 flag may only be set on the last row of an episode",
+                                row - 1,
+                                self.show_id(id)
+                            )));
+                        }
+                    }
+                    Some(c) => {
+                        self.take(&chunk, from, i);
+                        from = i;
+                        self.end_episode(self.last_terminated, self.last_truncated)?;
+                        self.finished.insert(c);
+                        if self.finished.contains(&id) {
+                            let name = &self.plan.episode.as_ref().expect("episode-id mode").name;
+                            return Err(Error::InvalidData(format!(
+                                "row {row}: episode id {} (column `{name}`) reappears after other episodes; \
+                                 the rows of one episode must be contiguous (sort the file by episode, then step)",
+                                self.show_id(id)
+                            )));
+                        }
+                        self.current = Some(id);
+                    }
+                    None => self.current = Some(id),
+                }
+                self.last_terminated = flag(&chunk.terminated, i);
+                self.last_truncated = flag(&chunk.truncated, i);
+            }
+        } else {
+            for i in 0..n {
+                let (t, tr) = (flag(&chunk.terminated, i), flag(&chunk.truncated, i));
+                if t || tr {
+                    self.take(&chunk, from, i + 1);
+                    from = i + 1;
+                    self.end_episode(t, tr)?;
+                }
+            }
+            self.last_terminated = false;
+            self.last_truncated = false;
+        }
+        self.take(&chunk, from, n);
+        self.rows += n as u64;
+        Ok(())
+    }
+
+    /// Ends the last episode: its last row's flags decide, and without a terminated flag it is
+    /// truncated (end of data).
+    fn finish(&mut self) -> Result<()> {
+        self.end_episode(self.last_terminated, self.last_truncated)
+    }
+}
+
+fn progress_bar(show: bool, total: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} rows, {per_sec}, ETA {eta}",
+    ) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// Decodes row groups in parallel windows on a producer thread and assembles episodes in order
+/// on this one. Returns (rows, episodes).
+fn stream(
+    input: &Path,
+    meta: &ArrowReaderMetadata,
+    plan: &Plan,
+    opts: &ParquetIngestOptions,
+    writer: &mut DatasetWriter,
+) -> Result<(u64, u64)> {
+    let md = meta.metadata();
+    let mut groups = vec![];
+    let mut base = 0u64;
+    for g in 0..md.num_row_groups() {
+        let rows = md.row_group(g).num_rows().max(0) as u64;
+        if rows > 0 {
+            groups.push((g, base));
+        }
+        base += rows;
+    }
+    let pb = progress_bar(opts.progress, base);
+    let window = rayon::current_num_threads().max(1);
+    let batch_rows = opts.batch_rows;
+    let input: PathBuf = input.to_path_buf();
+    let mut asm = Assembler {
+        writer,
+        plan,
+        pending: vec![],
+        current: None,
+        finished: HashSet::new(),
+        last_terminated: false,
+        last_truncated: false,
+        episodes: 0,
+        rows: 0,
+    };
+    let result = std::thread::scope(|s| -> Result<()> {
+        let (tx, rx) = sync_channel::<Result<Vec<Chunk>>>(window);
+        let input = &input;
+        s.spawn(move || {
+            for win in groups.chunks(window) {
+                let decoded: Vec<Result<Vec<Chunk>>> = win
+                    .par_iter()
+                    .map(|&(g, base)| decode_group(input, meta, plan, g, base, batch_rows))
+                    .collect();
+                for r in decoded {
+                    let failed = r.is_err();
+                    // A closed channel means the consumer stopped (on an error): stop decoding.
+                    if tx.send(r).is_err() || failed {
+                        return;
+                    }
+                }
+            }
+        });
+        for group in rx {
+            for chunk in group? {
+                let n = chunk.payload.num_rows() as u64;
+                asm.push(chunk)?;
+                pb.inc(n);
+            }
+        }
+        asm.finish()
+    });
+    match &result {
+        Ok(()) => pb.finish_and_clear(),
+        Err(_) => pb.abandon(),
+    }
+    result?;
+    Ok((asm.rows, asm.episodes))
+}

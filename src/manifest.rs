@@ -80,7 +80,11 @@ pub fn list_versions(root: &Path) -> Result<Vec<u64>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(&dir).at(&dir)? {
         let entry = entry.at(&dir)?;
-        if let Some(v) = entry.file_name().to_str().and_then(format::parse_manifest_name) {
+        if let Some(v) = entry
+            .file_name()
+            .to_str()
+            .and_then(format::parse_manifest_name)
+        {
             out.push(v);
         }
     }
@@ -102,7 +106,10 @@ pub fn read(root: &Path, v: u64) -> Result<Manifest> {
 pub fn read_latest(root: &Path) -> Result<Manifest> {
     let versions = list_versions(root)?;
     let v = *versions.last().ok_or_else(|| {
-        Error::corrupt(versions_dir(root), "no committed manifest (not a trajstore dataset?)")
+        Error::corrupt(
+            versions_dir(root),
+            "no committed manifest (not a trajstore dataset?)",
+        )
     })?;
     read(root, v)
 }
@@ -117,7 +124,10 @@ fn check_relative(path: &Path, p: &str, what: &str) -> Result<()> {
     } else {
         Err(Error::corrupt(
             path,
-            format!("{what} path `{p}` must be relative, inside `{}/`, without `..`", format::SEGMENTS_DIR),
+            format!(
+                "{what} path `{p}` must be relative, inside `{}/`, without `..`",
+                format::SEGMENTS_DIR
+            ),
         ))
     }
 }
@@ -133,7 +143,10 @@ impl Manifest {
         }
         let bad = |r: String| Err(Error::corrupt(path, r));
         if self.version != expected_version {
-            return bad(format!("file is version {expected_version} but says {}", self.version));
+            return bad(format!(
+                "file is version {expected_version} but says {}",
+                self.version
+            ));
         }
         let (mut rows, mut episodes) = (0u64, 0u64);
         let mut prev: Option<&SegmentEntry> = None;
@@ -141,14 +154,20 @@ impl Manifest {
             check_relative(path, &s.path, "segment")?;
             check_relative(path, &s.episodes_path, "episode table")?;
             if s.rows == 0 || s.episodes == 0 || s.episodes > s.rows {
-                return bad(format!("segment {} has {} rows and {} episodes", s.id, s.rows, s.episodes));
+                return bad(format!(
+                    "segment {} has {} rows and {} episodes",
+                    s.id, s.rows, s.episodes
+                ));
             }
             if let Some(p) = prev
                 && (s.id <= p.id
                     || s.first_episode_id != p.first_episode_id + p.episodes
                     || s.first_row != p.first_row + p.rows)
             {
-                return bad(format!("segment {} does not continue segment {}", s.id, p.id));
+                return bad(format!(
+                    "segment {} does not continue segment {}",
+                    s.id, p.id
+                ));
             }
             rows += s.rows;
             episodes += s.episodes;
@@ -165,7 +184,9 @@ impl Manifest {
                 || last.first_row + last.rows != self.next_row
                 || last.id >= self.next_segment_id)
         {
-            return bad("next_episode_id/next_row/next_segment_id disagree with the last segment".into());
+            return bad(
+                "next_episode_id/next_row/next_segment_id disagree with the last segment".into(),
+            );
         }
         Ok(())
     }
@@ -246,7 +267,12 @@ mod tests {
     fn rejects_escaping_paths_and_bad_counts() {
         let p = Path::new("m.json");
         assert!(manifest().validate(p, 3).is_ok());
-        for bad in ["../etc/passwd", "/etc/passwd", "segments/../../x", "other/x.arrow"] {
+        for bad in [
+            "../etc/passwd",
+            "/etc/passwd",
+            "segments/../../x",
+            "other/x.arrow",
+        ] {
             let mut m = manifest();
             m.segments[0].path = bad.into();
             let err = m.validate(p, 3).unwrap_err().to_string();
@@ -258,7 +284,10 @@ mod tests {
         assert!(manifest().validate(p, 4).is_err());
         let mut m = manifest();
         m.format_version = 2;
-        assert!(matches!(m.validate(p, 3), Err(Error::IncompatibleFormat { .. })));
+        assert!(matches!(
+            m.validate(p, 3),
+            Err(Error::IncompatibleFormat { .. })
+        ));
     }
 
     #[test]
@@ -271,9 +300,20 @@ mod tests {
         assert_eq!(read_latest(dir.path()).unwrap(), m);
         assert!(m.publish(dir.path()).is_err());
         // A leftover temporary manifest is not a version.
-        std::fs::write(versions_dir(dir.path()).join("00000000000000000004.json.tmp"), b"{").unwrap();
+        std::fs::write(
+            versions_dir(dir.path()).join("00000000000000000004.json.tmp"),
+            b"{",
+        )
+        .unwrap();
         assert_eq!(list_versions(dir.path()).unwrap(), vec![3]);
-        std::fs::write(versions_dir(dir.path()).join("00000000000000000005.json"), b"{").unwrap();
-        assert!(matches!(read_latest(dir.path()), Err(Error::Corrupt { .. })));
+        std::fs::write(
+            versions_dir(dir.path()).join("00000000000000000005.json"),
+            b"{",
+        )
+        .unwrap();
+        assert!(matches!(
+            read_latest(dir.path()),
+            Err(Error::Corrupt { .. })
+        ));
     }
 }

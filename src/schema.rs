@@ -96,17 +96,28 @@ impl TransitionSchemaBuilder {
                 self.obs_shape
             )));
         }
-        let obs = tensor_field(col::OBSERVATION, self.obs_type.clone(), &self.obs_shape, false)?;
+        let obs = tensor_field(
+            col::OBSERVATION,
+            self.obs_type.clone(),
+            &self.obs_shape,
+            false,
+        )?;
         let action = match self.action {
             ActionKind::Continuous { dim } => {
                 if dim == 0 {
-                    return Err(Error::InvalidArgument("action dimension must be > 0".into()));
+                    return Err(Error::InvalidArgument(
+                        "action dimension must be > 0".into(),
+                    ));
                 }
                 Field::new(col::ACTION, fsl(self.action_type, dim)?, false)
             }
             ActionKind::Discrete => Field::new(col::ACTION, DataType::Int64, false),
         };
-        let mut fields = vec![obs.clone(), action, Field::new(col::REWARD, DataType::Float32, false)];
+        let mut fields = vec![
+            obs.clone(),
+            action,
+            Field::new(col::REWARD, DataType::Float32, false),
+        ];
         if self.next_observation {
             fields.push(obs.with_name(col::NEXT_OBSERVATION));
         }
@@ -117,18 +128,27 @@ impl TransitionSchemaBuilder {
 
 /// A non-nullable `FixedSizeList<elem>[n]` type with a non-nullable `item` child.
 pub fn fsl(elem: DataType, n: usize) -> Result<DataType> {
-    let n = i32::try_from(n).map_err(|_| Error::InvalidArgument(format!("list size {n} too large")))?;
-    Ok(DataType::FixedSizeList(Field::new("item", elem, false).into(), n))
+    let n =
+        i32::try_from(n).map_err(|_| Error::InvalidArgument(format!("list size {n} too large")))?;
+    Ok(DataType::FixedSizeList(
+        Field::new("item", elem, false).into(),
+        n,
+    ))
 }
 
 /// A fixed-shape tensor field: flat `FixedSizeList` storage plus `arrow.fixed_shape_tensor` metadata.
 pub fn tensor_field(name: &str, elem: DataType, shape: &[usize], nullable: bool) -> Result<Field> {
     let n = shape.iter().product();
     let shape_json = serde_json::json!({ "shape": shape }).to_string();
-    Ok(Field::new(name, fsl(elem, n)?, nullable).with_metadata(HashMap::from([
-        (meta::EXTENSION_NAME.to_string(), meta::FIXED_SHAPE_TENSOR.to_string()),
-        (meta::EXTENSION_METADATA.to_string(), shape_json),
-    ])))
+    Ok(
+        Field::new(name, fsl(elem, n)?, nullable).with_metadata(HashMap::from([
+            (
+                meta::EXTENSION_NAME.to_string(),
+                meta::FIXED_SHAPE_TENSOR.to_string(),
+            ),
+            (meta::EXTENSION_METADATA.to_string(), shape_json),
+        ])),
+    )
 }
 
 /// Reads the tensor shape of a fixed-size-list field from its extension metadata (or `[n]`).
@@ -148,14 +168,18 @@ pub fn field_shape(field: &Field) -> Result<Vec<usize>> {
             meta::FIXED_SHAPE_TENSOR
         ))
     };
-    let raw = md.get(meta::EXTENSION_METADATA).ok_or_else(|| bad("missing"))?;
+    let raw = md
+        .get(meta::EXTENSION_METADATA)
+        .ok_or_else(|| bad("missing"))?;
     let v: serde_json::Value = serde_json::from_str(raw).map_err(|e| bad(&e.to_string()))?;
     let shape: Vec<usize> = v
         .get("shape")
         .and_then(|s| serde_json::from_value(s.clone()).ok())
         .ok_or_else(|| bad("no integer `shape` array"))?;
     if shape.iter().product::<usize>() != n {
-        return Err(bad(&format!("shape {shape:?} does not multiply to list size {n}")));
+        return Err(bad(&format!(
+            "shape {shape:?} does not multiply to list size {n}"
+        )));
     }
     Ok(shape)
 }
@@ -213,8 +237,13 @@ impl TransitionSchema {
                     f.name()
                 )));
             }
-            if ![col::OBSERVATION, col::ACTION, col::REWARD, col::NEXT_OBSERVATION]
-                .contains(&f.name().as_str())
+            if ![
+                col::OBSERVATION,
+                col::ACTION,
+                col::REWARD,
+                col::NEXT_OBSERVATION,
+            ]
+            .contains(&f.name().as_str())
             {
                 fields.push(f.as_ref().clone());
             }
@@ -250,7 +279,10 @@ impl TransitionSchema {
         let rest = &fields[expected.len()..];
         let obs = &rest[0];
         if obs.name() != col::OBSERVATION {
-            return Err(mismatch(format!("expected `{}` after the boundary columns", col::OBSERVATION)));
+            return Err(mismatch(format!(
+                "expected `{}` after the boundary columns",
+                col::OBSERVATION
+            )));
         }
         match obs.data_type() {
             DataType::FixedSizeList(child, _) if is_numeric(child.data_type()) => {}
@@ -276,7 +308,11 @@ impl TransitionSchema {
             }
         };
         if action.name() != col::ACTION {
-            return Err(mismatch(format!("expected `{}` after `{}`", col::ACTION, col::OBSERVATION)));
+            return Err(mismatch(format!(
+                "expected `{}` after `{}`",
+                col::ACTION,
+                col::OBSERVATION
+            )));
         }
         let reward = &rest[2];
         if reward.name() != col::REWARD || reward.data_type() != &DataType::Float32 {
@@ -290,7 +326,10 @@ impl TransitionSchema {
         }
         for f in &rest[..3] {
             if f.is_nullable() {
-                return Err(mismatch(format!("required column `{}` must not be nullable", f.name())));
+                return Err(mismatch(format!(
+                    "required column `{}` must not be nullable",
+                    f.name()
+                )));
             }
         }
         let mut seen = std::collections::HashSet::new();
@@ -330,7 +369,11 @@ impl TransitionSchema {
         if let Some(pos) = rest.iter().position(|f| f.name() == col::NEXT_OBSERVATION)
             && pos != 3
         {
-            return Err(mismatch(format!("`{}` must follow `{}`", col::NEXT_OBSERVATION, col::REWARD)));
+            return Err(mismatch(format!(
+                "`{}` must follow `{}`",
+                col::NEXT_OBSERVATION,
+                col::REWARD
+            )));
         }
         let schema = Arc::new(schema.clone());
         let payload = Arc::new(Schema::new(rest.to_vec()));
@@ -344,7 +387,12 @@ impl TransitionSchema {
             Field::new(ep::TRUNCATED, DataType::Boolean, false),
         ];
         if !has_next {
-            ep_fields.push(obs.as_ref().clone().with_name(ep::FINAL_OBSERVATION).with_nullable(true));
+            ep_fields.push(
+                obs.as_ref()
+                    .clone()
+                    .with_name(ep::FINAL_OBSERVATION)
+                    .with_nullable(true),
+            );
         }
         Ok(TransitionSchema {
             schema,
@@ -386,11 +434,17 @@ impl TransitionSchema {
     /// Whether `next_observation` is stored (otherwise it is derived from the next row and the
     /// episode's `final_observation`).
     pub fn has_next_observation(&self) -> bool {
-        self.payload.column_with_name(col::NEXT_OBSERVATION).is_some()
+        self.payload
+            .column_with_name(col::NEXT_OBSERVATION)
+            .is_some()
     }
     /// Bytes of one row, excluding validity bitmaps (bools count 1/8).
     pub fn row_bytes(&self) -> f64 {
-        self.schema.fields().iter().map(|f| value_bytes(f.data_type())).sum()
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| value_bytes(f.data_type()))
+            .sum()
     }
 
     /// The columns as written in manifests.
@@ -402,10 +456,11 @@ impl TransitionSchema {
                 name: f.name().clone(),
                 data_type: format::type_name(f.data_type()).expect("validated fixed-width type"),
                 nullable: f.is_nullable(),
-                shape: match f.data_type() {
-                    DataType::FixedSizeList(..) => field_shape(f).ok(),
-                    _ => None,
-                },
+                shape: f
+                    .metadata()
+                    .get(meta::EXTENSION_NAME)
+                    .filter(|n| n.as_str() == meta::FIXED_SHAPE_TENSOR)
+                    .and_then(|_| field_shape(f).ok()),
             })
             .collect()
     }
@@ -418,7 +473,8 @@ impl TransitionSchema {
                 let dt = format::parse_type(&c.data_type)?;
                 Ok(match (&dt, &c.shape) {
                     (DataType::FixedSizeList(child, _), Some(shape)) => {
-                        let f = tensor_field(&c.name, child.data_type().clone(), shape, c.nullable)?;
+                        let f =
+                            tensor_field(&c.name, child.data_type().clone(), shape, c.nullable)?;
                         if f.data_type() != &dt {
                             return Err(Error::SchemaMismatch(format!(
                                 "column `{}`: shape {shape:?} does not match type {}",
@@ -487,19 +543,37 @@ mod tests {
             .column(Field::new("cost", DataType::Float64, true))
             .build()
             .unwrap();
-        let names: Vec<_> = s.arrow_schema().fields().iter().map(|f| f.name().clone()).collect();
+        let names: Vec<_> = s
+            .arrow_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
         assert_eq!(
             names,
             [
-                "episode_id", "step", "is_first", "is_last", "terminated", "truncated", "observation",
-                "action", "reward", "next_observation", "cost"
+                "episode_id",
+                "step",
+                "is_first",
+                "is_last",
+                "terminated",
+                "truncated",
+                "observation",
+                "action",
+                "reward",
+                "next_observation",
+                "cost"
             ]
         );
         assert_eq!(s.observation_shape(), &[3, 4]);
         assert_eq!(s.observation_len(), 12);
         assert!(s.has_next_observation());
         // Episode table has no final_observation when next_observation is stored.
-        assert!(s.episode_schema().column_with_name(ep::FINAL_OBSERVATION).is_none());
+        assert!(
+            s.episode_schema()
+                .column_with_name(ep::FINAL_OBSERVATION)
+                .is_none()
+        );
         // Manifest columns round-trip.
         let back = TransitionSchema::from_columns(&s.to_columns()).unwrap();
         assert_eq!(back, s);
@@ -514,10 +588,18 @@ mod tests {
             Field::new("action", DataType::Utf8, false),
             Field::new("reward", DataType::Float32, false),
         ]);
-        let err = TransitionSchema::from_payload(&bad).unwrap_err().to_string();
+        let err = TransitionSchema::from_payload(&bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("action"), "{err}");
-        let missing = Schema::new(vec![Field::new("observation", fsl(DataType::Float32, 3).unwrap(), false)]);
-        let err = TransitionSchema::from_payload(&missing).unwrap_err().to_string();
+        let missing = Schema::new(vec![Field::new(
+            "observation",
+            fsl(DataType::Float32, 3).unwrap(),
+            false,
+        )]);
+        let err = TransitionSchema::from_payload(&missing)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`action` is missing"), "{err}");
         let string_col = TransitionSchema::builder(&[3], 1)
             .column(Field::new("note", DataType::Utf8, true))

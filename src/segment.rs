@@ -116,7 +116,10 @@ impl IpcFileWriter {
             bytes: sink.bytes,
             crc32c: sink.crc,
         };
-        let file = sink.inner.into_inner().map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+        let file = sink
+            .inner
+            .into_inner()
+            .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
         file.sync_all().at(&self.tmp)?;
         drop(file);
         crate::fault::point("segment-before-rename");
@@ -170,7 +173,9 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     let len = file.metadata().at(path)?.len() as usize;
     let corrupt = |reason: String| Error::corrupt(path, reason);
     if len < MIN_FILE_LEN {
-        return Err(corrupt(format!("{len} bytes is too short for an Arrow IPC file")));
+        return Err(corrupt(format!(
+            "{len} bytes is too short for an Arrow IPC file"
+        )));
     }
     // SAFETY: the map is read-only and committed trajstore files are immutable: they are written
     // under a temporary name and renamed into place, and never modified or truncated afterwards
@@ -180,7 +185,9 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     let map = Buffer::from(bytes::Bytes::from_owner(mmap));
     let data = map.as_slice();
     if &data[..6] != MAGIC || &data[len - 6..] != MAGIC {
-        return Err(corrupt("missing ARROW1 magic (not an Arrow IPC file, or truncated)".into()));
+        return Err(corrupt(
+            "missing ARROW1 magic (not an Arrow IPC file, or truncated)".into(),
+        ));
     }
     let footer_len = i32::from_le_bytes(data[len - 10..len - 6].try_into().expect("4 bytes"));
     let footer_end = len - 10;
@@ -191,12 +198,19 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     let footer = arrow::ipc::root_as_footer(&data[footer_start..footer_end])
         .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
     if footer.version() != MetadataVersion::V5 {
-        return Err(corrupt(format!("metadata version {:?}, expected V5", footer.version())));
+        return Err(corrupt(format!(
+            "metadata version {:?}, expected V5",
+            footer.version()
+        )));
     }
-    let fb_schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
+    let fb_schema = footer
+        .schema()
+        .ok_or_else(|| corrupt("footer has no schema".into()))?;
     // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
-    let schema = catch_unwind(AssertUnwindSafe(|| arrow::ipc::convert::fb_to_schema(fb_schema)))
-        .map_err(|_| corrupt("unreadable schema in footer".into()))?;
+    let schema = catch_unwind(AssertUnwindSafe(|| {
+        arrow::ipc::convert::fb_to_schema(fb_schema)
+    }))
+    .map_err(|_| corrupt("unreadable schema in footer".into()))?;
     let mut metadata = HashMap::new();
     if let Some(kv) = footer.custom_metadata() {
         for e in kv {
@@ -207,20 +221,27 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     }
     check_schema(expected, &schema).map_err(|m| corrupt(format!("schema mismatch: {m}")))?;
     if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
-        return Err(corrupt("dictionary batches are not part of the format".into()));
+        return Err(corrupt(
+            "dictionary batches are not part of the format".into(),
+        ));
     }
     let schema: SchemaRef = Arc::new(schema);
-    let decoder = FileDecoder::new(schema.clone(), MetadataVersion::V5).with_require_alignment(true);
-    let blocks = footer.recordBatches().map(|b| b.iter().copied().collect::<Vec<_>>());
+    let decoder =
+        FileDecoder::new(schema.clone(), MetadataVersion::V5).with_require_alignment(true);
+    let blocks = footer
+        .recordBatches()
+        .map(|b| b.iter().copied().collect::<Vec<_>>());
     let mut batches = Vec::new();
     for (i, block) in blocks.unwrap_or_default().iter().enumerate() {
         let slice = check_block(block, footer_start, data)
             .map_err(|m| corrupt(format!("record batch {i}: {m}")))?;
         let block_data = map.slice_with_length(slice.0, slice.1);
-        let decoded = catch_unwind(AssertUnwindSafe(|| decoder.read_record_batch(block, &block_data)))
-            .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
-            .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
-            .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
+        let decoded = catch_unwind(AssertUnwindSafe(|| {
+            decoder.read_record_batch(block, &block_data)
+        }))
+        .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
+        .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
+        .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
         batches.push(decoded);
     }
     Ok(MappedIpc {
@@ -240,7 +261,10 @@ fn check_schema(expected: &Schema, found: &Schema) -> std::result::Result<(), St
         ));
     }
     for (e, f) in expected.fields().iter().zip(found.fields()) {
-        if e.name() != f.name() || e.data_type() != f.data_type() || e.is_nullable() != f.is_nullable() {
+        if e.name() != f.name()
+            || e.data_type() != f.data_type()
+            || e.is_nullable() != f.is_nullable()
+        {
             return Err(format!(
                 "column `{}: {}` where `{}: {}` was expected",
                 f.name(),
@@ -255,10 +279,16 @@ fn check_schema(expected: &Schema, found: &Schema) -> std::result::Result<(), St
 
 /// Checks that a block and the buffers its message declares lie inside the file, so that decoding
 /// never indexes out of bounds. Returns the (offset, length) of the block.
-fn check_block(block: &Block, footer_start: usize, data: &[u8]) -> std::result::Result<(usize, usize), String> {
+fn check_block(
+    block: &Block,
+    footer_start: usize,
+    data: &[u8],
+) -> std::result::Result<(usize, usize), String> {
     let (off, meta_len, body_len) = (block.offset(), block.metaDataLength(), block.bodyLength());
     if off < 8 || meta_len < 8 || body_len < 0 {
-        return Err(format!("invalid block (offset {off}, metadata {meta_len}, body {body_len})"));
+        return Err(format!(
+            "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
+        ));
     }
     let (off, meta_len, body_len) = (off as usize, meta_len as usize, body_len as usize);
     let end = off
@@ -267,10 +297,16 @@ fn check_block(block: &Block, footer_start: usize, data: &[u8]) -> std::result::
         .filter(|&e| e <= footer_start)
         .ok_or_else(|| format!("block at {off} runs past the data section"))?;
     let header = &data[off..off + meta_len];
-    let (prefix, msg_len) = if header[..4] == [0xff; 4] { (8, &header[4..8]) } else { (4, &header[..4]) };
+    let (prefix, msg_len) = if header[..4] == [0xff; 4] {
+        (8, &header[4..8])
+    } else {
+        (4, &header[..4])
+    };
     let msg_len = i32::from_le_bytes(msg_len.try_into().expect("4 bytes"));
     if msg_len < 0 || prefix + msg_len as usize > meta_len {
-        return Err(format!("message length {msg_len} exceeds the block's metadata length {meta_len}"));
+        return Err(format!(
+            "message length {msg_len} exceeds the block's metadata length {meta_len}"
+        ));
     }
     let message = arrow::ipc::root_as_message(&header[prefix..prefix + msg_len as usize])
         .map_err(|e| format!("invalid message: {e}"))?;
@@ -289,7 +325,9 @@ fn check_block(block: &Block, footer_start: usize, data: &[u8]) -> std::result::
     for (j, b) in rb.buffers().into_iter().flatten().enumerate() {
         let (bo, bl) = (b.offset(), b.length());
         if bo < 0 || bl < 0 || (bo as u64).saturating_add(bl as u64) > body_len as u64 {
-            return Err(format!("buffer {j} ({bo}+{bl}) lies outside the message body ({body_len})"));
+            return Err(format!(
+                "buffer {j} ({bo}+{bl}) lies outside the message body ({body_len})"
+            ));
         }
     }
     Ok((off, end - off))
@@ -314,7 +352,9 @@ mod tests {
             s.clone(),
             vec![
                 Arc::new(UInt64Array::from_iter_values(0..rows as u64)),
-                Arc::new(Float32Array::from_iter_values((0..rows).map(|i| i as f32 * 0.5))),
+                Arc::new(Float32Array::from_iter_values(
+                    (0..rows).map(|i| i as f32 * 0.5),
+                )),
             ],
         )
         .unwrap();
@@ -346,7 +386,11 @@ mod tests {
                 assert_eq!(ptr as usize % 64, 0, "buffers are 64-byte aligned");
             }
         }
-        let b = f.batches[0].column(1).as_any().downcast_ref::<Float32Array>().unwrap();
+        let b = f.batches[0]
+            .column(1)
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .unwrap();
         assert_eq!(b.value(999), 499.5);
     }
 
@@ -372,7 +416,10 @@ mod tests {
                 bad[i] ^= 1 << bit;
                 std::fs::write(&q, &bad).unwrap();
                 if let Err(e) = open_ipc(&q, &schema()) {
-                    assert!(matches!(e, Error::Corrupt { .. }), "byte {i} bit {bit}: {e}");
+                    assert!(
+                        matches!(e, Error::Corrupt { .. }),
+                        "byte {i} bit {bit}: {e}"
+                    );
                     detected += 1;
                     misaligned += e.to_string().contains("Misaligned") as usize;
                 }
@@ -390,10 +437,16 @@ mod tests {
         write_file(&p, 10);
         let other = Schema::new(vec![Field::new("a", DataType::UInt64, false)]);
         let err = open_ipc(&p, &other).unwrap_err().to_string();
-        assert!(err.contains("schema mismatch") && err.contains("x.arrow"), "{err}");
+        assert!(
+            err.contains("schema mismatch") && err.contains("x.arrow"),
+            "{err}"
+        );
         let q = dir.path().join("foreign.arrow");
         std::fs::write(&q, b"PAR1 this is not arrow at all, just some bytes PAR1").unwrap();
-        assert!(matches!(open_ipc(&q, &schema()), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            open_ipc(&q, &schema()),
+            Err(Error::Corrupt { .. })
+        ));
         assert!(matches!(
             open_ipc(&dir.path().join("missing.arrow"), &schema()),
             Err(Error::NotFound { .. })

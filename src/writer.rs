@@ -5,14 +5,14 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float64Array, RecordBatch, UInt32Array, UInt64Array,
-    make_array, new_null_array,
-};
 use arrow::array::ArrayData;
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float64Array, RecordBatch,
+    UInt32Array, UInt64Array, make_array, new_null_array,
+};
 use arrow::buffer::Buffer;
-use arrow::datatypes::ToByteSlice;
 use arrow::compute::concat_batches;
+use arrow::datatypes::ToByteSlice;
 use arrow::datatypes::{DataType, Float32Type};
 
 use crate::error::{Error, IoContext, Result};
@@ -249,7 +249,9 @@ impl ColumnBuf {
             )
         };
         Ok(match self.field.data_type() {
-            DataType::FixedSizeList(c, n) => Arc::new(FixedSizeListArray::try_new(c.clone(), *n, values, None)?),
+            DataType::FixedSizeList(c, n) => {
+                Arc::new(FixedSizeListArray::try_new(c.clone(), *n, values, None)?)
+            }
             _ => values,
         })
     }
@@ -374,10 +376,14 @@ impl DatasetWriter {
         }
         let n = batch.num_rows();
         if n == 0 {
-            return Err(Error::InvalidData("an episode must have at least one transition".into()));
+            return Err(Error::InvalidData(
+                "an episode must have at least one transition".into(),
+            ));
         }
         if u32::try_from(n).is_err() {
-            return Err(Error::InvalidData(format!("episode of {n} steps exceeds u32 steps")));
+            return Err(Error::InvalidData(format!(
+                "episode of {n} steps exceeds u32 steps"
+            )));
         }
         if !end.terminated && !end.truncated {
             return Err(Error::InvalidData(
@@ -389,10 +395,18 @@ impl DatasetWriter {
         let id = self.next_episode_id;
         columns.push(Arc::new(UInt64Array::from_value(id, n)));
         columns.push(Arc::new(UInt32Array::from_iter_values(0..n as u32)));
-        columns.push(Arc::new(BooleanArray::from_iter((0..n).map(|i| Some(i == 0)))));
-        columns.push(Arc::new(BooleanArray::from_iter((0..n).map(|i| Some(i + 1 == n)))));
-        columns.push(Arc::new(BooleanArray::from_iter((0..n).map(|i| Some(end.terminated && i + 1 == n)))));
-        columns.push(Arc::new(BooleanArray::from_iter((0..n).map(|i| Some(end.truncated && i + 1 == n)))));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(i == 0)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(i + 1 == n)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(end.terminated && i + 1 == n)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(end.truncated && i + 1 == n)),
+        )));
         for field in payload.fields() {
             let array = batch.column_by_name(field.name()).ok_or_else(|| {
                 Error::SchemaMismatch(format!("episode batch has no column `{}`", field.name()))
@@ -436,13 +450,21 @@ impl DatasetWriter {
         Ok(id)
     }
 
-    fn add(&mut self, batch: RecordBatch, ret: f64, terminated: bool, truncated: bool, final_obs: Option<ArrayRef>) -> Result<()> {
+    fn add(
+        &mut self,
+        batch: RecordBatch,
+        ret: f64,
+        terminated: bool,
+        truncated: bool,
+        final_obs: Option<ArrayRef>,
+    ) -> Result<()> {
         let rows = batch.num_rows() as u64;
         let row_bytes = self.schema.row_bytes().max(1.0);
         let bytes = |r: u64| (r as f64 * row_bytes) as u64;
         // Roll the segment first if this episode would push it past its target.
         if let Some(open) = &self.open
-            && open.writer.bytes_written() + bytes(self.pending_rows + rows) > self.options.segment_bytes
+            && open.writer.bytes_written() + bytes(self.pending_rows + rows)
+                > self.options.segment_bytes
         {
             self.finish_segment()?;
         }
@@ -455,7 +477,12 @@ impl DatasetWriter {
             let path = self.root.join(segment_path(id));
             self.open = Some(OpenSegment {
                 id,
-                writer: IpcFileWriter::create(&path, self.schema.arrow_schema(), meta::KIND_TRANSITIONS, id)?,
+                writer: IpcFileWriter::create(
+                    &path,
+                    self.schema.arrow_schema(),
+                    meta::KIND_TRANSITIONS,
+                    id,
+                )?,
                 episodes: EpisodeRows::default(),
                 first_episode_id: self.next_episode_id,
                 first_row: self.next_row,
@@ -490,12 +517,18 @@ impl DatasetWriter {
         };
         self.pending.clear();
         self.pending_rows = 0;
-        self.open.as_mut().expect("pending rows belong to an open segment").writer.write(&batch)
+        self.open
+            .as_mut()
+            .expect("pending rows belong to an open segment")
+            .writer
+            .write(&batch)
     }
 
     fn finish_segment(&mut self) -> Result<()> {
         self.flush_pending()?;
-        let Some(open) = self.open.take() else { return Ok(()) };
+        let Some(open) = self.open.take() else {
+            return Ok(());
+        };
         let rows = open.writer.rows();
         let info = open.writer.finish()?;
         let e = open.episodes;
@@ -511,8 +544,11 @@ impl DatasetWriter {
         let ep_schema = self.schema.episode_schema().clone();
         if let Ok(field) = ep_schema.field_with_name(ep::FINAL_OBSERVATION) {
             let null = new_null_array(field.data_type(), 1);
-            let parts: Vec<&dyn Array> =
-                e.finals.iter().map(|f| f.as_deref().unwrap_or(null.as_ref())).collect();
+            let parts: Vec<&dyn Array> = e
+                .finals
+                .iter()
+                .map(|f| f.as_deref().unwrap_or(null.as_ref()))
+                .collect();
             cols.push(arrow::compute::concat(&parts)?);
         }
         let table = RecordBatch::try_new(ep_schema.clone(), cols)?;
@@ -547,7 +583,11 @@ impl DatasetWriter {
         if step.next_observation.is_some() != has_next {
             return Err(Error::InvalidArgument(format!(
                 "this dataset {} next_observation",
-                if has_next { "stores, so each step needs," } else { "derives, so steps must not pass," }
+                if has_next {
+                    "stores, so each step needs,"
+                } else {
+                    "derives, so steps must not pass,"
+                }
             )));
         }
         if step.columns.len() != bufs.len() - fixed {
@@ -578,9 +618,14 @@ impl DatasetWriter {
     pub fn end_episode(&mut self, end: EpisodeEnd) -> Result<u64> {
         let rows = std::mem::take(&mut self.step_rows);
         let Some(bufs) = self.step.as_mut().filter(|_| rows > 0) else {
-            return Err(Error::InvalidArgument("end_episode called with no steps appended".into()));
+            return Err(Error::InvalidArgument(
+                "end_episode called with no steps appended".into(),
+            ));
         };
-        let columns = bufs.iter_mut().map(|b| b.finish(rows)).collect::<Result<Vec<_>>>()?;
+        let columns = bufs
+            .iter_mut()
+            .map(|b| b.finish(rows))
+            .collect::<Result<Vec<_>>>()?;
         let batch = RecordBatch::try_new(self.schema.payload_schema().clone(), columns)?;
         self.append_episode(&batch, end)
     }
@@ -670,12 +715,22 @@ impl DatasetWriter {
 
 /// Relative path of segment `id`'s transition file.
 pub fn segment_path(id: u64) -> String {
-    format!("{}/{}{}", format::SEGMENTS_DIR, format::segment_name(id), format::SEGMENT_SUFFIX)
+    format!(
+        "{}/{}{}",
+        format::SEGMENTS_DIR,
+        format::segment_name(id),
+        format::SEGMENT_SUFFIX
+    )
 }
 
 /// Relative path of segment `id`'s episode table.
 pub fn episodes_path(id: u64) -> String {
-    format!("{}/{}{}", format::SEGMENTS_DIR, format::segment_name(id), format::EPISODES_SUFFIX)
+    format!(
+        "{}/{}{}",
+        format::SEGMENTS_DIR,
+        format::segment_name(id),
+        format::EPISODES_SUFFIX
+    )
 }
 
 /// Ids of the segment files present in `segments/`.
@@ -685,7 +740,9 @@ fn segment_files(root: &Path) -> Result<Vec<u64>> {
     for entry in std::fs::read_dir(&dir).at(&dir)? {
         let name = entry.at(&dir)?.file_name();
         let Some(name) = name.to_str() else { continue };
-        let stem = name.strip_suffix(format::EPISODES_SUFFIX).or_else(|| name.strip_suffix(format::SEGMENT_SUFFIX));
+        let stem = name
+            .strip_suffix(format::EPISODES_SUFFIX)
+            .or_else(|| name.strip_suffix(format::SEGMENT_SUFFIX));
         if let Some(stem) = stem
             && stem.len() == format::ID_DIGITS
             && let Ok(id) = stem.parse()
@@ -712,10 +769,16 @@ fn remove_segment(root: &Path, id: u64) -> Result<()> {
 
 /// Removes what a crashed writer left: temporary files and segments no commit published.
 fn remove_leftovers(root: &Path, next_segment_id: u64) -> Result<()> {
-    for dir in [root.join(format::SEGMENTS_DIR), manifest::versions_dir(root)] {
+    for dir in [
+        root.join(format::SEGMENTS_DIR),
+        manifest::versions_dir(root),
+    ] {
         for entry in std::fs::read_dir(&dir).at(&dir)? {
             let path = entry.at(&dir)?.path();
-            if path.to_str().is_some_and(|p| p.ends_with(format::TMP_SUFFIX)) {
+            if path
+                .to_str()
+                .is_some_and(|p| p.ends_with(format::TMP_SUFFIX))
+            {
                 std::fs::remove_file(&path).at(&path)?;
             }
         }
@@ -734,7 +797,9 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
     let name = field.name();
     if !field.is_nullable() && array.null_count() > 0 {
         let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
-        return Err(Error::InvalidData(format!("column `{name}` has a null at row {row} of the episode")));
+        return Err(Error::InvalidData(format!(
+            "column `{name}` has a null at row {row} of the episode"
+        )));
     }
     match (field.data_type(), array.data_type()) {
         (a, b) if a == b => Ok(array.clone()),
@@ -743,7 +808,9 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
         {
             let list = array.as_fixed_size_list();
             if list.values().null_count() > 0 {
-                return Err(Error::InvalidData(format!("column `{name}` has null list items")));
+                return Err(Error::InvalidData(format!(
+                    "column `{name}` has null list items"
+                )));
             }
             Ok(Arc::new(FixedSizeListArray::try_new(
                 want.clone(),
@@ -752,6 +819,8 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
                 list.nulls().cloned(),
             )?))
         }
-        (want, got) => Err(Error::SchemaMismatch(format!("column `{name}` is {got}, the dataset stores {want}"))),
+        (want, got) => Err(Error::SchemaMismatch(format!(
+            "column `{name}` is {got}, the dataset stores {want}"
+        ))),
     }
 }

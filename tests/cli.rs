@@ -1,0 +1,88 @@
+//! The `trajstore` binary: exit codes, one-line errors, JSON output, export.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_trajstore");
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn demo_info_verify_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("demo.trajstore");
+    let d = d.to_str().unwrap();
+    let (code, out, err) = run(&["demo", d, "--transitions", "5000", "--mean-episode-len", "100", "--seed", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("wrote 5,000 transitions"), "{out}");
+    let (code, out, _) = run(&["info", d, "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["transitions"].as_u64(), Some(5000));
+    let episodes = v["episodes"].as_u64().unwrap();
+    assert!(episodes > 10);
+    assert_eq!(
+        v["terminated_episodes"].as_u64().unwrap() + v["truncated_episodes"].as_u64().unwrap(),
+        episodes
+    );
+    assert_eq!(v["episode_length"]["count"].as_u64(), Some(episodes));
+    assert!((v["episode_length"]["mean"].as_f64().unwrap() * episodes as f64 - 5000.0).abs() < 1e-6);
+    let (code, out, _) = run(&["info", d]);
+    assert_eq!(code, 0);
+    assert!(out.contains("episode length") && out.contains("█"), "{out}");
+    let (code, out, _) = run(&["verify", d, "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["ok"], true);
+    // Same seed, same bytes.
+    let d2 = dir.path().join("again.trajstore");
+    let d2 = d2.to_str().unwrap();
+    run(&["demo", d2, "--transitions", "5000", "--mean-episode-len", "100", "--seed", "3"]);
+    let seg = "segments/00000000000000000000.arrow";
+    assert_eq!(
+        std::fs::read(format!("{d}/{seg}")).unwrap(),
+        std::fs::read(format!("{d2}/{seg}")).unwrap()
+    );
+    // Export to Parquet and read it back.
+    let pq = dir.path().join("out.parquet");
+    let (code, _, err) = run(&["export", d, pq.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&pq).unwrap(),
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    let rows: usize = reader.map(|b| b.unwrap().num_rows()).sum();
+    assert_eq!(rows, 5000);
+}
+
+#[test]
+fn errors_are_one_line_with_exit_code_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    for args in [
+        vec!["info", missing.to_str().unwrap()],
+        vec!["verify", missing.to_str().unwrap()],
+        vec!["demo", dir.path().to_str().unwrap()],
+        vec!["demo", "--transitions", "0", missing.to_str().unwrap()],
+        vec!["ingest", "data.csv", missing.to_str().unwrap()],
+    ] {
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 1, "{args:?}: {out} {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(!err.contains("panicked"));
+    }
+    // Help teaches and succeeds.
+    let (code, out, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Examples:"));
+    let (code, _, err) = run(&["demo", "--no-such-flag"]);
+    assert_eq!(code, 1, "{err}");
+}
