@@ -1,0 +1,667 @@
+//! Parquet ingest through the public API: both episode modes, column conversions, and every kind
+//! of bad input (with the row it names), including that a failed ingest leaves nothing behind.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float32Array, Float64Array,
+    Int32Array, Int64Array, ListArray, RecordBatch, StringArray, UInt64Array,
+};
+use arrow::datatypes::{DataType, Field, Float32Type, Int64Type, UInt64Type};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use trajstore::ingest::{ParquetIngestOptions, infer_parquet_schema, ingest_parquet};
+use trajstore::{ActionKind, Dataset, Error, Snapshot, WriterOptions};
+
+/// Writes `batch` as Parquet with row groups of `group_rows` rows.
+fn write_parquet(path: &Path, batch: &RecordBatch, group_rows: usize) {
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(group_rows))
+        .build();
+    let mut w =
+        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+fn fsl_f32(n: i32, values: Vec<f32>) -> ArrayRef {
+    let item = Arc::new(Field::new("item", DataType::Float32, true));
+    Arc::new(FixedSizeListArray::new(
+        item,
+        n,
+        Arc::new(Float32Array::from(values)),
+        None,
+    ))
+}
+
+fn list_f32(rows: &[Vec<f32>]) -> ArrayRef {
+    Arc::new(ListArray::from_iter_primitive::<Float32Type, _, _>(
+        rows.iter()
+            .map(|r| Some(r.iter().copied().map(Some).collect::<Vec<_>>())),
+    ))
+}
+
+/// Small segments and batches, so episodes land in several segments and record batches.
+fn small_writer() -> WriterOptions {
+    WriterOptions::default()
+        .with_segment_bytes(8 << 10)
+        .with_batch_bytes(2 << 10)
+}
+
+fn fsl_values(batch: &RecordBatch, name: &str) -> Vec<f32> {
+    let list = batch.column_by_name(name).unwrap().as_fixed_size_list();
+    list.values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec()
+}
+
+fn rewards(batch: &RecordBatch) -> Vec<f32> {
+    batch
+        .column_by_name("reward")
+        .unwrap()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec()
+}
+
+/// (terminated, truncated) of every episode, read from the boundary columns of its last row.
+fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
+    (0..snap.num_episodes())
+        .map(|id| {
+            let e = snap.episode(id).unwrap();
+            let last = e.num_rows() - 1;
+            let flag = |n: &str| e.column_by_name(n).unwrap().as_boolean().value(last);
+            (flag("terminated"), flag("truncated"))
+        })
+        .collect()
+}
+
+/// A D4RL-style file: observation [3], action [2], reward f64, `terminals`/`timeouts` flags.
+/// Returns the batch and the expected (start, length, terminated, truncated) of each episode.
+fn d4rl_batch() -> (RecordBatch, Vec<(usize, usize, bool, bool)>) {
+    // Episodes: lengths and how they end; the last one has no flag (cut by the end of the data).
+    let plan = [
+        (37, true, false),
+        (150, false, true),
+        (203, true, false),
+        (1, true, false),
+        (99, false, true),
+    ];
+    let tail = 60;
+    let n = plan.iter().map(|p| p.0).sum::<usize>() + tail;
+    let mut terminals = vec![false; n];
+    let mut timeouts = vec![false; n];
+    let mut expected = vec![];
+    let mut start = 0;
+    for (len, term, trunc) in plan {
+        terminals[start + len - 1] = term;
+        timeouts[start + len - 1] = trunc;
+        expected.push((start, len, term, trunc));
+        start += len;
+    }
+    expected.push((start, tail, false, true));
+    let obs: Vec<f32> = (0..n * 3).map(|i| i as f32 * 0.5).collect();
+    let act: Vec<f32> = (0..n * 2).map(|i| -(i as f32)).collect();
+    let reward: Vec<f64> = (0..n).map(|i| i as f64 * 0.25).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("observations", fsl_f32(3, obs)),
+        ("actions", fsl_f32(2, act)),
+        ("rewards", Arc::new(Float64Array::from(reward)) as ArrayRef),
+        (
+            "terminals",
+            Arc::new(BooleanArray::from(terminals)) as ArrayRef,
+        ),
+        (
+            "timeouts",
+            Arc::new(BooleanArray::from(timeouts)) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    (batch, expected)
+}
+
+fn d4rl_options() -> ParquetIngestOptions {
+    ParquetIngestOptions::default()
+        .with_observation_col("observations")
+        .with_action_col("actions")
+        .with_reward_col("rewards")
+        .with_terminated_col("terminals")
+        .with_truncated_col("timeouts")
+        .with_batch_rows(64)
+}
+
+#[test]
+fn flag_mode_round_trips_across_row_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("d4rl.parquet");
+    let (batch, expected) = d4rl_batch();
+    write_parquet(&input, &batch, 100);
+    let out = dir.path().join("ds");
+
+    let opts = d4rl_options();
+    let inferred = infer_parquet_schema(&input, &opts).unwrap();
+    let report = ingest_parquet(&input, &out, &opts, small_writer()).unwrap();
+    assert_eq!(report.rows, batch.num_rows() as u64);
+    assert_eq!(report.episodes, expected.len() as u64);
+    assert_eq!(report.version, 2);
+
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(snap.version(), 2);
+    assert_eq!(snap.schema(), &inferred);
+    assert!(
+        snap.segments().len() > 1,
+        "small segments: episodes spread over several"
+    );
+    assert_eq!(snap.schema().observation_shape(), &[3]);
+    assert_eq!(
+        snap.schema().action_kind(),
+        &ActionKind::Continuous { dim: 2 }
+    );
+    let lengths: Vec<u64> = expected.iter().map(|e| e.1 as u64).collect();
+    assert_eq!(snap.episodes().lengths(), lengths.as_slice());
+    let want_ends: Vec<(bool, bool)> = expected.iter().map(|e| (e.2, e.3)).collect();
+    assert_eq!(ends(&snap), want_ends);
+    assert!(
+        snap.manifest()
+            .properties
+            .get("source")
+            .is_some_and(|s| s.ends_with("d4rl.parquet"))
+    );
+
+    let all_obs = batch
+        .column(0)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec();
+    let all_act = batch
+        .column(1)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec();
+    for (id, &(start, len, _, _)) in expected.iter().enumerate() {
+        let e = snap.episode(id as u64).unwrap();
+        assert_eq!(
+            fsl_values(&e, "observation"),
+            all_obs[start * 3..(start + len) * 3]
+        );
+        assert_eq!(
+            fsl_values(&e, "action"),
+            all_act[start * 2..(start + len) * 2]
+        );
+        let want: Vec<f32> = (start..start + len)
+            .map(|i| (i as f64 * 0.25) as f32)
+            .collect();
+        assert_eq!(rewards(&e), want);
+        // Flag columns are consumed, not stored.
+        assert!(e.column_by_name("terminals").is_none() && e.column_by_name("timeouts").is_none());
+    }
+}
+
+#[test]
+fn episode_id_mode_converts_lists_and_keeps_user_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("ids.parquet");
+    // Ids not sorted, not dense; episode 42 spans several row groups.
+    let runs: [(i64, usize); 5] = [(7, 30), (3, 1), (42, 250), (-5, 64), (9, 55)];
+    let ids: Vec<i64> = runs
+        .iter()
+        .flat_map(|&(id, len)| std::iter::repeat_n(id, len))
+        .collect();
+    let n = ids.len();
+    let obs_rows: Vec<Vec<f32>> = (0..n)
+        .map(|i| (0..4).map(|j| (i * 4 + j) as f32).collect())
+        .collect();
+    let batch = RecordBatch::try_from_iter([
+        (
+            "episode",
+            Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
+        ),
+        ("observation", list_f32(&obs_rows)),
+        (
+            "action",
+            Arc::new(Int32Array::from_iter_values((0..n as i32).map(|i| i % 5))) as ArrayRef,
+        ),
+        (
+            "reward",
+            Arc::new(Float32Array::from_iter_values((0..n).map(|i| i as f32))),
+        ),
+        (
+            "cost",
+            Arc::new(Float64Array::from_iter_values(
+                (0..n).map(|i| i as f64 / 7.0),
+            )),
+        ),
+    ])
+    .unwrap();
+    write_parquet(&input, &batch, 100);
+    let out = dir.path().join("ds");
+    let opts = ParquetIngestOptions::default()
+        .with_episode_col("episode")
+        .with_batch_rows(33);
+    let report = ingest_parquet(&input, &out, &opts, small_writer()).unwrap();
+    assert_eq!((report.rows, report.episodes), (n as u64, 5));
+
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    let schema = snap.schema();
+    assert_eq!(schema.observation_shape(), &[4]);
+    assert_eq!(schema.action_kind(), &ActionKind::Discrete);
+    let payload = schema.payload_schema();
+    assert_eq!(
+        payload.field_with_name("observation").unwrap().data_type(),
+        &DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), 4)
+    );
+    assert_eq!(
+        payload.field_with_name("action").unwrap().data_type(),
+        &DataType::Int64
+    );
+    assert_eq!(
+        payload
+            .field_with_name("source_episode")
+            .unwrap()
+            .data_type(),
+        &DataType::Int64
+    );
+    assert_eq!(
+        payload.field_with_name("cost").unwrap().data_type(),
+        &DataType::Float64
+    );
+    assert!(
+        payload.field_with_name("episode").is_err(),
+        "the id column is not stored as is"
+    );
+    let lengths: Vec<u64> = runs.iter().map(|r| r.1 as u64).collect();
+    assert_eq!(snap.episodes().lengths(), lengths.as_slice());
+    // No flags: every episode was cut.
+    assert!(ends(&snap).iter().all(|&e| e == (false, true)));
+
+    let mut start = 0;
+    for (id, &(source, len)) in runs.iter().enumerate() {
+        let e = snap.episode(id as u64).unwrap();
+        let want: Vec<f32> = obs_rows[start..start + len].concat();
+        assert_eq!(fsl_values(&e, "observation"), want);
+        let act = e
+            .column_by_name("action")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        assert!(
+            act.values()
+                .iter()
+                .enumerate()
+                .all(|(i, &a)| a == ((start + i) % 5) as i64)
+        );
+        let src = e
+            .column_by_name("source_episode")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        assert!(src.values().iter().all(|&s| s == source));
+        let cost = e
+            .column_by_name("cost")
+            .unwrap()
+            .as_primitive::<arrow::datatypes::Float64Type>();
+        assert_eq!(cost.value(0), start as f64 / 7.0);
+        start += len;
+    }
+}
+
+#[test]
+fn observation_cols_are_combined_and_scalar_float_action_is_continuous() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cols.parquet");
+    let n = 300;
+    let col = |k: f32| {
+        Arc::new(Float32Array::from_iter_values(
+            (0..n).map(move |i| i as f32 + k),
+        )) as ArrayRef
+    };
+    let done: Vec<u8> = (0..n).map(|i| u8::from(i % 100 == 99)).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("x", col(0.1)),
+        ("y", col(0.2)),
+        ("z", col(0.3)),
+        ("torque", col(-1.0)),
+        ("r", col(0.0)),
+        (
+            "done",
+            Arc::new(arrow::array::UInt8Array::from(done)) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    write_parquet(&input, &batch, 64);
+    let out = dir.path().join("ds");
+    let opts = ParquetIngestOptions::default()
+        .with_observation_cols(["x", "y", "z"])
+        .with_action_col("torque")
+        .with_reward_col("r")
+        .with_terminated_col("done");
+    ingest_parquet(&input, &out, &opts, WriterOptions::default()).unwrap();
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(snap.schema().observation_shape(), &[3]);
+    assert_eq!(
+        snap.schema().action_kind(),
+        &ActionKind::Continuous { dim: 1 }
+    );
+    assert_eq!(snap.episodes().lengths(), &[100, 100, 100]);
+    assert_eq!(ends(&snap), vec![(true, false); 3]);
+    let e = snap.episode(1).unwrap();
+    let obs = fsl_values(&e, "observation");
+    assert_eq!(obs[..6], [100.1, 100.2, 100.3, 101.1, 101.2, 101.3]);
+    assert_eq!(fsl_values(&e, "action")[..2], [99.0, 100.0]);
+}
+
+#[test]
+fn peer_layout_with_episode_and_flag_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("peer.parquet");
+    // (length, terminated, truncated); the last episode has no flag on its last row.
+    let eps = [
+        (120, true, false),
+        (75, false, true),
+        (210, true, false),
+        (33, false, false),
+    ];
+    let n: usize = eps.iter().map(|e| e.0).sum();
+    let mut episode = vec![];
+    let mut terminated = vec![];
+    let mut truncated = vec![];
+    for (id, &(len, t, tr)) in eps.iter().enumerate() {
+        for step in 0..len {
+            episode.push(id as i64);
+            terminated.push(t && step + 1 == len);
+            truncated.push(tr && step + 1 == len);
+        }
+    }
+    let obs: Vec<f32> = (0..n * 17).map(|i| (i as f32).sin()).collect();
+    let act: Vec<f32> = (0..n * 6).map(|i| (i as f32).cos()).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("episode", Arc::new(Int64Array::from(episode)) as ArrayRef),
+        ("observation", fsl_f32(17, obs.clone())),
+        ("action", fsl_f32(6, act.clone())),
+        (
+            "reward",
+            Arc::new(Float32Array::from_iter_values((0..n).map(|i| i as f32))),
+        ),
+        ("terminated", Arc::new(BooleanArray::from(terminated))),
+        ("truncated", Arc::new(BooleanArray::from(truncated))),
+    ])
+    .unwrap();
+    write_parquet(&input, &batch, 100);
+    let out = dir.path().join("ds");
+    let opts = ParquetIngestOptions::default()
+        .with_episode_col("episode")
+        .with_terminated_col("terminated")
+        .with_truncated_col("truncated");
+    let report = ingest_parquet(&input, &out, &opts, small_writer()).unwrap();
+    assert_eq!((report.rows, report.episodes), (n as u64, 4));
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    let names: Vec<String> = snap
+        .schema()
+        .payload_schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["observation", "action", "reward", "source_episode"]);
+    assert_eq!(snap.schema().observation_shape(), &[17]);
+    assert_eq!(
+        snap.schema().action_kind(),
+        &ActionKind::Continuous { dim: 6 }
+    );
+    assert_eq!(snap.episodes().lengths(), &[120, 75, 210, 33]);
+    assert_eq!(
+        ends(&snap),
+        vec![(true, false), (false, true), (true, false), (false, true)]
+    );
+    let mut start = 0;
+    for (id, &(len, ..)) in eps.iter().enumerate() {
+        let e = snap.episode(id as u64).unwrap();
+        assert_eq!(
+            fsl_values(&e, "observation"),
+            obs[start * 17..(start + len) * 17]
+        );
+        assert_eq!(fsl_values(&e, "action"), act[start * 6..(start + len) * 6]);
+        start += len;
+    }
+    // Flags in the middle of an episode never end it; a terminated one is an error.
+    let mut bad_term = vec![false; n];
+    bad_term[50] = true;
+    let bad = batch_with(&batch, "terminated", Arc::new(BooleanArray::from(bad_term)));
+    let bad_input = dir.path().join("bad_term.parquet");
+    write_parquet(&bad_input, &bad, 100);
+    let err = ingest_parquet(
+        &bad_input,
+        &dir.path().join("ds2"),
+        &opts,
+        WriterOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    assert!(err.to_string().contains("row 50"), "{err}");
+    assert!(!dir.path().join("ds2").exists());
+}
+
+/// `batch` with column `name` replaced.
+fn batch_with(batch: &RecordBatch, name: &str, array: ArrayRef) -> RecordBatch {
+    let i = batch.schema().index_of(name).unwrap();
+    let mut cols = batch.columns().to_vec();
+    cols[i] = array;
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields[i] = fields[i]
+        .clone()
+        .with_data_type(cols[i].data_type().clone())
+        .with_nullable(true);
+    RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), cols).unwrap()
+}
+
+/// A simple valid file in episode-id mode: 5 episodes of 80 rows, u64 ids.
+fn simple_batch(ids: Vec<u64>) -> RecordBatch {
+    let n = ids.len();
+    RecordBatch::try_from_iter([
+        ("ep", Arc::new(UInt64Array::from(ids)) as ArrayRef),
+        (
+            "observation",
+            fsl_f32(2, (0..n * 2).map(|i| i as f32).collect()),
+        ),
+        ("action", fsl_f32(1, (0..n).map(|i| i as f32).collect())),
+        (
+            "reward",
+            Arc::new(Float32Array::from_iter_values((0..n).map(|i| i as f32))) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+fn simple_ids() -> Vec<u64> {
+    (0..400u64).map(|i| i / 80).collect()
+}
+
+fn ep_opts() -> ParquetIngestOptions {
+    ParquetIngestOptions::default().with_episode_col("ep")
+}
+
+#[test]
+fn appends_to_an_existing_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.parquet");
+    write_parquet(&input, &simple_batch(simple_ids()), 100);
+    let out = dir.path().join("ds");
+    assert_eq!(
+        ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default())
+            .unwrap()
+            .version,
+        2
+    );
+    let r = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap();
+    assert_eq!((r.version, r.episodes, r.rows), (3, 5, 400));
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!((snap.num_episodes(), snap.num_transitions()), (10, 800));
+    let src = snap.episode(7).unwrap();
+    assert_eq!(
+        src.column_by_name("source_episode")
+            .unwrap()
+            .as_primitive::<UInt64Type>()
+            .value(0),
+        2
+    );
+
+    // A file of another layout does not fit.
+    let other = dir.path().join("b.parquet");
+    let (d4rl, _) = d4rl_batch();
+    write_parquet(&other, &d4rl, 100);
+    let err = ingest_parquet(&other, &out, &d4rl_options(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::SchemaMismatch(_)), "{err}");
+    assert_eq!(
+        Dataset::open(&out).unwrap().snapshot().unwrap().version(),
+        3
+    );
+}
+
+#[test]
+fn reappearing_episode_id_names_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.parquet");
+    let mut ids = simple_ids();
+    ids[333] = 1; // inside episode 4 (rows 320..400), after episode 1 ended at row 160
+    write_parquet(&input, &simple_batch(ids), 100);
+    let out = dir.path().join("ds");
+    let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    assert!(err.to_string().contains("row 333"), "{err}");
+    assert!(
+        !out.exists(),
+        "a failed ingest into a new path leaves nothing behind"
+    );
+}
+
+#[test]
+fn failed_append_leaves_the_version_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.parquet");
+    write_parquet(&good, &simple_batch(simple_ids()), 100);
+    let out = dir.path().join("ds");
+    ingest_parquet(&good, &out, &ep_opts(), WriterOptions::default()).unwrap();
+    let before = Dataset::open(&out).unwrap().snapshot().unwrap();
+
+    // Several episodes are appended before the bad row is reached.
+    let bad = dir.path().join("bad.parquet");
+    let mut ids = simple_ids();
+    ids[390] = 0;
+    write_parquet(&bad, &simple_batch(ids), 100);
+    let err = ingest_parquet(&bad, &out, &ep_opts(), small_writer()).unwrap_err();
+    assert!(err.to_string().contains("row 390"), "{err}");
+    let after = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(after.version(), before.version());
+    assert_eq!(after.num_transitions(), before.num_transitions());
+    // The next writer cleans up and appends normally.
+    let r = ingest_parquet(&good, &out, &ep_opts(), WriterOptions::default()).unwrap();
+    assert_eq!(r.version, before.version() + 1);
+    assert_eq!(
+        Dataset::open(&out)
+            .unwrap()
+            .snapshot()
+            .unwrap()
+            .num_transitions(),
+        800
+    );
+}
+
+#[test]
+fn list_of_wrong_length_names_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.parquet");
+    let n = 400;
+    let rows: Vec<Vec<f32>> = (0..n)
+        .map(|i| vec![i as f32; if i == 257 { 3 } else { 4 }])
+        .collect();
+    let batch = batch_with(&simple_batch(simple_ids()), "observation", list_f32(&rows));
+    write_parquet(&input, &batch, 100);
+    let out = dir.path().join("ds");
+    let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("row 257") && msg.contains("length 3") && msg.contains("expected 4"),
+        "{msg}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn null_reward_names_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.parquet");
+    let reward: Float32Array = (0..400).map(|i| (i != 123).then_some(i as f32)).collect();
+    let batch = batch_with(&simple_batch(simple_ids()), "reward", Arc::new(reward));
+    write_parquet(&input, &batch, 100);
+    let out = dir.path().join("ds");
+    let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("row 123") && msg.contains("reward"), "{msg}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn string_column_suggests_drop_cols() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.parquet");
+    let base = simple_batch(simple_ids());
+    let schema = base.schema();
+    let mut cols: Vec<(String, ArrayRef)> = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .zip(base.columns().iter().cloned())
+        .collect();
+    cols.push((
+        "note".to_string(),
+        Arc::new(StringArray::from_iter_values(
+            (0..400).map(|i| format!("n{i}")),
+        )),
+    ));
+    let batch = RecordBatch::try_from_iter(cols).unwrap();
+    write_parquet(&input, &batch, 100);
+    let out = dir.path().join("ds");
+    let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::SchemaMismatch(_)), "{err}");
+    assert!(err.to_string().contains("--drop-cols note"), "{err}");
+    assert!(!out.exists());
+    // Dropping it works.
+    let r = ingest_parquet(
+        &input,
+        &out,
+        &ep_opts().with_drop_cols(["note"]),
+        WriterOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(r.rows, 400);
+}
+
+#[test]
+fn needs_a_way_to_find_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("a.parquet");
+    write_parquet(&input, &simple_batch(simple_ids()), 100);
+    let err = infer_parquet_schema(
+        &input,
+        &ParquetIngestOptions::default().with_drop_cols(["ep"]),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert!(
+        err.to_string().contains("--episode-col") && err.to_string().contains("--terminated-col")
+    );
+    let missing = infer_parquet_schema(&dir.path().join("nope.parquet"), &ep_opts()).unwrap_err();
+    assert!(matches!(missing, Error::NotFound { .. }), "{missing}");
+}
