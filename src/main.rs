@@ -58,7 +58,7 @@ enum Command {
     /// Write a seeded synthetic D4RL-shaped dataset (the quickest way to see the whole path).
     Demo(DemoArgs),
     /// Ingest an offline-RL dataset file (Parquet) into a dataset, creating it if needed.
-    Ingest(IngestArgs),
+    Ingest(Box<IngestArgs>),
     /// Show transitions, episodes, sizes, schema and episode length/return summaries.
     Info(InfoArgs),
     /// Check every checksum and that boundary columns agree with the episode tables.
@@ -226,7 +226,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Demo(a) => demo(a),
-        Command::Ingest(a) => ingest(a),
+        Command::Ingest(a) => ingest(*a),
         Command::Info(a) => info(a),
         Command::Verify(a) => verify(a),
         Command::Export(a) => export(a),

@@ -75,7 +75,8 @@ impl SynthSpec {
         let mut out = vec![];
         let mut total = 0u64;
         while total < self.transitions {
-            let l = (exp.sample(&mut rng) as f64).clamp(lo, hi) as u64;
+            let l: f64 = exp.sample(&mut rng);
+            let l = l.clamp(lo, hi) as u64;
             let l = l.max(1).min(self.transitions - total);
             out.push(l);
             total += l;

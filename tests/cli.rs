@@ -18,7 +18,16 @@ fn demo_info_verify_export() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("demo.trajstore");
     let d = d.to_str().unwrap();
-    let (code, out, err) = run(&["demo", d, "--transitions", "5000", "--mean-episode-len", "100", "--seed", "3"]);
+    let (code, out, err) = run(&[
+        "demo",
+        d,
+        "--transitions",
+        "5000",
+        "--mean-episode-len",
+        "100",
+        "--seed",
+        "3",
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("wrote 5,000 transitions"), "{out}");
     let (code, out, _) = run(&["info", d, "--json"]);
@@ -32,17 +41,31 @@ fn demo_info_verify_export() {
         episodes
     );
     assert_eq!(v["episode_length"]["count"].as_u64(), Some(episodes));
-    assert!((v["episode_length"]["mean"].as_f64().unwrap() * episodes as f64 - 5000.0).abs() < 1e-6);
+    assert!(
+        (v["episode_length"]["mean"].as_f64().unwrap() * episodes as f64 - 5000.0).abs() < 1e-6
+    );
     let (code, out, _) = run(&["info", d]);
     assert_eq!(code, 0);
     assert!(out.contains("episode length") && out.contains("█"), "{out}");
     let (code, out, _) = run(&["verify", d, "--json"]);
     assert_eq!(code, 0);
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["ok"], true);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["ok"],
+        true
+    );
     // Same seed, same bytes.
     let d2 = dir.path().join("again.trajstore");
     let d2 = d2.to_str().unwrap();
-    run(&["demo", d2, "--transitions", "5000", "--mean-episode-len", "100", "--seed", "3"]);
+    run(&[
+        "demo",
+        d2,
+        "--transitions",
+        "5000",
+        "--mean-episode-len",
+        "100",
+        "--seed",
+        "3",
+    ]);
     let seg = "segments/00000000000000000000.arrow";
     assert_eq!(
         std::fs::read(format!("{d}/{seg}")).unwrap(),

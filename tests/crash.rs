@@ -14,8 +14,22 @@ fn demo(dataset: &Path, seed: u64, append: bool, transitions: u64) -> Command {
     let mut c = Command::new(BIN);
     c.arg("demo")
         .arg(dataset)
-        .args(["--transitions", &transitions.to_string(), "--obs-dim", "4", "--act-dim", "2"])
-        .args(["--mean-episode-len", "40", "--commit-every", "25", "--segment-size", "48KiB"])
+        .args([
+            "--transitions",
+            &transitions.to_string(),
+            "--obs-dim",
+            "4",
+            "--act-dim",
+            "2",
+        ])
+        .args([
+            "--mean-episode-len",
+            "40",
+            "--commit-every",
+            "25",
+            "--segment-size",
+            "48KiB",
+        ])
         .args(["--seed", &seed.to_string(), "--json"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -32,7 +46,10 @@ fn check_whole(dataset: &Path) -> (u64, u64) {
     trajstore::verify::verify(&snap, |_| {}).expect("newest version verifies");
     let idx = snap.episodes();
     assert_eq!(idx.num_rows(), snap.num_transitions());
-    assert_eq!(idx.first_id() + idx.len() as u64, snap.manifest().next_episode_id);
+    assert_eq!(
+        idx.first_id() + idx.len() as u64,
+        snap.manifest().next_episode_id
+    );
     (snap.version(), snap.num_transitions())
 }
 
@@ -62,7 +79,10 @@ fn killed_writers_leave_a_whole_committed_version() {
         let _ = child.kill(); // SIGKILL: no destructor, no flush, lock released by the kernel
         child.wait().unwrap();
         let (v, n) = check_whole(&d);
-        assert!(v >= version && n >= rows, "round {round}: went back from v{version} to v{v}");
+        assert!(
+            v >= version && n >= rows,
+            "round {round}: went back from v{version} to v{v}"
+        );
         advanced += (v > version) as usize;
         (version, rows) = (v, n);
     }
@@ -80,7 +100,10 @@ fn killed_writers_leave_a_whole_committed_version() {
         .collect();
     for e in std::fs::read_dir(d.join("segments")).unwrap() {
         let name = format!("segments/{}", e.unwrap().file_name().to_string_lossy());
-        assert!(referenced.contains(&name), "unreferenced file {name} survived cleanup");
+        assert!(
+            referenced.contains(&name),
+            "unreferenced file {name} survived cleanup"
+        );
     }
     drop(w);
     check_whole(&d);
@@ -102,7 +125,10 @@ fn every_crash_point_keeps_the_previous_or_the_new_version() {
             .env("TRAJSTORE_CRASH_AT", point)
             .status()
             .unwrap();
-        assert!(!status.success(), "{point}: the process should have crashed");
+        assert!(
+            !status.success(),
+            "{point}: the process should have crashed"
+        );
         let (v1, n1) = check_whole(&d);
         if publishes {
             assert_eq!(v1, v0 + 1, "{point}");

@@ -23,7 +23,12 @@ fn expected() -> Value {
 fn check(snap: &Snapshot, exp: &Value) {
     assert_eq!(snap.num_transitions(), exp["transitions"].as_u64().unwrap());
     assert_eq!(snap.num_episodes(), exp["episodes"].as_u64().unwrap());
-    let lengths: Vec<u64> = exp["lengths"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let lengths: Vec<u64> = exp["lengths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
     assert_eq!(snap.episodes().lengths(), lengths.as_slice());
     let returns: Vec<f64> = snap
         .episode_column(ep::EPISODE_RETURN)
@@ -33,21 +38,52 @@ fn check(snap: &Snapshot, exp: &Value) {
         .collect();
     for (i, r) in returns.iter().enumerate() {
         let want = exp["returns"][i].as_f64().unwrap();
-        assert!((r - want).abs() <= 1e-9 * want.abs().max(1.0), "episode {i} return {r} vs {want}");
+        assert!(
+            (r - want).abs() <= 1e-9 * want.abs().max(1.0),
+            "episode {i} return {r} vs {want}"
+        );
         let e = snap.episode(i as u64).unwrap();
-        let obs = e.column_by_name(col::OBSERVATION).unwrap().as_fixed_size_list();
+        let obs = e
+            .column_by_name(col::OBSERVATION)
+            .unwrap()
+            .as_fixed_size_list();
         let vals = obs.values().as_primitive::<Float32Type>().values();
         let sum: f64 = vals.iter().map(|&x| x as f64).sum();
-        assert!((sum - exp["obs_sums"][i].as_f64().unwrap()).abs() < 1e-6, "episode {i} observations");
+        assert!(
+            (sum - exp["obs_sums"][i].as_f64().unwrap()).abs() < 1e-6,
+            "episode {i} observations"
+        );
         let first = vals[..obs.value_length() as usize].to_vec();
         // f32 values written by pyarrow as decimal text: equal after rounding back to f32.
-        let want: Vec<f32> = exp["first_obs"][i].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let want: Vec<f32> = exp["first_obs"][i]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
         assert_eq!(first, want, "episode {i} first observation");
         let act = e.column_by_name(col::ACTION).unwrap().as_fixed_size_list();
-        let asum: f64 = act.values().as_primitive::<Float32Type>().values().iter().map(|&x| x as f64).sum();
-        assert!((asum - exp["act_sums"][i].as_f64().unwrap()).abs() < 1e-6, "episode {i} actions");
-        let term = e.column_by_name(col::TERMINATED).unwrap().as_boolean().value(e.num_rows() - 1);
-        assert_eq!(term, exp["terminated"][i].as_bool().unwrap(), "episode {i} terminated");
+        let asum: f64 = act
+            .values()
+            .as_primitive::<Float32Type>()
+            .values()
+            .iter()
+            .map(|&x| x as f64)
+            .sum();
+        assert!(
+            (asum - exp["act_sums"][i].as_f64().unwrap()).abs() < 1e-6,
+            "episode {i} actions"
+        );
+        let term = e
+            .column_by_name(col::TERMINATED)
+            .unwrap()
+            .as_boolean()
+            .value(e.num_rows() - 1);
+        assert_eq!(
+            term,
+            exp["terminated"][i].as_bool().unwrap(),
+            "episode {i} terminated"
+        );
     }
 }
 

@@ -41,7 +41,9 @@ fn pyarrow_polars_duckdb_read_what_we_wrote() {
     };
     let root = dir.path().join("interop.trajstore");
     let ds = Dataset::create(&root, &spec.schema().unwrap()).unwrap();
-    let mut w = ds.writer(WriterOptions::default().with_segment_bytes(300_000)).unwrap();
+    let mut w = ds
+        .writer(WriterOptions::default().with_segment_bytes(300_000))
+        .unwrap();
     spec.write(&mut w, Some(50), |_| {}).unwrap();
     drop(w);
     let snap = ds.snapshot().unwrap();
@@ -50,14 +52,26 @@ fn pyarrow_polars_duckdb_read_what_we_wrote() {
     // What the Rust side holds, flattened in row order.
     let mut exp = json!({"obs_shape": [5], "observation": [], "action": [], "reward": [], "episode_id": [],
         "step": [], "is_first": [], "is_last": [], "terminated": [], "truncated": [], "lengths": [], "returns": []});
-    let push = |v: &mut serde_json::Value, k: &str, x: serde_json::Value| v[k].as_array_mut().unwrap().push(x);
+    let push = |v: &mut serde_json::Value, k: &str, x: serde_json::Value| {
+        v[k].as_array_mut().unwrap().push(x)
+    };
     for seg in snap.segments() {
         for b in seg.batches() {
             let c = |n: &str| b.column_by_name(n).unwrap().clone();
-            for x in c(col::OBSERVATION).as_fixed_size_list().values().as_primitive::<Float32Type>().values() {
+            for x in c(col::OBSERVATION)
+                .as_fixed_size_list()
+                .values()
+                .as_primitive::<Float32Type>()
+                .values()
+            {
                 push(&mut exp, "observation", json!(x));
             }
-            for x in c(col::ACTION).as_fixed_size_list().values().as_primitive::<Float32Type>().values() {
+            for x in c(col::ACTION)
+                .as_fixed_size_list()
+                .values()
+                .as_primitive::<Float32Type>()
+                .values()
+            {
                 push(&mut exp, "action", json!(x));
             }
             for x in c(col::REWARD).as_primitive::<Float32Type>().values() {
@@ -80,7 +94,10 @@ fn pyarrow_polars_duckdb_read_what_we_wrote() {
     for i in 0..snap.episodes().len() {
         push(&mut exp, "lengths", json!(snap.episodes().get(i).length));
     }
-    for a in snap.episode_column(trajstore::format::ep::EPISODE_RETURN).unwrap() {
+    for a in snap
+        .episode_column(trajstore::format::ep::EPISODE_RETURN)
+        .unwrap()
+    {
         for x in a.as_primitive::<arrow::datatypes::Float64Type>().values() {
             push(&mut exp, "returns", json!(x));
         }
@@ -88,7 +105,12 @@ fn pyarrow_polars_duckdb_read_what_we_wrote() {
     let exp_path = dir.path().join("expected.json");
     std::fs::write(&exp_path, exp.to_string()).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/check_interop.py");
-    let out = Command::new(&py).arg(script).arg(&root).arg(&exp_path).output().unwrap();
+    let out = Command::new(&py)
+        .arg(script)
+        .arg(&root)
+        .arg(&exp_path)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -1,0 +1,105 @@
+"""Ingest benchmark: trajstore's Parquet ingest against pyarrow's own Parquet -> Arrow IPC file
+conversion of the same file, measured in the same run.
+
+    python scripts/bench_ingest.py --n 10000000 --bin target/release/trajstore
+
+Writes a D4RL-shaped Parquet file (columns episode, observation [17] f32, action [6] f32, reward,
+terminated, truncated; the peer script's layout), then times, best of --repeat runs each:
+  pyarrow:   pq.read_table + ipc.new_file(...).write_table  (decode + IPC write, no episode logic)
+  trajstore: trajstore ingest --episode-col episode --terminated-col terminated --truncated-col truncated
+and prints one JSON line.
+"""
+import argparse, json, os, shutil, subprocess, tempfile, time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+
+def make_parquet(path, n, obs_dim, act_dim, mean_len, seed):
+    rng = np.random.default_rng(seed)
+    lens = []
+    total = 0
+    while total < n:
+        l = int(min(max(rng.exponential(mean_len), 10), 4 * mean_len))
+        l = min(l, n - total)
+        lens.append(l)
+        total += l
+    lens = np.array(lens)
+    ends = np.cumsum(lens) - 1
+    terminated = np.zeros(n, dtype=bool)
+    terminated[ends[rng.random(len(ends)) < 0.5]] = True
+    truncated = np.zeros(n, dtype=bool)
+    truncated[ends] = True
+    truncated &= ~terminated
+    cols = {
+        "episode": pa.array(np.repeat(np.arange(len(lens)), lens)),
+        "observation": pa.FixedSizeListArray.from_arrays(
+            pa.array(rng.standard_normal(n * obs_dim, dtype=np.float32)), obs_dim),
+        "action": pa.FixedSizeListArray.from_arrays(
+            pa.array(rng.uniform(-1, 1, n * act_dim).astype(np.float32)), act_dim),
+        "reward": pa.array(rng.standard_normal(n, dtype=np.float32)),
+        "terminated": pa.array(terminated),
+        "truncated": pa.array(truncated),
+    }
+    pq.write_table(pa.table(cols), path, row_group_size=1 << 20)
+    return len(lens)
+
+
+def best(f, repeat):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=10_000_000)
+    p.add_argument("--obs-dim", type=int, default=17)
+    p.add_argument("--act-dim", type=int, default=6)
+    p.add_argument("--mean-len", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--bin", default="target/release/trajstore")
+    p.add_argument("--dir", default=None)
+    a = p.parse_args()
+    work = tempfile.mkdtemp(prefix="trajstore-bench-", dir=a.dir)
+    try:
+        src = os.path.join(work, "input.parquet")
+        episodes = make_parquet(src, a.n, a.obs_dim, a.act_dim, a.mean_len, 0)
+        out_ipc = os.path.join(work, "pyarrow.arrow")
+
+        def pyarrow_convert():
+            t = pq.read_table(src)
+            with ipc.new_file(out_ipc, t.schema) as w:
+                w.write_table(t, max_chunksize=1 << 20)
+
+        ds = os.path.join(work, "ts.trajstore")
+
+        def trajstore_ingest():
+            shutil.rmtree(ds, ignore_errors=True)
+            subprocess.run([a.bin, "ingest", src, ds, "--episode-col", "episode", "--terminated-col",
+                            "terminated", "--truncated-col", "truncated", "--json"],
+                           check=True, stdout=subprocess.DEVNULL)
+
+        t_py = best(pyarrow_convert, a.repeat)
+        t_ts = best(trajstore_ingest, a.repeat)
+        print(json.dumps({
+            "transitions": a.n, "episodes": episodes,
+            "parquet_bytes": os.path.getsize(src),
+            "pyarrow_parquet_to_ipc_s": round(t_py, 3),
+            "trajstore_ingest_s": round(t_ts, 3),
+            "pyarrow_rows_per_s": round(a.n / t_py),
+            "trajstore_rows_per_s": round(a.n / t_ts),
+            "trajstore_over_pyarrow_time": round(t_ts / t_py, 3),
+            "cpus": os.cpu_count(),
+        }))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
