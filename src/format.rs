@@ -138,7 +138,12 @@ pub fn type_name(dt: &DataType) -> Option<String> {
         DataType::Float64 => "float64".into(),
         DataType::FixedSizeList(child, n) => {
             let inner = type_name(child.data_type())?;
-            if matches!(child.data_type(), DataType::FixedSizeList(..)) || *n < 0 {
+            // Lists of bools are bit-packed, so a row is not a byte range: not part of the format.
+            if matches!(
+                child.data_type(),
+                DataType::FixedSizeList(..) | DataType::Boolean
+            ) || *n <= 0
+            {
                 return None;
             }
             format!("fixed_size_list<{inner}>[{n}]")
