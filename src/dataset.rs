@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::concat_batches;
@@ -12,6 +13,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::format::{self, ep, meta};
 use crate::index::EpisodeIndex;
 use crate::manifest::{self, Manifest, SegmentEntry};
+use crate::sample::{BoundaryPolicy, SliceIndex};
 use crate::schema::TransitionSchema;
 use crate::segment::{self, MappedIpc};
 use crate::writer::{DatasetWriter, WriterOptions};
@@ -220,6 +222,18 @@ impl Segment {
         let (b, off) = self.locate(row);
         self.file.batches[b].slice(off, len)
     }
+    /// Asks the kernel to read ahead bytes `[ptr, ptr + len)` of this segment's mapping, if they
+    /// lie in it (for data not yet in the page cache). Errors are ignored: it is only a hint.
+    pub fn advise_willneed(&self, ptr: *const u8, len: usize) {
+        let base = self.file.mmap.as_ptr() as usize;
+        let p = ptr as usize;
+        if p >= base && p + len <= base + self.file.mmap.len() {
+            let _ = self
+                .file
+                .mmap
+                .advise_range(memmap2::Advice::WillNeed, p - base, len);
+        }
+    }
     /// The whole mapped file (for checksums).
     pub fn mapped_bytes(&self) -> &[u8] {
         self.file.map.as_slice()
@@ -259,7 +273,10 @@ pub struct Snapshot {
     schema: TransitionSchema,
     segments: Vec<Arc<Segment>>,
     index: Arc<EpisodeIndex>,
+    slice_indexes: Arc<Mutex<SliceCache>>,
 }
+
+type SliceCache = HashMap<(u32, BoundaryPolicy), Arc<SliceIndex>>;
 
 impl Snapshot {
     fn load(root: &Path, manifest: Manifest, previous: Option<&Snapshot>) -> Result<Self> {
@@ -285,7 +302,8 @@ impl Snapshot {
             .segments
             .first()
             .map_or(manifest.next_episode_id, |s| s.first_episode_id);
-        // Extend the previous index when this version only drops old segments and adds new ones.
+        // Extend the previous indexes when this version only drops old segments and adds new ones.
+        let mut slice_indexes = SliceCache::new();
         let index = match previous {
             Some(p) if !p.segments.is_empty() => {
                 let dropped = p
@@ -297,8 +315,15 @@ impl Snapshot {
                 if segments.len() >= kept.len()
                     && kept.iter().zip(&segments).all(|(a, b)| Arc::ptr_eq(a, b))
                 {
-                    p.index
-                        .extended(dropped, segments[kept.len()..].iter().map(|s| &s.episodes))
+                    let idx = p
+                        .index
+                        .extended(dropped, segments[kept.len()..].iter().map(|s| &s.episodes));
+                    let dropped_episodes = (idx.first_id() - p.index.first_id()) as usize;
+                    let cache = p.slice_indexes.lock().unwrap_or_else(|e| e.into_inner());
+                    for (k, v) in cache.iter() {
+                        slice_indexes.insert(*k, Arc::new(v.extended(&idx, dropped_episodes)));
+                    }
+                    idx
                 } else {
                     EpisodeIndex::from_tables(first_id, segments.iter().map(|s| &s.episodes))
                 }
@@ -311,7 +336,21 @@ impl Snapshot {
             schema,
             segments,
             index: Arc::new(index),
+            slice_indexes: Arc::new(Mutex::new(slice_indexes)),
         })
+    }
+
+    /// The cached [`SliceIndex`] of `slice_len`-step windows under `policy`: built on first use
+    /// in O(episodes), shared by every sampler of this snapshot, and extended (not rebuilt) by
+    /// [`Snapshot::refresh`].
+    pub fn slice_index(&self, slice_len: u32, policy: BoundaryPolicy) -> Result<Arc<SliceIndex>> {
+        let mut cache = self.slice_indexes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = cache.get(&(slice_len, policy)) {
+            return Ok(i.clone());
+        }
+        let i = Arc::new(SliceIndex::build(&self.index, slice_len, policy)?);
+        cache.insert((slice_len, policy), i.clone());
+        Ok(i)
     }
 
     /// Moves to the newest committed version, reusing the segments that are still part of it.

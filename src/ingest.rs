@@ -751,8 +751,8 @@ impl Plan {
                 dataset.display()
             ))
         };
-        let a = existing.arrow_schema();
-        let b = self.schema.arrow_schema();
+        let a = existing.payload_schema();
+        let b = self.schema.payload_schema();
         let names = |s: &SchemaRef| {
             s.fields()
                 .iter()

@@ -46,9 +46,12 @@ pub mod dataset;
 pub mod error;
 pub mod export;
 pub mod format;
+pub mod gather;
 pub mod index;
 pub mod ingest;
+pub mod loader;
 pub mod manifest;
+pub mod sample;
 pub mod schema;
 pub mod segment;
 pub mod stats;
@@ -60,7 +63,13 @@ mod fault;
 
 pub use dataset::{Dataset, Segment, Snapshot};
 pub use error::{Error, Result};
+pub use gather::{Batch, BatchColumn, Gatherer};
 pub use index::{EpisodeIndex, EpisodeLocation};
+pub use loader::{Loader, LoaderOptions};
 pub use manifest::Manifest;
+pub use sample::{
+    BoundaryPolicy, EpisodeSampler, EpochSampler, Sampler, SliceIndex, SliceOptions, SliceRef,
+    SliceSampler, Weighting,
+};
 pub use schema::{ActionKind, TransitionSchema};
 pub use writer::{DatasetWriter, EpisodeEnd, Step, Values, WriterOptions};

@@ -154,6 +154,8 @@ pub struct MappedIpc {
     pub bytes: u64,
     /// The whole mapped file.
     pub map: Buffer,
+    /// The mapping itself (for `madvise`).
+    pub mmap: Arc<memmap2::Mmap>,
 }
 
 impl MappedIpc {
@@ -182,7 +184,11 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     // (a file replaced under the same name keeps the old inode alive for this map). Modifying a
     // committed file from outside trajstore is outside the format's contract.
     let mmap = unsafe { memmap2::Mmap::map(&file) }.at(path)?;
-    let map = Buffer::from(bytes::Bytes::from_owner(mmap));
+    let mmap = Arc::new(mmap);
+    let ptr = std::ptr::NonNull::new(mmap.as_ptr() as *mut u8).expect("a mapping is never null");
+    // SAFETY: `ptr` and `len` describe the whole read-only mapping, which the `Arc<Mmap>` owner
+    // passed along keeps alive for as long as any buffer sliced from it exists.
+    let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
     let data = map.as_slice();
     if &data[..6] != MAGIC || &data[len - 6..] != MAGIC {
         return Err(corrupt(
@@ -249,6 +255,7 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
         metadata,
         bytes: len as u64,
         map,
+        mmap,
     })
 }
 

@@ -1,0 +1,525 @@
+//! Gather: turns a plan of slices into contiguous `[B, L, ...]` buffers, one `memcpy` per slice
+//! per column straight from the memory-mapped segments, in parallel across slices.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, RecordBatch, UInt8Array, make_array,
+};
+use arrow::array::{ArrayData, Int64Array, UInt64Array};
+use arrow::buffer::{Buffer, MutableBuffer};
+use arrow::datatypes::{DataType, Field, Schema};
+use rayon::prelude::*;
+
+use crate::dataset::Snapshot;
+use crate::error::{Error, Result};
+use crate::format::{col, ep};
+use crate::sample::SliceRef;
+
+/// One gathered column: `num_slices * slice_len` steps of `width` values of `data_type` each,
+/// row-major `[B, L, width]`, in a 64-byte aligned buffer.
+#[derive(Debug)]
+pub struct BatchColumn {
+    /// Column name.
+    pub name: String,
+    /// Element type (e.g. `Float32`; `Boolean` columns hold one byte per value).
+    pub data_type: DataType,
+    /// Shape of one step (`[17]`, `[3, 64, 64]`, or `[]` for scalars).
+    pub shape: Vec<usize>,
+    /// Values per step (product of `shape`).
+    pub width: usize,
+    /// The bytes; padded steps are zero.
+    pub data: MutableBuffer,
+}
+
+impl BatchColumn {
+    /// Bytes of one step.
+    pub fn step_bytes(&self) -> usize {
+        self.width * elem_size(&self.data_type)
+    }
+    /// The data as `&[T]` (`T` must match `data_type`).
+    pub fn values<T: arrow::datatypes::ArrowNativeType>(&self) -> &[T] {
+        self.data.typed_data()
+    }
+}
+
+/// A gathered batch: every requested column as `[B, L, ...]`, plus per-step flags as one byte
+/// each (`[B, L]`) and per-slice metadata (`[B]`). Reused across calls: steady-state gathering
+/// allocates nothing.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Slices in the batch (B).
+    pub num_slices: usize,
+    /// Steps per slice (L).
+    pub slice_len: usize,
+    /// The requested columns, in request order.
+    pub columns: Vec<BatchColumn>,
+    /// 1 where the step holds data, 0 where it is padding.
+    pub mask: Vec<u8>,
+    /// 1 at step 0 of an episode.
+    pub is_first: Vec<u8>,
+    /// 1 at the last step of an episode.
+    pub is_last: Vec<u8>,
+    /// 1 at the last step of an episode that ended in a terminal state.
+    pub terminated: Vec<u8>,
+    /// 1 at the last step of an episode that was cut.
+    pub truncated: Vec<u8>,
+    /// 1 at the last valid step of each slice (where a recurrent model's sequence ends).
+    pub slice_end: Vec<u8>,
+    /// Episode id of each slice.
+    pub episode_id: Vec<u64>,
+    /// First step of each slice (negative when a span overhangs the episode's start).
+    pub start_step: Vec<i64>,
+}
+
+impl Batch {
+    /// The column named `name`.
+    pub fn column(&self, name: &str) -> Option<&BatchColumn> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+    /// Total valid transitions.
+    pub fn valid_steps(&self) -> usize {
+        self.mask.iter().map(|&m| m as usize).sum()
+    }
+    /// Bytes of all column data.
+    pub fn data_bytes(&self) -> usize {
+        self.columns.iter().map(|c| c.data.len()).sum()
+    }
+
+    /// Copies the batch into an Arrow `RecordBatch` of `B * L` rows (step-major within slices):
+    /// `slice` (u64), `episode_id`, the columns (fixed-size lists for vector steps), and the flags
+    /// as `u8`. Costs one copy of the data.
+    pub fn to_record_batch(&self) -> Result<RecordBatch> {
+        let (b, l) = (self.num_slices, self.slice_len);
+        let n = b * l;
+        let mut fields = vec![
+            Field::new("slice", DataType::UInt64, false),
+            Field::new(col::EPISODE_ID, DataType::UInt64, false),
+            Field::new(col::STEP, DataType::Int64, false),
+        ];
+        let mut arrays: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from_iter_values(
+                (0..n).map(|i| (i / l) as u64),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                (0..n).map(|i| self.episode_id[i / l]),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..n).map(|i| self.start_step[i / l] + (i % l) as i64),
+            )),
+        ];
+        for c in &self.columns {
+            let values: ArrayRef = if c.data_type == DataType::Boolean {
+                Arc::new(BooleanArray::from_iter(
+                    c.data.as_slice().iter().map(|&x| Some(x != 0)),
+                ))
+            } else {
+                make_array(
+                    ArrayData::builder(c.data_type.clone())
+                        .len(n * c.width)
+                        .add_buffer(Buffer::from_slice_ref(c.data.as_slice()))
+                        .build()?,
+                )
+            };
+            let array: ArrayRef = if c.shape.is_empty() {
+                values
+            } else {
+                let item = Arc::new(Field::new("item", c.data_type.clone(), false));
+                Arc::new(FixedSizeListArray::try_new(
+                    item,
+                    c.width as i32,
+                    values,
+                    None,
+                )?)
+            };
+            fields.push(Field::new(&c.name, array.data_type().clone(), false));
+            arrays.push(array);
+        }
+        for (name, v) in [
+            ("mask", &self.mask),
+            (col::IS_FIRST, &self.is_first),
+            (col::IS_LAST, &self.is_last),
+            (col::TERMINATED, &self.terminated),
+            (col::TRUNCATED, &self.truncated),
+            ("slice_end", &self.slice_end),
+        ] {
+            fields.push(Field::new(name, DataType::UInt8, false));
+            arrays.push(Arc::new(UInt8Array::from(v.clone())));
+        }
+        Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
+    }
+}
+
+fn elem_size(dt: &DataType) -> usize {
+    dt.primitive_width().unwrap_or(1)
+}
+
+/// Where a requested column's values come from.
+#[derive(Debug)]
+enum Source {
+    /// A stored column: per segment, per record batch, its values from row 0 (bytes), or the
+    /// boolean array for bool columns.
+    Stored(Vec<Vec<Buffer>>),
+    StoredBool(Vec<Vec<BooleanArray>>),
+    /// `next_observation` derived from the observation rows (same layout) and the episode tables'
+    /// `final_observation` (values per segment, validity per segment).
+    DerivedNext {
+        obs: Vec<Vec<Buffer>>,
+        finals: Vec<(Buffer, Option<arrow::buffer::NullBuffer>)>,
+    },
+}
+
+#[derive(Debug)]
+struct ColumnPlan {
+    name: String,
+    data_type: DataType,
+    shape: Vec<usize>,
+    width: usize,
+    source: Source,
+}
+
+/// Gathers plans from one snapshot. Build once per snapshot and column set (O(segments ×
+/// batches × columns + episodes)); then [`Gatherer::gather`] is allocation-free.
+#[derive(Debug)]
+pub struct Gatherer {
+    snap: Snapshot,
+    columns: Vec<ColumnPlan>,
+    /// Per episode position: bit 0 terminated, bit 1 truncated.
+    episode_flags: Vec<u8>,
+    /// Per segment: position of its first episode in the episode index.
+    segment_first_episode: Vec<usize>,
+}
+
+fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
+    match array.data_type() {
+        DataType::FixedSizeList(child, n) => {
+            let fsl = array.as_fixed_size_list();
+            let values = fsl.values().to_data();
+            let es = elem_size(child.data_type());
+            let start = (values.offset() + fsl.value_offset(0) as usize) * es;
+            (
+                values.buffers()[0].slice(start),
+                child.data_type().clone(),
+                *n as usize,
+            )
+        }
+        dt => {
+            let data = array.to_data();
+            let es = elem_size(dt);
+            (data.buffers()[0].slice(data.offset() * es), dt.clone(), 1)
+        }
+    }
+}
+
+impl Gatherer {
+    /// A gatherer of `columns` (any stored column, plus `next_observation` which is derived when
+    /// not stored) from `snap`.
+    pub fn new(snap: &Snapshot, columns: &[&str]) -> Result<Self> {
+        let schema = snap.schema().arrow_schema().clone();
+        let mut plans = Vec::with_capacity(columns.len());
+        for &name in columns {
+            let stored = schema.field_with_name(name).ok();
+            let derive_next = stored.is_none() && name == col::NEXT_OBSERVATION;
+            let field = match (stored, derive_next) {
+                (Some(f), _) => f.clone(),
+                (None, true) => schema.field_with_name(col::OBSERVATION)?.clone(),
+                (None, false) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "no column `{name}` (have: {})",
+                        schema
+                            .fields()
+                            .iter()
+                            .map(|f| f.name().as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            };
+            let shape = match field.data_type() {
+                DataType::FixedSizeList(..) => crate::schema::field_shape(&field)?,
+                _ => vec![],
+            };
+            let per_batch = |colname: &str| -> Vec<Vec<Buffer>> {
+                snap.segments()
+                    .iter()
+                    .map(|s| {
+                        s.batches()
+                            .iter()
+                            .map(|b| values_from_row0(b.column_by_name(colname).expect("schema")).0)
+                            .collect()
+                    })
+                    .collect()
+            };
+            let (data_type, width) = match field.data_type() {
+                DataType::FixedSizeList(c, n) => (c.data_type().clone(), *n as usize),
+                dt => (dt.clone(), 1),
+            };
+            let source = if derive_next {
+                let finals = snap
+                    .segments()
+                    .iter()
+                    .map(|s| {
+                        let a = s
+                            .episode_table()
+                            .column_by_name(ep::FINAL_OBSERVATION)
+                            .expect("derived next obs");
+                        (values_from_row0(a).0, a.nulls().cloned())
+                    })
+                    .collect();
+                Source::DerivedNext {
+                    obs: per_batch(col::OBSERVATION),
+                    finals,
+                }
+            } else if data_type == DataType::Boolean {
+                if width != 1 {
+                    return Err(Error::InvalidArgument(format!(
+                        "column `{name}`: lists of bools are not gathered"
+                    )));
+                }
+                Source::StoredBool(
+                    snap.segments()
+                        .iter()
+                        .map(|s| {
+                            s.batches()
+                                .iter()
+                                .map(|b| {
+                                    b.column_by_name(name).expect("schema").as_boolean().clone()
+                                })
+                                .collect()
+                        })
+                        .collect(),
+                )
+            } else {
+                Source::Stored(per_batch(name))
+            };
+            plans.push(ColumnPlan {
+                name: name.to_string(),
+                data_type,
+                shape,
+                width,
+                source,
+            });
+        }
+        let mut episode_flags = Vec::with_capacity(snap.episodes().len());
+        let mut segment_first_episode = Vec::with_capacity(snap.segments().len());
+        for s in snap.segments() {
+            segment_first_episode.push(episode_flags.len());
+            let t = s.episode_table();
+            let term = t
+                .column_by_name(ep::TERMINATED)
+                .expect("schema")
+                .as_boolean();
+            let trunc = t
+                .column_by_name(ep::TRUNCATED)
+                .expect("schema")
+                .as_boolean();
+            for i in 0..t.num_rows() {
+                episode_flags.push(term.value(i) as u8 | (trunc.value(i) as u8) << 1);
+            }
+        }
+        Ok(Self {
+            snap: snap.clone(),
+            columns: plans,
+            episode_flags,
+            segment_first_episode,
+        })
+    }
+
+    /// The snapshot this gatherer reads.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snap
+    }
+
+    /// Gathers `plan` into `out` (resized as needed; buffers are reused). Every slice is padded
+    /// to the plan's longest `len`. Parallel across slices with rayon.
+    pub fn gather(&self, plan: &[SliceRef], out: &mut Batch) {
+        let b = plan.len();
+        let l = plan.iter().map(|s| s.len as usize).max().unwrap_or(0);
+        out.num_slices = b;
+        out.slice_len = l;
+        if out.columns.len() != self.columns.len()
+            || out
+                .columns
+                .iter()
+                .zip(&self.columns)
+                .any(|(o, c)| o.name != c.name)
+        {
+            out.columns = self
+                .columns
+                .iter()
+                .map(|c| BatchColumn {
+                    name: c.name.clone(),
+                    data_type: c.data_type.clone(),
+                    shape: c.shape.clone(),
+                    width: c.width,
+                    data: MutableBuffer::new(0),
+                })
+                .collect();
+        }
+        for c in &mut out.columns {
+            c.data.resize(b * l * c.step_bytes(), 0);
+        }
+        for v in [
+            &mut out.mask,
+            &mut out.is_first,
+            &mut out.is_last,
+            &mut out.terminated,
+            &mut out.truncated,
+            &mut out.slice_end,
+        ] {
+            v.resize(b * l, 0);
+        }
+        out.episode_id.resize(b, 0);
+        out.start_step.resize(b, 0);
+
+        let dst: Vec<SendPtr> = out
+            .columns
+            .iter_mut()
+            .map(|c| SendPtr(c.data.as_mut_ptr()))
+            .collect();
+        let flags = [
+            SendPtr(out.mask.as_mut_ptr()),
+            SendPtr(out.is_first.as_mut_ptr()),
+            SendPtr(out.is_last.as_mut_ptr()),
+            SendPtr(out.terminated.as_mut_ptr()),
+            SendPtr(out.truncated.as_mut_ptr()),
+            SendPtr(out.slice_end.as_mut_ptr()),
+        ];
+        let meta = (
+            SendPtr(out.episode_id.as_mut_ptr() as *mut u8),
+            SendPtr(out.start_step.as_mut_ptr() as *mut u8),
+        );
+        let total_bytes: usize = out.columns.iter().map(|c| c.data.len()).sum();
+        let work = |(i, s): (usize, &SliceRef)| {
+            // SAFETY: slice `i` writes only bytes `[i * L * step, (i + 1) * L * step)` of each
+            // column, `[i * L, (i + 1) * L)` of each flag vector and element `i` of the per-slice
+            // vectors; the buffers were resized above to hold all B slices and outlive this call.
+            unsafe { self.gather_slice(i, s, l, &dst, &flags, &meta) }
+        };
+        // Small batches are faster on one thread than across the pool.
+        if total_bytes < (256 << 10) {
+            plan.iter().enumerate().for_each(work);
+        } else {
+            plan.par_iter().enumerate().with_min_len(8).for_each(work);
+        }
+    }
+
+    /// Hints the kernel to read ahead the pages `plan` will touch (`madvise(WILLNEED)`), so that
+    /// a later [`Gatherer::gather`] of it finds them in the page cache. Cheap when they already are.
+    pub fn advise(&self, plan: &[SliceRef]) {
+        for s in plan {
+            let loc = self.snap.episodes().get(s.episode as usize);
+            let seg = &self.snap.segments()[loc.segment];
+            let a = s.start.max(0);
+            let b = (s.start + s.len as i64).min(loc.length as i64);
+            if b <= a {
+                continue;
+            }
+            let (bi, r) = seg.locate(loc.segment_row + a as u64);
+            for c in &self.columns {
+                let step = c.width * elem_size(&c.data_type);
+                let bufs = match &c.source {
+                    Source::Stored(bufs) | Source::DerivedNext { obs: bufs, .. } => bufs,
+                    Source::StoredBool(_) => continue,
+                };
+                let buf = &bufs[loc.segment][bi];
+                let from = (r * step).min(buf.len());
+                let n = ((b - a + 1) as usize * step).min(buf.len() - from);
+                seg.advise_willneed(buf.as_slice()[from..].as_ptr(), n);
+            }
+        }
+    }
+
+    /// # Safety
+    /// The destination pointers must be valid for a batch of `i + 1` or more slices of `l` steps
+    /// and no other thread may write slice `i`'s ranges.
+    unsafe fn gather_slice(
+        &self,
+        i: usize,
+        s: &SliceRef,
+        l: usize,
+        dst: &[SendPtr],
+        flags: &[SendPtr; 6],
+        meta: &(SendPtr, SendPtr),
+    ) {
+        let loc = self.snap.episodes().get(s.episode as usize);
+        let seg = &self.snap.segments()[loc.segment];
+        let len = loc.length as i64;
+        // Valid steps [a, b) of the episode; output positions [a - start, b - start).
+        let a = s.start.max(0);
+        let b = (s.start + l as i64).min(len).max(a);
+        let (off, n) = ((a - s.start) as usize, (b - a) as usize);
+        // SAFETY (all writes below): see the caller's contract.
+        unsafe {
+            *(meta.0.0 as *mut u64).add(i) = loc.episode_id;
+            *(meta.1.0 as *mut i64).add(i) = s.start;
+            let ef = self.episode_flags[s.episode as usize];
+            for (k, f) in flags.iter().enumerate() {
+                let row = std::slice::from_raw_parts_mut(f.0.add(i * l), l);
+                row.fill(0);
+                if n == 0 {
+                    continue;
+                }
+                match k {
+                    0 => row[off..off + n].fill(1),
+                    1 if a == 0 => row[off] = 1,
+                    2 if b == len => row[off + n - 1] = 1,
+                    3 if b == len && ef & 1 != 0 => row[off + n - 1] = 1,
+                    4 if b == len && ef & 2 != 0 => row[off + n - 1] = 1,
+                    5 => row[off + n - 1] = 1,
+                    _ => {}
+                }
+            }
+            let first_row = loc.segment_row + a as u64;
+            let (bi, r) = if n > 0 { seg.locate(first_row) } else { (0, 0) };
+            for (c, d) in self.columns.iter().zip(dst) {
+                let step = c.width * elem_size(&c.data_type);
+                let out = std::slice::from_raw_parts_mut(d.0.add(i * l * step), l * step);
+                out[..off * step].fill(0);
+                out[(off + n) * step..].fill(0);
+                if n == 0 {
+                    continue;
+                }
+                let dst = &mut out[off * step..(off + n) * step];
+                match &c.source {
+                    Source::Stored(bufs) => {
+                        dst.copy_from_slice(
+                            &bufs[loc.segment][bi].as_slice()[r * step..(r + n) * step],
+                        );
+                    }
+                    Source::StoredBool(arrays) => {
+                        let arr = &arrays[loc.segment][bi];
+                        for (j, x) in dst.iter_mut().enumerate() {
+                            *x = arr.value(r + j) as u8;
+                        }
+                    }
+                    Source::DerivedNext { obs, finals } => {
+                        // o_{t+1} for t in [a, b): rows a+1 .. min(b, len - 1) + 1 of the episode,
+                        // then the final observation if the window reaches the last step.
+                        let inner = if b == len { n - 1 } else { n };
+                        let src = obs[loc.segment][bi].as_slice();
+                        dst[..inner * step]
+                            .copy_from_slice(&src[(r + 1) * step..(r + 1 + inner) * step]);
+                        if b == len {
+                            let k = s.episode as usize - self.segment_first_episode[loc.segment];
+                            let (vals, nulls) = &finals[loc.segment];
+                            let last = &mut dst[inner * step..];
+                            if nulls.as_ref().is_some_and(|nb| nb.is_null(k)) {
+                                last.fill(0);
+                            } else {
+                                last.copy_from_slice(&vals.as_slice()[k * step..(k + 1) * step]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: used only to hand disjoint output ranges to rayon workers (see `Gatherer::gather`).
+unsafe impl Send for SendPtr {}
+// SAFETY: as above; the pointer itself is never written through by two threads for one range.
+unsafe impl Sync for SendPtr {}
