@@ -391,6 +391,11 @@ impl Gatherer {
         );
         let total_bytes: usize = out.columns.iter().map(|c| c.data.len()).sum();
         let work = |(i, s): (usize, &SliceRef)| {
+            // Start loading the next slice's rows while this one is copied: the copies are bound
+            // by memory latency (a few KiB at random places), which the prefetch overlaps.
+            if let Some(next) = plan.get(i + 1) {
+                self.prefetch(next);
+            }
             // SAFETY: slice `i` writes only bytes `[i * L * step, (i + 1) * L * step)` of each
             // column, `[i * L, (i + 1) * L)` of each flag vector and element `i` of the per-slice
             // vectors; the buffers were resized above to hold all B slices and outlive this call.
@@ -402,6 +407,43 @@ impl Gatherer {
         } else {
             plan.par_iter().enumerate().with_min_len(8).for_each(work);
         }
+    }
+
+    /// Issues CPU prefetches for the first rows of every stored column of slice `s`.
+    #[inline]
+    fn prefetch(&self, s: &SliceRef) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let loc = self.snap.episodes().get(s.episode as usize);
+            let a = s.start.max(0);
+            let b = (s.start + s.len as i64).min(loc.length as i64);
+            if b <= a {
+                return;
+            }
+            let seg = &self.snap.segments()[loc.segment];
+            let (bi, r) = seg.locate(loc.segment_row + a as u64);
+            for c in &self.columns {
+                let bufs = match &c.source {
+                    Source::Stored(bufs) | Source::DerivedNext { obs: bufs, .. } => bufs,
+                    Source::StoredBool(_) => continue,
+                };
+                let step = c.width * elem_size(&c.data_type);
+                let src = bufs[loc.segment][bi].as_slice();
+                let from = (r * step).min(src.len());
+                let to = (from + (b - a) as usize * step).min(src.len());
+                for off in (from..to).step_by(64) {
+                    // SAFETY: a prefetch is a hint with no architectural effect; `off` lies
+                    // inside `src`, a live mapping.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            src.as_ptr().add(off) as *const i8,
+                        )
+                    };
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = s;
     }
 
     /// Hints the kernel to read ahead the pages `plan` will touch (`madvise(WILLNEED)`), so that

@@ -636,6 +636,10 @@ struct BenchArgs {
     /// Let loader workers madvise(WILLNEED) the next batch's pages (for data not in the page cache).
     #[arg(long)]
     readahead: bool,
+    /// Map every page before timing (MADV_POPULATE_READ), to measure steady state from the start
+    /// instead of the first touches' page faults.
+    #[arg(long)]
+    prefault: bool,
 }
 
 fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceSampler> {
@@ -751,6 +755,20 @@ fn sample(a: SampleArgs) -> Result<()> {
     Ok(())
 }
 
+/// (anonymous, file-backed) resident memory of this process in MiB, from /proc/self/status
+/// (file-backed pages are the mapped segments: page cache, not memory the process owns).
+fn rss_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    (field("RssAnon:"), field("RssFile:"))
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -761,6 +779,12 @@ fn bench(a: BenchArgs) -> Result<()> {
     use trajstore::Sampler;
     let t0 = Instant::now();
     let snap = open_snapshot(&a.s.dataset, None)?;
+    let mut prefault_ms = 0.0;
+    if a.prefault {
+        let t = Instant::now();
+        snap.prefault();
+        prefault_ms = t.elapsed().as_secs_f64() * 1e3;
+    }
     let sampler = std::sync::Arc::new(slice_sampler(&snap, &a.s)?);
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
     let gatherer = std::sync::Arc::new(trajstore::Gatherer::new(&snap, &cols)?);
@@ -831,13 +855,18 @@ fn bench(a: BenchArgs) -> Result<()> {
         loader.recycle(b);
     }
     let loader_s = t.elapsed().as_secs_f64();
+    drop(loader);
+    let (rss_anon, rss_file) = rss_mib();
     let v = json!({
+        "rss_anon_mib": rss_anon,
+        "rss_file_mib": rss_file,
         "transitions": snap.num_transitions(),
         "episodes": snap.num_episodes(),
         "slice_len": a.s.slice_len,
         "num_slices": a.s.num_slices,
         "batch_bytes": bytes,
         "open_and_first_batch_ms": first_batch_ms,
+        "prefault_ms": prefault_ms,
         "index_median_us": index_med,
         "sample_median_us": sample_med,
         "memcpy_floor_us": memcpy_med,
@@ -860,6 +889,9 @@ fn bench(a: BenchArgs) -> Result<()> {
             HumanBytes(bytes as u64)
         );
         outln!("open + first batch     {first_batch_ms:>10.2} ms");
+        if a.prefault {
+            outln!("prefault (excluded)    {prefault_ms:>10.2} ms");
+        }
         outln!("index-only sampling    {index_med:>10.1} us (median of {iters})");
         outln!(
             "sample + gather        {sample_med:>10.1} us  = {:.2}x the memcpy floor",
@@ -875,6 +907,9 @@ fn bench(a: BenchArgs) -> Result<()> {
             a.workers,
             got as f64 / loader_s,
             HumanCount((got as f64 * steps / loader_s) as u64)
+        );
+        outln!(
+            "resident memory        {rss_anon:>10.1} MiB anonymous, {rss_file:.1} MiB of mapped segments (page cache)"
         );
     }
     Ok(())

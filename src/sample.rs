@@ -3,8 +3,9 @@
 //!
 //! Every sampler is a pure function of `(seed, batch number)`: [`Sampler::plan`] takes `&self`,
 //! so any number of loader workers can share one sampler and the stream of batches is the same
-//! whatever the worker count. Costs are O(B log E) per batch (binary search over prefix sums) or
-//! O(B) (alias tables), independent of the number of transitions.
+//! whatever the worker count. Slice samplers cost O(B) per batch (an alias table over episodes,
+//! then a uniform window inside the episode); window lookups by number are O(log E) binary
+//! searches over prefix sums. Nothing depends on the number of transitions.
 
 use std::sync::Arc;
 
@@ -212,26 +213,28 @@ pub enum Weighting {
     Episodes,
 }
 
-/// Walker/Vose alias table: O(n) to build, O(1) per draw.
+/// Walker/Vose alias table: O(n) to build, O(1) per draw with one 64-bit random number and one
+/// 8-byte entry read (a single cache line), so drawing stays cheap when the table is larger than
+/// the CPU caches.
 #[derive(Debug, Clone)]
 struct AliasTable {
-    prob: Vec<f64>,
-    alias: Vec<u32>,
-    /// Positions the table's entries stand for.
-    items: Vec<u32>,
+    /// Per entry: keep-probability scaled to 2^32, and the alias.
+    entries: Vec<(u32, u32)>,
+    /// Positions the table's entries stand for (`None`: entry `i` is position `i`).
+    items: Option<Vec<u32>>,
 }
 
 impl AliasTable {
-    fn new(items: Vec<u32>, weights: &[f64]) -> Result<Self> {
-        let n = items.len();
+    fn new(items: Option<Vec<u32>>, weights: &[f64]) -> Result<Self> {
+        let n = weights.len();
         let total: f64 = weights.iter().sum();
-        if n == 0 || total <= 0.0 || !total.is_finite() {
+        if n == 0 || total <= 0.0 || !total.is_finite() || u32::try_from(n).is_err() {
             return Err(Error::InvalidArgument(
                 "nothing to sample: every episode has zero weight or no valid window".into(),
             ));
         }
         let mut prob: Vec<f64> = weights.iter().map(|w| w * n as f64 / total).collect();
-        let mut alias = vec![0u32; n];
+        let mut alias: Vec<u32> = (0..n as u32).collect();
         let (mut small, mut large): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| prob[i] < 1.0);
         while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
             alias[s] = l as u32;
@@ -244,17 +247,38 @@ impl AliasTable {
         for i in large.into_iter().chain(small) {
             prob[i] = 1.0;
         }
-        Ok(Self { prob, alias, items })
+        let scale = |p: f64| {
+            if p >= 1.0 {
+                u32::MAX
+            } else {
+                (p * 4_294_967_296.0) as u32
+            }
+        };
+        Ok(Self {
+            entries: prob
+                .iter()
+                .zip(&alias)
+                .map(|(&p, &a)| (scale(p), a))
+                .collect(),
+            items,
+        })
     }
 
+    #[inline]
     fn draw(&self, rng: &mut impl Rng) -> u32 {
-        let i = rng.random_range(0..self.prob.len());
-        let j = if rng.random::<f64>() < self.prob[i] {
-            i
+        let r: u64 = rng.random();
+        // Lemire's multiply-shift maps the high half to an entry; the low half is the coin.
+        let i = (((r >> 32) * self.entries.len() as u64) >> 32) as usize;
+        let (keep, alias) = self.entries[i];
+        let j = if (r as u32) < keep || keep == u32::MAX {
+            i as u32
         } else {
-            self.alias[i] as usize
+            alias
         };
-        self.items[j]
+        match &self.items {
+            Some(items) => items[j as usize],
+            None => j,
+        }
     }
 }
 
@@ -340,19 +364,13 @@ impl SliceOptions {
     }
 }
 
-enum Pick {
-    /// Binary search over the slice index's prefix sums (uniform over windows).
-    Prefix,
-    /// Alias table over episode positions, then a uniform window inside the episode.
-    Alias(AliasTable),
-}
-
 /// Samples `num_slices` windows per batch, with replacement.
 pub struct SliceSampler {
     index: Arc<SliceIndex>,
     num_slices: usize,
     seed: u64,
-    pick: Pick,
+    /// Alias table over episode positions; a uniform window inside the drawn episode follows.
+    pick: AliasTable,
 }
 
 impl std::fmt::Debug for SliceSampler {
@@ -382,9 +400,37 @@ impl SliceSampler {
                 "slice index does not match the options".into(),
             ));
         }
+        let n = index.num_episodes();
+        let mut allowed: Option<Vec<bool>> = None;
+        if let Some(ids) = &opts.episode_ids {
+            let mut a = vec![false; n];
+            for &id in ids {
+                let pos = id
+                    .checked_sub(episodes.first_id())
+                    .map(|p| p as usize)
+                    .filter(|&p| p < n);
+                match pos {
+                    Some(p) => a[p] = true,
+                    None => {
+                        return Err(Error::InvalidArgument(format!(
+                            "episode id {id} is not in this snapshot"
+                        )));
+                    }
+                }
+            }
+            allowed = Some(a);
+        }
+        if let Some(w) = &opts.episode_weights
+            && w.len() != n
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{} episode weights for {n} episodes",
+                w.len()
+            )));
+        }
         let plain = opts.weighting == Weighting::Windows
             && opts.episode_weights.is_none()
-            && opts.episode_ids.is_none();
+            && allowed.is_none();
         let pick = if plain {
             if index.num_windows() == 0 {
                 return Err(Error::InvalidArgument(format!(
@@ -392,36 +438,9 @@ impl SliceSampler {
                     opts.slice_len, opts.policy
                 )));
             }
-            Pick::Prefix
+            let weights: Vec<f64> = (0..n).map(|e| index.windows(e) as f64).collect();
+            AliasTable::new(None, &weights)?
         } else {
-            let n = index.num_episodes();
-            let mut allowed: Option<Vec<bool>> = None;
-            if let Some(ids) = &opts.episode_ids {
-                let mut a = vec![false; n];
-                for &id in ids {
-                    let pos = id
-                        .checked_sub(episodes.first_id())
-                        .map(|p| p as usize)
-                        .filter(|&p| p < n);
-                    match pos {
-                        Some(p) => a[p] = true,
-                        None => {
-                            return Err(Error::InvalidArgument(format!(
-                                "episode id {id} is not in this snapshot"
-                            )));
-                        }
-                    }
-                }
-                allowed = Some(a);
-            }
-            if let Some(w) = &opts.episode_weights
-                && w.len() != n
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "{} episode weights for {n} episodes",
-                    w.len()
-                )));
-            }
             let mut items = vec![];
             let mut weights = vec![];
             for e in 0..n {
@@ -444,7 +463,7 @@ impl SliceSampler {
                     weights.push(base * w);
                 }
             }
-            Pick::Alias(AliasTable::new(items, &weights)?)
+            AliasTable::new(Some(items), &weights)?
         };
         Ok(Self {
             index,
@@ -466,19 +485,10 @@ impl Sampler for SliceSampler {
         let mut rng = batch_rng(self.seed, batch);
         let len = self.index.slice_len;
         for _ in 0..self.num_slices {
-            let (e, start) = match &self.pick {
-                Pick::Prefix => self
-                    .index
-                    .window(rng.random_range(0..self.index.num_windows())),
-                Pick::Alias(t) => {
-                    let e = t.draw(&mut rng) as usize;
-                    (
-                        e,
-                        self.index
-                            .start_in(e, rng.random_range(0..self.index.windows(e))),
-                    )
-                }
-            };
+            let e = self.pick.draw(&mut rng) as usize;
+            let start = self
+                .index
+                .start_in(e, rng.random_range(0..self.index.windows(e)));
             out.push(SliceRef {
                 episode: e as u32,
                 start,
@@ -727,7 +737,7 @@ mod tests {
 
     #[test]
     fn alias_table_matches_weights() {
-        let t = AliasTable::new(vec![10, 20, 30], &[1.0, 2.0, 7.0]).unwrap();
+        let t = AliasTable::new(Some(vec![10, 20, 30]), &[1.0, 2.0, 7.0]).unwrap();
         let mut rng = batch_rng(0, 0);
         let mut c = [0usize; 3];
         for _ in 0..100_000 {
@@ -736,7 +746,8 @@ mod tests {
         for (got, p) in c.iter().zip([0.1, 0.2, 0.7]) {
             assert!((*got as f64 / 1e5 - p).abs() < 0.01, "{c:?}");
         }
-        assert!(AliasTable::new(vec![], &[]).is_err());
+        assert!(AliasTable::new(None, &[]).is_err());
+        assert!(AliasTable::new(None, &[0.0, 0.0]).is_err());
     }
 
     #[test]
@@ -750,5 +761,227 @@ mod tests {
             BoundaryPolicy::Span { left: 2, right: 3 }
         );
         assert!("sideways".parse::<BoundaryPolicy>().is_err());
+    }
+}
+
+/// A sum tree over `n` leaves: O(log n) update and prefix search, 16 bytes per leaf (rounded up
+/// to a power of two).
+#[derive(Debug, Clone)]
+struct SumTree {
+    cap: usize,
+    nodes: Vec<f64>,
+}
+
+impl SumTree {
+    fn new(n: usize, value: f64) -> Self {
+        let cap = n.next_power_of_two().max(1);
+        let mut nodes = vec![0.0; 2 * cap];
+        nodes[cap..cap + n].fill(value);
+        for i in (1..cap).rev() {
+            nodes[i] = nodes[2 * i] + nodes[2 * i + 1];
+        }
+        Self { cap, nodes }
+    }
+    fn total(&self) -> f64 {
+        self.nodes[1]
+    }
+    fn get(&self, i: usize) -> f64 {
+        self.nodes[self.cap + i]
+    }
+    fn set(&mut self, i: usize, v: f64) {
+        let mut k = self.cap + i;
+        self.nodes[k] = v;
+        while k > 1 {
+            k /= 2;
+            self.nodes[k] = self.nodes[2 * k] + self.nodes[2 * k + 1];
+        }
+    }
+    /// The leaf where the prefix sum first exceeds `u` (`0 <= u < total`).
+    fn find(&self, mut u: f64) -> usize {
+        let mut k = 1;
+        while k < self.cap {
+            let left = self.nodes[2 * k];
+            if u < left || self.nodes[2 * k + 1] <= 0.0 {
+                k *= 2;
+            } else {
+                u -= left;
+                k = 2 * k + 1;
+            }
+        }
+        k - self.cap
+    }
+}
+
+/// Prioritized replay over the windows of a [`SliceIndex`] (Schaul et al., 2016): window `w` is
+/// drawn with probability `p_w^alpha / sum p^alpha`, stratified over the batch; every window starts
+/// at priority 1. Memory: a sum tree of 16 bytes per window (rounded up to a
+/// power of two), so this is meant for datasets of up to tens of millions of windows.
+pub struct PrioritizedSampler {
+    index: Arc<SliceIndex>,
+    num_slices: usize,
+    seed: u64,
+    alpha: f64,
+    tree: std::sync::RwLock<SumTree>,
+}
+
+impl PrioritizedSampler {
+    /// All windows start with priority 1.
+    pub fn new(index: Arc<SliceIndex>, num_slices: usize, alpha: f64, seed: u64) -> Result<Self> {
+        if index.num_windows() == 0 || num_slices == 0 {
+            return Err(Error::InvalidArgument(
+                "nothing to sample (no window, or num_slices = 0)".into(),
+            ));
+        }
+        if !(alpha >= 0.0 && alpha.is_finite()) {
+            return Err(Error::InvalidArgument(format!(
+                "alpha {alpha} must be a finite number >= 0"
+            )));
+        }
+        let n = usize::try_from(index.num_windows())
+            .map_err(|_| Error::InvalidArgument("too many windows for a sum tree".into()))?;
+        Ok(Self {
+            tree: std::sync::RwLock::new(SumTree::new(n, 1.0)),
+            index,
+            num_slices,
+            seed,
+            alpha,
+        })
+    }
+
+    /// The window number of a planned slice (what [`PrioritizedSampler::update_priorities`] takes).
+    pub fn window_of(&self, s: &SliceRef) -> u64 {
+        let (left, _) = self.index.policy.overhang(self.index.slice_len);
+        self.index.first_window(s.episode as usize) + (s.start + left as i64) as u64
+    }
+
+    /// Sets the priorities (e.g. TD errors, made positive) of `windows`.
+    pub fn update_priorities(&self, windows: &[u64], priorities: &[f64]) -> Result<()> {
+        if windows.len() != priorities.len() {
+            return Err(Error::InvalidArgument(
+                "as many priorities as windows are needed".into(),
+            ));
+        }
+        if let Some((w, p)) = windows
+            .iter()
+            .zip(priorities)
+            .find(|&(&w, &p)| w >= self.index.num_windows() || !(p >= 0.0 && p.is_finite()))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "window {w} / priority {p} out of range"
+            )));
+        }
+        let mut tree = self.tree.write().unwrap_or_else(|e| e.into_inner());
+        for (&w, &p) in windows.iter().zip(priorities) {
+            tree.set(w as usize, p.powf(self.alpha));
+        }
+        Ok(())
+    }
+
+    /// Importance-sampling weights `(N * P(w))^-beta`, normalised by the largest weight possible
+    /// (that of the least likely window present in `windows`), written to `out`.
+    pub fn importance_weights(&self, windows: &[u64], beta: f64, out: &mut Vec<f64>) {
+        let tree = self.tree.read().unwrap_or_else(|e| e.into_inner());
+        let n = self.index.num_windows() as f64;
+        let total = tree.total();
+        out.clear();
+        out.extend(
+            windows
+                .iter()
+                .map(|&w| (n * tree.get(w as usize) / total).powf(-beta)),
+        );
+        let max = out.iter().copied().fold(0.0, f64::max);
+        if max > 0.0 {
+            out.iter_mut().for_each(|x| *x /= max);
+        }
+    }
+}
+
+impl Sampler for PrioritizedSampler {
+    fn plan(&self, batch: u64, out: &mut Vec<SliceRef>) {
+        out.clear();
+        let mut rng = batch_rng(self.seed, batch);
+        let tree = self.tree.read().unwrap_or_else(|e| e.into_inner());
+        let total = tree.total();
+        let b = self.num_slices;
+        for i in 0..b {
+            let u = if total > 0.0 {
+                ((i as f64 + rng.random::<f64>()) * total / b as f64)
+                    .min(total * (1.0 - f64::EPSILON))
+            } else {
+                0.0
+            };
+            let w = if total > 0.0 {
+                tree.find(u) as u64
+            } else {
+                rng.random_range(0..self.index.num_windows())
+            };
+            let (e, start) = self.index.window(w.min(self.index.num_windows() - 1));
+            out.push(SliceRef {
+                episode: e as u32,
+                start,
+                len: self.index.slice_len,
+            });
+        }
+    }
+    fn slice_len(&self) -> u32 {
+        self.index.slice_len
+    }
+}
+
+#[cfg(test)]
+mod prioritized_tests {
+    use super::*;
+
+    fn index(lens: &[u64], l: u32) -> Arc<SliceIndex> {
+        let mut prefix = vec![0u64];
+        for &x in lens {
+            prefix.push(prefix.last().unwrap() + (x + 1).saturating_sub(l as u64));
+        }
+        Arc::new(SliceIndex {
+            slice_len: l,
+            policy: BoundaryPolicy::Strict,
+            left: 0,
+            right: 0,
+            prefix,
+        })
+    }
+
+    #[test]
+    fn sum_tree_finds_prefixes() {
+        let mut t = SumTree::new(5, 1.0);
+        assert_eq!(t.total(), 5.0);
+        t.set(2, 3.0);
+        assert_eq!(t.total(), 7.0);
+        assert_eq!(t.find(0.5), 0);
+        assert_eq!(t.find(2.5), 2);
+        assert_eq!(t.find(4.99), 2);
+        assert_eq!(t.find(5.0), 3);
+        assert_eq!(t.find(6.99), 4);
+    }
+
+    #[test]
+    fn prioritized_frequencies_follow_priorities() {
+        let idx = index(&[10, 10], 10); // two windows: one per episode
+        let s = PrioritizedSampler::new(idx, 100, 1.0, 3).unwrap();
+        s.update_priorities(&[0, 1], &[1.0, 3.0]).unwrap();
+        let mut plan = vec![];
+        let mut counts = [0usize; 2];
+        for k in 0..200 {
+            s.plan(k, &mut plan);
+            for r in &plan {
+                counts[s.window_of(r) as usize] += 1;
+            }
+        }
+        let frac = counts[1] as f64 / 20_000.0;
+        assert!((frac - 0.75).abs() < 0.01, "{counts:?}");
+        let mut w = vec![];
+        s.importance_weights(&[0, 1], 1.0, &mut w);
+        // P = (0.25, 0.75): weights ∝ (1/(2*0.25), 1/(2*0.75)) = (2, 2/3), normalised to (1, 1/3).
+        assert!(
+            (w[0] - 1.0).abs() < 1e-12 && (w[1] - 1.0 / 3.0).abs() < 1e-12,
+            "{w:?}"
+        );
+        assert!(s.update_priorities(&[5], &[1.0]).is_err());
+        assert!(s.update_priorities(&[0], &[f64::NAN]).is_err());
     }
 }
