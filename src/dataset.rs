@@ -319,7 +319,9 @@ impl Snapshot {
                     .take_while(|s| s.entry.first_episode_id < first_id)
                     .count();
                 let kept = &p.segments[dropped..];
-                if segments.len() >= kept.len()
+                // Extend only when some old segments survive; otherwise nothing is shared.
+                if !kept.is_empty()
+                    && segments.len() >= kept.len()
                     && kept.iter().zip(&segments).all(|(a, b)| Arc::ptr_eq(a, b))
                 {
                     let idx = p

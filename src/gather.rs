@@ -92,22 +92,39 @@ impl Batch {
     pub fn to_record_batch(&self) -> Result<RecordBatch> {
         let (b, l) = (self.num_slices, self.slice_len);
         let n = b * l;
-        let mut fields = vec![
-            Field::new("slice", DataType::UInt64, false),
-            Field::new(col::EPISODE_ID, DataType::UInt64, false),
-            Field::new(col::STEP, DataType::Int64, false),
+        let mut fields = vec![];
+        let mut arrays: Vec<ArrayRef> = vec![];
+        // Per-step metadata, unless a gathered column of the same name carries it already.
+        let gathered = |name: &str| self.columns.iter().any(|c| c.name == name);
+        let meta: [(&str, DataType, ArrayRef); 3] = [
+            (
+                "slice",
+                DataType::UInt64,
+                Arc::new(UInt64Array::from_iter_values(
+                    (0..n).map(|i| (i / l) as u64),
+                )),
+            ),
+            (
+                col::EPISODE_ID,
+                DataType::UInt64,
+                Arc::new(UInt64Array::from_iter_values(
+                    (0..n).map(|i| self.episode_id[i / l]),
+                )),
+            ),
+            (
+                col::STEP,
+                DataType::Int64,
+                Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|i| self.start_step[i / l] + (i % l) as i64),
+                )),
+            ),
         ];
-        let mut arrays: Vec<ArrayRef> = vec![
-            Arc::new(UInt64Array::from_iter_values(
-                (0..n).map(|i| (i / l) as u64),
-            )),
-            Arc::new(UInt64Array::from_iter_values(
-                (0..n).map(|i| self.episode_id[i / l]),
-            )),
-            Arc::new(Int64Array::from_iter_values(
-                (0..n).map(|i| self.start_step[i / l] + (i % l) as i64),
-            )),
-        ];
+        for (name, dt, array) in meta {
+            if !gathered(name) {
+                fields.push(Field::new(name, dt, false));
+                arrays.push(array);
+            }
+        }
         for c in &self.columns {
             let values: ArrayRef = if c.data_type == DataType::Boolean {
                 Arc::new(BooleanArray::from_iter(
@@ -143,8 +160,10 @@ impl Batch {
             (col::TRUNCATED, &self.truncated),
             ("slice_end", &self.slice_end),
         ] {
-            fields.push(Field::new(name, DataType::UInt8, false));
-            arrays.push(Arc::new(UInt8Array::from(v.clone())));
+            if !gathered(name) {
+                fields.push(Field::new(name, DataType::UInt8, false));
+                arrays.push(Arc::new(UInt8Array::from(v.clone())));
+            }
         }
         Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
     }
@@ -490,7 +509,9 @@ impl Gatherer {
         // Valid steps [a, b) of the episode; output positions [a - start, b - start).
         let a = s.start.max(0);
         let b = (s.start + l as i64).min(len).max(a);
-        let (off, n) = ((a - s.start) as usize, (b - a) as usize);
+        let n = (b - a) as usize;
+        // A window holding no step of its episode is all padding.
+        let off = if n == 0 { 0 } else { (a - s.start) as usize };
         // SAFETY (all writes below): see the caller's contract.
         unsafe {
             *(meta.0.0 as *mut u64).add(i) = loc.episode_id;

@@ -78,8 +78,8 @@ impl LoaderOptions {
 /// `k * world_size + r`, whatever the number of workers. Dropping the loader stops and joins its
 /// workers.
 pub struct Loader {
-    rx: Option<Receiver<(u64, Batch)>>,
-    pending: BTreeMap<u64, Batch>,
+    rx: Option<Receiver<(u64, std::thread::Result<Batch>)>>,
+    pending: BTreeMap<u64, std::thread::Result<Batch>>,
     next: u64,
     end: Option<u64>,
     stop: Arc<AtomicBool>,
@@ -153,6 +153,10 @@ impl Loader {
     }
 
     /// The next batch, blocking until it is ready; `None` at the end.
+    ///
+    /// # Panics
+    /// If a worker panicked (a bug in a sampler or the gather, never bad data) while producing
+    /// this batch, the panic is resumed here, in the consumer, rather than ending the stream early.
     pub fn next_batch(&mut self) -> Option<Batch> {
         if self.end.is_some_and(|e| self.next >= e) {
             return None;
@@ -160,7 +164,7 @@ impl Loader {
         loop {
             if let Some(b) = self.pending.remove(&self.next) {
                 self.next += 1;
-                return Some(b);
+                return Some(b.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
             }
             let (k, b) = self.rx.as_ref()?.recv().ok()?;
             self.pending.insert(k, b);
@@ -197,7 +201,7 @@ impl Drop for Loader {
 struct Worker {
     sampler: Arc<dyn Sampler>,
     gatherer: Arc<Gatherer>,
-    tx: SyncSender<(u64, Batch)>,
+    tx: SyncSender<(u64, std::thread::Result<Batch>)>,
     stop: Arc<AtomicBool>,
     pool: Arc<Mutex<Vec<Batch>>>,
     first: u64,
@@ -210,6 +214,17 @@ struct Worker {
 
 impl Worker {
     fn run(self) {
+        let current = std::cell::Cell::new(self.first);
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.produce(&current)));
+        if let Err(panic) = result {
+            // A bug in a sampler or the gather: hand the panic to the consumer at the batch it
+            // happened in, instead of ending the stream silently.
+            let _ = self.tx.send((current.get(), Err(panic)));
+        }
+    }
+
+    fn produce(&self, current: &std::cell::Cell<u64>) {
         let mut plan = Vec::new();
         let mut ahead = Vec::new();
         let mut k = self.first;
@@ -217,6 +232,7 @@ impl Worker {
             self.sampler.plan(k * self.world + self.rank, &mut ahead);
         }
         while !self.stop.load(Ordering::Relaxed) && self.end.is_none_or(|e| k < e) {
+            current.set(k);
             if self.readahead {
                 std::mem::swap(&mut plan, &mut ahead);
                 let next = k + self.step;
@@ -234,7 +250,7 @@ impl Worker {
                 .pop()
                 .unwrap_or_default();
             self.gatherer.gather(&plan, &mut batch);
-            if self.tx.send((k, batch)).is_err() {
+            if self.tx.send((k, Ok(batch))).is_err() {
                 return;
             }
             k += self.step;

@@ -24,7 +24,8 @@ pub enum BoundaryPolicy {
     /// every episode can start a slice.
     Pad,
     /// Windows may start up to `left` steps before the episode's start and end up to `right`
-    /// steps after its end; overhanging steps are masked out.
+    /// steps after its end; overhanging steps are masked out. Both are capped at `slice_len - 1`
+    /// so that every window holds at least one step of its episode.
     Span {
         /// Maximum steps before step 0.
         left: u32,
@@ -39,7 +40,11 @@ impl BoundaryPolicy {
         match *self {
             BoundaryPolicy::Strict => (0, 0),
             BoundaryPolicy::Pad => (0, slice_len.saturating_sub(1) as u64),
-            BoundaryPolicy::Span { left, right } => (left as u64, right as u64),
+            // A window must keep at least one step of its episode.
+            BoundaryPolicy::Span { left, right } => {
+                let most = slice_len.saturating_sub(1);
+                (left.min(most) as u64, right.min(most) as u64)
+            }
         }
     }
 }
@@ -556,13 +561,14 @@ impl EpochSampler {
         drop_last: bool,
     ) -> Result<Self> {
         Self::check(&index, num_slices)?;
-        Ok(Self {
+        Self {
             index,
             num_slices,
             seed,
             drop_last,
             episodes: None,
-        })
+        }
+        .checked()
     }
 
     /// Visits every episode with at least one window once per epoch, taking one random window of
@@ -577,13 +583,14 @@ impl EpochSampler {
         let eps = (0..index.num_episodes() as u32)
             .filter(|&e| index.windows(e as usize) > 0)
             .collect();
-        Ok(Self {
+        Self {
             index,
             num_slices,
             seed,
             drop_last,
             episodes: Some(eps),
-        })
+        }
+        .checked()
     }
 
     fn check(index: &SliceIndex, num_slices: usize) -> Result<()> {
@@ -593,6 +600,17 @@ impl EpochSampler {
             ));
         }
         Ok(())
+    }
+
+    fn checked(self) -> Result<Self> {
+        if self.batches_per_epoch() == Some(0) {
+            return Err(Error::InvalidArgument(format!(
+                "drop_last with {} items and batches of {}: an epoch has no full batch",
+                self.items(),
+                self.num_slices
+            )));
+        }
+        Ok(self)
     }
 
     fn items(&self) -> u64 {
@@ -638,7 +656,7 @@ impl Sampler for EpochSampler {
     fn batches_per_epoch(&self) -> Option<u64> {
         let (items, b) = (self.items(), self.num_slices as u64);
         Some(if self.drop_last {
-            (items / b).max(1)
+            items / b
         } else {
             items.div_ceil(b)
         })
