@@ -67,6 +67,9 @@ pub enum Error {
     /// An error from the parquet crate.
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
+    /// An error planning or running a SQL query (syntax, unknown column, type mismatch, ...).
+    #[error("sql: {0}")]
+    Sql(#[from] datafusion::error::DataFusionError),
 }
 
 impl Error {

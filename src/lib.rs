@@ -54,6 +54,7 @@ pub mod manifest;
 pub mod sample;
 pub mod schema;
 pub mod segment;
+pub mod sql;
 pub mod stats;
 pub mod synth;
 pub mod verify;

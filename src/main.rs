@@ -46,7 +46,8 @@ trajstore demo                                  # 1M synthetic transitions into 
 trajstore info demo.trajstore                   # counts, sizes, schema, episode histograms\n  \
 trajstore ingest hopper.parquet hopper.trajstore --terminated-col terminals --truncated-col timeouts\n  \
 trajstore verify hopper.trajstore               # checksums and boundary columns\n  \
-trajstore export hopper.trajstore hopper-out.parquet"
+trajstore export hopper.trajstore hopper-out.parquet\n  \
+trajstore sql demo.trajstore \"SELECT episode_id, episode_return FROM episodes ORDER BY 2 DESC LIMIT 5\""
 )]
 struct Cli {
     #[command(subcommand)]
@@ -69,6 +70,9 @@ enum Command {
     Sample(SampleArgs),
     /// Time index-only sampling, sample+gather and the loader against a memcpy of the same bytes.
     Bench(BenchArgs),
+    /// Query the dataset with SQL (tables `transitions` and `episodes`); without a query, an
+    /// interactive prompt.
+    Sql(SqlArgs),
 }
 
 #[derive(Args)]
@@ -236,6 +240,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Export(a) => export(a),
         Command::Sample(a) => sample(a),
         Command::Bench(a) => bench(a),
+        Command::Sql(a) => sql(a),
     }
 }
 
@@ -612,6 +617,10 @@ struct SliceArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Restrict sampling to the episodes this SQL query returns (a query with an `episode_id`
+    /// column), e.g. "SELECT episode_id FROM episodes ORDER BY episode_return DESC LIMIT 10".
+    #[arg(long, value_name = "SQL")]
+    episodes: Option<String>,
 }
 
 #[derive(Args)]
@@ -653,6 +662,17 @@ fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceSampl
         .with_policy(policy)
         .with_weighting(weighting)
         .with_seed(a.seed);
+    let opts = match &a.episodes {
+        Some(q) => {
+            use trajstore::sql::SnapshotSql;
+            let ids = snap.episodes_where(q).map_err(one_line)?;
+            if ids.is_empty() {
+                bail!("--episodes: the query returned no episode");
+            }
+            opts.with_episode_ids(ids)
+        }
+        None => opts,
+    };
     let index = snap.slice_index(a.slice_len, policy)?;
     Ok(trajstore::SliceSampler::new(index, snap.episodes(), &opts)?)
 }
@@ -668,6 +688,7 @@ fn demo_sample(snap: &Snapshot) -> Result<String> {
         seed: 0,
         columns: vec!["observation".into(), "action".into(), "reward".into()],
         json: false,
+        episodes: None,
     };
     let sampler = slice_sampler(snap, &args)?;
     let cols: Vec<&str> = args.columns.iter().map(String::as_str).collect();
@@ -911,6 +932,273 @@ fn bench(a: BenchArgs) -> Result<()> {
         outln!(
             "resident memory        {rss_anon:>10.1} MiB anonymous, {rss_file:.1} MiB of mapped segments (page cache)"
         );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+struct SqlArgs {
+    /// Dataset directory.
+    dataset: PathBuf,
+    /// The query; without one, an interactive prompt (`.tables`, `.schema [TABLE]`, `.quit`;
+    /// statements end with `;`).
+    query: Option<String>,
+    /// Query this version instead of the newest.
+    #[arg(long)]
+    version: Option<u64>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = SqlFormat::Table)]
+    format: SqlFormat,
+    /// Write the result to this file instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Print the physical plan instead of running the query.
+    #[arg(long)]
+    explain: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SqlFormat {
+    /// An aligned table.
+    Table,
+    /// CSV with a header (lists are written as `[a, b, ...]`).
+    Csv,
+    /// JSON lines, one object per row.
+    Json,
+    /// Parquet (zstd).
+    Parquet,
+    /// Arrow IPC file.
+    Arrow,
+}
+
+/// A library error as one line (DataFusion messages may span several).
+fn one_line(e: trajstore::Error) -> anyhow::Error {
+    anyhow::anyhow!(
+        e.to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+fn sql(a: SqlArgs) -> Result<()> {
+    let snap = open_snapshot(&a.dataset, a.version)?;
+    let session = trajstore::sql::SqlSession::new(&snap)?;
+    match &a.query {
+        Some(q) => run_sql(&session, q, &a),
+        None => sql_shell(&session, &a),
+    }
+}
+
+fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs) -> Result<()> {
+    if a.explain {
+        emit(&session.explain(q, false).map_err(one_line)?);
+        return Ok(());
+    }
+    let result = session.query(q).map_err(one_line)?;
+    match &a.output {
+        Some(path) => {
+            let tmp = path.with_extension("tmp");
+            let file = std::fs::File::create(&tmp)
+                .with_context(|| format!("cannot create {}", tmp.display()))?;
+            write_result(&result, a.format, std::io::BufWriter::new(file))?;
+            std::fs::rename(&tmp, path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            if a.format == SqlFormat::Table || std::io::IsTerminal::is_terminal(&std::io::stdout())
+            {
+                eprintln!("{} rows written to {}", result.num_rows(), path.display());
+            }
+        }
+        None => {
+            let mut buf = vec![];
+            write_result(&result, a.format, &mut buf)?;
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out.write_all(&buf).and_then(|()| out.flush())
+                && e.kind() != std::io::ErrorKind::BrokenPipe
+            {
+                bail!("cannot write to stdout: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_result<W: std::io::Write + Send>(
+    r: &trajstore::sql::QueryResult,
+    format: SqlFormat,
+    mut w: W,
+) -> Result<()> {
+    use arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::util::display::{ArrayFormatter, FormatOptions};
+    match format {
+        SqlFormat::Table => {
+            let text = arrow::util::pretty::pretty_format_batches_with_schema(
+                r.schema.clone(),
+                &r.batches,
+            )?;
+            writeln!(w, "{text}")?;
+            let n = r.num_rows();
+            writeln!(w, "{n} row{}", if n == 1 { "" } else { "s" })?;
+        }
+        SqlFormat::Csv => {
+            // CSV has no nested types: lists become their display text.
+            let flat = |t: &DataType| t.is_nested();
+            let schema = std::sync::Arc::new(Schema::new(
+                r.schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        if flat(f.data_type()) {
+                            Field::new(f.name(), DataType::Utf8, true)
+                        } else {
+                            f.as_ref().clone()
+                        }
+                    })
+                    .collect::<Vec<_>>(),
+            ));
+            let mut cw = arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut w);
+            if r.batches.is_empty() {
+                cw.write(&RecordBatch::new_empty(schema.clone()))?;
+            }
+            let opts = FormatOptions::default().with_null("");
+            for b in &r.batches {
+                let cols = b
+                    .columns()
+                    .iter()
+                    .map(|c| -> Result<ArrayRef> {
+                        if !flat(c.data_type()) {
+                            return Ok(c.clone());
+                        }
+                        let f = ArrayFormatter::try_new(c.as_ref(), &opts)?;
+                        Ok(std::sync::Arc::new(StringArray::from_iter(
+                            (0..c.len()).map(|i| c.is_valid(i).then(|| f.value(i).to_string())),
+                        )))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                cw.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
+            }
+        }
+        SqlFormat::Json => {
+            let mut jw = arrow::json::LineDelimitedWriter::new(&mut w);
+            for b in &r.batches {
+                jw.write(b)?;
+            }
+            jw.finish()?;
+        }
+        SqlFormat::Parquet => {
+            let props = parquet::file::properties::WriterProperties::builder()
+                .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+                .build();
+            let mut pw = parquet::arrow::ArrowWriter::try_new(w, r.schema.clone(), Some(props))?;
+            for b in &r.batches {
+                pw.write(b)?;
+            }
+            pw.close()?;
+            return Ok(());
+        }
+        SqlFormat::Arrow => {
+            let mut fw = arrow::ipc::writer::FileWriter::try_new(&mut w, &r.schema)?;
+            for b in &r.batches {
+                fw.write(b)?;
+            }
+            fw.finish()?;
+        }
+    }
+    w.flush()?;
+    Ok(())
+}
+
+fn sql_shell(session: &trajstore::sql::SqlSession, a: &SqlArgs) -> Result<()> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!(
+            "trajstore sql: tables {}; statements end with `;`; .tables, .schema [TABLE], .quit",
+            session.table_names().join(", ")
+        );
+    }
+    let prompt = |continued: bool| {
+        if interactive {
+            eprint!("{}", if continued { "   ...> " } else { "trajstore> " });
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let mut pending = String::new();
+    let mut failed = false;
+    prompt(false);
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("cannot read stdin")?;
+        let t = line.trim();
+        if pending.is_empty() && t.starts_with('.') {
+            let mut words = t.split_whitespace();
+            match (words.next().unwrap_or(""), words.next()) {
+                (".quit" | ".exit", _) => return Ok(()),
+                (".tables", _) => outln!("{}", session.table_names().join("\n")),
+                (".schema", table) => {
+                    let names = match table {
+                        Some(t) => vec![t.trim_end_matches(';').to_string()],
+                        None => session.table_names(),
+                    };
+                    for n in names {
+                        match session.table_schema(&n) {
+                            Ok(s) => {
+                                outln!("{n}(");
+                                for f in s.fields() {
+                                    outln!(
+                                        "  {} {}{}",
+                                        f.name(),
+                                        f.data_type(),
+                                        if f.is_nullable() { "" } else { " NOT NULL" }
+                                    );
+                                }
+                                outln!(")");
+                            }
+                            Err(e) => {
+                                eprintln!("error: {}", one_line(e));
+                                failed = true;
+                            }
+                        }
+                    }
+                }
+                (".help", _) => {
+                    outln!(".tables  .schema [TABLE]  .quit   (SQL statements end with `;`)")
+                }
+                (other, _) => {
+                    eprintln!("error: unknown command {other} (try .help)");
+                    failed = true;
+                }
+            }
+            prompt(false);
+            continue;
+        }
+        if !t.is_empty() {
+            pending.push_str(&line);
+            pending.push('\n');
+        }
+        if t.ends_with(';') {
+            let q = std::mem::take(&mut pending);
+            if let Err(e) = run_sql(session, q.trim().trim_end_matches(';'), a) {
+                eprintln!("error: {e:#}");
+                failed = true;
+            }
+        }
+        prompt(!pending.is_empty());
+    }
+    if !pending.trim().is_empty()
+        && let Err(e) = run_sql(session, pending.trim().trim_end_matches(';'), a)
+    {
+        eprintln!("error: {e:#}");
+        failed = true;
+    }
+    if interactive {
+        eprintln!();
+    }
+    if failed && !interactive {
+        bail!("some statements failed");
     }
     Ok(())
 }

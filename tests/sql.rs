@@ -1,0 +1,587 @@
+//! SQL through DataFusion: query results against values computed independently in Rust from the
+//! written data, the pushdowns visible in EXPLAIN, the functions, SQL-defined sampling subsets
+//! and the `trajstore sql` command.
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::Command;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::compute::{cast, concat_batches};
+use arrow::datatypes::{DataType, Float32Type, Float64Type, UInt32Type, UInt64Type};
+use trajstore::format::{col, ep};
+use trajstore::sql::{QueryResult, SnapshotSql, SqlSession, default_config};
+use trajstore::synth::SynthSpec;
+use trajstore::{Dataset, Sampler, SliceOptions, SliceSampler, Snapshot, WriterOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_trajstore");
+
+/// 20k transitions in episodes of ~40 steps, in many small segments.
+fn dataset(dir: &std::path::Path) -> Snapshot {
+    let spec = SynthSpec {
+        transitions: 20_000,
+        obs_dim: 3,
+        act_dim: 2,
+        discrete_actions: false,
+        mean_episode_len: 40.0,
+        seed: 7,
+    };
+    let ds = Dataset::create(dir.join("d.trajstore"), &spec.schema().unwrap()).unwrap();
+    let mut w = ds
+        .writer(
+            WriterOptions::default()
+                .with_segment_bytes(64 << 10)
+                .with_batch_bytes(16 << 10),
+        )
+        .unwrap();
+    spec.write(&mut w, None, |_| ()).unwrap();
+    drop(w);
+    let snap = ds.snapshot().unwrap();
+    assert!(
+        snap.segments().len() >= 8,
+        "{} segments",
+        snap.segments().len()
+    );
+    snap
+}
+
+/// One row of the written data, read straight from the segments (no SQL).
+struct Row {
+    episode: u64,
+    step: u32,
+    reward: f32,
+    obs: Vec<f32>,
+}
+
+fn rows(snap: &Snapshot) -> Vec<Row> {
+    let mut out = vec![];
+    for seg in snap.segments() {
+        for b in seg.batches() {
+            let ids = b
+                .column_by_name(col::EPISODE_ID)
+                .unwrap()
+                .as_primitive::<UInt64Type>();
+            let steps = b
+                .column_by_name(col::STEP)
+                .unwrap()
+                .as_primitive::<UInt32Type>();
+            let rew = b
+                .column_by_name(col::REWARD)
+                .unwrap()
+                .as_primitive::<Float32Type>();
+            let obs = b
+                .column_by_name(col::OBSERVATION)
+                .unwrap()
+                .as_fixed_size_list();
+            for i in 0..b.num_rows() {
+                let o = obs.value(i);
+                out.push(Row {
+                    episode: ids.value(i),
+                    step: steps.value(i),
+                    reward: rew.value(i),
+                    obs: o.as_primitive::<Float32Type>().values().to_vec(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn one(r: &QueryResult) -> RecordBatch {
+    concat_batches(&r.schema, &r.batches).unwrap()
+}
+
+fn u64s(b: &RecordBatch, name: &str) -> Vec<u64> {
+    let c = cast(b.column_by_name(name).unwrap(), &DataType::UInt64).unwrap();
+    c.as_primitive::<UInt64Type>().values().to_vec()
+}
+
+fn f64s(b: &RecordBatch, name: &str) -> Vec<f64> {
+    f64s_of(b.column_by_name(name).unwrap())
+}
+
+fn f64s_of(a: &ArrayRef) -> Vec<f64> {
+    let c = cast(a, &DataType::Float64).unwrap();
+    c.as_primitive::<Float64Type>().values().to_vec()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * (1.0 + a.abs().max(b.abs()))
+}
+
+fn session(snap: &Snapshot) -> SqlSession {
+    SqlSession::with_config(snap, default_config().with_target_partitions(1)).unwrap()
+}
+
+#[test]
+fn group_by_episode_matches_rust_and_episode_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let s = SqlSession::new(&snap).unwrap();
+    let r = one(&s
+        .query(
+            "SELECT episode_id, SUM(reward) AS r, COUNT(*) AS n FROM transitions \
+             GROUP BY episode_id ORDER BY episode_id",
+        )
+        .unwrap());
+    let mut want: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
+    for row in rows(&snap) {
+        let e = want.entry(row.episode).or_default();
+        e.0 += row.reward as f64;
+        e.1 += 1;
+    }
+    assert_eq!(
+        u64s(&r, "episode_id"),
+        want.keys().copied().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        u64s(&r, "n"),
+        want.values().map(|v| v.1).collect::<Vec<_>>()
+    );
+    for (got, w) in f64s(&r, "r").iter().zip(want.values()) {
+        assert!(close(*got, w.0), "{got} vs {}", w.0);
+    }
+    // The episodes table agrees too.
+    let e = one(&s
+        .query("SELECT episode_id, length, episode_return FROM episodes ORDER BY episode_id")
+        .unwrap());
+    assert_eq!(u64s(&e, "episode_id"), u64s(&r, "episode_id"));
+    assert_eq!(u64s(&e, ep::LENGTH), u64s(&r, "n"));
+    for (a, b) in f64s(&e, ep::EPISODE_RETURN).iter().zip(f64s(&r, "r")) {
+        assert!(close(*a, b), "{a} vs {b}");
+    }
+    assert_eq!(e.num_rows() as u64, snap.num_episodes());
+}
+
+#[test]
+fn filters_and_joins_match_rust() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let s = SqlSession::new(&snap).unwrap();
+    let all = rows(&snap);
+    for (sql, lo, hi) in [
+        ("episode_id BETWEEN 100 AND 180", 100, 180),
+        ("episode_id >= 300 AND episode_id < 310", 300, 309),
+        ("episode_id IN (5, 6, 7)", 5, 7),
+        ("episode_id = 0 OR episode_id = 1", 0, 1),
+    ] {
+        let r = one(&s
+            .query(&format!(
+                "SELECT episode_id, step, reward FROM transitions WHERE {sql} ORDER BY episode_id, step"
+            ))
+            .unwrap());
+        let want: Vec<&Row> = all
+            .iter()
+            .filter(|x| (lo..=hi).contains(&x.episode))
+            .collect();
+        assert_eq!(r.num_rows(), want.len(), "{sql}");
+        assert_eq!(
+            u64s(&r, "episode_id"),
+            want.iter().map(|x| x.episode).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            u64s(&r, "step"),
+            want.iter().map(|x| x.step as u64).collect::<Vec<_>>()
+        );
+        let rew = f64s(&r, "reward");
+        assert!(want.iter().zip(&rew).all(|(x, &g)| x.reward as f64 == g));
+    }
+    // A step filter.
+    let r = one(&s
+        .query("SELECT COUNT(*) AS n FROM transitions WHERE step >= 100")
+        .unwrap());
+    assert_eq!(
+        u64s(&r, "n")[0],
+        all.iter().filter(|x| x.step >= 100).count() as u64
+    );
+    // A join of transitions with episodes.
+    let r = one(&s
+        .query(
+            "SELECT t.episode_id, e.length, COUNT(*) AS n, SUM(t.reward) AS r \
+             FROM transitions t JOIN episodes e ON t.episode_id = e.episode_id \
+             WHERE e.terminated GROUP BY t.episode_id, e.length ORDER BY t.episode_id",
+        )
+        .unwrap());
+    let mut terminated = vec![];
+    for seg in snap.segments() {
+        let t = seg.episode_table();
+        let ids = t
+            .column_by_name(ep::EPISODE_ID)
+            .unwrap()
+            .as_primitive::<UInt64Type>();
+        let term = t.column_by_name(ep::TERMINATED).unwrap().as_boolean();
+        terminated.extend(
+            (0..t.num_rows())
+                .filter(|&i| term.value(i))
+                .map(|i| ids.value(i)),
+        );
+    }
+    assert!(!terminated.is_empty());
+    assert_eq!(u64s(&r, "episode_id"), terminated);
+    assert_eq!(u64s(&r, "n"), u64s(&r, "length"));
+}
+
+#[test]
+fn explain_shows_projection_and_pruning() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let s = session(&snap);
+    let plan = s.explain("SELECT reward FROM transitions", true).unwrap();
+    let scan = plan.lines().find(|l| l.contains("DataSourceExec")).unwrap();
+    assert!(scan.contains("schema=[reward:"), "{plan}");
+    assert!(!scan.contains("observation"), "{plan}");
+    let partitions = |sql: &str| -> usize {
+        let plan = s.explain(sql, false).unwrap();
+        let line = plan
+            .lines()
+            .find(|l| l.contains("DataSourceExec"))
+            .unwrap()
+            .to_string();
+        let n = line.split("partitions=").nth(1).unwrap();
+        n[..n.find(|c: char| !c.is_ascii_digit()).unwrap()]
+            .parse()
+            .unwrap()
+    };
+    let n = snap.segments().len();
+    assert_eq!(partitions("SELECT reward FROM transitions"), n);
+    assert_eq!(
+        partitions("SELECT reward FROM transitions WHERE reward > 0"),
+        n
+    );
+    let first = &snap.segments()[0].entry();
+    let id = first.first_episode_id + first.episodes / 2;
+    assert_eq!(
+        partitions(&format!(
+            "SELECT reward FROM transitions WHERE episode_id = {id}"
+        )),
+        1
+    );
+    assert!(partitions("SELECT reward FROM transitions WHERE episode_id BETWEEN 10 AND 20") <= 2);
+    assert_eq!(
+        partitions("SELECT reward FROM transitions WHERE episode_id > 1000000"),
+        1, // one empty partition
+    );
+    // A limit is pushed into the scan.
+    let plan = s
+        .explain("SELECT reward FROM transitions LIMIT 5", false)
+        .unwrap();
+    assert!(plan.contains("fetch=5"), "{plan}");
+    // Exact row counts answer COUNT(*) without scanning.
+    let plan = s
+        .explain("SELECT COUNT(*) FROM transitions", false)
+        .unwrap();
+    assert!(!plan.contains("DataSourceExec"), "{plan}");
+    let r = one(&s.query("SELECT COUNT(*) AS n FROM transitions").unwrap());
+    assert_eq!(u64s(&r, "n")[0], snap.num_transitions());
+}
+
+#[test]
+fn functions_match_rust() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let s = SqlSession::new(&snap).unwrap();
+    let all = rows(&snap);
+    // Element access and norm, row by row.
+    let r = one(&s
+        .query(
+            "SELECT fsl_get(observation, 2) AS g, observation[2] AS b, vec_norm(observation) AS n \
+             FROM transitions ORDER BY episode_id, step",
+        )
+        .unwrap());
+    let g = f64s(&r, "g");
+    assert_eq!(g, f64s(&r, "b"));
+    assert_eq!(g.len(), all.len());
+    for (x, (g, n)) in all.iter().zip(g.iter().zip(f64s(&r, "n"))) {
+        assert_eq!(*g, x.obs[1] as f64);
+        let want = x
+            .obs
+            .iter()
+            .map(|&v| (v as f64) * (v as f64))
+            .sum::<f64>()
+            .sqrt();
+        assert!(close(n, want), "{n} vs {want}");
+    }
+    let r = one(&s
+        .query("SELECT fsl_get(observation, 9) AS g FROM transitions LIMIT 3")
+        .unwrap());
+    assert_eq!(r.column(0).null_count(), 3);
+    // Per-dimension aggregates over everything and per episode.
+    let r = one(&s
+        .query(
+            "SELECT dim_mean(observation) AS mean, dim_min(observation) AS lo, \
+             dim_max(observation) AS hi, dim_std(observation) AS sd FROM transitions",
+        )
+        .unwrap());
+    let d = 3;
+    let n = all.len() as f64;
+    let mean: Vec<f64> = (0..d)
+        .map(|k| all.iter().map(|x| x.obs[k] as f64).sum::<f64>() / n)
+        .collect();
+    let lo: Vec<f64> = (0..d)
+        .map(|k| {
+            all.iter()
+                .map(|x| x.obs[k] as f64)
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let hi: Vec<f64> = (0..d)
+        .map(|k| {
+            all.iter()
+                .map(|x| x.obs[k] as f64)
+                .fold(f64::NEG_INFINITY, f64::max)
+        })
+        .collect();
+    let sd: Vec<f64> = (0..d)
+        .map(|k| {
+            (all.iter()
+                .map(|x| (x.obs[k] as f64 - mean[k]).powi(2))
+                .sum::<f64>()
+                / (n - 1.0))
+                .sqrt()
+        })
+        .collect();
+    let vec_of = |name: &str| {
+        f64s_of(
+            r.column_by_name(name)
+                .unwrap()
+                .as_fixed_size_list()
+                .values(),
+        )
+    };
+    for (got, want) in [
+        (vec_of("mean"), &mean),
+        (vec_of("lo"), &lo),
+        (vec_of("hi"), &hi),
+        (vec_of("sd"), &sd),
+    ] {
+        assert_eq!(got.len(), d);
+        assert!(
+            got.iter().zip(want).all(|(a, b)| close(*a, *b)),
+            "{got:?} vs {want:?}"
+        );
+    }
+    // Discounted return per episode, in step order in Rust; SQL's is order-independent.
+    let r = one(&s
+        .query(
+            "SELECT episode_id, discounted_return(reward, step, 0.9) AS g, dim_mean(observation) AS m \
+             FROM transitions GROUP BY episode_id ORDER BY episode_id",
+        )
+        .unwrap());
+    let mut want: BTreeMap<u64, (f64, Vec<f64>, f64)> = BTreeMap::new();
+    for x in &all {
+        let e = want.entry(x.episode).or_insert((0.0, vec![0.0; d], 0.0));
+        e.0 += 0.9f64.powi(x.step as i32) * x.reward as f64;
+        for k in 0..d {
+            e.1[k] += x.obs[k] as f64;
+        }
+        e.2 += 1.0;
+    }
+    assert_eq!(
+        u64s(&r, "episode_id"),
+        want.keys().copied().collect::<Vec<_>>()
+    );
+    let means = f64s_of(r.column_by_name("m").unwrap().as_fixed_size_list().values());
+    for (i, (got, w)) in f64s(&r, "g").iter().zip(want.values()).enumerate() {
+        assert!(close(*got, w.0), "{got} vs {}", w.0);
+        for k in 0..d {
+            assert!(close(means[i * d + k], w.1[k] / w.2));
+        }
+    }
+    // Bad arguments are errors, not panics.
+    assert!(s.query("SELECT vec_norm(reward) FROM transitions").is_err());
+    assert!(s.query("SELECT dim_mean(step) FROM transitions").is_err());
+}
+
+#[test]
+fn sql_subsets_restrict_samplers() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let ids = snap
+        .episodes_where("SELECT episode_id FROM episodes ORDER BY episode_return DESC LIMIT 10")
+        .unwrap();
+    // The same top 10 from the episode tables.
+    let mut by_return: Vec<(f64, u64)> = vec![];
+    for seg in snap.segments() {
+        let t = seg.episode_table();
+        let id = t
+            .column_by_name(ep::EPISODE_ID)
+            .unwrap()
+            .as_primitive::<UInt64Type>();
+        let ret = t
+            .column_by_name(ep::EPISODE_RETURN)
+            .unwrap()
+            .as_primitive::<Float64Type>();
+        by_return.extend((0..t.num_rows()).map(|i| (ret.value(i), id.value(i))));
+    }
+    by_return.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut want: Vec<u64> = by_return[..10].iter().map(|x| x.1).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want);
+    // Cached: the same answer again.
+    assert_eq!(
+        snap.episodes_where(
+            "SELECT episode_id FROM episodes ORDER BY episode_return DESC LIMIT 10"
+        )
+        .unwrap(),
+        want
+    );
+    let opts = SliceOptions::new(5, 64).with_episode_ids(ids.clone());
+    let index = snap.slice_index(5, opts.policy).unwrap();
+    let sampler = SliceSampler::new(index, snap.episodes(), &opts).unwrap();
+    let allowed: HashSet<u64> = ids.into_iter().collect();
+    let first = snap.episodes().first_id();
+    let mut plan = vec![];
+    let mut seen = HashSet::new();
+    for b in 0..200 {
+        sampler.plan(b, &mut plan);
+        for s in &plan {
+            let id = first + s.episode as u64;
+            assert!(allowed.contains(&id), "episode {id} outside the subset");
+            seen.insert(id);
+        }
+    }
+    assert_eq!(seen, allowed);
+    // A query without an episode_id column is an error.
+    let e = snap
+        .episodes_where("SELECT length FROM episodes")
+        .unwrap_err();
+    assert!(e.to_string().contains("episode_id"), "{e}");
+    assert!(snap.episodes_where("SELEC nonsense").is_err());
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn cli_sql() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let d = snap.path().to_str().unwrap();
+    // Bad SQL: exit code 1 and one line.
+    for bad in [
+        "SELEC episode_id FROM episodes",
+        "SELECT nope FROM transitions",
+        "SELECT * FROM missing",
+        "SELECT vec_norm(reward) FROM transitions",
+    ] {
+        let (code, out, err) = run(&["sql", d, bad]);
+        assert_eq!(code, 1, "{bad}: {out}{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{bad}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+    }
+    // CSV.
+    let (code, out, err) = run(&[
+        "sql",
+        d,
+        "SELECT episode_id, length FROM episodes ORDER BY episode_id LIMIT 3",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lens = snap.episodes().lengths();
+    assert_eq!(
+        out,
+        format!(
+            "episode_id,length\n0,{}\n1,{}\n2,{}\n",
+            lens[0], lens[1], lens[2]
+        )
+    );
+    // Nested values in CSV are text.
+    let (code, out, _) = run(&[
+        "sql",
+        d,
+        "SELECT observation FROM transitions LIMIT 1",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.lines().nth(1).unwrap().starts_with("\"["), "{out}");
+    // Table, with a row count.
+    let (code, out, _) = run(&["sql", d, "SELECT COUNT(*) AS n FROM transitions"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("| 20000 |"), "{out}");
+    // Parquet and Arrow files.
+    for (fmt, name) in [
+        ("parquet", "out.parquet"),
+        ("arrow", "out.arrow"),
+        ("json", "out.jsonl"),
+    ] {
+        let path = dir.path().join(name);
+        let (code, _, err) = run(&[
+            "sql",
+            d,
+            "SELECT * FROM episodes",
+            "--format",
+            fmt,
+            "--output",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(std::fs::metadata(&path).unwrap().len() > 0);
+    }
+    let f = std::fs::File::open(dir.path().join("out.arrow")).unwrap();
+    let rows: usize = arrow::ipc::reader::FileReader::try_new(f, None)
+        .unwrap()
+        .map(|b| b.unwrap().num_rows())
+        .sum();
+    assert_eq!(rows as u64, snap.num_episodes());
+    // EXPLAIN.
+    let (code, out, _) = run(&["sql", d, "SELECT reward FROM transitions", "--explain"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("DataSourceExec"), "{out}");
+    // The shell, fed from stdin.
+    let mut child = Command::new(BIN)
+        .args(["sql", d, "--format", "csv"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b".tables\n.schema episodes\nSELECT COUNT(*) AS n\n  FROM episodes;\n.quit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("transitions") && text.contains("episode_return"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("n\n{}\n", snap.num_episodes())),
+        "{text}"
+    );
+    // --episodes on sample.
+    let (code, out, err) = run(&[
+        "sample",
+        d,
+        "--slice-len",
+        "5",
+        "--num-slices",
+        "32",
+        "--json",
+        "--episodes",
+        "SELECT episode_id FROM episodes WHERE episode_id < 3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for s in v["slices"].as_array().unwrap() {
+        assert!(s["episode_id"].as_u64().unwrap() < 3, "{s}");
+    }
+    let (code, _, err) = run(&["sample", d, "--episodes", "SELECT length FROM episodes"]);
+    assert_eq!(code, 1);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
