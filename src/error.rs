@@ -70,6 +70,10 @@ pub enum Error {
     /// An error planning or running a SQL query (syntax, unknown column, type mismatch, ...).
     #[error("sql: {0}")]
     Sql(#[from] datafusion::error::DataFusionError),
+    /// An error from libtorch (through tch): a failed allocation, device copy or tensor op.
+    #[cfg(feature = "torch")]
+    #[error("torch: {0}")]
+    Torch(#[from] tch::TchError),
 }
 
 impl Error {

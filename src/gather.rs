@@ -169,6 +169,21 @@ impl Batch {
     }
 }
 
+/// Caller-owned destinations of [`Gatherer::gather_into`] for a batch of `B` slices of `L` steps.
+#[derive(Debug)]
+pub struct GatherInto<'a> {
+    /// One buffer per gathered column, in [`Gatherer::columns`] order, each at least
+    /// `B * L * step_bytes` long (`[B, L, ...]` row-major; padded steps are zeroed).
+    pub columns: Vec<&'a mut [u8]>,
+    /// `[B, L]` planes, one byte per step: mask, is_first, is_last, terminated, truncated,
+    /// slice_end (as the fields of [`Batch`]).
+    pub flags: [&'a mut [u8]; 6],
+    /// `[B]`: episode id of each slice.
+    pub episode_id: &'a mut [u64],
+    /// `[B]`: first step of each slice.
+    pub start_step: &'a mut [i64],
+}
+
 fn elem_size(dt: &DataType) -> usize {
     dt.primitive_width().unwrap_or(1)
 }
@@ -209,7 +224,7 @@ pub struct Gatherer {
     segment_first_episode: Vec<usize>,
 }
 
-fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
+pub(crate) fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
     match array.data_type() {
         DataType::FixedSizeList(child, n) => {
             let fsl = array.as_fixed_size_list();
@@ -390,25 +405,107 @@ impl Gatherer {
         }
         out.episode_id.resize(b, 0);
         out.start_step.resize(b, 0);
+        let dest = GatherInto {
+            columns: out
+                .columns
+                .iter_mut()
+                .map(|c| c.data.as_slice_mut())
+                .collect(),
+            flags: [
+                &mut out.mask,
+                &mut out.is_first,
+                &mut out.is_last,
+                &mut out.terminated,
+                &mut out.truncated,
+                &mut out.slice_end,
+            ],
+            episode_id: &mut out.episode_id,
+            start_step: &mut out.start_step,
+        };
+        self.gather_into(plan, l, dest)
+            .expect("buffers sized for the plan above");
+    }
 
-        let dst: Vec<SendPtr> = out
-            .columns
+    /// The gathered columns in order: name, element type and shape of one step. Destinations of
+    /// [`Gatherer::gather_into`] follow this order.
+    pub fn columns(&self) -> impl ExactSizeIterator<Item = (&str, &DataType, &[usize])> {
+        self.columns
+            .iter()
+            .map(|c| (c.name.as_str(), &c.data_type, c.shape.as_slice()))
+    }
+
+    /// Bytes of one step of each gathered column, in [`Gatherer::columns`] order.
+    pub fn step_bytes(&self) -> Vec<usize> {
+        self.columns
+            .iter()
+            .map(|c| c.width * elem_size(&c.data_type))
+            .collect()
+    }
+
+    /// Gathers `plan` into caller-owned memory (pinned staging tensors, a device upload
+    /// buffer, ...) laid out as [`Batch`] is: each column `[B, slice_len, ...]` row-major, six
+    /// `[B, slice_len]` flag planes and two `[B]` per-slice vectors. Nothing is allocated. Every
+    /// slice of `plan` must be at most `slice_len` steps; shorter ones are padded with zeros.
+    ///
+    /// Errors with [`Error::InvalidArgument`] when a destination is too small or a slice too long.
+    pub fn gather_into(
+        &self,
+        plan: &[SliceRef],
+        slice_len: usize,
+        dest: GatherInto<'_>,
+    ) -> Result<()> {
+        let (b, l) = (plan.len(), slice_len);
+        if let Some(s) = plan.iter().find(|s| s.len as usize > l) {
+            return Err(Error::InvalidArgument(format!(
+                "a slice of {} steps does not fit a batch of {l}-step slices",
+                s.len
+            )));
+        }
+        if dest.columns.len() != self.columns.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} destination columns for {} gathered columns",
+                dest.columns.len(),
+                self.columns.len()
+            )));
+        }
+        for (c, d) in self.columns.iter().zip(&dest.columns) {
+            let need = b * l * c.width * elem_size(&c.data_type);
+            if d.len() < need {
+                return Err(Error::InvalidArgument(format!(
+                    "destination of `{}` holds {} bytes, the batch needs {need}",
+                    c.name,
+                    d.len()
+                )));
+            }
+        }
+        if dest.flags.iter().any(|f| f.len() < b * l)
+            || dest.episode_id.len() < b
+            || dest.start_step.len() < b
+        {
+            return Err(Error::InvalidArgument(format!(
+                "flag or per-slice destinations smaller than a batch of {b} x {l}"
+            )));
+        }
+        let GatherInto {
+            mut columns,
+            flags,
+            episode_id,
+            start_step,
+        } = dest;
+        let dst: Vec<SendPtr> = columns
             .iter_mut()
-            .map(|c| SendPtr(c.data.as_mut_ptr()))
+            .map(|c| SendPtr(c.as_mut_ptr()))
             .collect();
-        let flags = [
-            SendPtr(out.mask.as_mut_ptr()),
-            SendPtr(out.is_first.as_mut_ptr()),
-            SendPtr(out.is_last.as_mut_ptr()),
-            SendPtr(out.terminated.as_mut_ptr()),
-            SendPtr(out.truncated.as_mut_ptr()),
-            SendPtr(out.slice_end.as_mut_ptr()),
-        ];
+        let flags = flags.map(|f| SendPtr(f.as_mut_ptr()));
         let meta = (
-            SendPtr(out.episode_id.as_mut_ptr() as *mut u8),
-            SendPtr(out.start_step.as_mut_ptr() as *mut u8),
+            SendPtr(episode_id.as_mut_ptr() as *mut u8),
+            SendPtr(start_step.as_mut_ptr() as *mut u8),
         );
-        let total_bytes: usize = out.columns.iter().map(|c| c.data.len()).sum();
+        let total_bytes: usize = self
+            .columns
+            .iter()
+            .map(|c| b * l * c.width * elem_size(&c.data_type))
+            .sum();
         let work = |(i, s): (usize, &SliceRef)| {
             // Start loading the next slice's rows while this one is copied: the copies are bound
             // by memory latency (a few KiB at random places), which the prefetch overlaps.
@@ -416,8 +513,9 @@ impl Gatherer {
                 self.prefetch(next);
             }
             // SAFETY: slice `i` writes only bytes `[i * L * step, (i + 1) * L * step)` of each
-            // column, `[i * L, (i + 1) * L)` of each flag vector and element `i` of the per-slice
-            // vectors; the buffers were resized above to hold all B slices and outlive this call.
+            // column, `[i * L, (i + 1) * L)` of each flag plane and element `i` of the per-slice
+            // vectors; the destinations were checked above to hold all B slices and are
+            // exclusively borrowed for this call.
             unsafe { self.gather_slice(i, s, l, &dst, &flags, &meta) }
         };
         // Small batches are faster on one thread than across the pool.
@@ -426,6 +524,7 @@ impl Gatherer {
         } else {
             plan.par_iter().enumerate().with_min_len(8).for_each(work);
         }
+        Ok(())
     }
 
     /// Issues CPU prefetches for the first rows of every stored column of slice `s`.

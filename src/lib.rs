@@ -57,6 +57,8 @@ pub mod segment;
 pub mod sql;
 pub mod stats;
 pub mod synth;
+#[cfg(feature = "torch")]
+pub mod torch;
 pub mod verify;
 pub mod writer;
 
@@ -64,7 +66,7 @@ mod fault;
 
 pub use dataset::{Dataset, Segment, Snapshot};
 pub use error::{Error, Result};
-pub use gather::{Batch, BatchColumn, Gatherer};
+pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};
 pub use index::{EpisodeIndex, EpisodeLocation};
 pub use loader::{Loader, LoaderOptions};
 pub use manifest::Manifest;

@@ -78,22 +78,33 @@ impl LoaderOptions {
 /// `k * world_size + r`, whatever the number of workers. Dropping the loader stops and joins its
 /// workers.
 pub struct Loader {
-    rx: Option<Receiver<(u64, std::thread::Result<Batch>)>>,
-    pending: BTreeMap<u64, std::thread::Result<Batch>>,
-    next: u64,
-    end: Option<u64>,
-    stop: Arc<AtomicBool>,
+    pipeline: Pipeline<Batch>,
     pool: Arc<Mutex<Vec<Batch>>>,
-    workers: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Loader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
-            .field("next", &self.next)
-            .field("workers", &self.workers.len())
+            .field("next", &self.pipeline.next)
+            .field("workers", &self.pipeline.workers.len())
             .finish()
     }
+}
+
+/// The number of batches a loader over `sampler` yields: `max_batches`, else one epoch's share of
+/// this rank for epoch samplers, else endless.
+pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
+    if opts.world_size == 0 || opts.rank >= opts.world_size {
+        return Err(Error::InvalidArgument(format!(
+            "rank {} is not in 0..world_size {}",
+            opts.rank, opts.world_size
+        )));
+    }
+    Ok(opts.max_batches.or_else(|| {
+        sampler
+            .batches_per_epoch()
+            .map(|per| per.div_ceil(opts.world_size).max(1))
+    }))
 }
 
 impl Loader {
@@ -103,53 +114,38 @@ impl Loader {
         gatherer: Arc<Gatherer>,
         opts: LoaderOptions,
     ) -> Result<Self> {
-        if opts.world_size == 0 || opts.rank >= opts.world_size {
-            return Err(Error::InvalidArgument(format!(
-                "rank {} is not in 0..world_size {}",
-                opts.rank, opts.world_size
-            )));
-        }
-        let workers = opts.workers.max(1);
-        let end = opts.max_batches.or_else(|| {
-            sampler
-                .batches_per_epoch()
-                .map(|per| per.div_ceil(opts.world_size).max(1))
-        });
-        let (tx, rx) = sync_channel(opts.prefetch.max(1));
-        let stop = Arc::new(AtomicBool::new(false));
-        let pool = Arc::new(Mutex::new(Vec::new()));
-        let handles = (0..workers)
-            .map(|w| {
-                let ctx = Worker {
-                    sampler: sampler.clone(),
-                    gatherer: gatherer.clone(),
-                    tx: tx.clone(),
-                    stop: stop.clone(),
-                    pool: pool.clone(),
-                    first: w as u64,
-                    step: workers as u64,
-                    end,
-                    rank: opts.rank,
-                    world: opts.world_size,
-                    readahead: opts.readahead,
-                };
-                std::thread::Builder::new()
-                    .name(format!("trajstore-loader-{w}"))
-                    .spawn(move || ctx.run())
-                    .map_err(|e| {
-                        Error::InvalidArgument(format!("cannot start a loader thread: {e}"))
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            rx: Some(rx),
-            pending: BTreeMap::new(),
-            next: 0,
-            end,
-            stop,
-            pool,
-            workers: handles,
-        })
+        let end = loader_end(sampler.as_ref(), &opts)?;
+        let pool: Arc<Mutex<Vec<Batch>>> = Arc::new(Mutex::new(Vec::new()));
+        let pipeline = Pipeline::start(opts.workers, opts.prefetch, end, "loader", |lane| {
+            let (sampler, gatherer, pool) = (sampler.clone(), gatherer.clone(), pool.clone());
+            let (rank, world, readahead) = (opts.rank, opts.world_size, opts.readahead);
+            let mut plan = Vec::new();
+            let mut ahead = Vec::new();
+            let mut primed = false;
+            move |k: u64| {
+                if readahead {
+                    if !primed {
+                        sampler.plan(k * world + rank, &mut ahead);
+                        primed = true;
+                    }
+                    std::mem::swap(&mut plan, &mut ahead);
+                    if let Some(next) = lane.after(k) {
+                        sampler.plan(next * world + rank, &mut ahead);
+                        gatherer.advise(&ahead);
+                    }
+                } else {
+                    sampler.plan(k * world + rank, &mut plan);
+                }
+                let mut batch = pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_default();
+                gatherer.gather(&plan, &mut batch);
+                batch
+            }
+        })?;
+        Ok(Self { pipeline, pool })
     }
 
     /// The next batch, blocking until it is ready; `None` at the end.
@@ -158,17 +154,12 @@ impl Loader {
     /// If a worker panicked (a bug in a sampler or the gather, never bad data) while producing
     /// this batch, the panic is resumed here, in the consumer, rather than ending the stream early.
     pub fn next_batch(&mut self) -> Option<Batch> {
-        if self.end.is_some_and(|e| self.next >= e) {
-            return None;
-        }
-        loop {
-            if let Some(b) = self.pending.remove(&self.next) {
-                self.next += 1;
-                return Some(b.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
-            }
-            let (k, b) = self.rx.as_ref()?.recv().ok()?;
-            self.pending.insert(k, b);
-        }
+        self.pipeline.next_item()
+    }
+
+    /// The number of the batch [`Loader::next_batch`] returns next.
+    pub fn position(&self) -> u64 {
+        self.pipeline.position()
     }
 
     /// Hands a consumed batch back so a worker reuses its buffers (no allocation in steady state).
@@ -187,73 +178,129 @@ impl Iterator for Loader {
     }
 }
 
-impl Drop for Loader {
+/// Which batch numbers one worker produces: `first, first + step, ...` below `end`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lane {
+    /// The worker's number (its first batch).
+    pub(crate) worker: usize,
+    step: u64,
+    end: Option<u64>,
+}
+
+impl Lane {
+    /// The batch this worker produces after `k`, if any.
+    pub(crate) fn after(&self, k: u64) -> Option<u64> {
+        let next = k + self.step;
+        self.end.is_none_or(|e| next < e).then_some(next)
+    }
+}
+
+type Produced<T> = (u64, std::thread::Result<T>);
+
+/// Background workers producing numbered items into a bounded queue, consumed in number order
+/// whatever the number of workers: the machinery shared by [`Loader`] and the torch loader.
+pub(crate) struct Pipeline<T> {
+    rx: Option<Receiver<Produced<T>>>,
+    pending: BTreeMap<u64, std::thread::Result<T>>,
+    next: u64,
+    end: Option<u64>,
+    stop: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    /// Starts `workers` threads; worker `w` produces items `w, w + workers, ...` (below `end`)
+    /// with the closure `make(lane)` returns, at most `prefetch` items ahead of the consumer.
+    pub(crate) fn start<F>(
+        workers: usize,
+        prefetch: usize,
+        end: Option<u64>,
+        name: &str,
+        make: impl Fn(Lane) -> F,
+    ) -> Result<Self>
+    where
+        F: FnMut(u64) -> T + Send + 'static,
+    {
+        let workers = workers.max(1);
+        let (tx, rx) = sync_channel(prefetch.max(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles = (0..workers)
+            .map(|w| {
+                let lane = Lane {
+                    worker: w,
+                    step: workers as u64,
+                    end,
+                };
+                let produce = make(lane);
+                let (tx, stop) = (tx.clone(), stop.clone());
+                std::thread::Builder::new()
+                    .name(format!("trajstore-{name}-{w}"))
+                    .spawn(move || run_lane(lane, produce, tx, stop))
+                    .map_err(|e| {
+                        Error::InvalidArgument(format!("cannot start a {name} thread: {e}"))
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            rx: Some(rx),
+            pending: BTreeMap::new(),
+            next: 0,
+            end,
+            stop,
+            workers: handles,
+        })
+    }
+
+    /// The next item in number order, blocking until it is ready; `None` at the end. A worker's
+    /// panic is resumed here, at the item it happened in.
+    pub(crate) fn next_item(&mut self) -> Option<T> {
+        if self.end.is_some_and(|e| self.next >= e) {
+            return None;
+        }
+        loop {
+            if let Some(b) = self.pending.remove(&self.next) {
+                self.next += 1;
+                return Some(b.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            }
+            let (k, b) = self.rx.as_ref()?.recv().ok()?;
+            self.pending.insert(k, b);
+        }
+    }
+
+    /// Number of the next item [`Pipeline::next_item`] returns.
+    pub(crate) fn position(&self) -> u64 {
+        self.next
+    }
+}
+
+impl<T> Drop for Pipeline<T> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Dropping the receiver wakes workers blocked on a full queue.
+        // Dropping the receiver (and the items waiting in it) wakes workers blocked on a full
+        // queue.
         self.rx.take();
+        self.pending.clear();
         for h in self.workers.drain(..) {
             let _ = h.join();
         }
     }
 }
 
-struct Worker {
-    sampler: Arc<dyn Sampler>,
-    gatherer: Arc<Gatherer>,
-    tx: SyncSender<(u64, std::thread::Result<Batch>)>,
+fn run_lane<T, F: FnMut(u64) -> T>(
+    lane: Lane,
+    mut produce: F,
+    tx: SyncSender<Produced<T>>,
     stop: Arc<AtomicBool>,
-    pool: Arc<Mutex<Vec<Batch>>>,
-    first: u64,
-    step: u64,
-    end: Option<u64>,
-    rank: u64,
-    world: u64,
-    readahead: bool,
-}
-
-impl Worker {
-    fn run(self) {
-        let current = std::cell::Cell::new(self.first);
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.produce(&current)));
-        if let Err(panic) = result {
-            // A bug in a sampler or the gather: hand the panic to the consumer at the batch it
-            // happened in, instead of ending the stream silently.
-            let _ = self.tx.send((current.get(), Err(panic)));
+) {
+    let mut k = lane.worker as u64;
+    while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
+        let item = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(k)));
+        let failed = item.is_err();
+        // A panic (a bug in a sampler or the gather) goes to the consumer at the item it happened
+        // in, instead of ending the stream silently; the worker stops there.
+        if tx.send((k, item)).is_err() || failed {
+            return;
         }
-    }
-
-    fn produce(&self, current: &std::cell::Cell<u64>) {
-        let mut plan = Vec::new();
-        let mut ahead = Vec::new();
-        let mut k = self.first;
-        if self.readahead {
-            self.sampler.plan(k * self.world + self.rank, &mut ahead);
-        }
-        while !self.stop.load(Ordering::Relaxed) && self.end.is_none_or(|e| k < e) {
-            current.set(k);
-            if self.readahead {
-                std::mem::swap(&mut plan, &mut ahead);
-                let next = k + self.step;
-                if self.end.is_none_or(|e| next < e) {
-                    self.sampler.plan(next * self.world + self.rank, &mut ahead);
-                    self.gatherer.advise(&ahead);
-                }
-            } else {
-                self.sampler.plan(k * self.world + self.rank, &mut plan);
-            }
-            let mut batch = self
-                .pool
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()
-                .unwrap_or_default();
-            self.gatherer.gather(&plan, &mut batch);
-            if self.tx.send((k, Ok(batch))).is_err() {
-                return;
-            }
-            k += self.step;
-        }
+        k += lane.step;
     }
 }

@@ -68,7 +68,15 @@ enum Command {
     Export(ExportArgs),
     /// Sample one batch of slices and show it (which episodes, which steps).
     Sample(SampleArgs),
-    /// Time index-only sampling, sample+gather and the loader against a memcpy of the same bytes.
+    /// Time index-only sampling, sample+gather and the loader against a memcpy of the same bytes;
+    /// with --device (a `torch` build), the torch loader to CPU or CUDA tensors, against a plain
+    /// pinned host-to-device copy.
+    ///
+    /// Examples:
+    ///   trajstore bench demo.trajstore --slice-len 64 --num-slices 256
+    ///   trajstore bench demo.trajstore --device cuda            # pinned, prefetched streaming
+    ///   trajstore bench demo.trajstore --device cuda --resident --cast bf16
+    #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
     /// Query the dataset with SQL (tables `transitions` and `episodes`); without a query, an
     /// interactive prompt.
@@ -649,6 +657,20 @@ struct BenchArgs {
     /// instead of the first touches' page faults.
     #[arg(long)]
     prefault: bool,
+    /// Run the torch loader to this device (cpu, cuda, cuda:N) after the CPU figures: batches/s,
+    /// GB/s, and on CUDA the bandwidth of a plain pinned host-to-device copy of the same bytes
+    /// as the baseline. Needs a build with `--features torch`.
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<String>,
+    /// With --device: upload the columns to the device once and sample there (GPU-resident mode).
+    #[arg(long, requires = "device")]
+    resident: bool,
+    /// Device memory the resident columns may take.
+    #[arg(long, default_value = "8GiB", value_parser = parse_size, requires = "resident")]
+    resident_budget: u64,
+    /// With --device: cast floating columns on the device (none, bf16, f16).
+    #[arg(long, default_value = "none", requires = "device")]
+    cast: String,
 }
 
 fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceSampler> {
@@ -877,6 +899,10 @@ fn bench(a: BenchArgs) -> Result<()> {
     }
     let loader_s = t.elapsed().as_secs_f64();
     drop(loader);
+    let torch = match &a.device {
+        Some(d) => Some(torch_bench(&a, d, sampler.clone(), gatherer.clone(), bytes)?),
+        None => None,
+    };
     let (rss_anon, rss_file) = rss_mib();
     let v = json!({
         "rss_anon_mib": rss_anon,
@@ -897,6 +923,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         "loader_workers": a.workers,
         "loader_batches_per_s": got as f64 / loader_s,
         "loader_transitions_per_s": got as f64 * steps / loader_s,
+        "torch": torch,
     });
     if a.s.json {
         outln!("{v}");
@@ -929,11 +956,114 @@ fn bench(a: BenchArgs) -> Result<()> {
             got as f64 / loader_s,
             HumanCount((got as f64 * steps / loader_s) as u64)
         );
+        if let Some(t) = &torch {
+            print_torch_bench(t);
+        }
         outln!(
             "resident memory        {rss_anon:>10.1} MiB anonymous, {rss_file:.1} MiB of mapped segments (page cache)"
         );
     }
     Ok(())
+}
+
+/// The torch loader's figures for `bench --device`.
+#[cfg(feature = "torch")]
+fn torch_bench(
+    a: &BenchArgs,
+    device: &str,
+    sampler: std::sync::Arc<trajstore::SliceSampler>,
+    gatherer: std::sync::Arc<trajstore::Gatherer>,
+    batch_bytes: usize,
+) -> Result<serde_json::Value> {
+    use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
+    let dev = parse_device(device).map_err(one_line)?;
+    let cast: trajstore::torch::FloatCast = a.cast.parse().map_err(one_line)?;
+    let iters = a.iters.max(5) as u64;
+    let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
+        trajstore::LoaderOptions::default()
+            .with_workers(a.workers)
+            .with_readahead(a.readahead)
+            .with_max_batches(2 * iters),
+    );
+    if a.resident {
+        opts = opts.with_resident(a.resident_budget);
+    }
+    let sync = || {
+        if let tch::Device::Cuda(n) = dev {
+            tch::Cuda::synchronize(n as i64);
+        }
+    };
+    let t = Instant::now();
+    let mut loader = TorchLoader::new(sampler, gatherer, opts).map_err(one_line)?;
+    let setup_s = t.elapsed().as_secs_f64();
+    // Warm-up: the first half of the batches (allocations, staging slots, kernels).
+    for _ in 0..iters {
+        let b = loader.next_batch().expect("bounded stream").map_err(one_line)?;
+        loader.recycle(b);
+    }
+    sync();
+    let t = Instant::now();
+    let mut n = 0u64;
+    while let Some(b) = loader.next_batch() {
+        let b = b.map_err(one_line)?;
+        loader.recycle(b);
+        n += 1;
+    }
+    sync();
+    let secs = t.elapsed().as_secs_f64();
+    let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
+    let gbps = n as f64 * batch_bytes as f64 / secs / 1e9;
+    let baseline = match dev {
+        tch::Device::Cuda(_) if !a.resident => Some(
+            trajstore::torch::pinned_copy_bandwidth(batch_bytes, dev, 200).map_err(one_line)? / 1e9,
+        ),
+        _ => None,
+    };
+    Ok(json!({
+        "device": device,
+        "resident": a.resident,
+        "cast": a.cast,
+        "setup_s": setup_s,
+        "batches": n,
+        "batches_per_s": n as f64 / secs,
+        "transitions_per_s": n as f64 * steps / secs,
+        "gb_per_s": gbps,
+        "pinned_copy_gb_per_s": baseline,
+        "over_pinned_copy": baseline.map(|b| gbps / b),
+    }))
+}
+
+#[cfg(not(feature = "torch"))]
+fn torch_bench(
+    _a: &BenchArgs,
+    _device: &str,
+    _sampler: std::sync::Arc<trajstore::SliceSampler>,
+    _gatherer: std::sync::Arc<trajstore::Gatherer>,
+    _batch_bytes: usize,
+) -> Result<serde_json::Value> {
+    bail!(
+        "--device needs the torch loader: rebuild with `--features torch` (see README, GPU loading)"
+    )
+}
+
+fn print_torch_bench(t: &serde_json::Value) {
+    let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
+    outln!(
+        "torch loader ({}{})  {:>10.0} batches/s, {} transitions/s, {:.2} GB/s (setup {:.2} s)",
+        t["device"].as_str().unwrap_or("?"),
+        if t["resident"].as_bool() == Some(true) { ", resident" } else { "" },
+        f("batches_per_s"),
+        HumanCount(f("transitions_per_s") as u64),
+        f("gb_per_s"),
+        f("setup_s")
+    );
+    if t["pinned_copy_gb_per_s"].is_number() {
+        outln!(
+            "pinned H2D copy        {:>10.2} GB/s; the loader delivers {:.0}% of it",
+            f("pinned_copy_gb_per_s"),
+            100.0 * f("over_pinned_copy")
+        );
+    }
 }
 
 #[derive(Args)]
@@ -1112,28 +1242,99 @@ fn write_result<W: std::io::Write + Send>(
     Ok(())
 }
 
+/// Where the interactive prompt keeps its history: `$TRAJSTORE_HISTORY`, else
+/// `$XDG_STATE_HOME/trajstore/sql_history`, else `~/.local/state/trajstore/sql_history`.
+fn history_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TRAJSTORE_HISTORY") {
+        return Some(PathBuf::from(p));
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
+    Some(state.join("trajstore").join("sql_history"))
+}
+
+/// The lines of the shell: a line editor with history on a terminal, plain lines otherwise.
+enum ShellInput {
+    Editor(Box<rustyline::DefaultEditor>, Option<PathBuf>),
+    Pipe(std::io::Lines<std::io::StdinLock<'static>>),
+}
+
+impl ShellInput {
+    fn new() -> Self {
+        use std::io::{BufRead, IsTerminal};
+        if std::io::stdin().is_terminal()
+            && let Ok(mut ed) = rustyline::DefaultEditor::new()
+        {
+            let path = history_path();
+            if let Some(p) = &path {
+                let _ = ed.load_history(p);
+            }
+            return ShellInput::Editor(Box::new(ed), path);
+        }
+        ShellInput::Pipe(std::io::stdin().lock().lines())
+    }
+
+    fn interactive(&self) -> bool {
+        matches!(self, ShellInput::Editor(..))
+    }
+
+    /// The next line, or `None` at the end of input (Ctrl-D). Ctrl-C abandons the statement
+    /// being typed (returned as an empty marker `Some(None)`).
+    fn next(&mut self, prompt: &str) -> Result<Option<Option<String>>> {
+        match self {
+            ShellInput::Pipe(lines) => match lines.next() {
+                None => Ok(None),
+                Some(l) => Ok(Some(Some(l.context("cannot read stdin")?))),
+            },
+            ShellInput::Editor(ed, _) => match ed.readline(prompt) {
+                Ok(l) => Ok(Some(Some(l))),
+                Err(rustyline::error::ReadlineError::Interrupted) => Ok(Some(None)),
+                Err(rustyline::error::ReadlineError::Eof) => Ok(None),
+                Err(e) => Err(anyhow::anyhow!("cannot read the terminal: {e}")),
+            },
+        }
+    }
+
+    /// Records a whole statement or dot command in the history (and its file).
+    fn remember(&mut self, entry: &str) {
+        if let ShellInput::Editor(ed, path) = self {
+            let _ = ed.add_history_entry(entry.trim());
+            if let Some(p) = path {
+                if let Some(dir) = p.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                let _ = ed.save_history(p);
+            }
+        }
+    }
+}
+
 fn sql_shell(session: &trajstore::sql::SqlSession, a: &SqlArgs) -> Result<()> {
-    use std::io::{BufRead, IsTerminal, Write};
-    let interactive = std::io::stdin().is_terminal();
+    let mut input = ShellInput::new();
+    let interactive = input.interactive();
     if interactive {
         eprintln!(
-            "trajstore sql: tables {}; statements end with `;`; .tables, .schema [TABLE], .quit",
-            session.table_names().join(", ")
+            "trajstore sql: tables {}; statements end with `;`; .tables, .schema [TABLE], .help, .quit; history in {}",
+            session.table_names().join(", "),
+            history_path().map_or_else(|| "memory only".into(), |p| p.display().to_string())
         );
     }
-    let prompt = |continued: bool| {
-        if interactive {
-            eprint!("{}", if continued { "   ...> " } else { "trajstore> " });
-            let _ = std::io::stderr().flush();
-        }
-    };
     let mut pending = String::new();
     let mut failed = false;
-    prompt(false);
-    for line in std::io::stdin().lock().lines() {
-        let line = line.context("cannot read stdin")?;
+    loop {
+        let prompt = if pending.is_empty() { "trajstore> " } else { "   ...> " };
+        let line = match input.next(prompt)? {
+            None => break,
+            Some(None) => {
+                pending.clear();
+                continue;
+            }
+            Some(Some(l)) => l,
+        };
         let t = line.trim();
         if pending.is_empty() && t.starts_with('.') {
+            input.remember(t);
             let mut words = t.split_whitespace();
             match (words.next().unwrap_or(""), words.next()) {
                 (".quit" | ".exit", _) => return Ok(()),
@@ -1164,15 +1365,15 @@ fn sql_shell(session: &trajstore::sql::SqlSession, a: &SqlArgs) -> Result<()> {
                         }
                     }
                 }
-                (".help", _) => {
-                    outln!(".tables  .schema [TABLE]  .quit   (SQL statements end with `;`)")
-                }
+                (".help", _) => outln!(
+                    ".tables  .schema [TABLE]  .quit   (SQL statements end with `;`; EXPLAIN works; \
+                     Ctrl-C abandons a statement, Ctrl-D quits)"
+                ),
                 (other, _) => {
                     eprintln!("error: unknown command {other} (try .help)");
                     failed = true;
                 }
             }
-            prompt(false);
             continue;
         }
         if !t.is_empty() {
@@ -1181,18 +1382,19 @@ fn sql_shell(session: &trajstore::sql::SqlSession, a: &SqlArgs) -> Result<()> {
         }
         if t.ends_with(';') {
             let q = std::mem::take(&mut pending);
+            input.remember(&q);
             if let Err(e) = run_sql(session, q.trim().trim_end_matches(';'), a) {
                 eprintln!("error: {e:#}");
                 failed = true;
             }
         }
-        prompt(!pending.is_empty());
     }
-    if !pending.trim().is_empty()
-        && let Err(e) = run_sql(session, pending.trim().trim_end_matches(';'), a)
-    {
-        eprintln!("error: {e:#}");
-        failed = true;
+    if !pending.trim().is_empty() {
+        input.remember(&pending);
+        if let Err(e) = run_sql(session, pending.trim().trim_end_matches(';'), a) {
+            eprintln!("error: {e:#}");
+            failed = true;
+        }
     }
     if interactive {
         eprintln!();

@@ -200,6 +200,9 @@ pub trait Sampler: Send + Sync {
     fn plan(&self, batch: u64, out: &mut Vec<SliceRef>);
     /// Steps per slice of the batches this sampler plans (the padded length for whole episodes).
     fn slice_len(&self) -> u32;
+    /// Slices per batch (B); a plan never holds more, and holds fewer only at the end of an
+    /// epoch without `drop_last`.
+    fn num_slices(&self) -> usize;
     /// Number of batches per epoch for samplers without replacement, `None` for endless ones.
     fn batches_per_epoch(&self) -> Option<u64> {
         None
@@ -501,6 +504,9 @@ impl Sampler for SliceSampler {
             });
         }
     }
+    fn num_slices(&self) -> usize {
+        self.num_slices
+    }
     fn slice_len(&self) -> u32 {
         self.index.slice_len
     }
@@ -650,6 +656,9 @@ impl Sampler for EpochSampler {
             });
         }
     }
+    fn num_slices(&self) -> usize {
+        self.num_slices
+    }
     fn slice_len(&self) -> u32 {
         self.index.slice_len
     }
@@ -704,6 +713,9 @@ impl Sampler for EpisodeSampler {
                 len: self.max_len,
             });
         }
+    }
+    fn num_slices(&self) -> usize {
+        self.num_episodes
     }
     fn slice_len(&self) -> u32 {
         self.max_len
@@ -940,6 +952,9 @@ impl Sampler for PrioritizedSampler {
                 len: self.index.slice_len,
             });
         }
+    }
+    fn num_slices(&self) -> usize {
+        self.num_slices
     }
     fn slice_len(&self) -> u32 {
         self.index.slice_len

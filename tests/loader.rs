@@ -392,6 +392,9 @@ impl Sampler for PanicsAt {
     fn slice_len(&self) -> u32 {
         self.inner.slice_len()
     }
+    fn num_slices(&self) -> usize {
+        self.inner.num_slices()
+    }
 }
 
 /// A worker that panics must not look like the end of the stream: today the other workers run

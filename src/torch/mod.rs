@@ -1,0 +1,296 @@
+//! GPU loading through tch (feature `torch`): gathered batches as `tch::Tensor`s on a target
+//! device, with pinned staging and non-blocking host-to-device copies on CUDA, zero extra copies
+//! and no CUDA call at all on CPU, and a GPU-resident mode that uploads the columns once and
+//! samples on the device.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
+//! use trajstore::{BoundaryPolicy, Dataset, Gatherer, SliceOptions, SliceSampler};
+//!
+//! # fn main() -> trajstore::Result<()> {
+//! let snap = Dataset::open("demo.trajstore")?.snapshot()?;
+//! let index = snap.slice_index(64, BoundaryPolicy::Strict)?;
+//! let sampler = SliceSampler::new(index, snap.episodes(), &SliceOptions::new(64, 256))?;
+//! let gatherer = Gatherer::new(&snap, &["observation", "action", "reward"])?;
+//! let opts = TorchLoaderOptions::new(parse_device("cuda")?);
+//! let mut loader = TorchLoader::new(Arc::new(sampler), Arc::new(gatherer), opts)?;
+//! let batch = loader.next_batch().expect("endless sampler")?;
+//! let obs = batch.get("observation").unwrap(); // [256, 64, 17] f32 on cuda:0
+//! # Ok(()) }
+//! ```
+
+mod loader;
+mod resident;
+
+use arrow::datatypes::DataType;
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+pub use loader::{TorchLoader, TorchLoaderOptions, Transform};
+pub use resident::resident_bytes;
+
+/// Parses `cpu`, `cuda` (device 0) or `cuda:N`. A CUDA device is checked against libtorch
+/// (`Cuda::is_available`, `Cuda::device_count`); `cpu` makes no CUDA call at all.
+pub fn parse_device(s: &str) -> Result<Device> {
+    let t = s.trim().to_ascii_lowercase();
+    let device = match t.as_str() {
+        "cpu" => return Ok(Device::Cpu),
+        "cuda" | "gpu" => Device::Cuda(0),
+        _ => match t.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Device::Cuda(n),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "device `{s}`: use cpu, cuda or cuda:N"
+                )));
+            }
+        },
+    };
+    check_device(device)?;
+    Ok(device)
+}
+
+/// Errors unless `device` can be used: CUDA must be available and the index in range. Makes no
+/// CUDA call for [`Device::Cpu`].
+pub fn check_device(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(n) => {
+            if !tch::Cuda::is_available() {
+                return Err(Error::InvalidArgument(format!(
+                    "device cuda:{n} requested, but libtorch sees no CUDA device (no GPU or \
+                     driver, or a libtorch without CUDA); use --device cpu"
+                )));
+            }
+            let count = tch::Cuda::device_count();
+            if n as i64 >= count {
+                return Err(Error::InvalidArgument(format!(
+                    "device cuda:{n} requested, but this machine has {count} CUDA device(s)"
+                )));
+            }
+            Ok(())
+        }
+        other => Err(Error::InvalidArgument(format!(
+            "device {other:?} is not supported: use cpu or cuda"
+        ))),
+    }
+}
+
+/// The torch dtype of an Arrow element type, preserved as is (integer actions stay integer;
+/// booleans are one byte per value, as gathered). tch 0.24 has no unsigned 16/32/64-bit kinds.
+pub fn kind_of(dt: &DataType) -> Result<Kind> {
+    Ok(match dt {
+        DataType::Float32 => Kind::Float,
+        DataType::Float64 => Kind::Double,
+        DataType::Float16 => Kind::Half,
+        DataType::Int8 => Kind::Int8,
+        DataType::Int16 => Kind::Int16,
+        DataType::Int32 => Kind::Int,
+        DataType::Int64 => Kind::Int64,
+        DataType::UInt8 => Kind::Uint8,
+        DataType::Boolean => Kind::Bool,
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "columns of type {other} have no torch dtype (tch has no unsigned 16/32/64-bit \
+                 kinds); leave the column out or store it as a signed integer"
+            )));
+        }
+    })
+}
+
+/// Bytes per element of a tensor kind the loader produces.
+pub(crate) fn kind_size(k: Kind) -> usize {
+    match k {
+        Kind::Uint8 | Kind::Int8 | Kind::Bool => 1,
+        Kind::Int16 | Kind::Half | Kind::BFloat16 => 2,
+        Kind::Int | Kind::Float => 4,
+        _ => 8,
+    }
+}
+
+/// A floating-point cast applied on the device (halves device memory and transfer-side compute
+/// for bf16/f16 training; integer columns are never cast).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FloatCast {
+    /// Keep every column's stored dtype.
+    #[default]
+    None,
+    /// Cast floating columns to bfloat16.
+    BFloat16,
+    /// Cast floating columns to float16.
+    Half,
+}
+
+impl FloatCast {
+    /// The kind a column of `kind` ends up as.
+    pub fn apply(self, kind: Kind) -> Kind {
+        let floating = matches!(kind, Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16);
+        match self {
+            FloatCast::BFloat16 if floating => Kind::BFloat16,
+            FloatCast::Half if floating => Kind::Half,
+            _ => kind,
+        }
+    }
+}
+
+impl std::str::FromStr for FloatCast {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" | "" => Ok(FloatCast::None),
+            "bf16" | "bfloat16" => Ok(FloatCast::BFloat16),
+            "f16" | "fp16" | "half" | "float16" => Ok(FloatCast::Half),
+            other => Err(Error::InvalidArgument(format!(
+                "cast `{other}`: use none, bf16 or f16"
+            ))),
+        }
+    }
+}
+
+/// Names of the six per-step flag planes, in [`crate::GatherInto::flags`] order.
+pub const FLAG_NAMES: [&str; 6] = [
+    "mask",
+    "is_first",
+    "is_last",
+    "terminated",
+    "truncated",
+    "slice_end",
+];
+
+/// One batch as tensors: every requested column `[B, L, ...]` in its stored dtype (or the
+/// requested float cast), the per-step flags as `Bool [B, L]` and per-slice `Int64 [B]`
+/// metadata, all on the loader's device.
+#[derive(Debug)]
+pub struct TensorBatch {
+    /// The gathered columns in request order.
+    pub columns: Vec<(String, Tensor)>,
+    /// `Bool [B, L]`: true where the step holds data, false where it is padding.
+    pub mask: Tensor,
+    /// `Bool [B, L]`: step 0 of an episode.
+    pub is_first: Tensor,
+    /// `Bool [B, L]`: last step of an episode.
+    pub is_last: Tensor,
+    /// `Bool [B, L]`: last step of an episode that ended in a terminal state.
+    pub terminated: Tensor,
+    /// `Bool [B, L]`: last step of an episode that was cut.
+    pub truncated: Tensor,
+    /// `Bool [B, L]`: last valid step of each slice.
+    pub slice_end: Tensor,
+    /// `Int64 [B]`: episode id of each slice.
+    pub episode_id: Tensor,
+    /// `Int64 [B]`: first step of each slice (negative where a span overhangs the start).
+    pub start_step: Tensor,
+    /// The `[6, B, L]` tensor the flags are views of, and the `[2, B]` one of the metadata, when
+    /// the batch was gathered into a reusable host slot.
+    pub(crate) flag_base: Option<Tensor>,
+    pub(crate) meta_base: Option<Tensor>,
+}
+
+impl TensorBatch {
+    /// The column `name`, or one of the flags (`mask`, `is_first`, ...) or `episode_id` /
+    /// `start_step` when no gathered column has that name.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        if let Some((_, t)) = self.columns.iter().find(|(n, _)| n == name) {
+            return Some(t);
+        }
+        Some(match name {
+            "mask" => &self.mask,
+            "is_first" => &self.is_first,
+            "is_last" => &self.is_last,
+            "terminated" => &self.terminated,
+            "truncated" => &self.truncated,
+            "slice_end" => &self.slice_end,
+            "episode_id" => &self.episode_id,
+            "start_step" => &self.start_step,
+            _ => return None,
+        })
+    }
+
+    /// Replaces the column `name` (or adds it): what a transform does to normalise an
+    /// observation or add a derived column.
+    pub fn insert(&mut self, name: &str, tensor: Tensor) {
+        match self.columns.iter_mut().find(|(n, _)| n == name) {
+            Some((_, t)) => *t = tensor,
+            None => self.columns.push((name.to_string(), tensor)),
+        }
+    }
+
+    /// Batch size B and slice length L.
+    pub fn shape(&self) -> (i64, i64) {
+        let s = self.mask.size();
+        (s[0], s[1])
+    }
+
+    /// The device the tensors live on.
+    pub fn device(&self) -> Device {
+        self.mask.device()
+    }
+
+    /// Every tensor of the batch, named: columns, then flags, then per-slice metadata.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.columns
+            .iter()
+            .map(|(n, t)| (n.as_str(), t))
+            .chain(FLAG_NAMES.iter().copied().zip([
+                &self.mask,
+                &self.is_first,
+                &self.is_last,
+                &self.terminated,
+                &self.truncated,
+                &self.slice_end,
+            ]))
+            .chain([
+                ("episode_id", &self.episode_id),
+                ("start_step", &self.start_step),
+            ])
+    }
+
+    /// Applies `f` to every tensor (columns, flags, metadata), e.g. a device transfer.
+    pub(crate) fn try_map(&self, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Self> {
+        Ok(TensorBatch {
+            columns: self
+                .columns
+                .iter()
+                .map(|(n, t)| Ok((n.clone(), f(t)?)))
+                .collect::<Result<_>>()?,
+            mask: f(&self.mask)?,
+            is_first: f(&self.is_first)?,
+            is_last: f(&self.is_last)?,
+            terminated: f(&self.terminated)?,
+            truncated: f(&self.truncated)?,
+            slice_end: f(&self.slice_end)?,
+            episode_id: f(&self.episode_id)?,
+            start_step: f(&self.start_step)?,
+            flag_base: None,
+            meta_base: None,
+        })
+    }
+}
+
+/// Measures the baseline a loader's transfer is compared with: copies of one pinned host tensor of
+/// `bytes` to `device`, each waited for, and returns the bandwidth in bytes per second (median of
+/// `iters`). Needs CUDA.
+pub fn pinned_copy_bandwidth(bytes: usize, device: Device, iters: usize) -> Result<f64> {
+    let Device::Cuda(n) = device else {
+        return Err(Error::InvalidArgument(
+            "the pinned copy baseline needs a CUDA device".into(),
+        ));
+    };
+    check_device(device)?;
+    let host = Tensor::f_zeros([bytes as i64], (Kind::Uint8, Device::Cpu))?.f_pin_memory(device)?;
+    let mut times = Vec::with_capacity(iters);
+    for i in 0..iters.max(1) + 3 {
+        tch::Cuda::synchronize(n as i64);
+        let t = std::time::Instant::now();
+        let d = host.f_to_device_(device, Kind::Uint8, true, false)?;
+        tch::Cuda::synchronize(n as i64);
+        let s = t.elapsed().as_secs_f64();
+        drop(d);
+        if i >= 3 {
+            times.push(s);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(bytes as f64 / times[times.len() / 2])
+}

@@ -1,0 +1,386 @@
+//! GPU-resident mode: the gathered columns are uploaded to the device once (chunked, through
+//! pinned memory on CUDA) and every batch is gathered there with `index_select`, from a few
+//! integers per slice computed on the host.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::DataType;
+use tch::{Device, Kind, Tensor};
+
+use super::loader::{Layout, TorchLoaderOptions};
+use super::{FloatCast, TensorBatch, kind_of, kind_size};
+use crate::dataset::Snapshot;
+use crate::error::{Error, Result};
+use crate::format::{col, ep};
+use crate::gather::{Gatherer, values_from_row0};
+use crate::sample::{Sampler, SliceRef};
+
+/// Host-to-device upload chunk.
+const CHUNK_BYTES: usize = 64 << 20;
+
+/// Device memory a resident upload of `gatherer`'s columns takes with `cast`: every requested
+/// column over all transitions, plus one final observation per episode when `next_observation`
+/// is derived. What [`TorchLoaderOptions::with_resident`]'s budget is compared with.
+pub fn resident_bytes(gatherer: &Gatherer, cast: FloatCast) -> Result<u64> {
+    Ok(plan_upload(gatherer, cast)?.iter().map(|u| u.bytes).sum())
+}
+
+/// One device tensor to upload.
+struct Upload {
+    /// The stored column it holds.
+    source: String,
+    /// Element kind on the device (after the cast).
+    kind: Kind,
+    /// Shape of one step.
+    shape: Vec<i64>,
+    /// Append one final observation per episode (for a derived `next_observation`).
+    with_finals: bool,
+    bytes: u64,
+}
+
+fn plan_upload(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
+    let snap = gatherer.snapshot();
+    let schema = snap.schema().arrow_schema().clone();
+    let (n, e) = (snap.num_transitions(), snap.num_episodes());
+    let mut uploads: Vec<Upload> = Vec::new();
+    for (name, dt, shape) in gatherer.columns() {
+        let derived = name == col::NEXT_OBSERVATION && schema.field_with_name(name).is_err();
+        let source = if derived { col::OBSERVATION } else { name };
+        let kind = cast.apply(kind_of(dt)?);
+        let width: usize = shape.iter().product::<usize>().max(1);
+        match uploads.iter_mut().find(|u| u.source == source) {
+            Some(u) => u.with_finals |= derived,
+            None => uploads.push(Upload {
+                source: source.to_string(),
+                kind,
+                shape: shape.iter().map(|&d| d as i64).collect(),
+                with_finals: derived,
+                bytes: 0,
+            }),
+        }
+        let _ = width;
+    }
+    for u in &mut uploads {
+        let width: i64 = u.shape.iter().product::<i64>().max(1);
+        let rows = n + if u.with_finals { e } else { 0 };
+        u.bytes = rows * width as u64 * kind_size(u.kind) as u64;
+    }
+    Ok(uploads)
+}
+
+pub(crate) struct Resident {
+    sampler: Arc<dyn Sampler>,
+    layout: Layout,
+    device: Device,
+    rank: u64,
+    world: u64,
+    end: Option<u64>,
+    next: u64,
+    /// Per requested column: its device tensor and whether it is the derived next observation.
+    columns: Vec<(String, Tensor, bool)>,
+    snap: Snapshot,
+    /// Per episode position: bit 0 terminated, bit 1 truncated.
+    episode_flags: Vec<u8>,
+    /// `[1, L]` step offsets on the device.
+    offsets: Tensor,
+    plan: Vec<SliceRef>,
+    params: Vec<i64>,
+}
+
+/// Rows of the per-slice parameter tensor.
+const P_START: usize = 0;
+const P_EP_START: usize = 1;
+const P_LEN: usize = 2;
+const P_FLAGS: usize = 3;
+const P_EP_POS: usize = 4;
+const P_EP_ID: usize = 5;
+const P_LAST: usize = 6;
+const P_ROWS: usize = 7;
+
+impl Resident {
+    pub(crate) fn new(
+        sampler: Arc<dyn Sampler>,
+        gatherer: &Gatherer,
+        layout: Layout,
+        opts: &TorchLoaderOptions,
+        end: Option<u64>,
+        budget: u64,
+    ) -> Result<Self> {
+        let snap = gatherer.snapshot().clone();
+        if snap.num_transitions() == 0 {
+            return Err(Error::InvalidArgument("the snapshot has no transitions".into()));
+        }
+        let uploads = plan_upload(gatherer, opts.cast)?;
+        let need: u64 = uploads.iter().map(|u| u.bytes).sum();
+        if need > budget {
+            return Err(Error::InvalidArgument(format!(
+                "resident mode needs {} of device memory for {} (with cast {:?}), more than the \
+                 budget of {}; raise the budget, cast floats to bf16, request fewer columns, or \
+                 stream instead",
+                human(need),
+                uploads
+                    .iter()
+                    .map(|u| u.source.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                opts.cast,
+                human(budget)
+            )));
+        }
+        let device = opts.device;
+        let mut tensors: Vec<(String, Tensor)> = Vec::new();
+        for u in &uploads {
+            tensors.push((u.source.clone(), upload(&snap, u, device)?));
+        }
+        let schema = snap.schema().arrow_schema().clone();
+        let columns = gatherer
+            .columns()
+            .map(|(name, _, _)| {
+                let derived =
+                    name == col::NEXT_OBSERVATION && schema.field_with_name(name).is_err();
+                let source = if derived { col::OBSERVATION } else { name };
+                let t = tensors
+                    .iter()
+                    .find(|(n, _)| n == source)
+                    .map(|(_, t)| t.shallow_clone())
+                    .expect("planned");
+                (name.to_string(), t, derived)
+            })
+            .collect();
+        let mut episode_flags = Vec::with_capacity(snap.num_episodes() as usize);
+        for s in snap.segments() {
+            let t = s.episode_table();
+            let term = t.column_by_name(ep::TERMINATED).expect("schema").as_boolean();
+            let trunc = t.column_by_name(ep::TRUNCATED).expect("schema").as_boolean();
+            for i in 0..t.num_rows() {
+                episode_flags.push(term.value(i) as u8 | (trunc.value(i) as u8) << 1);
+            }
+        }
+        let offsets = Tensor::f_arange(layout.l as i64, (Kind::Int64, device))?.f_view([1, -1])?;
+        Ok(Self {
+            sampler,
+            layout,
+            device,
+            rank: opts.loader.rank,
+            world: opts.loader.world_size,
+            end,
+            next: 0,
+            columns,
+            snap,
+            episode_flags,
+            offsets,
+            plan: Vec::new(),
+            params: Vec::new(),
+        })
+    }
+
+    pub(crate) fn position(&self) -> u64 {
+        self.next
+    }
+
+    pub(crate) fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
+        if self.end.is_some_and(|e| self.next >= e) {
+            return None;
+        }
+        let k = self.next;
+        self.next += 1;
+        Some(self.batch(k))
+    }
+
+    fn batch(&mut self, k: u64) -> Result<TensorBatch> {
+        self.sampler.plan(k * self.world + self.rank, &mut self.plan);
+        let (b, l) = (self.layout.b, self.layout.l);
+        if self.plan.len() > b {
+            return Err(Error::InvalidArgument(format!(
+                "the sampler planned {} slices for a batch of {b}",
+                self.plan.len()
+            )));
+        }
+        // Per slice: start step, episode's first row, length, flags, position, id, last valid
+        // position in the slice. Slices past the plan (a short last batch) are padding.
+        self.params.clear();
+        self.params.resize(P_ROWS * b, 0);
+        let episodes = self.snap.episodes();
+        for i in 0..b {
+            let p = |row: usize| row * b + i;
+            match self.plan.get(i) {
+                Some(s) => {
+                    let loc = episodes.get(s.episode as usize);
+                    let len = loc.length as i64;
+                    let lo = s.start.max(0);
+                    let hi = (s.start + l as i64).min(len).max(lo);
+                    self.params[p(P_START)] = s.start;
+                    self.params[p(P_EP_START)] = loc.start as i64;
+                    self.params[p(P_LEN)] = len;
+                    self.params[p(P_FLAGS)] = self.episode_flags[s.episode as usize] as i64;
+                    self.params[p(P_EP_POS)] = s.episode as i64;
+                    self.params[p(P_EP_ID)] = loc.episode_id as i64;
+                    self.params[p(P_LAST)] = if hi > lo { hi - 1 - s.start } else { -1 };
+                }
+                None => {
+                    self.params[p(P_START)] = -1;
+                    self.params[p(P_EP_ID)] = -1;
+                    self.params[p(P_LAST)] = -1;
+                }
+            }
+        }
+        // A few KiB from pageable memory: the copy is staged by the driver without waiting for
+        // the device.
+        let params = Tensor::f_from_slice(&self.params)?
+            .f_view([P_ROWS as i64, b as i64])?
+            .f_to_device_(self.device, Kind::Int64, true, false)?;
+        let row = |r: usize| -> Result<Tensor> { Ok(params.f_select(0, r as i64)?.f_view([-1, 1])?) };
+        let start = row(P_START)?;
+        let len = row(P_LEN)?;
+        let ep_start = row(P_EP_START)?;
+        let step = start.f_add(&self.offsets)?; // [B, L]
+        let mask = step.f_ge(0)?.f_logical_and(&step.f_lt_tensor(&len)?)?;
+        let last = (&len).f_sub_scalar(1)?;
+        let rows = ep_start
+            .f_add(&step.f_clamp_min(0)?.f_minimum(&last)?)?
+            .f_clamp_min(0)?
+            .f_view([-1])?;
+        let n = self.snap.num_transitions() as i64;
+        let mut next_rows: Option<Tensor> = None;
+        let not_mask = mask.f_logical_not()?;
+        let (bi, li) = (b as i64, l as i64);
+        let mut columns = Vec::with_capacity(self.columns.len());
+        for (name, data, derived) in &self.columns {
+            let idx = if *derived {
+                if next_rows.is_none() {
+                    // o_{t+1}: the next row inside the episode, else the episode's final
+                    // observation (appended after the N transitions).
+                    let inner = ep_start.f_add(&step)?.f_add_scalar(1)?;
+                    let finals = row(P_EP_POS)?.f_add_scalar(n)?.f_expand([bi, li], false)?;
+                    let r = inner
+                        .f_where_self(&step.f_lt_tensor(&last)?, &finals)?
+                        .f_clamp(0, data.size()[0] - 1)?
+                        .f_view([-1])?;
+                    next_rows = Some(r);
+                }
+                next_rows.as_ref().expect("set above")
+            } else {
+                &rows
+            };
+            let mut shape = vec![bi, li];
+            shape.extend(&data.size()[1..]);
+            let mut mshape = vec![bi, li];
+            mshape.extend(std::iter::repeat_n(1, data.size().len() - 1));
+            let out = data
+                .f_index_select(0, idx)?
+                .f_view(shape.as_slice())?
+                .f_masked_fill(&not_mask.f_view(mshape.as_slice())?, 0)?;
+            columns.push((name.clone(), out));
+        }
+        let flags = row(P_FLAGS)?;
+        let is_first = step.f_eq(0)?.f_logical_and(&mask)?;
+        let is_last = step.f_eq_tensor(&last)?.f_logical_and(&mask)?;
+        let terminated = is_last.f_logical_and(&flags.f_bitwise_and(1)?.f_ne(0)?)?;
+        let truncated = is_last.f_logical_and(&flags.f_bitwise_and(2)?.f_ne(0)?)?;
+        let slice_end = self.offsets.f_eq_tensor(&row(P_LAST)?)?;
+        Ok(TensorBatch {
+            columns,
+            mask,
+            is_first,
+            is_last,
+            terminated,
+            truncated,
+            slice_end,
+            episode_id: params.f_select(0, P_EP_ID as i64)?,
+            start_step: params.f_select(0, P_START as i64)?,
+            flag_base: None,
+            meta_base: None,
+        })
+    }
+}
+
+/// Uploads one column (and, for a derived next observation, the final observations) to a new
+/// device tensor, in chunks through one pinned host buffer on CUDA (a plain one on CPU).
+fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
+    let n = snap.num_transitions() as i64;
+    let e = snap.num_episodes() as i64;
+    let rows = n + if u.with_finals { e } else { 0 };
+    let mut full = vec![rows];
+    full.extend(&u.shape);
+    let dst = Tensor::f_empty(full.as_slice(), (u.kind, device))?;
+    let field = snap.schema().arrow_schema().field_with_name(&u.source)?.clone();
+    let (elem, width) = match field.data_type() {
+        DataType::FixedSizeList(c, w) => (c.data_type().clone(), *w as usize),
+        dt => (dt.clone(), 1),
+    };
+    let stored_kind = kind_of(&elem)?;
+    let step_bytes = width * kind_size(stored_kind);
+    let chunk_rows = (CHUNK_BYTES / step_bytes).max(1);
+    let mut chunk = Tensor::f_empty([(chunk_rows * step_bytes) as i64], (Kind::Uint8, Device::Cpu))?;
+    if let Device::Cuda(_) = device {
+        chunk = chunk.f_pin_memory(device)?;
+    }
+    let mut row = 0i64;
+    // Copies `bytes` (whole steps) into the chunk and from there into rows `row..` of `dst`.
+    let mut put = |bytes: &[u8], row: &mut i64| -> Result<()> {
+        for piece in bytes.chunks(chunk_rows * step_bytes) {
+            let k = (piece.len() / step_bytes) as i64;
+            // SAFETY: the chunk is a contiguous CPU byte tensor of `chunk_rows * step_bytes` bytes
+            // owned by this function; the previous copy out of it was blocking, so nothing reads it.
+            let host = unsafe {
+                std::slice::from_raw_parts_mut(chunk.data_ptr() as *mut u8, piece.len())
+            };
+            host.copy_from_slice(piece);
+            let mut shape = vec![k];
+            shape.extend(&u.shape);
+            let src = chunk
+                .f_narrow(0, 0, piece.len() as i64)?
+                .f_view_dtype(stored_kind)?
+                .f_view(shape.as_slice())?;
+            let mut part = dst.f_narrow(0, *row, k)?;
+            part.f_copy_(&src)?;
+            *row += k;
+        }
+        Ok(())
+    };
+    let mut bools = Vec::new();
+    for seg in snap.segments() {
+        for batch in seg.batches() {
+            let array = batch.column_by_name(&u.source).expect("schema");
+            if elem == DataType::Boolean {
+                let a = array.as_boolean();
+                bools.clear();
+                bools.extend((0..a.len()).map(|i| a.value(i) as u8));
+                put(&bools, &mut row)?;
+            } else {
+                let (values, _, _) = values_from_row0(array);
+                put(&values.as_slice()[..array.len() * step_bytes], &mut row)?;
+            }
+        }
+    }
+    if u.with_finals {
+        for seg in snap.segments() {
+            let a = seg
+                .episode_table()
+                .column_by_name(ep::FINAL_OBSERVATION)
+                .expect("derived next observation has final observations");
+            let (values, _, _) = values_from_row0(a);
+            let mut bytes = values.as_slice()[..a.len() * step_bytes].to_vec();
+            if let Some(nulls) = a.nulls() {
+                for i in 0..a.len() {
+                    if nulls.is_null(i) {
+                        bytes[i * step_bytes..(i + 1) * step_bytes].fill(0);
+                    }
+                }
+            }
+            put(&bytes, &mut row)?;
+        }
+    }
+    debug_assert_eq!(row, rows);
+    Ok(dst)
+}
+
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}

@@ -1,0 +1,434 @@
+//! The torch loader (feature `torch`) through the public API: tensors equal the gathered Arrow
+//! data exactly with dtypes preserved, flags and metadata agree, the stream does not depend on
+//! workers, transforms and casts apply, resident sampling equals streaming, workers stop on
+//! drop, a CPU run never loads the CUDA driver, bad devices and budgets are clear errors. Tests
+//! that need CUDA report themselves skipped on machines without it.
+#![cfg(feature = "torch")]
+
+use std::sync::Arc;
+
+use tch::{Device, Kind, Tensor};
+use trajstore::synth::SynthSpec;
+use trajstore::torch::{
+    FloatCast, TensorBatch, TorchLoader, TorchLoaderOptions, parse_device, resident_bytes,
+};
+use trajstore::{
+    Batch, BoundaryPolicy, Dataset, Error, Gatherer, LoaderOptions, Sampler, SliceOptions,
+    SliceSampler, Snapshot, WriterOptions,
+};
+
+fn dataset(dir: &std::path::Path, discrete: bool) -> Snapshot {
+    let s = SynthSpec {
+        transitions: 0,
+        obs_dim: 5,
+        act_dim: 3,
+        discrete_actions: discrete,
+        mean_episode_len: 30.0,
+        seed: 11,
+    };
+    let ds = Dataset::create(dir.join("d"), &s.schema().unwrap()).unwrap();
+    let opts = WriterOptions::default()
+        .with_segment_bytes(20_000)
+        .with_batch_bytes(8_000);
+    let mut w = ds.writer(opts).unwrap();
+    for i in 0..60u64 {
+        let (b, e) = s.episode(i, 1 + i * 29 % 70);
+        w.append_episode(&b, e).unwrap();
+    }
+    w.commit().unwrap();
+    let snap = ds.snapshot().unwrap();
+    assert!(snap.segments().len() > 2, "several segments");
+    snap
+}
+
+const COLUMNS: [&str; 5] = ["observation", "action", "reward", "next_observation", "step"];
+
+fn sampler(snap: &Snapshot, policy: BoundaryPolicy, seed: u64) -> Arc<SliceSampler> {
+    let index = snap.slice_index(16, policy).unwrap();
+    let opts = SliceOptions::new(16, 24).with_policy(policy).with_seed(seed);
+    Arc::new(SliceSampler::new(index, snap.episodes(), &opts).unwrap())
+}
+
+fn bytes(t: &Tensor) -> Vec<u8> {
+    let t = t.to_device(Device::Cpu).contiguous();
+    let n = t.numel() * t.kind().elt_size_in_bytes();
+    let mut v = vec![0u8; n];
+    t.copy_data_u8(&mut v, t.numel());
+    v
+}
+
+/// Asserts that `t` holds exactly what the gather made of the same plan.
+fn assert_equals_gather(t: &TensorBatch, b: &Batch, what: &str) {
+    let (bs, l) = (b.num_slices as i64, b.slice_len as i64);
+    assert_eq!(t.shape(), (bs, l), "{what}: shape");
+    for c in &b.columns {
+        let x = t.get(&c.name).unwrap_or_else(|| panic!("{what}: no {}", c.name));
+        let mut shape = vec![bs, l];
+        shape.extend(c.shape.iter().map(|&d| d as i64));
+        assert_eq!(x.size(), shape, "{what}: shape of {}", c.name);
+        assert_eq!(
+            x.kind(),
+            trajstore::torch::kind_of(&c.data_type).unwrap(),
+            "{what}: dtype of {}",
+            c.name
+        );
+        assert_eq!(bytes(x), c.data.as_slice(), "{what}: values of {}", c.name);
+    }
+    for (name, v) in [
+        ("mask", &b.mask),
+        ("is_first", &b.is_first),
+        ("is_last", &b.is_last),
+        ("terminated", &b.terminated),
+        ("truncated", &b.truncated),
+        ("slice_end", &b.slice_end),
+    ] {
+        let x = t.get(name).unwrap();
+        assert_eq!(x.kind(), Kind::Bool, "{what}: {name} dtype");
+        assert_eq!(&bytes(x), v, "{what}: {name}");
+    }
+    let ids: Vec<i64> = Vec::try_from(&t.episode_id.to_device(Device::Cpu)).unwrap();
+    assert_eq!(
+        ids,
+        b.episode_id.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+        "{what}: episode ids"
+    );
+    let starts: Vec<i64> = Vec::try_from(&t.start_step.to_device(Device::Cpu)).unwrap();
+    assert_eq!(starts, b.start_step, "{what}: start steps");
+}
+
+fn gathered(snap: &Snapshot, s: &dyn Sampler, cols: &[&str], k: u64) -> Batch {
+    let g = Gatherer::new(snap, cols).unwrap();
+    let mut plan = vec![];
+    s.plan(k, &mut plan);
+    let mut b = Batch::default();
+    g.gather(&plan, &mut b);
+    b
+}
+
+fn loader(
+    snap: &Snapshot,
+    s: Arc<SliceSampler>,
+    cols: &[&str],
+    opts: TorchLoaderOptions,
+) -> TorchLoader {
+    let g = Arc::new(Gatherer::new(snap, cols).unwrap());
+    TorchLoader::new(s, g, opts).unwrap()
+}
+
+fn cpu(workers: usize, batches: u64) -> TorchLoaderOptions {
+    TorchLoaderOptions::new(Device::Cpu).with_loader(
+        LoaderOptions::default()
+            .with_workers(workers)
+            .with_max_batches(batches),
+    )
+}
+
+#[test]
+fn cpu_tensors_equal_the_arrow_data_with_dtypes_preserved() {
+    for discrete in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dataset(dir.path(), discrete);
+        for policy in [BoundaryPolicy::Strict, BoundaryPolicy::Pad] {
+            let s = sampler(&snap, policy, 3);
+            let mut l = loader(&snap, s.clone(), &COLUMNS, cpu(2, 6));
+            let mut k = 0;
+            while let Some(t) = l.next_batch() {
+                let t = t.unwrap();
+                assert_eq!(t.device(), Device::Cpu);
+                let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+                assert_equals_gather(&t, &b, &format!("discrete={discrete} {policy:?} #{k}"));
+                k += 1;
+            }
+            assert_eq!(k, 6, "max_batches");
+        }
+        // Integer actions stay integer (never one-hot, never float).
+        let mut l = loader(&snap, sampler(&snap, BoundaryPolicy::Strict, 1), &["action"], cpu(1, 1));
+        let a = l.next_batch().unwrap().unwrap();
+        let want = if discrete { Kind::Int64 } else { Kind::Float };
+        assert_eq!(a.get("action").unwrap().kind(), want);
+    }
+}
+
+#[test]
+fn same_seed_same_tensors_whatever_the_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let run = |workers: usize| -> Vec<Vec<u8>> {
+        let s = sampler(&snap, BoundaryPolicy::Pad, 9);
+        loader(&snap, s, &COLUMNS, cpu(workers, 10))
+            .map(|t| {
+                let t = t.unwrap();
+                t.tensors().flat_map(|(_, x)| bytes(x)).collect()
+            })
+            .collect()
+    };
+    let one = run(1);
+    assert_eq!(one.len(), 10);
+    assert_eq!(one, run(3));
+    // A different seed is a different stream.
+    let other: Vec<Vec<u8>> = {
+        let s = sampler(&snap, BoundaryPolicy::Pad, 10);
+        loader(&snap, s, &COLUMNS, cpu(1, 10))
+            .map(|t| t.unwrap().tensors().flat_map(|(_, x)| bytes(x)).collect())
+            .collect()
+    };
+    assert_ne!(one, other);
+}
+
+#[test]
+fn ranks_draw_disjoint_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 5);
+    for rank in 0..2u64 {
+        let opts = TorchLoaderOptions::new(Device::Cpu).with_loader(
+            LoaderOptions::default()
+                .with_rank(rank, 2)
+                .with_max_batches(3),
+        );
+        let mut l = loader(&snap, s.clone(), &["observation"], opts);
+        for k in 0..3u64 {
+            let t = l.next_batch().unwrap().unwrap();
+            let b = gathered(&snap, s.as_ref(), &["observation"], k * 2 + rank);
+            assert_equals_gather(&t, &b, &format!("rank {rank} batch {k}"));
+        }
+    }
+}
+
+#[test]
+fn recycled_tensors_are_gathered_into_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 2);
+    let opts = TorchLoaderOptions::new(Device::Cpu).with_loader(
+        LoaderOptions::default()
+            .with_workers(1)
+            .with_prefetch(1)
+            .with_max_batches(40),
+    );
+    let mut l = loader(&snap, s.clone(), &["observation"], opts);
+    let mut seen = std::collections::HashSet::new();
+    let mut k = 0;
+    while let Some(t) = l.next_batch() {
+        let t = t.unwrap();
+        let b = gathered(&snap, s.as_ref(), &["observation"], k);
+        assert_equals_gather(&t, &b, &format!("recycled #{k}"));
+        seen.insert(t.get("observation").unwrap().data_ptr() as usize);
+        l.recycle(t);
+        k += 1;
+    }
+    // With one worker and a queue of one, a handful of buffers circulate instead of 40.
+    assert!(seen.len() <= 4, "{} distinct buffers for 40 batches", seen.len());
+}
+
+#[test]
+fn transforms_and_casts_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), true);
+    let s = sampler(&snap, BoundaryPolicy::Pad, 4);
+    let opts = cpu(2, 3)
+        .with_transform(|b: &mut TensorBatch| {
+            let doubled = b.get("observation").unwrap() * 2.0;
+            b.insert("observation", doubled);
+            let norm = b.get("observation").unwrap().square().sum_dim_intlist(-1, false, Kind::Float);
+            b.insert("obs_sq_norm", norm);
+            Ok(())
+        })
+        .with_cast(FloatCast::BFloat16);
+    let mut l = loader(&snap, s.clone(), &["observation", "action", "reward"], opts);
+    for k in 0..3 {
+        let t = l.next_batch().unwrap().unwrap();
+        let b = gathered(&snap, s.as_ref(), &["observation", "action", "reward"], k);
+        let obs = t.get("observation").unwrap();
+        assert_eq!(obs.kind(), Kind::BFloat16);
+        assert_eq!(t.get("reward").unwrap().kind(), Kind::BFloat16);
+        assert_eq!(t.get("action").unwrap().kind(), Kind::Int64, "integers are never cast");
+        assert_eq!(t.mask.kind(), Kind::Bool, "flags are never cast");
+        let want = Tensor::from_slice(b.column("observation").unwrap().values::<f32>())
+            .view([24, 16, 5])
+            * 2.0;
+        let got = obs.to_kind(Kind::Float);
+        let err = (got - want.to_kind(Kind::BFloat16).to_kind(Kind::Float))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert_eq!(err, 0.0, "doubled then cast to bf16");
+        assert_eq!(t.get("obs_sq_norm").unwrap().size(), vec![24, 16]);
+    }
+}
+
+#[test]
+fn a_failing_transform_is_an_error_at_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 4);
+    let opts = cpu(1, 2).with_transform(|_b: &mut TensorBatch| {
+        Err(Error::InvalidArgument("transform refused the batch".into()))
+    });
+    let mut l = loader(&snap, s, &["observation"], opts);
+    let e = l.next_batch().unwrap().unwrap_err();
+    assert!(e.to_string().contains("transform refused"), "{e}");
+}
+
+#[test]
+fn resident_sampling_equals_streaming() {
+    for discrete in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dataset(dir.path(), discrete);
+        for policy in [
+            BoundaryPolicy::Strict,
+            BoundaryPolicy::Pad,
+            "span:3:5".parse().unwrap(),
+        ] {
+            let s = sampler(&snap, policy, 8);
+            let g = Gatherer::new(&snap, &COLUMNS).unwrap();
+            let need = resident_bytes(&g, FloatCast::None).unwrap();
+            let opts = cpu(1, 5).with_resident(need);
+            let mut l = loader(&snap, s.clone(), &COLUMNS, opts);
+            assert!(l.is_resident());
+            for k in 0..5 {
+                let t = l.next_batch().unwrap().unwrap();
+                let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+                assert_equals_gather(&t, &b, &format!("resident {policy:?} #{k}"));
+            }
+            assert!(l.next_batch().is_none());
+        }
+    }
+}
+
+#[test]
+fn resident_budget_too_small_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let g = Arc::new(Gatherer::new(&snap, &["observation", "next_observation"]).unwrap());
+    let need = resident_bytes(&g, FloatCast::None).unwrap();
+    // observation once, plus one final observation per episode for the derived next one.
+    let rows = snap.num_transitions() + snap.num_episodes();
+    assert_eq!(need, rows * 5 * 4);
+    assert_eq!(resident_bytes(&g, FloatCast::Half).unwrap(), rows * 5 * 2);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 1);
+    let e = TorchLoader::new(s, g, cpu(1, 1).with_resident(need - 1)).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("budget"), "{e}");
+}
+
+/// Threads named by the torch loader that are still alive.
+fn loader_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.starts_with("trajstore-torch"))
+        .count()
+}
+
+#[test]
+fn dropping_a_loader_mid_stream_stops_its_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 4);
+    let opts = TorchLoaderOptions::new(Device::Cpu)
+        .with_loader(LoaderOptions::default().with_workers(3).with_prefetch(2));
+    let mut l = loader(&snap, s, &COLUMNS, opts); // endless
+    let before = loader_threads();
+    assert!(before >= 3, "{before} worker threads");
+    let _ = l.next_batch().unwrap().unwrap();
+    drop(l);
+    // Other tests run in parallel threads of this process; none of them uses 3 workers and
+    // an endless sampler, so ours must be gone.
+    assert!(loader_threads() <= before - 3);
+}
+
+#[test]
+fn bad_devices_are_clear_errors() {
+    for bad in ["tpu", "cuda:x", "cuda:-1", ""] {
+        let e = parse_device(bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e}");
+        assert!(e.to_string().contains("cpu, cuda or cuda:N"), "{bad}: {e}");
+    }
+    assert_eq!(parse_device("CPU").unwrap(), Device::Cpu);
+    if !tch::Cuda::is_available() {
+        let e = parse_device("cuda").unwrap_err();
+        assert!(e.to_string().contains("no CUDA device"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dataset(dir.path(), false);
+        let s = sampler(&snap, BoundaryPolicy::Strict, 4);
+        let g = Arc::new(Gatherer::new(&snap, &["observation"]).unwrap());
+        let e = TorchLoader::new(s, g, TorchLoaderOptions::new(Device::Cuda(0))).unwrap_err();
+        assert!(e.to_string().contains("no CUDA device"), "{e}");
+    } else {
+        let n = tch::Cuda::device_count();
+        let e = parse_device(&format!("cuda:{n}")).unwrap_err();
+        assert!(e.to_string().contains("CUDA device(s)"), "{e}");
+    }
+}
+
+fn cuda() -> Option<Device> {
+    if tch::Cuda::is_available() {
+        Some(Device::Cuda(0))
+    } else {
+        eprintln!("skipped: no CUDA device");
+        None
+    }
+}
+
+#[test]
+fn cuda_batches_equal_the_arrow_data() {
+    let Some(dev) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), true);
+    let s = sampler(&snap, BoundaryPolicy::Pad, 6);
+    let opts = TorchLoaderOptions::new(dev)
+        .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(20))
+        .with_staging_slots(2);
+    let mut l = loader(&snap, s.clone(), &COLUMNS, opts);
+    let mut k = 0;
+    while let Some(t) = l.next_batch() {
+        let t = t.unwrap();
+        for (name, x) in t.tensors() {
+            assert_eq!(x.device(), dev, "{name}");
+        }
+        let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+        assert_equals_gather(&t, &b, &format!("cuda #{k}"));
+        k += 1;
+    }
+    assert_eq!(k, 20);
+}
+
+#[test]
+fn cuda_resident_equals_streaming() {
+    let Some(dev) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Pad, 6);
+    let opts = TorchLoaderOptions::new(dev)
+        .with_loader(LoaderOptions::default().with_max_batches(5))
+        .with_resident(1 << 30);
+    let mut l = loader(&snap, s.clone(), &COLUMNS, opts);
+    for k in 0..5 {
+        let t = l.next_batch().unwrap().unwrap();
+        assert_eq!(t.mask.device(), dev);
+        let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+        assert_equals_gather(&t, &b, &format!("cuda resident #{k}"));
+    }
+}
+
+#[test]
+fn pinned_memory_survives_a_transform() {
+    let Some(_) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 6);
+    // A transform that replaces a column with a new (pageable) tensor, as TorchRL's transforms do.
+    let opts = cpu(2, 4).with_pinned_output(true).with_transform(|b: &mut TensorBatch| {
+        let x = b.get("observation").unwrap() + 1.0;
+        b.insert("observation", x);
+        Ok(())
+    });
+    let mut l = loader(&snap, s, &["observation", "reward"], opts);
+    while let Some(t) = l.next_batch() {
+        let t = t.unwrap();
+        for (name, x) in t.tensors() {
+            assert!(x.is_pinned(Device::Cuda(0)), "{name} is not pinned");
+        }
+    }
+}

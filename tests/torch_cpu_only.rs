@@ -1,0 +1,55 @@
+//! A CPU run of the torch loader makes no CUDA call: its own test binary (so no other test's
+//! device query shares the process), checking that the CUDA driver library was never loaded,
+//! which any CUDA call (a device query, a context, an allocation, pinning) would do. On a GPU
+//! machine this is what proves a `--device cpu` run leaves the GPU alone; on a machine without
+//! a driver it holds trivially.
+#![cfg(feature = "torch")]
+
+use std::sync::Arc;
+
+use tch::Device;
+use trajstore::synth::SynthSpec;
+use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
+use trajstore::{BoundaryPolicy, Dataset, Gatherer, LoaderOptions, SliceOptions, SliceSampler};
+
+#[test]
+fn a_cpu_run_never_loads_the_cuda_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        transitions: 20_000,
+        obs_dim: 4,
+        act_dim: 2,
+        mean_episode_len: 50.0,
+        ..SynthSpec::default()
+    };
+    let ds = Dataset::create(dir.path().join("d"), &spec.schema().unwrap()).unwrap();
+    spec.write(&mut ds.writer(Default::default()).unwrap(), None, |_| {})
+        .unwrap();
+    let snap = ds.snapshot().unwrap();
+    let device = parse_device("cpu").unwrap();
+    let index = snap.slice_index(8, BoundaryPolicy::Pad).unwrap();
+    let sampler = Arc::new(
+        SliceSampler::new(index, snap.episodes(), &SliceOptions::new(8, 32).with_policy(BoundaryPolicy::Pad))
+            .unwrap(),
+    );
+    let cols = ["observation", "action", "reward", "next_observation"];
+    for resident in [false, true] {
+        let g = Arc::new(Gatherer::new(&snap, &cols).unwrap());
+        let mut opts = TorchLoaderOptions::new(device)
+            .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(20));
+        if resident {
+            opts = opts.with_resident(1 << 30);
+        }
+        let mut n = 0;
+        for t in TorchLoader::new(sampler.clone(), g, opts).unwrap() {
+            assert_eq!(t.unwrap().device(), Device::Cpu);
+            n += 1;
+        }
+        assert_eq!(n, 20);
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(
+        !maps.contains("libcuda.so"),
+        "a CPU run loaded the CUDA driver"
+    );
+}
