@@ -56,8 +56,14 @@ fn main() -> trajstore::Result<()> {
         &SliceOptions::new(len, slices).with_seed(1),
     )?;
     let gatherer = Gatherer::new(&snap, &["observation", "action"])?;
-    let obs_dim = gatherer.columns().next().map_or(1, |(_, _, s)| s.iter().product()) as i64;
-    let act_dim = gatherer.columns().nth(1).map_or(1, |(_, _, s)| s.iter().product()) as i64;
+    let obs_dim = gatherer
+        .columns()
+        .next()
+        .map_or(1, |(_, _, s)| s.iter().product()) as i64;
+    let act_dim = gatherer
+        .columns()
+        .nth(1)
+        .map_or(1, |(_, _, s)| s.iter().product()) as i64;
     let mut opts = TorchLoaderOptions::new(device).with_loader(
         LoaderOptions::default()
             .with_workers(2)

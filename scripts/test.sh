@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command of the README: sets up Python for the interop test, then runs every test.
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test crash`).
+# The test command of the README: sets up Python for the interop test, runs every test with the
+# default features, then sets up libtorch (pip torch==2.11.0, once) and runs them again with the
+# `torch` feature. Extra arguments go to both `cargo test` runs (e.g. `scripts/test.sh --test
+# crash`); TRAJSTORE_SKIP_TORCH=1 skips the torch run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if py=$(scripts/setup-python.sh 2>/dev/null | tail -n 1) && [ -x "$py" ]; then
@@ -11,4 +13,20 @@ elif [ "${CI:-}" = "true" ]; then
 else
     echo "note: no pyarrow venv; the interop test will be skipped" >&2
 fi
+echo "== cargo test (default features)" >&2
 cargo test "$@"
+if [ "${TRAJSTORE_SKIP_TORCH:-}" = "1" ]; then
+    echo "note: TRAJSTORE_SKIP_TORCH=1: the torch feature was not tested" >&2
+    exit 0
+fi
+if torch_env=$(scripts/setup-libtorch.sh); then
+    eval "$torch_env"
+elif [ "${CI:-}" = "true" ]; then
+    echo "could not install torch==2.11.0 (needed by the torch feature's tests under CI)" >&2
+    exit 1
+else
+    echo "note: no libtorch (pip torch==2.11.0 failed); the torch feature was not tested" >&2
+    exit 0
+fi
+echo "== cargo test --features torch" >&2
+cargo test --features torch "$@"

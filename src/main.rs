@@ -900,7 +900,13 @@ fn bench(a: BenchArgs) -> Result<()> {
     let loader_s = t.elapsed().as_secs_f64();
     drop(loader);
     let torch = match &a.device {
-        Some(d) => Some(torch_bench(&a, d, sampler.clone(), gatherer.clone(), bytes)?),
+        Some(d) => Some(torch_bench(
+            &a,
+            d,
+            sampler.clone(),
+            gatherer.clone(),
+            bytes,
+        )?),
         None => None,
     };
     let (rss_anon, rss_file) = rss_mib();
@@ -998,7 +1004,10 @@ fn torch_bench(
     let setup_s = t.elapsed().as_secs_f64();
     // Warm-up: the first half of the batches (allocations, staging slots, kernels).
     for _ in 0..iters {
-        let b = loader.next_batch().expect("bounded stream").map_err(one_line)?;
+        let b = loader
+            .next_batch()
+            .expect("bounded stream")
+            .map_err(one_line)?;
         loader.recycle(b);
     }
     sync();
@@ -1051,7 +1060,11 @@ fn print_torch_bench(t: &serde_json::Value) {
     outln!(
         "torch loader ({}{})  {:>10.0} batches/s, {} transitions/s, {:.2} GB/s (setup {:.2} s)",
         t["device"].as_str().unwrap_or("?"),
-        if t["resident"].as_bool() == Some(true) { ", resident" } else { "" },
+        if t["resident"].as_bool() == Some(true) {
+            ", resident"
+        } else {
+            ""
+        },
         f("batches_per_s"),
         HumanCount(f("transitions_per_s") as u64),
         f("gb_per_s"),
@@ -1323,7 +1336,11 @@ fn sql_shell(session: &trajstore::sql::SqlSession, a: &SqlArgs) -> Result<()> {
     let mut pending = String::new();
     let mut failed = false;
     loop {
-        let prompt = if pending.is_empty() { "trajstore> " } else { "   ...> " };
+        let prompt = if pending.is_empty() {
+            "trajstore> "
+        } else {
+            "   ...> "
+        };
         let line = match input.next(prompt)? {
             None => break,
             Some(None) => {

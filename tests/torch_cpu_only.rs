@@ -29,14 +29,21 @@ fn a_cpu_run_never_loads_the_cuda_driver() {
     let device = parse_device("cpu").unwrap();
     let index = snap.slice_index(8, BoundaryPolicy::Pad).unwrap();
     let sampler = Arc::new(
-        SliceSampler::new(index, snap.episodes(), &SliceOptions::new(8, 32).with_policy(BoundaryPolicy::Pad))
-            .unwrap(),
+        SliceSampler::new(
+            index,
+            snap.episodes(),
+            &SliceOptions::new(8, 32).with_policy(BoundaryPolicy::Pad),
+        )
+        .unwrap(),
     );
     let cols = ["observation", "action", "reward", "next_observation"];
     for resident in [false, true] {
         let g = Arc::new(Gatherer::new(&snap, &cols).unwrap());
-        let mut opts = TorchLoaderOptions::new(device)
-            .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(20));
+        let mut opts = TorchLoaderOptions::new(device).with_loader(
+            LoaderOptions::default()
+                .with_workers(2)
+                .with_max_batches(20),
+        );
         if resident {
             opts = opts.with_resident(1 << 30);
         }

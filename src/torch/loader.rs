@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use tch::{Device, Kind, Tensor};
 
 use super::resident::Resident;
-use super::{FloatCast, TensorBatch, check_device, kind_of, kind_size};
+use arrow::datatypes::DataType;
+
+use super::{FloatCast, TensorBatch, check_device, kind_size, storage_kind, widen};
 use crate::error::{Error, Result};
 use crate::gather::{GatherInto, Gatherer};
 use crate::loader::{LoaderOptions, Pipeline, loader_end};
@@ -150,8 +152,10 @@ impl std::fmt::Debug for TorchLoader {
 pub(crate) struct Layout {
     pub(crate) b: usize,
     pub(crate) l: usize,
-    /// Per column: name, stored kind, full shape `[B, L, ...]`.
+    /// Per column: name, storage kind, full shape `[B, L, ...]`.
     pub(crate) columns: Vec<(String, Kind, Vec<i64>)>,
+    /// Per column: its Arrow element type.
+    pub(crate) types: Vec<DataType>,
 }
 
 impl Layout {
@@ -161,10 +165,23 @@ impl Layout {
             .map(|(name, dt, shape)| {
                 let mut full = vec![b as i64, l as i64];
                 full.extend(shape.iter().map(|&d| d as i64));
-                Ok((name.to_string(), kind_of(dt)?, full))
+                Ok((name.to_string(), storage_kind(dt)?, full))
             })
             .collect::<Result<_>>()?;
-        Ok(Self { b, l, columns })
+        let types = gatherer.columns().map(|(_, dt, _)| dt.clone()).collect();
+        Ok(Self {
+            b,
+            l,
+            columns,
+            types,
+        })
+    }
+
+    /// Whether some column is widened after the gather (unsigned 16/32-bit integers).
+    fn widens(&self) -> bool {
+        self.types
+            .iter()
+            .any(|t| matches!(t, DataType::UInt16 | DataType::UInt32))
     }
 }
 
@@ -203,12 +220,12 @@ impl Slot {
         let ok = |t: &Tensor, kind: Kind, shape: &[i64]| {
             t.device() == Device::Cpu && t.kind() == kind && t.size() == shape && t.is_contiguous()
         };
-        if batch.columns.len() != layout.columns.len() {
+        if batch.base_columns.len() != layout.columns.len() {
             return None;
         }
-        let mut columns = Vec::with_capacity(batch.columns.len());
-        for ((name, t), (lname, kind, shape)) in batch.columns.into_iter().zip(&layout.columns) {
-            if &name != lname || !ok(&t, *kind, shape) {
+        let mut columns = Vec::with_capacity(layout.columns.len());
+        for (t, (_, kind, shape)) in batch.base_columns.into_iter().zip(&layout.columns) {
+            if !ok(&t, *kind, shape) {
                 return None;
             }
             columns.push(t);
@@ -282,9 +299,10 @@ impl Slot {
             columns: layout
                 .columns
                 .iter()
+                .zip(&layout.types)
                 .zip(&self.columns)
-                .map(|((n, _, _), t)| (n.clone(), t.shallow_clone()))
-                .collect(),
+                .map(|(((n, _, _), dt), t)| Ok((n.clone(), widen(t.shallow_clone(), dt)?)))
+                .collect::<Result<_>>()?,
             mask: flag(0)?,
             is_first: flag(1)?,
             is_last: flag(2)?,
@@ -295,6 +313,7 @@ impl Slot {
             start_step: self.meta.f_select(0, 1)?,
             flag_base: Some(self.flags.shallow_clone()),
             meta_base: Some(self.meta.shallow_clone()),
+            base_columns: self.columns.iter().map(Tensor::shallow_clone).collect(),
         })
     }
 }
@@ -482,9 +501,11 @@ impl StreamWorker {
         let mut batch = slot.view(&self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
-            if let Some(d) = self.pin {
-                batch = repin(batch, d)?;
-            }
+        }
+        if let Some(d) = self.pin
+            && (self.transform.is_some() || self.layout.widens())
+        {
+            batch = repin(batch, d)?;
         }
         if self.cast != FloatCast::None {
             let cast = self.cast;
@@ -512,6 +533,8 @@ impl StreamWorker {
         let mut host = slot.view(&self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut host)?;
+        }
+        if self.transform.is_some() || self.layout.widens() {
             host = repin(host, self.device)?;
         }
         let (device, cast) = (self.device, self.cast);
@@ -530,6 +553,11 @@ impl StreamWorker {
 fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
     let flag_base = batch.flag_base.as_ref().map(Tensor::shallow_clone);
     let meta_base = batch.meta_base.as_ref().map(Tensor::shallow_clone);
+    let base_columns = batch
+        .base_columns
+        .iter()
+        .map(Tensor::shallow_clone)
+        .collect();
     let mut out = batch.try_map(|t| {
         if t.device() != Device::Cpu {
             return Err(Error::InvalidArgument(format!(
@@ -545,5 +573,6 @@ fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
     })?;
     out.flag_base = flag_base;
     out.meta_base = meta_base;
+    out.base_columns = base_columns;
     Ok(out)
 }

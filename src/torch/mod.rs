@@ -77,9 +77,30 @@ pub fn check_device(device: Device) -> Result<()> {
     }
 }
 
-/// The torch dtype of an Arrow element type, preserved as is (integer actions stay integer;
-/// booleans are one byte per value, as gathered). tch 0.24 has no unsigned 16/32/64-bit kinds.
+/// The torch dtype a column of Arrow element type `dt` is handed out as: the same type (integer
+/// actions stay integer; booleans are one byte per value), except that unsigned 16- and 32-bit
+/// integers (which tch 0.24 has no kind for) are widened, exactly, to `int32` and `int64`, and
+/// `uint64` (episode ids) is `int64` (exact below 2^63).
 pub fn kind_of(dt: &DataType) -> Result<Kind> {
+    Ok(match dt {
+        DataType::UInt16 => Kind::Int,
+        DataType::UInt32 | DataType::UInt64 => Kind::Int64,
+        other => storage_kind(other)?,
+    })
+}
+
+/// Widens a tensor gathered with [`storage_kind`] (same bytes) to [`kind_of`]: unsigned values
+/// that a signed reading of their bits would make negative come out right.
+pub(crate) fn widen(t: Tensor, dt: &DataType) -> Result<Tensor> {
+    Ok(match dt {
+        DataType::UInt16 => t.f_to_kind(Kind::Int)?.f_bitwise_and(0xFFFF)?,
+        DataType::UInt32 => t.f_to_kind(Kind::Int64)?.f_bitwise_and(0xFFFF_FFFF_i64)?,
+        _ => t,
+    })
+}
+
+/// The kind of the same width a column is gathered into (its bytes as stored).
+pub(crate) fn storage_kind(dt: &DataType) -> Result<Kind> {
     Ok(match dt {
         DataType::Float32 => Kind::Float,
         DataType::Float64 => Kind::Double,
@@ -89,11 +110,13 @@ pub fn kind_of(dt: &DataType) -> Result<Kind> {
         DataType::Int32 => Kind::Int,
         DataType::Int64 => Kind::Int64,
         DataType::UInt8 => Kind::Uint8,
+        DataType::UInt16 => Kind::Int16,
+        DataType::UInt32 => Kind::Int,
+        DataType::UInt64 => Kind::Int64,
         DataType::Boolean => Kind::Bool,
         other => {
             return Err(Error::InvalidArgument(format!(
-                "columns of type {other} have no torch dtype (tch has no unsigned 16/32/64-bit \
-                 kinds); leave the column out or store it as a signed integer"
+                "columns of type {other} have no torch dtype; leave the column out"
             )));
         }
     })
@@ -125,7 +148,10 @@ pub enum FloatCast {
 impl FloatCast {
     /// The kind a column of `kind` ends up as.
     pub fn apply(self, kind: Kind) -> Kind {
-        let floating = matches!(kind, Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16);
+        let floating = matches!(
+            kind,
+            Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16
+        );
         match self {
             FloatCast::BFloat16 if floating => Kind::BFloat16,
             FloatCast::Half if floating => Kind::Half,
@@ -185,6 +211,9 @@ pub struct TensorBatch {
     /// the batch was gathered into a reusable host slot.
     pub(crate) flag_base: Option<Tensor>,
     pub(crate) meta_base: Option<Tensor>,
+    /// The slot's column tensors (what the columns are, or were before a widening or a
+    /// transform).
+    pub(crate) base_columns: Vec<Tensor>,
 }
 
 impl TensorBatch {
@@ -264,6 +293,7 @@ impl TensorBatch {
             start_step: f(&self.start_step)?,
             flag_base: None,
             meta_base: None,
+            base_columns: Vec::new(),
         })
     }
 }

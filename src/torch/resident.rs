@@ -9,7 +9,7 @@ use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
 use super::loader::{Layout, TorchLoaderOptions};
-use super::{FloatCast, TensorBatch, kind_of, kind_size};
+use super::{FloatCast, TensorBatch, kind_size, storage_kind, widen};
 use crate::dataset::Snapshot;
 use crate::error::{Error, Result};
 use crate::format::{col, ep};
@@ -47,7 +47,7 @@ fn plan_upload(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
     for (name, dt, shape) in gatherer.columns() {
         let derived = name == col::NEXT_OBSERVATION && schema.field_with_name(name).is_err();
         let source = if derived { col::OBSERVATION } else { name };
-        let kind = cast.apply(kind_of(dt)?);
+        let kind = cast.apply(storage_kind(dt)?);
         let width: usize = shape.iter().product::<usize>().max(1);
         match uploads.iter_mut().find(|u| u.source == source) {
             Some(u) => u.with_finals |= derived,
@@ -77,8 +77,9 @@ pub(crate) struct Resident {
     world: u64,
     end: Option<u64>,
     next: u64,
-    /// Per requested column: its device tensor and whether it is the derived next observation.
-    columns: Vec<(String, Tensor, bool)>,
+    /// Per requested column: its device tensor, whether it is the derived next observation,
+    /// and its Arrow element type.
+    columns: Vec<(String, Tensor, bool, DataType)>,
     snap: Snapshot,
     /// Per episode position: bit 0 terminated, bit 1 truncated.
     episode_flags: Vec<u8>,
@@ -109,7 +110,9 @@ impl Resident {
     ) -> Result<Self> {
         let snap = gatherer.snapshot().clone();
         if snap.num_transitions() == 0 {
-            return Err(Error::InvalidArgument("the snapshot has no transitions".into()));
+            return Err(Error::InvalidArgument(
+                "the snapshot has no transitions".into(),
+            ));
         }
         let uploads = plan_upload(gatherer, opts.cast)?;
         let need: u64 = uploads.iter().map(|u| u.bytes).sum();
@@ -136,7 +139,7 @@ impl Resident {
         let schema = snap.schema().arrow_schema().clone();
         let columns = gatherer
             .columns()
-            .map(|(name, _, _)| {
+            .map(|(name, dt, _)| {
                 let derived =
                     name == col::NEXT_OBSERVATION && schema.field_with_name(name).is_err();
                 let source = if derived { col::OBSERVATION } else { name };
@@ -145,14 +148,20 @@ impl Resident {
                     .find(|(n, _)| n == source)
                     .map(|(_, t)| t.shallow_clone())
                     .expect("planned");
-                (name.to_string(), t, derived)
+                (name.to_string(), t, derived, dt.clone())
             })
             .collect();
         let mut episode_flags = Vec::with_capacity(snap.num_episodes() as usize);
         for s in snap.segments() {
             let t = s.episode_table();
-            let term = t.column_by_name(ep::TERMINATED).expect("schema").as_boolean();
-            let trunc = t.column_by_name(ep::TRUNCATED).expect("schema").as_boolean();
+            let term = t
+                .column_by_name(ep::TERMINATED)
+                .expect("schema")
+                .as_boolean();
+            let trunc = t
+                .column_by_name(ep::TRUNCATED)
+                .expect("schema")
+                .as_boolean();
             for i in 0..t.num_rows() {
                 episode_flags.push(term.value(i) as u8 | (trunc.value(i) as u8) << 1);
             }
@@ -189,7 +198,8 @@ impl Resident {
     }
 
     fn batch(&mut self, k: u64) -> Result<TensorBatch> {
-        self.sampler.plan(k * self.world + self.rank, &mut self.plan);
+        self.sampler
+            .plan(k * self.world + self.rank, &mut self.plan);
         let (b, l) = (self.layout.b, self.layout.l);
         if self.plan.len() > b {
             return Err(Error::InvalidArgument(format!(
@@ -230,7 +240,8 @@ impl Resident {
         let params = Tensor::f_from_slice(&self.params)?
             .f_view([P_ROWS as i64, b as i64])?
             .f_to_device_(self.device, Kind::Int64, true, false)?;
-        let row = |r: usize| -> Result<Tensor> { Ok(params.f_select(0, r as i64)?.f_view([-1, 1])?) };
+        let row =
+            |r: usize| -> Result<Tensor> { Ok(params.f_select(0, r as i64)?.f_view([-1, 1])?) };
         let start = row(P_START)?;
         let len = row(P_LEN)?;
         let ep_start = row(P_EP_START)?;
@@ -246,7 +257,7 @@ impl Resident {
         let not_mask = mask.f_logical_not()?;
         let (bi, li) = (b as i64, l as i64);
         let mut columns = Vec::with_capacity(self.columns.len());
-        for (name, data, derived) in &self.columns {
+        for (name, data, derived, dt) in &self.columns {
             let idx = if *derived {
                 if next_rows.is_none() {
                     // o_{t+1}: the next row inside the episode, else the episode's final
@@ -271,7 +282,7 @@ impl Resident {
                 .f_index_select(0, idx)?
                 .f_view(shape.as_slice())?
                 .f_masked_fill(&not_mask.f_view(mshape.as_slice())?, 0)?;
-            columns.push((name.clone(), out));
+            columns.push((name.clone(), widen(out, dt)?));
         }
         let flags = row(P_FLAGS)?;
         let is_first = step.f_eq(0)?.f_logical_and(&mask)?;
@@ -291,6 +302,7 @@ impl Resident {
             start_step: params.f_select(0, P_START as i64)?,
             flag_base: None,
             meta_base: None,
+            base_columns: Vec::new(),
         })
     }
 }
@@ -304,28 +316,34 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     let mut full = vec![rows];
     full.extend(&u.shape);
     let dst = Tensor::f_empty(full.as_slice(), (u.kind, device))?;
-    let field = snap.schema().arrow_schema().field_with_name(&u.source)?.clone();
+    let field = snap
+        .schema()
+        .arrow_schema()
+        .field_with_name(&u.source)?
+        .clone();
     let (elem, width) = match field.data_type() {
         DataType::FixedSizeList(c, w) => (c.data_type().clone(), *w as usize),
         dt => (dt.clone(), 1),
     };
-    let stored_kind = kind_of(&elem)?;
+    let stored_kind = storage_kind(&elem)?;
     let step_bytes = width * kind_size(stored_kind);
     let chunk_rows = (CHUNK_BYTES / step_bytes).max(1);
-    let mut chunk = Tensor::f_empty([(chunk_rows * step_bytes) as i64], (Kind::Uint8, Device::Cpu))?;
+    let mut chunk = Tensor::f_empty(
+        [(chunk_rows * step_bytes) as i64],
+        (Kind::Uint8, Device::Cpu),
+    )?;
     if let Device::Cuda(_) = device {
         chunk = chunk.f_pin_memory(device)?;
     }
     let mut row = 0i64;
     // Copies `bytes` (whole steps) into the chunk and from there into rows `row..` of `dst`.
-    let mut put = |bytes: &[u8], row: &mut i64| -> Result<()> {
+    let put = |bytes: &[u8], row: &mut i64| -> Result<()> {
         for piece in bytes.chunks(chunk_rows * step_bytes) {
             let k = (piece.len() / step_bytes) as i64;
             // SAFETY: the chunk is a contiguous CPU byte tensor of `chunk_rows * step_bytes` bytes
             // owned by this function; the previous copy out of it was blocking, so nothing reads it.
-            let host = unsafe {
-                std::slice::from_raw_parts_mut(chunk.data_ptr() as *mut u8, piece.len())
-            };
+            let host =
+                unsafe { std::slice::from_raw_parts_mut(chunk.data_ptr() as *mut u8, piece.len()) };
             host.copy_from_slice(piece);
             let mut shape = vec![k];
             shape.extend(&u.shape);
