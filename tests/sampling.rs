@@ -1490,3 +1490,85 @@ fn sampler_options_are_validated() {
         &snap.slice_index(5, BoundaryPolicy::Strict).unwrap()
     ));
 }
+
+/// `gather_into` (what the torch loader's pinned staging uses) writes exactly what `gather` does,
+/// pads short plans and rejects destinations or slices that do not fit, without writing.
+#[test]
+fn gather_into_caller_memory_equals_gather_and_checks_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let lens: Vec<u64> = (0..30).map(|i| 3 + (i * 29 % 60)).collect();
+    let (_ds, snap) = build(dir.path(), "d", &lens, 6, 3, WriterOptions::default());
+    let policy = BoundaryPolicy::Pad;
+    let index = snap.slice_index(10, policy).unwrap();
+    let opts = SliceOptions::new(10, 16).with_policy(policy).with_seed(2);
+    let sampler = SliceSampler::new(index, snap.episodes(), &opts).unwrap();
+    let names = [
+        col::OBSERVATION,
+        col::STEP,
+        col::IS_LAST,
+        "next_observation",
+    ];
+    let g = Gatherer::new(&snap, &names).unwrap();
+    let steps = g.step_bytes();
+    assert_eq!(steps, vec![24, 4, 1, 24]);
+    let mut plan = vec![];
+    sampler.plan(4, &mut plan);
+    let mut want = Batch::default();
+    g.gather(&plan, &mut want);
+    let (b, l) = (16, 10);
+    // Caller memory, dirty on purpose: everything must be overwritten.
+    let mut cols: Vec<Vec<u8>> = steps.iter().map(|s| vec![0xAB; b * l * s]).collect();
+    let mut flags = vec![vec![7u8; b * l]; 6];
+    let (mut ids, mut starts) = (vec![9u64; b], vec![9i64; b]);
+    fn dest<'a>(
+        cols: &'a mut [Vec<u8>],
+        flags: &'a mut [Vec<u8>],
+        ids: &'a mut [u64],
+        starts: &'a mut [i64],
+    ) -> trajstore::GatherInto<'a> {
+        let mut f = flags.iter_mut();
+        trajstore::GatherInto {
+            columns: cols.iter_mut().map(|c| c.as_mut_slice()).collect(),
+            flags: std::array::from_fn(|_| f.next().unwrap().as_mut_slice()),
+            episode_id: ids,
+            start_step: starts,
+        }
+    }
+    g.gather_into(&plan, l, dest(&mut cols, &mut flags, &mut ids, &mut starts))
+        .unwrap();
+    for (c, got) in want.columns.iter().zip(&cols) {
+        assert_eq!(c.data.as_slice(), got.as_slice(), "{}", c.name);
+    }
+    let want_flags = [
+        &want.mask,
+        &want.is_first,
+        &want.is_last,
+        &want.terminated,
+        &want.truncated,
+        &want.slice_end,
+    ];
+    for (w, got) in want_flags.iter().zip(&flags) {
+        assert_eq!(*w, got);
+    }
+    assert_eq!(
+        (ids.clone(), starts.clone()),
+        (want.episode_id.clone(), want.start_step.clone())
+    );
+    // Slices longer than the destination's slice length, and short destinations, are errors.
+    let e = g
+        .gather_into(
+            &plan,
+            l - 1,
+            dest(&mut cols, &mut flags, &mut ids, &mut starts),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("does not fit"), "{e}");
+    cols[0].truncate(b * l * steps[0] - 1);
+    let e = g
+        .gather_into(&plan, l, dest(&mut cols, &mut flags, &mut ids, &mut starts))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("destination of `observation`"),
+        "{e}"
+    );
+}

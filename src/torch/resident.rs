@@ -247,7 +247,7 @@ impl Resident {
         let ep_start = row(P_EP_START)?;
         let step = start.f_add(&self.offsets)?; // [B, L]
         let mask = step.f_ge(0)?.f_logical_and(&step.f_lt_tensor(&len)?)?;
-        let last = (&len).f_sub_scalar(1)?;
+        let last = len.f_sub_scalar(1)?;
         let rows = ep_start
             .f_add(&step.f_clamp_min(0)?.f_minimum(&last)?)?
             .f_clamp_min(0)?
