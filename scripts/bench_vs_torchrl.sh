@@ -4,6 +4,8 @@
 # both time batches of 256 slices x 64 steps.
 #   scripts/bench_vs_torchrl.sh 2000000 [WORKDIR]
 # Needs the peer venv (../shared/peers/README.md): ~/.cache/trajstore-peers with torch, torchrl.
+# DEVICE=cpu|cuda (with a binary built with --features torch) adds the torch loader's figures:
+# batches of torch tensors on that device, the like-for-like of TorchRL's sample().
 set -euo pipefail
 n="${1:?usage: bench_vs_torchrl.sh N [WORKDIR]}"
 work="${2:-/tmp/trajstore-vs-torchrl}"
@@ -22,5 +24,5 @@ echo "== trajstore ingest" >&2
 for mode in "--weighting episodes --policy pad" "--weighting windows --policy strict"; do
     echo "== trajstore bench $mode" >&2
     # shellcheck disable=SC2086
-    "$bin" bench "$ds" --slice-len 64 --num-slices 256 $mode --iters 1000 --json | tee "$work/trajstore-$n-${mode// /_}.json"
+    "$bin" bench "$ds" --slice-len 64 --num-slices 256 $mode --iters 1000 ${DEVICE:+--device "$DEVICE"} --json | tee "$work/trajstore-$n-${mode// /_}.json"
 done

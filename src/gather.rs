@@ -364,6 +364,11 @@ impl Gatherer {
         &self.snap
     }
 
+    /// Per episode position: bit 0 set if it ended terminated, bit 1 if truncated.
+    pub(crate) fn episode_flags(&self) -> &[u8] {
+        &self.episode_flags
+    }
+
     /// Gathers `plan` into `out` (resized as needed; buffers are reused). Every slice is padded
     /// to the plan's longest `len`. Parallel across slices with rayon.
     pub fn gather(&self, plan: &[SliceRef], out: &mut Batch) {

@@ -820,6 +820,15 @@ fn median(v: &mut [f64]) -> f64 {
 fn bench(a: BenchArgs) -> Result<()> {
     use std::hint::black_box;
     use trajstore::Sampler;
+    // A device that cannot work is an error before minutes of measurements, not after.
+    #[cfg(feature = "torch")]
+    if let Some(d) = &a.device {
+        trajstore::torch::parse_device(d).map_err(one_line)?;
+    }
+    #[cfg(not(feature = "torch"))]
+    if a.device.is_some() {
+        bail!(NO_TORCH);
+    }
     let t0 = Instant::now();
     let snap = open_snapshot(&a.s.dataset, None)?;
     let mut prefault_ms = 0.0;
@@ -1043,6 +1052,10 @@ fn torch_bench(
 }
 
 #[cfg(not(feature = "torch"))]
+const NO_TORCH: &str =
+    "--device needs the torch loader: rebuild with `--features torch` (see README, GPU loading)";
+
+#[cfg(not(feature = "torch"))]
 fn torch_bench(
     _a: &BenchArgs,
     _device: &str,
@@ -1050,9 +1063,7 @@ fn torch_bench(
     _gatherer: std::sync::Arc<trajstore::Gatherer>,
     _batch_bytes: usize,
 ) -> Result<serde_json::Value> {
-    bail!(
-        "--device needs the torch loader: rebuild with `--features torch` (see README, GPU loading)"
-    )
+    bail!(NO_TORCH)
 }
 
 fn print_torch_bench(t: &serde_json::Value) {

@@ -109,3 +109,65 @@ fn errors_are_one_line_with_exit_code_1() {
     let (code, _, err) = run(&["demo", "--no-such-flag"]);
     assert_eq!(code, 1, "{err}");
 }
+
+/// `bench --device`: the torch loader's figures in a `torch` build (batches were really produced,
+/// on the CPU, and a bad device is one clear line), a clear pointer to the feature otherwise.
+#[test]
+fn bench_on_a_torch_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d.trajstore");
+    let d = d.to_str().unwrap();
+    let (code, _, err) = run(&[
+        "demo",
+        d,
+        "--transitions",
+        "20000",
+        "--mean-episode-len",
+        "50",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let args = [
+        "bench",
+        d,
+        "--slice-len",
+        "8",
+        "--num-slices",
+        "16",
+        "--iters",
+        "10",
+        "--json",
+        "--device",
+    ];
+    let (code, out, err) = run(&[&args[..], &["cpu"]].concat());
+    if cfg!(feature = "torch") {
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let t = &v["torch"];
+        assert_eq!(t["device"], "cpu");
+        assert_eq!(t["batches"].as_u64(), Some(10), "{t}");
+        assert!(t["batches_per_s"].as_f64().unwrap() > 0.0, "{t}");
+        assert!(
+            t["pinned_copy_gb_per_s"].is_null(),
+            "no CUDA baseline on CPU"
+        );
+        let (code, out, err) = run(&[&args[..], &["cpu", "--resident"]].concat());
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["torch"]["resident"], true);
+        let (code, _, err) = run(&[&args[..], &["tpu"]].concat());
+        assert_eq!(code, 1);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("cpu, cuda or cuda:N"), "{err}");
+        let (code, _, err) = run(&[
+            &args[..],
+            &["cpu", "--resident", "--resident-budget", "1KiB"],
+        ]
+        .concat());
+        assert_eq!(code, 1);
+        assert!(err.contains("budget"), "{err}");
+    } else {
+        assert_eq!(code, 1);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("--features torch"), "{err}");
+    }
+}

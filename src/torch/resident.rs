@@ -48,7 +48,6 @@ fn plan_upload(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
         let derived = name == col::NEXT_OBSERVATION && schema.field_with_name(name).is_err();
         let source = if derived { col::OBSERVATION } else { name };
         let kind = cast.apply(storage_kind(dt)?);
-        let width: usize = shape.iter().product::<usize>().max(1);
         match uploads.iter_mut().find(|u| u.source == source) {
             Some(u) => u.with_finals |= derived,
             None => uploads.push(Upload {
@@ -59,7 +58,6 @@ fn plan_upload(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
                 bytes: 0,
             }),
         }
-        let _ = width;
     }
     for u in &mut uploads {
         let width: i64 = u.shape.iter().product::<i64>().max(1);
@@ -151,21 +149,7 @@ impl Resident {
                 (name.to_string(), t, derived, dt.clone())
             })
             .collect();
-        let mut episode_flags = Vec::with_capacity(snap.num_episodes() as usize);
-        for s in snap.segments() {
-            let t = s.episode_table();
-            let term = t
-                .column_by_name(ep::TERMINATED)
-                .expect("schema")
-                .as_boolean();
-            let trunc = t
-                .column_by_name(ep::TRUNCATED)
-                .expect("schema")
-                .as_boolean();
-            for i in 0..t.num_rows() {
-                episode_flags.push(term.value(i) as u8 | (trunc.value(i) as u8) << 1);
-            }
-        }
+        let episode_flags = gatherer.episode_flags().to_vec();
         let offsets = Tensor::f_arange(layout.l as i64, (Kind::Int64, device))?.f_view([1, -1])?;
         Ok(Self {
             sampler,
