@@ -8,6 +8,12 @@
 //! and episode tables only: O(episodes), never O(transitions). Reads are zero-copy views of the
 //! maps. Every file is standard Arrow IPC that pyarrow, Polars, DuckDB and DataFusion read.
 //!
+//! Training code samples slices ([`SliceSampler`] and friends over a cached [`SliceIndex`]),
+//! gathers them ([`Gatherer`]) and prefetches batches in the background ([`Loader`]); with the
+//! `torch` feature, `trajstore::torch::TorchLoader` hands them over as `tch` tensors on a CPU or
+//! CUDA device (pinned staging, non-blocking copies, or a GPU-resident mode). [`sql`] runs
+//! DataFusion SQL over a snapshot.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use arrow::array::{FixedSizeListArray, Float32Array, RecordBatch};
