@@ -364,8 +364,9 @@ impl Gatherer {
         &self.snap
     }
 
-    /// Per episode position: bit 0 set if it ended terminated, bit 1 if truncated.
-    pub(crate) fn episode_flags(&self) -> &[u8] {
+    /// Per episode position of the snapshot: bit 0 set if the episode ended terminated, bit 1 if
+    /// truncated (from the episode tables, O(episodes) memory held by the gatherer).
+    pub fn episode_flags(&self) -> &[u8] {
         &self.episode_flags
     }
 
