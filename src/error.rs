@@ -68,6 +68,7 @@ pub enum Error {
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
     /// An error planning or running a SQL query (syntax, unknown column, type mismatch, ...).
+    #[cfg(feature = "sql")]
     #[error("sql: {0}")]
     Sql(#[from] datafusion::error::DataFusionError),
     /// An error from libtorch (through tch): a failed allocation, device copy or tensor op.

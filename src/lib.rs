@@ -11,8 +11,8 @@
 //! Training code samples slices ([`SliceSampler`] and friends over a cached [`SliceIndex`]),
 //! gathers them ([`Gatherer`]) and prefetches batches in the background ([`Loader`]); with the
 //! `torch` feature, `trajstore::torch::TorchLoader` hands them over as `tch` tensors on a CPU or
-//! CUDA device (pinned staging, non-blocking copies, or a GPU-resident mode). [`sql`] runs
-//! DataFusion SQL over a snapshot.
+//! CUDA device (pinned staging, non-blocking copies, or a GPU-resident mode). With the `sql`
+//! feature (on by default), `trajstore::sql` runs DataFusion SQL over a snapshot.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -60,6 +60,7 @@ pub mod manifest;
 pub mod sample;
 pub mod schema;
 pub mod segment;
+#[cfg(feature = "sql")]
 pub mod sql;
 pub mod stats;
 pub mod synth;
