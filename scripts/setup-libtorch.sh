@@ -8,11 +8,13 @@
 set -euo pipefail
 venv="${TRAJSTORE_TORCH_VENV:-$HOME/.cache/trajstore-torch}"
 want="2.11.0"
-have=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
+# numpy too: without it `import torch` prints a warning on stderr, which torch-sys's build script
+# (it runs this python to find libtorch) let into a compiler invocation, failing the build.
+have=$("$venv/bin/python" -c "import numpy, torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
 if [ "$have" != "$want" ]; then
     echo "installing torch==$want into $venv (about 5 GB with its CUDA wheels; once)" >&2
     python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$want" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$want" numpy >&2
 fi
 lib=$("$venv/bin/python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))" 2>/dev/null)
 echo "export LIBTORCH_USE_PYTORCH=1"
