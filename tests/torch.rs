@@ -469,3 +469,27 @@ fn pinned_memory_survives_a_transform() {
         }
     }
 }
+
+#[test]
+fn loaders_and_batches_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<TorchLoader>();
+    send::<TensorBatch>();
+    send::<TorchLoaderOptions>();
+    // A loader started on one thread and consumed on another.
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 4);
+    let mut l = loader(&snap, s, &["reward"], cpu(2, 3));
+    let n = std::thread::spawn(move || {
+        let mut n = 0;
+        while let Some(b) = l.next_batch() {
+            assert_eq!(b.unwrap().get("reward").unwrap().size(), vec![24, 16]);
+            n += 1;
+        }
+        n
+    })
+    .join()
+    .unwrap();
+    assert_eq!(n, 3);
+}
