@@ -8,8 +8,8 @@
 set -euo pipefail
 venv="${TRAJSTORE_TORCH_VENV:-$HOME/.cache/trajstore-torch}"
 want="2.11.0"
-# numpy too: without it `import torch` prints a warning on stderr, which torch-sys's build script
-# (it runs this python to find libtorch) let into a compiler invocation, failing the build.
+# numpy too: without it every `import torch` (torch-sys's build script runs this python to find
+# libtorch) warns that NumPy failed to initialise.
 have=$("$venv/bin/python" -c "import numpy, torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
 if [ "$have" != "$want" ]; then
     echo "installing torch==$want into $venv (about 5 GB with its CUDA wheels; once)" >&2

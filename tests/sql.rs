@@ -585,3 +585,72 @@ fn cli_sql() {
     assert_eq!(code, 1);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// The interactive prompt on a real terminal (a pty from util-linux `script`): line editing,
+/// a statement over two lines, and the history file it keeps. Skipped where `script` is missing.
+#[test]
+fn sql_prompt_on_a_terminal_keeps_history() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` (util-linux) to give the prompt a terminal");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let history = dir.path().join("state").join("history");
+    let mut child = Command::new("script")
+        .args([
+            "-qfec",
+            &format!("{BIN} sql {}", snap.path().display()),
+            "/dev/null",
+        ])
+        .env("TRAJSTORE_HISTORY", &history)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(String::new()));
+    let mut out = child.stdout.take().unwrap();
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    // Waits until the terminal shows `what` (at least `times` times).
+    let wait_for = |what: &str, times: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while seen.lock().unwrap().matches(what).count() < times {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} in {:?}",
+                seen.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut stdin = child.stdin.take().unwrap();
+    wait_for("trajstore> ", 1);
+    stdin.write_all(b"SELECT COUNT(*) AS n\r").unwrap();
+    wait_for("...> ", 1);
+    stdin.write_all(b"  FROM episodes;\r").unwrap();
+    wait_for(&format!("| {} |", snap.num_episodes()), 1);
+    wait_for("trajstore> ", 2);
+    stdin.write_all(b".quit\r").unwrap();
+    assert!(child.wait().unwrap().success());
+    drop(stdin);
+    reader.join().unwrap();
+    let h = std::fs::read_to_string(&history).unwrap();
+    assert!(h.contains("SELECT COUNT(*) AS n"), "{h}");
+    assert!(h.contains("FROM episodes;"), "{h}");
+}
