@@ -493,3 +493,63 @@ fn loaders_and_batches_move_between_threads() {
     .unwrap();
     assert_eq!(n, 3);
 }
+
+/// The last batch of an epoch without `drop_last` holds fewer slices than B: the tensors keep
+/// their `[B, L, ...]` shape, the real slices equal the gather, and the rest is padding (masked,
+/// zeroed, ids -1), in streaming and resident mode alike.
+#[test]
+fn a_short_last_batch_of_an_epoch_is_padded() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let index = snap.slice_index(16, BoundaryPolicy::Strict).unwrap();
+    let b = 24usize;
+    let n = (index.num_windows() % b as u64) as usize;
+    assert!(n > 0, "the fixture must leave a short last batch");
+    let s: Arc<dyn Sampler> =
+        Arc::new(trajstore::EpochSampler::windows(index, b, 3, false).unwrap());
+    let per = s.batches_per_epoch().unwrap();
+    let cols = ["observation", "action", "reward", "next_observation"];
+    let want = gathered(&snap, s.as_ref(), &cols, per - 1);
+    assert_eq!(want.num_slices, n);
+    for resident in [false, true] {
+        let g = Arc::new(Gatherer::new(&snap, &cols).unwrap());
+        let mut opts = TorchLoaderOptions::new(Device::Cpu);
+        if resident {
+            opts = opts.with_resident(1 << 30);
+        }
+        let batches: Vec<TensorBatch> = TorchLoader::new(s.clone(), g, opts)
+            .unwrap()
+            .map(|t| t.unwrap())
+            .collect();
+        assert_eq!(batches.len() as u64, per, "one epoch");
+        let last = batches.last().unwrap();
+        assert_eq!(last.shape(), (b as i64, 16));
+        let (head, tail) = (
+            |t: &Tensor| t.narrow(0, 0, n as i64),
+            |t: &Tensor| t.narrow(0, n as i64, (b - n) as i64),
+        );
+        for c in &want.columns {
+            let x = last.get(&c.name).unwrap();
+            assert_eq!(
+                bytes(&head(x)),
+                c.data.as_slice(),
+                "resident={resident} {}",
+                c.name
+            );
+            assert!(
+                bytes(&tail(x)).iter().all(|&v| v == 0),
+                "padding of {}",
+                c.name
+            );
+        }
+        assert_eq!(bytes(&head(&last.mask)), want.mask);
+        for (name, t) in last.tensors().filter(|(_, t)| t.kind() == Kind::Bool) {
+            assert!(
+                bytes(&tail(t)).iter().all(|&v| v == 0),
+                "resident={resident} {name}"
+            );
+        }
+        let ids: Vec<i64> = Vec::try_from(&tail(&last.episode_id)).unwrap();
+        assert!(ids.iter().all(|&i| i == -1), "{ids:?}");
+    }
+}
