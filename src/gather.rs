@@ -399,14 +399,15 @@ impl Gatherer {
         for c in &mut out.columns {
             c.data.resize(b * l * c.step_bytes(), 0);
         }
-        for v in [
+        let mut flags = [
             &mut out.mask,
             &mut out.is_first,
             &mut out.is_last,
             &mut out.terminated,
             &mut out.truncated,
             &mut out.slice_end,
-        ] {
+        ];
+        for v in flags.iter_mut() {
             v.resize(b * l, 0);
         }
         out.episode_id.resize(b, 0);
@@ -417,14 +418,7 @@ impl Gatherer {
                 .iter_mut()
                 .map(|c| c.data.as_slice_mut())
                 .collect(),
-            flags: [
-                &mut out.mask,
-                &mut out.is_first,
-                &mut out.is_last,
-                &mut out.terminated,
-                &mut out.truncated,
-                &mut out.slice_end,
-            ],
+            flags: flags.map(|v| v.as_mut_slice()),
             episode_id: &mut out.episode_id,
             start_step: &mut out.start_step,
         };
