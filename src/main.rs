@@ -343,9 +343,16 @@ fn demo(a: DemoArgs) -> Result<()> {
         if let Ok(text) = demo_sample(&snap) {
             emit(&text);
         }
+        let d = a.dataset.display();
+        let sql = if cfg!(feature = "sql") {
+            format!(
+                "\n  trajstore sql {d} \"SELECT episode_id, length, episode_return FROM episodes ORDER BY episode_return DESC LIMIT 5\""
+            )
+        } else {
+            String::new()
+        };
         outln!(
-            "\nnext: trajstore sample {0} --slice-len 64 --num-slices 8 | trajstore bench {0} | trajstore verify {0}",
-            a.dataset.display()
+            "\nnext:\n  trajstore sample {d} --slice-len 64 --num-slices 8\n  trajstore bench {d}{sql}\n  trajstore verify {d}"
         );
     }
     Ok(())
