@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::gather::{Batch, Gatherer};
-use crate::sample::Sampler;
+use crate::sample::{Sampler, SliceRef};
 
 /// Options of a [`Loader`].
 #[derive(Debug, Clone)]
@@ -117,31 +117,16 @@ impl Loader {
         let end = loader_end(sampler.as_ref(), &opts)?;
         let pool: Arc<Mutex<Vec<Batch>>> = Arc::new(Mutex::new(Vec::new()));
         let pipeline = Pipeline::start(opts.workers, opts.prefetch, end, "loader", |lane| {
-            let (sampler, gatherer, pool) = (sampler.clone(), gatherer.clone(), pool.clone());
-            let (rank, world, readahead) = (opts.rank, opts.world_size, opts.readahead);
-            let mut plan = Vec::new();
-            let mut ahead = Vec::new();
-            let mut primed = false;
+            let (gatherer, pool) = (gatherer.clone(), pool.clone());
+            let mut planner = Planner::new(sampler.clone(), &opts);
             move |k: u64| {
-                if readahead {
-                    if !primed {
-                        sampler.plan(k * world + rank, &mut ahead);
-                        primed = true;
-                    }
-                    std::mem::swap(&mut plan, &mut ahead);
-                    if let Some(next) = lane.after(k) {
-                        sampler.plan(next * world + rank, &mut ahead);
-                        gatherer.advise(&ahead);
-                    }
-                } else {
-                    sampler.plan(k * world + rank, &mut plan);
-                }
+                planner.plan(k, lane, &gatherer);
                 let mut batch = pool
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .pop()
                     .unwrap_or_default();
-                gatherer.gather(&plan, &mut batch);
+                gatherer.gather(planner.current(), &mut batch);
                 batch
             }
         })?;
@@ -175,6 +160,57 @@ impl Iterator for Loader {
     type Item = Batch;
     fn next(&mut self) -> Option<Batch> {
         self.next_batch()
+    }
+}
+
+/// One worker's plans: batch `k` of this rank is the sampler's batch `k * world_size + rank`;
+/// with read-ahead, the plan of the worker's next batch is made one batch early and its pages
+/// `madvise`d while the current one is gathered.
+pub(crate) struct Planner {
+    sampler: Arc<dyn Sampler>,
+    rank: u64,
+    world: u64,
+    readahead: bool,
+    plan: Vec<SliceRef>,
+    ahead: Vec<SliceRef>,
+    primed: bool,
+}
+
+impl Planner {
+    pub(crate) fn new(sampler: Arc<dyn Sampler>, opts: &LoaderOptions) -> Self {
+        Self {
+            sampler,
+            rank: opts.rank,
+            world: opts.world_size,
+            readahead: opts.readahead,
+            plan: Vec::new(),
+            ahead: Vec::new(),
+            primed: false,
+        }
+    }
+
+    /// Makes the plan of this worker's batch `k` (the worker produces the batches of `lane`),
+    /// then [`Planner::current`].
+    pub(crate) fn plan(&mut self, k: u64, lane: Lane, gatherer: &Gatherer) {
+        let global = |k: u64| k * self.world + self.rank;
+        if self.readahead {
+            if !self.primed {
+                self.sampler.plan(global(k), &mut self.ahead);
+                self.primed = true;
+            }
+            std::mem::swap(&mut self.plan, &mut self.ahead);
+            if let Some(next) = lane.after(k) {
+                self.sampler.plan(global(next), &mut self.ahead);
+                gatherer.advise(&self.ahead);
+            }
+        } else {
+            self.sampler.plan(global(k), &mut self.plan);
+        }
+    }
+
+    /// The plan [`Planner::plan`] made last.
+    pub(crate) fn current(&self) -> &[SliceRef] {
+        &self.plan
     }
 }
 

@@ -8,10 +8,10 @@ use tch::{Device, Kind, Tensor};
 use super::resident::Resident;
 use arrow::datatypes::DataType;
 
-use super::{FloatCast, TensorBatch, check_device, kind_size, storage_kind, widen};
+use super::{FloatCast, TensorBatch, check_device, storage_kind, widen};
 use crate::error::{Error, Result};
 use crate::gather::{GatherInto, Gatherer};
-use crate::loader::{LoaderOptions, Pipeline, loader_end};
+use crate::loader::{Lane, LoaderOptions, Pipeline, Planner, loader_end};
 use crate::sample::{Sampler, SliceRef};
 
 /// A user transform, run by the workers on each host batch before its transfer to the device.
@@ -244,18 +244,14 @@ impl Slot {
         // other thread reads or writes while it is filled (a slot is filled only when none of its
         // copies is pending and it was not handed out); the byte lengths are the tensors' own.
         let bytes = |t: &Tensor| unsafe {
-            std::slice::from_raw_parts_mut(t.data_ptr() as *mut u8, t.numel() * kind_size(t.kind()))
+            std::slice::from_raw_parts_mut(
+                t.data_ptr() as *mut u8,
+                t.numel() * t.kind().elt_size_in_bytes(),
+            )
         };
         let columns = self.columns.iter().map(bytes).collect();
-        let flags = bytes(&self.flags);
-        let (m, f, rest) = {
-            let (a, r) = flags.split_at_mut(b * l);
-            let (f1, r) = r.split_at_mut(b * l);
-            (a, f1, r)
-        };
-        let (f2, r) = rest.split_at_mut(b * l);
-        let (f3, r) = r.split_at_mut(b * l);
-        let (f4, f5) = r.split_at_mut(b * l);
+        let mut planes = bytes(&self.flags).chunks_exact_mut(b * l);
+        let flags = std::array::from_fn(|_| planes.next().expect("a [6, B, L] flag tensor"));
         let meta = bytes(&self.meta);
         // SAFETY: the metadata tensor is Int64 [2, B]: 16 * B bytes, 8-byte aligned.
         let meta: &mut [i64] =
@@ -269,7 +265,7 @@ impl Slot {
         let n = plan.len().min(b);
         let dest = GatherInto {
             columns,
-            flags: [m, f, f2, f3, f4, f5],
+            flags,
             episode_id: ids,
             start_step: starts,
         };
@@ -354,7 +350,6 @@ impl TorchLoader {
         let lo = &opts.loader;
         let pipeline = Pipeline::start(lo.workers, lo.prefetch, end, "torch-loader", |lane| {
             let mut worker = StreamWorker {
-                sampler: sampler.clone(),
                 gatherer: gatherer.clone(),
                 layout: layout.clone(),
                 device,
@@ -366,16 +361,11 @@ impl TorchLoader {
                 cast: opts.cast,
                 transform: opts.transform.clone(),
                 pool: pool.clone(),
-                rank: lo.rank,
-                world: lo.world_size,
-                readahead: lo.readahead,
+                planner: Planner::new(sampler.clone(), lo),
                 slots: Vec::new(),
                 max_slots: opts.staging_slots.max(2),
                 next_slot: 0,
                 pending: Vec::new(),
-                plan: Vec::new(),
-                ahead: Vec::new(),
-                primed: false,
             };
             move |k: u64| worker.produce(k, lane)
         })?;
@@ -438,7 +428,6 @@ impl Iterator for TorchLoader {
 }
 
 struct StreamWorker {
-    sampler: Arc<dyn Sampler>,
     gatherer: Arc<Gatherer>,
     layout: Layout,
     device: Device,
@@ -447,45 +436,27 @@ struct StreamWorker {
     cast: FloatCast,
     transform: Option<Transform>,
     pool: Arc<Mutex<Vec<TensorBatch>>>,
-    rank: u64,
-    world: u64,
-    readahead: bool,
+    planner: Planner,
     /// The ring of pinned staging slots (CUDA).
     slots: Vec<Slot>,
     max_slots: usize,
     next_slot: usize,
     /// Per slot: a copy out of it may still be running.
     pending: Vec<bool>,
-    plan: Vec<SliceRef>,
-    ahead: Vec<SliceRef>,
-    primed: bool,
 }
 
 impl StreamWorker {
-    fn produce(&mut self, k: u64, lane: crate::loader::Lane) -> Result<TensorBatch> {
-        let (world, rank) = (self.world, self.rank);
-        if self.readahead {
-            if !self.primed {
-                self.sampler.plan(k * world + rank, &mut self.ahead);
-                self.primed = true;
-            }
-            std::mem::swap(&mut self.plan, &mut self.ahead);
-            if let Some(next) = lane.after(k) {
-                self.sampler.plan(next * world + rank, &mut self.ahead);
-                self.gatherer.advise(&self.ahead);
-            }
-        } else {
-            self.sampler.plan(k * world + rank, &mut self.plan);
-        }
-        if self.plan.len() > self.layout.b {
+    fn produce(&mut self, k: u64, lane: Lane) -> Result<TensorBatch> {
+        self.planner.plan(k, lane, &self.gatherer);
+        let n = self.planner.current().len();
+        if n > self.layout.b {
             return Err(Error::InvalidArgument(format!(
-                "the sampler planned {} slices for a batch of {}",
-                self.plan.len(),
+                "the sampler planned {n} slices for a batch of {}",
                 self.layout.b
             )));
         }
         match self.device {
-            Device::Cuda(n) => self.produce_cuda(n),
+            Device::Cuda(index) => self.produce_cuda(index),
             _ => self.produce_host(),
         }
     }
@@ -497,7 +468,7 @@ impl StreamWorker {
             Some(s) => s,
             None => Slot::alloc(&self.layout, self.pin)?,
         };
-        slot.fill(&self.gatherer, &self.plan, &self.layout)?;
+        slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
         let mut batch = slot.view(&self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
@@ -529,7 +500,7 @@ impl StreamWorker {
             self.pending.iter_mut().for_each(|p| *p = false);
         }
         let slot = &mut self.slots[i];
-        slot.fill(&self.gatherer, &self.plan, &self.layout)?;
+        slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
         let mut host = slot.view(&self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut host)?;
@@ -551,14 +522,7 @@ impl StreamWorker {
 /// Pins every tensor of `batch` that is not pinned (a transform's new tensors) so that the
 /// transfer stays a pinned, non-blocking one. Tensors already pinned are kept as they are.
 fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
-    let flag_base = batch.flag_base.as_ref().map(Tensor::shallow_clone);
-    let meta_base = batch.meta_base.as_ref().map(Tensor::shallow_clone);
-    let base_columns = batch
-        .base_columns
-        .iter()
-        .map(Tensor::shallow_clone)
-        .collect();
-    let mut out = batch.try_map(|t| {
+    batch.try_map(|t| {
         if t.device() != Device::Cpu {
             return Err(Error::InvalidArgument(format!(
                 "the transform returned a tensor on {:?}; transforms run on host batches",
@@ -570,9 +534,5 @@ fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
         } else {
             t.f_pin_memory(device)?
         })
-    })?;
-    out.flag_base = flag_base;
-    out.meta_base = meta_base;
-    out.base_columns = base_columns;
-    Ok(out)
+    })
 }

@@ -122,16 +122,6 @@ pub(crate) fn storage_kind(dt: &DataType) -> Result<Kind> {
     })
 }
 
-/// Bytes per element of a tensor kind the loader produces.
-pub(crate) fn kind_size(k: Kind) -> usize {
-    match k {
-        Kind::Uint8 | Kind::Int8 | Kind::Bool => 1,
-        Kind::Int16 | Kind::Half | Kind::BFloat16 => 2,
-        Kind::Int | Kind::Float => 4,
-        _ => 8,
-    }
-}
-
 /// A floating-point cast applied on the device (halves device memory and transfer-side compute
 /// for bf16/f16 training; integer columns are never cast).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -275,9 +265,11 @@ impl TensorBatch {
             ])
     }
 
-    /// Applies `f` to every tensor (columns, flags, metadata), e.g. a device transfer.
+    /// Applies `f` to every tensor (columns, flags, metadata): a cast, a pinning copy, a device
+    /// transfer. A result on the CPU keeps the host slot tensors it came from, so that it can still
+    /// be recycled.
     pub(crate) fn try_map(&self, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Self> {
-        Ok(TensorBatch {
+        let mut out = TensorBatch {
             columns: self
                 .columns
                 .iter()
@@ -294,7 +286,17 @@ impl TensorBatch {
             flag_base: None,
             meta_base: None,
             base_columns: Vec::new(),
-        })
+        };
+        if out.device() == Device::Cpu {
+            out.flag_base = self.flag_base.as_ref().map(Tensor::shallow_clone);
+            out.meta_base = self.meta_base.as_ref().map(Tensor::shallow_clone);
+            out.base_columns = self
+                .base_columns
+                .iter()
+                .map(Tensor::shallow_clone)
+                .collect();
+        }
+        Ok(out)
     }
 }
 

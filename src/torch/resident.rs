@@ -9,7 +9,7 @@ use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
 use super::loader::{Layout, TorchLoaderOptions};
-use super::{FloatCast, TensorBatch, kind_size, storage_kind, widen};
+use super::{FloatCast, TensorBatch, storage_kind, widen};
 use crate::dataset::Snapshot;
 use crate::error::{Error, Result};
 use crate::format::{col, ep};
@@ -62,7 +62,7 @@ fn plan_upload(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
     for u in &mut uploads {
         let width: i64 = u.shape.iter().product::<i64>().max(1);
         let rows = n + if u.with_finals { e } else { 0 };
-        u.bytes = rows * width as u64 * kind_size(u.kind) as u64;
+        u.bytes = rows * width as u64 * u.kind.elt_size_in_bytes() as u64;
     }
     Ok(uploads)
 }
@@ -119,14 +119,14 @@ impl Resident {
                 "resident mode needs {} of device memory for {} (with cast {:?}), more than the \
                  budget of {}; raise the budget, cast floats to bf16, request fewer columns, or \
                  stream instead",
-                human(need),
+                indicatif::HumanBytes(need),
                 uploads
                     .iter()
                     .map(|u| u.source.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
                 opts.cast,
-                human(budget)
+                indicatif::HumanBytes(budget)
             )));
         }
         let device = opts.device;
@@ -310,7 +310,7 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
         dt => (dt.clone(), 1),
     };
     let stored_kind = storage_kind(&elem)?;
-    let step_bytes = width * kind_size(stored_kind);
+    let step_bytes = width * stored_kind.elt_size_in_bytes();
     let chunk_rows = (CHUNK_BYTES / step_bytes).max(1);
     let mut chunk = Tensor::f_empty(
         [(chunk_rows * step_bytes) as i64],
@@ -376,13 +376,4 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     }
     debug_assert_eq!(row, rows);
     Ok(dst)
-}
-
-fn human(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
 }
