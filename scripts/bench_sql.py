@@ -4,11 +4,14 @@
 
 Writes a synthetic dataset with `trajstore demo` (or uses --dataset), exports it to Parquet with
 `trajstore export`, then times, best of --repeat runs each:
-  trajstore:      `trajstore sql DATASET QUERY --format arrow --output FILE` (whole process: open,
-                  plan, run, write the result)
-  duckdb_arrow:   DuckDB over the segments' Arrow IPC files, memory-mapped by pyarrow (the table
-                  is built once, outside the timing)
-  duckdb_parquet: DuckDB reading the exported Parquet file
+  trajstore:       `trajstore sql DATASET QUERY --format arrow --output FILE` (whole process: start,
+                   open the dataset, plan, run, write the result file)
+  trajstore_query: the query alone inside that process (`--timer --repeat N`: plan, execute,
+                   collect the result in memory; no process start, no output)
+  duckdb_arrow:    DuckDB over the segments' Arrow IPC files, memory-mapped by pyarrow (the table
+                   is built once, outside the timing), result collected as an Arrow table
+  duckdb_arrow_file: the same, then the result written as an Arrow IPC file like trajstore's
+  duckdb_parquet:  DuckDB reading the exported Parquet file
 for
   group_by:  SELECT episode_id, SUM(reward), COUNT(*) FROM transitions GROUP BY episode_id
   filtered:  SELECT episode_id, step, reward FROM transitions WHERE episode_id BETWEEN lo AND hi
@@ -84,17 +87,36 @@ def run(a, tmp):
             with pa.memory_map(out_file) as m:
                 return ipc.open_file(m).read_all().num_rows
 
+        def ts_query():
+            p = subprocess.run([a.bin, "sql", ds, q.format(t="transitions"), "--format", "arrow",
+                                "--output", out_file, "--timer", "--repeat", str(a.repeat + 1)],
+                               check=True, capture_output=True, text=True)
+            runs = [l for l in p.stderr.splitlines() if l.startswith("run time: query ")]
+            ms = [float(l.split()[3]) for l in runs[1:]]  # the first run warms up
+            return min(ms) / 1e3, int(runs[-1].split(", ")[-1].split()[0])
+
         def duck(t):
             return lambda: con.sql(q.format(t=t)).to_arrow_table().num_rows
 
+        def duck_file():
+            table = con.sql(q.format(t="transitions")).to_arrow_table()
+            with pa.OSFile(out_file, "wb") as f, ipc.new_file(f, table.schema) as w:
+                w.write_table(table)
+            return table.num_rows
+
         r = {"query": name, "transitions": transitions.num_rows, "episodes": episodes}
         for label, f in [("trajstore", ts), ("duckdb_arrow", duck("transitions")),
+                         ("duckdb_arrow_file", duck_file),
                          ("duckdb_parquet", duck("transitions_pq"))]:
             f()  # warm-up (page cache, plan caches)
             secs, rows = best(f, a.repeat)
             r[label + "_s"] = round(secs, 4)
             r[label + "_rows"] = rows
+        secs, rows = ts_query()
+        r["trajstore_query_s"] = round(secs, 4)
+        r["trajstore_query_rows"] = rows
         r["trajstore_over_duckdb_arrow"] = round(r["trajstore_s"] / r["duckdb_arrow_s"], 2)
+        r["trajstore_query_over_duckdb_arrow"] = round(secs / r["duckdb_arrow_s"], 2)
         print(json.dumps(r), flush=True)
 
 

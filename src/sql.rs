@@ -64,6 +64,13 @@ use crate::dataset::Snapshot;
 use crate::error::{Error, Result};
 use crate::format::{col, ep};
 
+mod episode_agg;
+use episode_agg::{EpisodeGroupBy, SegmentScan};
+
+/// The name of the physical optimizer rule that runs `GROUP BY episode_id` over `transitions`
+/// as a pass over each segment's runs of equal ids (`EpisodeAggregateExec` in EXPLAIN). Remove
+/// it from a session's rules to get DataFusion's hash aggregation instead.
+pub const EPISODE_GROUP_BY_RULE: &str = episode_agg::RULE_NAME;
 /// Name of the transitions table.
 pub const TRANSITIONS: &str = "transitions";
 /// Name of the episodes table.
@@ -76,7 +83,26 @@ pub async fn register(ctx: &SessionContext, snap: &Snapshot) -> Result<()> {
     ctx.register_table(TRANSITIONS, Arc::new(TransitionsTable::new(snap)))?;
     ctx.register_table(EPISODES, Arc::new(episodes_table(snap)?))?;
     register_functions(ctx);
+    add_episode_group_by(ctx);
     Ok(())
+}
+
+/// Adds the physical optimizer rule that runs `GROUP BY episode_id` over `transitions` as one
+/// pass over each segment's runs of equal ids instead of a hash aggregation (see
+/// [`EpisodeAggregateExec`](episode_agg)); it runs after DataFusion's own rules. Idempotent.
+fn add_episode_group_by(ctx: &SessionContext) {
+    let state = ctx.state_ref();
+    let mut state = state.write();
+    if state
+        .physical_optimizers()
+        .iter()
+        .any(|r| r.name() == episode_agg::RULE_NAME)
+    {
+        return;
+    }
+    *state = datafusion::execution::SessionStateBuilder::new_from_existing(state.clone())
+        .with_physical_optimizer_rule(Arc::new(EpisodeGroupBy))
+        .build();
 }
 
 /// Registers trajstore's scalar and aggregate functions (see the module docs) in `ctx`.
@@ -281,6 +307,8 @@ pub struct TransitionsTable {
     schema: SchemaRef,
     /// One entry per segment.
     segments: Vec<Vec<Part>>,
+    /// The episode ids of each segment (`first..end`).
+    episodes: Vec<(u64, u64)>,
     rows: usize,
 }
 
@@ -326,9 +354,18 @@ impl TransitionsTable {
                 parts
             })
             .collect();
+        let episodes = snap
+            .segments()
+            .iter()
+            .map(|s| {
+                let e = s.entry();
+                (e.first_episode_id, e.first_episode_id + e.episodes)
+            })
+            .collect();
         Self {
             schema,
             segments,
+            episodes,
             rows,
         }
     }
@@ -352,13 +389,15 @@ impl TableProvider for TransitionsTable {
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let mut partitions: Vec<Vec<RecordBatch>> = vec![];
+        let mut episodes = vec![];
         let mut budget = limit.filter(|_| filters.is_empty());
-        'segments: for seg in &self.segments {
+        'segments: for (seg, &ids) in self.segments.iter().zip(&self.episodes) {
             let mut batches = vec![];
             for p in seg {
                 if budget == Some(0) {
                     if !batches.is_empty() {
                         partitions.push(batches);
+                        episodes.push(ids);
                     }
                     break 'segments;
                 }
@@ -371,17 +410,22 @@ impl TableProvider for TransitionsTable {
             }
             if !batches.is_empty() {
                 partitions.push(batches);
+                episodes.push(ids);
             }
         }
         if partitions.is_empty() {
             partitions.push(vec![]);
+            episodes.push((0, 0));
         }
         // No output ordering is declared although each segment is in (episode_id, step) order:
         // with it, GROUP BY episode_id took an order-preserving repartition that was 2x slower.
+        // `SegmentScan` carries what GROUP BY episode_id needs instead (see `episode_agg`).
         let source =
             MemorySourceConfig::try_new(&partitions, self.schema.clone(), projection.cloned())?
                 .with_limit(limit);
-        Ok(DataSourceExec::from_data_source(source))
+        Ok(DataSourceExec::from_data_source(SegmentScan::new(
+            source, episodes,
+        )))
     }
 
     fn supports_filters_pushdown(

@@ -27,6 +27,14 @@ pub(crate) struct SqlArgs {
     /// Print the physical plan instead of running the query.
     #[arg(long)]
     explain: bool,
+    /// Print each query's time to stderr, split into running the query (plan, execute, collect
+    /// the result in memory) and writing the result (`.timer on|off` in the prompt).
+    #[arg(long)]
+    timer: bool,
+    /// Run the query this many times (with --timer, one time line per run; the result is written
+    /// once). For timing a query without the process start and dataset open.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -43,12 +51,12 @@ enum SqlFormat {
     Arrow,
 }
 
-pub(crate) fn sql(a: SqlArgs) -> Result<()> {
+pub(crate) fn sql(mut a: SqlArgs) -> Result<()> {
     let snap = open_snapshot(&a.dataset, a.version)?;
     let session = trajstore::sql::SqlSession::new(&snap)?;
-    match &a.query {
-        Some(q) => run_sql(&session, q, &a),
-        None => sql_shell(&session, &a),
+    match a.query.clone() {
+        Some(q) => run_sql(&session, &q, &a),
+        None => sql_shell(&session, &mut a),
     }
 }
 
@@ -57,13 +65,41 @@ fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs) -> Result
         emit(&session.explain(q, false).map_err(one_line)?);
         return Ok(());
     }
-    let result = session.query(q).map_err(one_line)?;
+    let mut result = None;
+    let mut query_times = vec![];
+    for _ in 0..a.repeat {
+        let t = std::time::Instant::now();
+        result = Some(session.query(q).map_err(one_line)?);
+        query_times.push(t.elapsed());
+    }
+    let result = result.expect("repeat >= 1");
+    let t = std::time::Instant::now();
+    write_query_result(&result, a)?;
+    if a.timer {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        for (i, d) in query_times.iter().enumerate() {
+            let output = if i + 1 == query_times.len() {
+                format!("{:.3} ms", ms(t.elapsed()))
+            } else {
+                "-".into()
+            };
+            eprintln!(
+                "run time: query {:.3} ms, output {output}, {} rows",
+                ms(*d),
+                result.num_rows()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn write_query_result(result: &trajstore::sql::QueryResult, a: &SqlArgs) -> Result<()> {
     match &a.output {
         Some(path) => {
             let tmp = path.with_extension("tmp");
             let file = std::fs::File::create(&tmp)
                 .with_context(|| format!("cannot create {}", tmp.display()))?;
-            write_result(&result, a.format, std::io::BufWriter::new(file))?;
+            write_result(result, a.format, std::io::BufWriter::new(file))?;
             std::fs::rename(&tmp, path)
                 .with_context(|| format!("cannot write {}", path.display()))?;
             if a.format == SqlFormat::Table || std::io::IsTerminal::is_terminal(&std::io::stdout())
@@ -73,7 +109,7 @@ fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs) -> Result
         }
         None => {
             let mut buf = vec![];
-            write_result(&result, a.format, &mut buf)?;
+            write_result(result, a.format, &mut buf)?;
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             if let Err(e) = out.write_all(&buf).and_then(|()| out.flush())
@@ -242,7 +278,7 @@ impl ShellInput {
     }
 }
 
-fn sql_shell(session: &trajstore::sql::SqlSession, a: &SqlArgs) -> Result<()> {
+fn sql_shell(session: &trajstore::sql::SqlSession, a: &mut SqlArgs) -> Result<()> {
     let mut input = ShellInput::new();
     let interactive = input.interactive();
     if interactive {
@@ -301,9 +337,14 @@ fn sql_shell(session: &trajstore::sql::SqlSession, a: &SqlArgs) -> Result<()> {
                         }
                     }
                 }
+                (".timer", Some(on @ ("on" | "off"))) => a.timer = on == "on",
+                (".timer", _) => {
+                    eprintln!("error: usage: .timer on|off");
+                    failed = true;
+                }
                 (".help", _) => outln!(
-                    ".tables  .schema [TABLE]  .quit   (SQL statements end with `;`; EXPLAIN works; \
-                     Ctrl-C abandons a statement, Ctrl-D quits)"
+                    ".tables  .schema [TABLE]  .timer on|off  .quit   (SQL statements end with `;`; \
+                     EXPLAIN works; Ctrl-C abandons a statement, Ctrl-D quits)"
                 ),
                 (other, _) => {
                     eprintln!("error: unknown command {other} (try .help)");

@@ -654,3 +654,129 @@ fn sql_prompt_on_a_terminal_keeps_history() {
     assert!(h.contains("SELECT COUNT(*) AS n"), "{h}");
     assert!(h.contains("FROM episodes;"), "{h}");
 }
+
+/// `s` with trajstore's `GROUP BY episode_id` rule removed: DataFusion's own hash aggregation.
+fn without_episode_rule(s: &SqlSession) {
+    use datafusion::execution::SessionStateBuilder;
+    let state = s.context().state_ref();
+    let mut state = state.write();
+    let rules = state
+        .physical_optimizers()
+        .iter()
+        .filter(|r| r.name() != trajstore::sql::EPISODE_GROUP_BY_RULE)
+        .cloned()
+        .collect();
+    *state = SessionStateBuilder::new_from_existing(state.clone())
+        .with_physical_optimizer_rules(rules)
+        .build();
+}
+
+fn pretty(r: &QueryResult) -> String {
+    arrow::util::pretty::pretty_format_batches_with_schema(r.schema.clone(), &r.batches)
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn group_by_episode_runs_equal_datafusion_hash_aggregation() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let queries = [
+        // (query, whether the run-based aggregation must be used)
+        (
+            "SELECT episode_id, SUM(reward) AS r, COUNT(*) AS n FROM transitions \
+             GROUP BY episode_id ORDER BY episode_id",
+            true,
+        ),
+        (
+            "SELECT episode_id AS e, MIN(step), MAX(step), AVG(reward), COUNT(reward), SUM(step), \
+             MIN(reward) FILTER (WHERE step > 3) FROM transitions WHERE reward > 0.2 \
+             GROUP BY episode_id ORDER BY e",
+            true,
+        ),
+        (
+            "SELECT episode_id, SUM(reward) FROM transitions WHERE episode_id BETWEEN 50 AND 260 \
+             GROUP BY episode_id HAVING COUNT(*) > 30 ORDER BY 1",
+            true,
+        ),
+        (
+            "SELECT id, SUM(r2), MAX(s) FROM (SELECT episode_id AS id, reward * 2 AS r2, \
+             step AS s FROM transitions) GROUP BY id ORDER BY id",
+            true,
+        ),
+        (
+            "SELECT t.episode_id, t.r, e.episode_return FROM (SELECT episode_id, SUM(reward) AS r \
+             FROM transitions GROUP BY episode_id) t JOIN episodes e \
+             ON t.episode_id = e.episode_id ORDER BY 1",
+            true,
+        ),
+        (
+            "SELECT episode_id, n, SUM(n) OVER (ORDER BY episode_id) AS cum FROM \
+             (SELECT episode_id, COUNT(*) AS n FROM transitions GROUP BY episode_id) \
+             ORDER BY episode_id",
+            true,
+        ),
+        (
+            "SELECT n, COUNT(*) AS episodes FROM (SELECT episode_id, COUNT(*) AS n \
+             FROM transitions GROUP BY episode_id) GROUP BY n ORDER BY n",
+            true,
+        ),
+        (
+            "SELECT episode_id, SUM(reward) FROM transitions GROUP BY episode_id \
+             ORDER BY episode_id DESC LIMIT 7",
+            true,
+        ),
+        // Not handled: the rows of an episode come twice, from two inputs.
+        (
+            "SELECT episode_id, COUNT(*) FROM (SELECT episode_id FROM transitions UNION ALL \
+             SELECT episode_id FROM transitions) GROUP BY episode_id ORDER BY 1",
+            false,
+        ),
+        // Not handled: other keys, DISTINCT, no aggregate, ordered aggregates.
+        (
+            "SELECT step, COUNT(*) FROM transitions GROUP BY step ORDER BY step",
+            false,
+        ),
+        (
+            "SELECT episode_id, COUNT(DISTINCT step) FROM transitions GROUP BY episode_id \
+             ORDER BY 1",
+            false,
+        ),
+        (
+            "SELECT COUNT(*) FROM (SELECT episode_id FROM transitions GROUP BY episode_id)",
+            false,
+        ),
+        (
+            "SELECT episode_id, FIRST_VALUE(reward ORDER BY step DESC) FROM transitions \
+             GROUP BY episode_id ORDER BY 1",
+            false,
+        ),
+    ];
+    for partitions in [1, 2, 3, 64] {
+        let config = || default_config().with_target_partitions(partitions);
+        let fast = SqlSession::with_config(&snap, config()).unwrap();
+        let plain = SqlSession::with_config(&snap, config()).unwrap();
+        without_episode_rule(&plain);
+        for (q, used) in queries {
+            let plan = fast.explain(q, false).unwrap();
+            // With more target partitions than segments DataFusion splits the segments'
+            // partitions, and the rule must step aside.
+            let expect = used && partitions < snap.segments().len();
+            assert_eq!(
+                plan.contains("EpisodeAggregateExec"),
+                expect,
+                "{partitions} partitions: {q}\n{plan}"
+            );
+            assert!(
+                !plain
+                    .explain(q, false)
+                    .unwrap()
+                    .contains("EpisodeAggregateExec")
+            );
+            let (a, b) = (fast.query(q).unwrap(), plain.query(q).unwrap());
+            assert_eq!(a.schema, b.schema, "{q}");
+            assert!(a.num_rows() > 0, "{q}");
+            assert_eq!(pretty(&a), pretty(&b), "{partitions} partitions: {q}");
+        }
+    }
+}
