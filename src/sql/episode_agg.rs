@@ -644,18 +644,13 @@ impl Runs {
                 Some(f) => Some(f.evaluate(batch)?.into_array(n)?),
                 None => None,
             };
-            let filter = match &filter {
+            let filter: Option<&BooleanArray> = match &filter {
                 Some(f) => Some(f.as_boolean_opt().ok_or_else(|| {
                     DataFusionError::Internal("FILTER clause is not boolean".into())
                 })?),
                 None => None,
             };
-            acc.update_batch(
-                &values,
-                &self.group_of_row,
-                filter.map(|f: &BooleanArray| f),
-                groups,
-            )?;
+            acc.update_batch(&values, &self.group_of_row, filter, groups)?;
         }
         Ok(())
     }
