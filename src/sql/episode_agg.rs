@@ -29,7 +29,8 @@ use arrow::array::{
     UInt64Array,
 };
 use arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Float64Type, Int64Type, Schema, SchemaRef, UInt64Type,
+    ArrowNativeTypeOp, ArrowPrimitiveType, DataType, Float64Type, Int64Type, Schema, SchemaRef,
+    UInt64Type,
 };
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -499,11 +500,15 @@ impl Kernel {
         })
     }
 
+    /// Adds one batch: `runs` are its `(group, start, end)` runs, `group_of_row` the same as a
+    /// group index per row (filled only when some kernel is generic).
     fn update(
         &mut self,
         args: &[Arc<dyn PhysicalExpr>],
+        filter: Option<&Arc<dyn PhysicalExpr>>,
         batch: &RecordBatch,
         runs: &[(usize, usize, usize)],
+        group_of_row: &[usize],
         groups: usize,
     ) -> DfResult<()> {
         fn values<T: ArrowPrimitiveType>(
@@ -516,39 +521,52 @@ impl Kernel {
                 _ => internal_err!("aggregate input is not a non-null {}", T::DATA_TYPE),
             }
         }
+        /// Each run's slice added in row order with DataFusion's `add_wrapping` (plain `+` for
+        /// floats), starting from zero, as its sum accumulator does.
+        fn sum<T: ArrowPrimitiveType>(
+            acc: &mut Vec<T::Native>,
+            args: &[Arc<dyn PhysicalExpr>],
+            batch: &RecordBatch,
+            runs: &[(usize, usize, usize)],
+            groups: usize,
+        ) -> DfResult<()> {
+            let v = values::<T>(args, batch)?;
+            acc.resize(groups, T::Native::ZERO);
+            for &(g, s, e) in runs {
+                acc[g] = v.values()[s..e]
+                    .iter()
+                    .fold(acc[g], |a, &x| a.add_wrapping(x));
+            }
+            Ok(())
+        }
         match self {
-            Kernel::Generic(_) => unreachable!("handled by the caller"),
+            Kernel::Generic(acc) => {
+                let n = batch.num_rows();
+                let values = args
+                    .iter()
+                    .map(|e| e.evaluate(batch)?.into_array(n))
+                    .collect::<DfResult<Vec<ArrayRef>>>()?;
+                let filter = match filter {
+                    Some(f) => Some(f.evaluate(batch)?.into_array(n)?),
+                    None => None,
+                };
+                let filter: Option<&BooleanArray> = match &filter {
+                    Some(f) => Some(f.as_boolean_opt().ok_or_else(|| {
+                        DataFusionError::Internal("FILTER clause is not boolean".into())
+                    })?),
+                    None => None,
+                };
+                acc.update_batch(&values, group_of_row, filter, groups)?;
+            }
             Kernel::Count(acc) => {
                 acc.resize(groups, 0);
                 for &(g, s, e) in runs {
                     acc[g] += (e - s) as i64;
                 }
             }
-            Kernel::SumF64(acc) => {
-                let v = values::<Float64Type>(args, batch)?;
-                acc.resize(groups, 0.0);
-                for &(g, s, e) in runs {
-                    acc[g] = v.values()[s..e].iter().fold(acc[g], |a, &x| a + x);
-                }
-            }
-            Kernel::SumI64(acc) => {
-                let v = values::<Int64Type>(args, batch)?;
-                acc.resize(groups, 0);
-                for &(g, s, e) in runs {
-                    acc[g] = v.values()[s..e]
-                        .iter()
-                        .fold(acc[g], |a, &x| a.wrapping_add(x));
-                }
-            }
-            Kernel::SumU64(acc) => {
-                let v = values::<UInt64Type>(args, batch)?;
-                acc.resize(groups, 0);
-                for &(g, s, e) in runs {
-                    acc[g] = v.values()[s..e]
-                        .iter()
-                        .fold(acc[g], |a, &x| a.wrapping_add(x));
-                }
-            }
+            Kernel::SumF64(acc) => sum::<Float64Type>(acc, args, batch, runs, groups)?,
+            Kernel::SumI64(acc) => sum::<Int64Type>(acc, args, batch, runs, groups)?,
+            Kernel::SumU64(acc) => sum::<UInt64Type>(acc, args, batch, runs, groups)?,
         }
         Ok(())
     }
@@ -629,28 +647,14 @@ impl Runs {
             }
         }
         for ((kernel, args), filter) in self.accs.iter_mut().zip(&self.args).zip(&self.filters) {
-            let acc = match kernel {
-                Kernel::Generic(acc) => acc,
-                fast => {
-                    fast.update(args, batch, &self.runs, groups)?;
-                    continue;
-                }
-            };
-            let values = args
-                .iter()
-                .map(|e| e.evaluate(batch)?.into_array(n))
-                .collect::<DfResult<Vec<ArrayRef>>>()?;
-            let filter = match filter {
-                Some(f) => Some(f.evaluate(batch)?.into_array(n)?),
-                None => None,
-            };
-            let filter: Option<&BooleanArray> = match &filter {
-                Some(f) => Some(f.as_boolean_opt().ok_or_else(|| {
-                    DataFusionError::Internal("FILTER clause is not boolean".into())
-                })?),
-                None => None,
-            };
-            acc.update_batch(&values, &self.group_of_row, filter, groups)?;
+            kernel.update(
+                args,
+                filter.as_ref(),
+                batch,
+                &self.runs,
+                &self.group_of_row,
+                groups,
+            )?;
         }
         Ok(())
     }
