@@ -1,13 +1,20 @@
 """Ingest benchmark: trajstore's Parquet ingest against pyarrow's own Parquet -> Arrow IPC file
-conversion of the same file, measured in the same run.
+conversion of the same file, measured in the same run; with --format npz, trajstore's NumPy ingest
+of a D4RL-style .npz against NumPy loading it and pyarrow writing the arrays as an Arrow IPC file.
 
     python scripts/bench_ingest.py --n 10000000 --bin target/release/trajstore
+    python scripts/bench_ingest.py --n 10000000 --format npz [--compressed]
 
 Writes a D4RL-shaped Parquet file (columns episode, observation [17] f32, action [6] f32, reward,
 terminated, truncated; the peer script's layout), then times, best of --repeat runs each:
   pyarrow:   pq.read_table + ipc.new_file(...).write_table  (decode + IPC write, no episode logic)
   trajstore: trajstore ingest --episode-col episode --terminated-col terminated --truncated-col truncated
 and prints one JSON line.
+
+With --format npz the input is np.savez (np.savez_compressed with --compressed) of D4RL's keys
+(observations, actions, rewards, terminals, timeouts) and the times are:
+  numpy+pyarrow: np.load of every array + ipc.new_file(...).write_table (no episode logic)
+  trajstore:     trajstore ingest data.npz DATASET (no options: the D4RL names are recognised)
 """
 import argparse, json, os, shutil, subprocess, tempfile, time
 
@@ -47,6 +54,23 @@ def make_parquet(path, n, obs_dim, act_dim, mean_len, seed):
     return len(lens)
 
 
+def make_npz(path, n, obs_dim, act_dim, mean_len, seed, compressed):
+    """The same transitions as make_parquet, as D4RL's get_dataset() dict."""
+    tmp = path + ".parquet"
+    episodes = make_parquet(tmp, n, obs_dim, act_dim, mean_len, seed)
+    t = pq.read_table(tmp)
+    os.remove(tmp)
+    arrays = {
+        "observations": t["observation"].combine_chunks().flatten().to_numpy().reshape(n, obs_dim),
+        "actions": t["action"].combine_chunks().flatten().to_numpy().reshape(n, act_dim),
+        "rewards": t["reward"].to_numpy(),
+        "terminals": t["terminated"].to_numpy(zero_copy_only=False),
+        "timeouts": t["truncated"].to_numpy(zero_copy_only=False),
+    }
+    (np.savez_compressed if compressed else np.savez)(path, **arrays)
+    return episodes
+
+
 def best(f, repeat):
     times = []
     for _ in range(repeat):
@@ -65,9 +89,13 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--bin", default="target/release/trajstore")
     p.add_argument("--dir", default=None)
+    p.add_argument("--format", choices=["parquet", "npz"], default="parquet")
+    p.add_argument("--compressed", action="store_true", help="npz: np.savez_compressed")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="trajstore-bench-", dir=a.dir)
     try:
+        if a.format == "npz":
+            return bench_npz(a, work)
         src = os.path.join(work, "input.parquet")
         episodes = make_parquet(src, a.n, a.obs_dim, a.act_dim, a.mean_len, 0)
         out_ipc = os.path.join(work, "pyarrow.arrow")
@@ -99,6 +127,44 @@ def main():
         }))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_npz(a, work):
+    src = os.path.join(work, "input.npz")
+    episodes = make_npz(src, a.n, a.obs_dim, a.act_dim, a.mean_len, 0, a.compressed)
+    out_ipc = os.path.join(work, "numpy.arrow")
+
+    def numpy_convert():
+        z = np.load(src)
+        cols = {}
+        for k in z.files:
+            v = z[k]
+            if v.ndim == 2:
+                cols[k] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+            else:
+                cols[k] = pa.array(v)
+        t = pa.table(cols)
+        with ipc.new_file(out_ipc, t.schema) as w:
+            w.write_table(t, max_chunksize=1 << 20)
+
+    ds = os.path.join(work, "ts.trajstore")
+
+    def trajstore_ingest():
+        shutil.rmtree(ds, ignore_errors=True)
+        subprocess.run([a.bin, "ingest", src, ds, "--json"], check=True, stdout=subprocess.DEVNULL)
+
+    t_np = best(numpy_convert, a.repeat)
+    t_ts = best(trajstore_ingest, a.repeat)
+    print(json.dumps({
+        "transitions": a.n, "episodes": episodes, "compressed": a.compressed,
+        "npz_bytes": os.path.getsize(src),
+        "numpy_load_to_ipc_s": round(t_np, 3),
+        "trajstore_ingest_s": round(t_ts, 3),
+        "numpy_rows_per_s": round(a.n / t_np),
+        "trajstore_rows_per_s": round(a.n / t_ts),
+        "trajstore_over_numpy_time": round(t_ts / t_np, 3),
+        "cpus": os.cpu_count(),
+    }))
 
 
 if __name__ == "__main__":

@@ -1,25 +1,35 @@
-//! Parquet ingest: turns a Parquet file of transitions (one row per transition, D4RL/Minari/LeRobot
-//! style exports, pandas/Polars dumps) into trajstore episodes.
+//! Ingest: turns a file of transitions (one row per transition) into trajstore episodes. Two
+//! input formats, read by one pipeline:
+//!
+//! - **Parquet** (D4RL/Minari/LeRobot style exports, pandas/Polars dumps);
+//! - **NumPy**: a `.npz` archive (`np.savez` / `np.savez_compressed`, e.g. D4RL's
+//!   `env.get_dataset()` dict saved as is) or a directory of `.npy` files, one column per array
+//!   (module `numpy`).
+//!
+//! Common layouts need no options: D4RL's `observations, actions, rewards, terminals, timeouts,
+//! next_observations`, Gymnasium's `terminated/truncated`, Minari's `terminations/truncations`
+//! and LeRobot's `episode_index` are recognised when the caller leaves the corresponding option
+//! at its default ([`IngestReport::columns`] and [`IngestReport::boundaries`] say what was used).
 //!
 //! Episode boundaries come from one of two places:
 //!
-//! - an **episode id column** ([`ParquetIngestOptions::episode_col`]): an episode is a maximal run
+//! - an **episode id column** ([`IngestOptions::episode_col`]): an episode is a maximal run
 //!   of equal ids, the rows of one episode must be contiguous, and optional flag columns are read
 //!   on each episode's last row. The original id is kept as the user column `source_episode`
 //!   (ids are reassigned densely by the writer);
-//! - **flag columns** ([`ParquetIngestOptions::terminated_col`],
-//!   [`ParquetIngestOptions::truncated_col`]): an episode ends at a row where either flag is set
+//! - **flag columns** ([`IngestOptions::terminated_col`],
+//!   [`IngestOptions::truncated_col`]): an episode ends at a row where either flag is set
 //!   (D4RL semantics); the rows after the last flag form a final episode marked truncated.
 //!
 //! Observations and actions may be fixed-size lists, variable-size lists of constant length, or
 //! several scalar columns combined into one vector. Other fixed-width columns are kept as user
 //! columns.
 //!
-//! Ingest streams: row groups are decoded in parallel (a window of up to
-//! [`rayon::current_num_threads`] row groups, each by its own reader) and fed in order to one
-//! [`DatasetWriter`]. Memory is bounded by the window of decoded row groups, plus the longest
-//! episode (an episode that spans row groups is carried across them), plus the writer's batch
-//! buffer. The ingest commits once at the end; on any error nothing is committed, and a dataset
+//! Ingest streams: units (Parquet row groups, row ranges of NumPy arrays) are decoded in parallel
+//! (a window of up to [`rayon::current_num_threads`] units; one by one for compressed `.npz`) and
+//! fed in order to one [`DatasetWriter`]. Memory is bounded by the window of decoded units, plus
+//! the longest episode (an episode that spans units is carried across them), plus the writer's
+//! batch buffer. The ingest commits once at the end; on any error nothing is committed, and a dataset
 //! directory that the ingest created is removed again.
 
 use std::collections::HashSet;
@@ -49,20 +59,22 @@ use crate::format::{self, col};
 use crate::schema::{TransitionSchema, field_shape, fsl, tensor_field};
 use crate::writer::{DatasetWriter, EpisodeEnd, WriterOptions};
 
+mod numpy;
+
 /// Name of the user column that keeps the input's episode id in episode-id mode.
 pub const SOURCE_EPISODE: &str = "source_episode";
 
 /// Property set on the dataset to the (canonical) path of the ingested file.
 pub const SOURCE_PROPERTY: &str = "source";
 
-/// Default [`ParquetIngestOptions::batch_rows`].
+/// Default [`IngestOptions::batch_rows`].
 pub const DEFAULT_BATCH_ROWS: usize = 64 * 1024;
 
-/// How to read a Parquet file of transitions. Construct with `ParquetIngestOptions::default()`
-/// and the `with_*` methods (or assign the public fields); new options get defaults.
+/// How to read an input file of transitions. Construct with `IngestOptions::default()` and the
+/// `with_*` methods (or assign the public fields); new options get defaults.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct ParquetIngestOptions {
+pub struct IngestOptions {
     /// Episodes from an id column (integers; the rows of one episode must be contiguous).
     pub episode_col: Option<String>,
     /// Per-row terminated flag (bool, or numbers where non-zero means set).
@@ -70,13 +82,13 @@ pub struct ParquetIngestOptions {
     /// Per-row truncated flag (bool, or numbers where non-zero means set).
     pub truncated_col: Option<String>,
     /// The observation column (default `observation`); ignored when
-    /// [`ParquetIngestOptions::observation_cols`] is non-empty.
+    /// [`IngestOptions::observation_cols`] is non-empty.
     pub observation_col: String,
     /// Several numeric columns (scalars or lists) concatenated, in this order, into the
     /// observation vector.
     pub observation_cols: Vec<String>,
     /// The action column (default `action`); ignored when
-    /// [`ParquetIngestOptions::action_cols`] is non-empty. A scalar integer column is a
+    /// [`IngestOptions::action_cols`] is non-empty. A scalar integer column is a
     /// discrete action stored as `int64`; a scalar float column a continuous action of
     /// dimension 1; a list of floats a continuous action (lists of integers are cast to
     /// `float32`).
@@ -95,7 +107,7 @@ pub struct ParquetIngestOptions {
     pub progress: bool,
 }
 
-impl Default for ParquetIngestOptions {
+impl Default for IngestOptions {
     fn default() -> Self {
         Self {
             episode_col: None,
@@ -118,28 +130,28 @@ fn strings<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Vec<String> 
     names.into_iter().map(Into::into).collect()
 }
 
-impl ParquetIngestOptions {
-    /// Sets [`ParquetIngestOptions::episode_col`].
+impl IngestOptions {
+    /// Sets [`IngestOptions::episode_col`].
     pub fn with_episode_col(mut self, name: impl Into<String>) -> Self {
         self.episode_col = Some(name.into());
         self
     }
-    /// Sets [`ParquetIngestOptions::terminated_col`].
+    /// Sets [`IngestOptions::terminated_col`].
     pub fn with_terminated_col(mut self, name: impl Into<String>) -> Self {
         self.terminated_col = Some(name.into());
         self
     }
-    /// Sets [`ParquetIngestOptions::truncated_col`].
+    /// Sets [`IngestOptions::truncated_col`].
     pub fn with_truncated_col(mut self, name: impl Into<String>) -> Self {
         self.truncated_col = Some(name.into());
         self
     }
-    /// Sets [`ParquetIngestOptions::observation_col`].
+    /// Sets [`IngestOptions::observation_col`].
     pub fn with_observation_col(mut self, name: impl Into<String>) -> Self {
         self.observation_col = name.into();
         self
     }
-    /// Sets [`ParquetIngestOptions::observation_cols`].
+    /// Sets [`IngestOptions::observation_cols`].
     pub fn with_observation_cols<I: IntoIterator<Item = S>, S: Into<String>>(
         mut self,
         names: I,
@@ -147,12 +159,12 @@ impl ParquetIngestOptions {
         self.observation_cols = strings(names);
         self
     }
-    /// Sets [`ParquetIngestOptions::action_col`].
+    /// Sets [`IngestOptions::action_col`].
     pub fn with_action_col(mut self, name: impl Into<String>) -> Self {
         self.action_col = name.into();
         self
     }
-    /// Sets [`ParquetIngestOptions::action_cols`].
+    /// Sets [`IngestOptions::action_cols`].
     pub fn with_action_cols<I: IntoIterator<Item = S>, S: Into<String>>(
         mut self,
         names: I,
@@ -160,27 +172,27 @@ impl ParquetIngestOptions {
         self.action_cols = strings(names);
         self
     }
-    /// Sets [`ParquetIngestOptions::reward_col`].
+    /// Sets [`IngestOptions::reward_col`].
     pub fn with_reward_col(mut self, name: impl Into<String>) -> Self {
         self.reward_col = name.into();
         self
     }
-    /// Sets [`ParquetIngestOptions::next_observation_col`].
+    /// Sets [`IngestOptions::next_observation_col`].
     pub fn with_next_observation_col(mut self, name: impl Into<String>) -> Self {
         self.next_observation_col = Some(name.into());
         self
     }
-    /// Sets [`ParquetIngestOptions::drop_cols`].
+    /// Sets [`IngestOptions::drop_cols`].
     pub fn with_drop_cols<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
         self.drop_cols = strings(names);
         self
     }
-    /// Sets [`ParquetIngestOptions::batch_rows`].
+    /// Sets [`IngestOptions::batch_rows`].
     pub fn with_batch_rows(mut self, rows: usize) -> Self {
         self.batch_rows = rows;
         self
     }
-    /// Sets [`ParquetIngestOptions::progress`].
+    /// Sets [`IngestOptions::progress`].
     pub fn with_progress(mut self, progress: bool) -> Self {
         self.progress = progress;
         self
@@ -198,34 +210,117 @@ pub struct IngestReport {
     pub version: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// Stored column ← input column(s), for the columns the input does not give by their stored
+    /// name (`observation ← observations`, `source_episode ← ep`, ...).
+    pub columns: Vec<(String, String)>,
+    /// Where the episode boundaries came from, e.g. "flags terminals, timeouts".
+    pub boundaries: String,
 }
 
-/// The [`TransitionSchema`] that ingesting `input` with `opts` would produce. Reads the Parquet
-/// footer, plus the first row when an observation or action is a variable-size list (to learn
-/// its length).
-pub fn infer_parquet_schema(input: &Path, opts: &ParquetIngestOptions) -> Result<TransitionSchema> {
-    let meta = load_metadata(input)?;
-    Ok(Plan::build(input, &meta, opts)?.schema)
+/// The former name of [`IngestOptions`].
+pub type ParquetIngestOptions = IngestOptions;
+
+/// The kinds of input [`ingest`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// A Parquet file (`.parquet`, `.pq`).
+    Parquet,
+    /// A NumPy `.npz` archive (`np.savez` or `np.savez_compressed`) or a directory of `.npy`
+    /// files: one column per array, named after its key.
+    Numpy,
 }
 
-/// Ingests `input` into `dataset` (a path): creates the dataset, with the schema of
-/// [`infer_parquet_schema`], if it does not exist (or is an empty directory), otherwise appends
-/// to it (the schemas must match). Commits once at the end and sets the dataset property
-/// `source` to the input's path. On any error nothing is committed, and a dataset directory this
-/// call created is removed.
-///
-/// Cost: one pass over the file; memory is bounded by a window of
-/// [`rayon::current_num_threads`] decoded row groups, the longest episode and the writer's batch
-/// buffer ([`WriterOptions::batch_bytes`]).
+impl InputFormat {
+    /// The format of `input`: a directory is NumPy (`.npy` files), a file goes by its extension,
+    /// else by its first bytes.
+    pub fn detect(input: &Path) -> Result<InputFormat> {
+        if input.is_dir() {
+            return Ok(InputFormat::Numpy);
+        }
+        let ext = input
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        match ext.as_str() {
+            "parquet" | "pq" => return Ok(InputFormat::Parquet),
+            "npz" | "npy" => return Ok(InputFormat::Numpy),
+            _ => {}
+        }
+        let mut magic = [0u8; 4];
+        let n = File::open(input)
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
+            .map_err(|e| Error::io(input, e))?;
+        match &magic[..n] {
+            b"PAR1" => Ok(InputFormat::Parquet),
+            [b'P', b'K', ..] | [0x93, b'N', ..] => Ok(InputFormat::Numpy),
+            _ => Err(Error::InvalidArgument(format!(
+                "{}: unknown input format; trajstore ingests Parquet (.parquet) and NumPy (.npz, or a \
+                 directory of .npy files)",
+                input.display()
+            ))),
+        }
+    }
+}
+
+/// Opens `input` as a [`Source`] of the given format.
+fn open_source(input: &Path, format: InputFormat, opts: &IngestOptions) -> Result<Box<dyn Source>> {
+    Ok(match format {
+        InputFormat::Parquet => Box::new(ParquetSource::open(input)?),
+        InputFormat::Numpy => Box::new(numpy::NumpySource::open(input, &opts.drop_cols)?),
+    })
+}
+
+/// The [`TransitionSchema`] that ingesting the Parquet file `input` with `opts` would produce.
+/// Reads the footer, plus the first row when an observation or action is a variable-size list
+/// (to learn its length).
+pub fn infer_parquet_schema(input: &Path, opts: &IngestOptions) -> Result<TransitionSchema> {
+    infer_schema(input, InputFormat::Parquet, opts)
+}
+
+/// The [`TransitionSchema`] that ingesting `input` (of `format`, e.g. from
+/// [`InputFormat::detect`]) with `opts` would produce. Reads headers only (and the first row of
+/// variable-size list columns).
+pub fn infer_schema(
+    input: &Path,
+    format: InputFormat,
+    opts: &IngestOptions,
+) -> Result<TransitionSchema> {
+    let source = open_source(input, format, opts)?;
+    Ok(Plan::build(source.as_ref(), opts)?.schema)
+}
+
+/// Ingests the Parquet file `input` into `dataset`; see [`ingest`].
 pub fn ingest_parquet(
     input: &Path,
     dataset: &Path,
-    opts: &ParquetIngestOptions,
+    opts: &IngestOptions,
+    writer_opts: WriterOptions,
+) -> Result<IngestReport> {
+    ingest(input, InputFormat::Parquet, dataset, opts, writer_opts)
+}
+
+/// Ingests `input` (of `format`; [`InputFormat::detect`] guesses it) into `dataset` (a path):
+/// creates the dataset, with the schema of [`infer_schema`], if it does not exist (or is an empty
+/// directory), otherwise appends to it (the schemas must match). Commits once at the end and sets
+/// the dataset property `source` to the input's path. On any error nothing is committed, and a
+/// dataset directory this call created is removed.
+///
+/// Cost: one pass over the input; memory is bounded by a window of
+/// [`rayon::current_num_threads`] decoded units (Parquet row groups, or 4 × `batch_rows` rows of
+/// NumPy arrays), the longest episode and the writer's batch buffer
+/// ([`WriterOptions::batch_bytes`]).
+pub fn ingest(
+    input: &Path,
+    format: InputFormat,
+    dataset: &Path,
+    opts: &IngestOptions,
     writer_opts: WriterOptions,
 ) -> Result<IngestReport> {
     let started = Instant::now();
-    let meta = load_metadata(input)?;
-    let mut plan = Plan::build(input, &meta, opts)?;
+    let source = open_source(input, format, opts)?;
+    let source = source.as_ref();
+    let mut plan = Plan::build(source, opts)?;
     let existed = dataset.exists();
     let fresh = !existed || is_empty_dir(dataset)?;
     let (ds, created) = if fresh {
@@ -252,15 +347,17 @@ pub fn ingest_parquet(
         if !created {
             plan.adopt(writer.schema(), input, dataset)?;
         }
-        let (rows, episodes) = stream(input, &meta, &plan, opts, &mut writer)?;
-        let source = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
-        writer.set_property(SOURCE_PROPERTY, source.display().to_string());
+        let (rows, episodes) = stream(source, &plan, opts, &mut writer)?;
+        let canonical = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
+        writer.set_property(SOURCE_PROPERTY, canonical.display().to_string());
         let version = writer.commit()?;
         Ok(IngestReport {
             rows,
             episodes,
             version,
             seconds: started.elapsed().as_secs_f64(),
+            columns: plan.mapping(),
+            boundaries: plan.boundaries(),
         })
     })();
     if result.is_err() && created {
@@ -285,9 +382,204 @@ fn is_empty_dir(path: &Path) -> Result<bool> {
     Ok(entries.next().is_none())
 }
 
-fn load_metadata(input: &Path) -> Result<ArrowReaderMetadata> {
-    let file = File::open(input).map_err(|e| Error::io(input, e))?;
-    Ok(ArrowReaderMetadata::load(&file, Default::default())?)
+/// Where rows come from: a columnar input read in units (Parquet row groups, row ranges of NumPy
+/// arrays), in row order.
+trait Source: Sync {
+    fn path(&self) -> &Path;
+    /// Every column of the input (columns the caller dropped may have type `Null`).
+    fn schema(&self) -> SchemaRef;
+    /// The units, in row order: (unit, first row, rows).
+    fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)>;
+    /// Whether units may be read concurrently (else they are read one by one, in order).
+    fn parallel(&self) -> bool;
+    /// The rows of one unit as batches of at most `batch_rows` rows holding the columns of
+    /// `projection` (indices into [`Source::schema`]), in order.
+    fn read(
+        &self,
+        unit: usize,
+        projection: &[usize],
+        batch_rows: usize,
+    ) -> Result<Vec<RecordBatch>>;
+    /// Length of row 0 of each named variable-size list column.
+    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>>;
+}
+
+/// A Parquet file; a unit is a row group.
+struct ParquetSource {
+    path: PathBuf,
+    meta: ArrowReaderMetadata,
+}
+
+impl ParquetSource {
+    fn open(path: &Path) -> Result<ParquetSource> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Ok(ParquetSource {
+            path: path.to_path_buf(),
+            meta: ArrowReaderMetadata::load(&file, Default::default())?,
+        })
+    }
+}
+
+impl Source for ParquetSource {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.meta.schema().clone()
+    }
+
+    fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
+        let md = self.meta.metadata();
+        let mut units = vec![];
+        let mut base = 0u64;
+        for g in 0..md.num_row_groups() {
+            let rows = md.row_group(g).num_rows().max(0) as u64;
+            if rows > 0 {
+                units.push((g, base, rows));
+            }
+            base += rows;
+        }
+        units
+    }
+
+    fn parallel(&self) -> bool {
+        true
+    }
+
+    fn read(
+        &self,
+        unit: usize,
+        projection: &[usize],
+        batch_rows: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
+            .with_row_groups(vec![unit])
+            .with_projection(ProjectionMask::roots(
+                self.meta.parquet_schema(),
+                projection.iter().copied(),
+            ))
+            .with_batch_size(batch_rows)
+            .build()?;
+        reader
+            .filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0))
+            .map(|b| Ok(b?))
+            .collect()
+    }
+
+    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
+        if cols.is_empty() {
+            return Ok(vec![]);
+        }
+        let schema = self.meta.schema();
+        let idx: Vec<usize> = cols
+            .iter()
+            .filter_map(|c| schema.index_of(c).ok())
+            .collect();
+        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let mut reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
+                .with_projection(ProjectionMask::roots(self.meta.parquet_schema(), idx))
+                .with_batch_size(1)
+                .with_limit(1)
+                .build()?;
+        let batch = match reader.next() {
+            Some(b) => b?,
+            None => {
+                return Err(Error::InvalidData(format!(
+                    "{} has no rows, so the length of list column `{}` cannot be inferred",
+                    self.path.display(),
+                    cols[0]
+                )));
+            }
+        };
+        cols.iter()
+            .map(|&c| {
+                let a = column(&batch, c)?;
+                if a.is_null(0) {
+                    return Err(null_at(c, 0));
+                }
+                let n = match a.data_type() {
+                    DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
+                    _ => a.as_list::<i64>().value_length(0) as usize,
+                };
+                if n == 0 {
+                    return Err(Error::InvalidData(format!(
+                        "row 0: column `{c}` is an empty list"
+                    )));
+                }
+                Ok((c.to_string(), n))
+            })
+            .collect()
+    }
+}
+
+/// Fills in what `opts` leaves at its defaults from the input's column names, so that common
+/// layouts ingest without flags:
+///
+/// - `observations`, `actions`, `rewards`, `next_observations` (D4RL, Minari, most NumPy dumps)
+///   when the input has no `observation`, `action`, `reward` column; `next_observation(s)` is
+///   stored as `next_observation`;
+/// - episode boundaries, when no boundary option is given: flags `terminals`/`timeouts` (D4RL),
+///   `terminated`/`truncated` (Gymnasium), `terminations`/`truncations` (Minari), else an
+///   episode id column `episode_index` (LeRobot), `episode_id` or `episode`; a file written by
+///   `trajstore export` (it has `episode_id, step, is_first, is_last`) takes its episode ids and
+///   flags, and its computed `step, is_first, is_last` are dropped (the store recomputes them).
+///
+/// Columns named in `drop_cols` are never picked.
+fn resolve_conventions(opts: &IngestOptions, schema: &Schema) -> IngestOptions {
+    let mut o = opts.clone();
+    let has =
+        |name: &str| schema.field_with_name(name).is_ok() && !o.drop_cols.iter().any(|d| d == name);
+    let plural = |default: &str, set: &str, plural: &str| {
+        (set == default && !has(default) && has(plural)).then(|| plural.to_string())
+    };
+    if o.observation_cols.is_empty()
+        && let Some(p) = plural(col::OBSERVATION, &o.observation_col, "observations")
+    {
+        o.observation_col = p;
+    }
+    if o.action_cols.is_empty()
+        && let Some(p) = plural(col::ACTION, &o.action_col, "actions")
+    {
+        o.action_col = p;
+    }
+    if let Some(p) = plural(col::REWARD, &o.reward_col, "rewards") {
+        o.reward_col = p;
+    }
+    if o.next_observation_col.is_none() {
+        o.next_observation_col = ["next_observation", "next_observations"]
+            .into_iter()
+            .find(|n| has(n))
+            .map(String::from);
+    }
+    let computed = [col::STEP, col::IS_FIRST, col::IS_LAST];
+    if o.episode_col.is_none() && o.terminated_col.is_none() && o.truncated_col.is_none() {
+        if has(col::EPISODE_ID) && computed.iter().all(|c| has(c)) {
+            // A trajstore export: its own ids and flags; the computed columns are recomputed.
+            o.episode_col = Some(col::EPISODE_ID.to_string());
+            o.terminated_col = has(col::TERMINATED).then(|| col::TERMINATED.to_string());
+            o.truncated_col = has(col::TRUNCATED).then(|| col::TRUNCATED.to_string());
+            o.drop_cols.extend(computed.iter().map(|c| c.to_string()));
+            return o;
+        }
+        let flags = [
+            ("terminals", "timeouts"),
+            (col::TERMINATED, col::TRUNCATED),
+            ("terminations", "truncations"),
+        ];
+        if let Some((t, tr)) = flags.into_iter().find(|(t, tr)| has(t) || has(tr)) {
+            o.terminated_col = has(t).then(|| t.to_string());
+            o.truncated_col = has(tr).then(|| tr.to_string());
+        } else {
+            o.episode_col = ["episode_index", col::EPISODE_ID, "episode"]
+                .into_iter()
+                .find(|n| has(n))
+                .map(String::from);
+        }
+    }
+    o
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,12 +727,10 @@ fn user_type(dt: &DataType) -> Option<DataType> {
 }
 
 impl Plan {
-    fn build(
-        input: &Path,
-        meta: &ArrowReaderMetadata,
-        opts: &ParquetIngestOptions,
-    ) -> Result<Plan> {
-        let file_schema = meta.schema().clone();
+    fn build(source: &dyn Source, opts: &IngestOptions) -> Result<Plan> {
+        let input = source.path();
+        let file_schema = source.schema();
+        let opts = &resolve_conventions(opts, &file_schema);
         if opts.batch_rows == 0 {
             return Err(Error::InvalidArgument(
                 "batch_rows must be at least 1".into(),
@@ -599,7 +889,7 @@ impl Plan {
             .filter(|(_, k)| matches!(k, Kind::List(_)))
             .map(|(n, _)| n.as_str())
             .collect();
-        let lengths = first_row_lengths(input, meta, &list_cols)?;
+        let lengths = source.first_row_lengths(&list_cols)?;
         let width_of = |name: &str, kind: &Kind| -> usize {
             match kind {
                 Kind::Scalar(_) => 1,
@@ -740,6 +1030,52 @@ impl Plan {
         })
     }
 
+    /// Stored column ← input column(s), where the names differ.
+    fn mapping(&self) -> Vec<(String, String)> {
+        let sources = |t: &TensorSpec| {
+            t.sources
+                .iter()
+                .map(|s| s.0.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut out = vec![(col::OBSERVATION.to_string(), sources(&self.observation))];
+        out.push((
+            col::ACTION.to_string(),
+            match &self.action {
+                ActionSpec::Discrete(name) => name.clone(),
+                ActionSpec::Continuous(t) => sources(t),
+            },
+        ));
+        out.push((col::REWARD.to_string(), self.reward.clone()));
+        if let Some(t) = &self.next_observation {
+            out.push((col::NEXT_OBSERVATION.to_string(), sources(t)));
+        }
+        if let Some(e) = &self.episode {
+            out.push((SOURCE_EPISODE.to_string(), e.name.clone()));
+        }
+        out.retain(|(a, b)| a != b);
+        out
+    }
+
+    /// Where episode boundaries come from, in words.
+    fn boundaries(&self) -> String {
+        let flags: Vec<&str> = [&self.terminated, &self.truncated]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        match &self.episode {
+            Some(e) if flags.is_empty() => format!("episode ids in `{}`", e.name),
+            Some(e) => format!(
+                "episode ids in `{}` (flags {} on each episode's last row)",
+                e.name,
+                flags.join(", ")
+            ),
+            None => format!("flags {}", flags.join(", ")),
+        }
+    }
+
     /// Appending: the dataset's schema must match the inferred one (nullability of user columns
     /// aside: the dataset's wins, and nulls are checked row by row). The dataset's schema is then
     /// the one converted batches take.
@@ -794,56 +1130,6 @@ impl Plan {
 
 fn type_label(dt: &DataType) -> String {
     format::type_name(dt).unwrap_or_else(|| dt.to_string())
-}
-
-/// Length of row 0 of each variable-size list column.
-fn first_row_lengths(
-    input: &Path,
-    meta: &ArrowReaderMetadata,
-    cols: &[&str],
-) -> Result<Vec<(String, usize)>> {
-    if cols.is_empty() {
-        return Ok(vec![]);
-    }
-    let schema = meta.schema();
-    let idx: Vec<usize> = cols
-        .iter()
-        .filter_map(|c| schema.index_of(c).ok())
-        .collect();
-    let file = File::open(input).map_err(|e| Error::io(input, e))?;
-    let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
-        .with_projection(ProjectionMask::roots(meta.parquet_schema(), idx))
-        .with_batch_size(1)
-        .with_limit(1)
-        .build()?;
-    let batch = match reader.next() {
-        Some(b) => b?,
-        None => {
-            return Err(Error::InvalidData(format!(
-                "{} has no rows, so the length of list column `{}` cannot be inferred",
-                input.display(),
-                cols[0]
-            )));
-        }
-    };
-    cols.iter()
-        .map(|&c| {
-            let a = column(&batch, c)?;
-            if a.is_null(0) {
-                return Err(null_at(c, 0));
-            }
-            let n = match a.data_type() {
-                DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
-                _ => a.as_list::<i64>().value_length(0) as usize,
-            };
-            if n == 0 {
-                return Err(Error::InvalidData(format!(
-                    "row 0: column `{c}` is an empty list"
-                )));
-            }
-            Ok((c.to_string(), n))
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1131,37 +1417,6 @@ fn convert(plan: &Plan, batch: &RecordBatch, base: u64) -> Result<Chunk> {
     })
 }
 
-/// Decodes and converts one row group with its own reader.
-fn decode_group(
-    input: &Path,
-    meta: &ArrowReaderMetadata,
-    plan: &Plan,
-    group: usize,
-    base: u64,
-    batch_rows: usize,
-) -> Result<Vec<Chunk>> {
-    let file = File::open(input).map_err(|e| Error::io(input, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
-        .with_row_groups(vec![group])
-        .with_projection(ProjectionMask::roots(
-            meta.parquet_schema(),
-            plan.projection.iter().copied(),
-        ))
-        .with_batch_size(batch_rows)
-        .build()?;
-    let mut out = vec![];
-    let mut row = base;
-    for batch in reader {
-        let batch = batch?;
-        if batch.num_rows() == 0 {
-            continue;
-        }
-        out.push(convert(plan, &batch, row)?);
-        row += batch.num_rows() as u64;
-    }
-    Ok(out)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Episode assembly (runs on the calling thread, in input order).
 // ---------------------------------------------------------------------------------------------
@@ -1288,29 +1543,40 @@ fn progress_bar(show: bool, total: u64) -> ProgressBar {
     pb
 }
 
-/// Decodes row groups in parallel windows on a producer thread and assembles episodes in order
-/// on this one. Returns (rows, episodes).
-fn stream(
-    input: &Path,
-    meta: &ArrowReaderMetadata,
+/// Reads and converts one unit.
+fn decode_unit(
+    source: &dyn Source,
     plan: &Plan,
-    opts: &ParquetIngestOptions,
+    unit: usize,
+    base: u64,
+    batch_rows: usize,
+) -> Result<Vec<Chunk>> {
+    let mut row = base;
+    let mut out = vec![];
+    for batch in source.read(unit, &plan.projection, batch_rows)? {
+        out.push(convert(plan, &batch, row)?);
+        row += batch.num_rows() as u64;
+    }
+    Ok(out)
+}
+
+/// Decodes units (in parallel windows where the source allows) on a producer thread and
+/// assembles episodes in order on this one. Returns (rows, episodes).
+fn stream(
+    source: &dyn Source,
+    plan: &Plan,
+    opts: &IngestOptions,
     writer: &mut DatasetWriter,
 ) -> Result<(u64, u64)> {
-    let md = meta.metadata();
-    let mut groups = vec![];
-    let mut base = 0u64;
-    for g in 0..md.num_row_groups() {
-        let rows = md.row_group(g).num_rows().max(0) as u64;
-        if rows > 0 {
-            groups.push((g, base));
-        }
-        base += rows;
-    }
-    let pb = progress_bar(opts.progress, base);
-    let window = rayon::current_num_threads().max(1);
     let batch_rows = opts.batch_rows;
-    let input: PathBuf = input.to_path_buf();
+    let units = source.units(batch_rows);
+    let total = units.last().map_or(0, |&(_, base, rows)| base + rows);
+    let pb = progress_bar(opts.progress, total);
+    let window = if source.parallel() {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    };
     let mut asm = Assembler {
         writer,
         plan,
@@ -1324,12 +1590,11 @@ fn stream(
     };
     let result = std::thread::scope(|s| -> Result<()> {
         let (tx, rx) = sync_channel::<Result<Vec<Chunk>>>(window);
-        let input = &input;
         s.spawn(move || {
-            for win in groups.chunks(window) {
+            for win in units.chunks(window) {
                 let decoded: Vec<Result<Vec<Chunk>>> = win
                     .par_iter()
-                    .map(|&(g, base)| decode_group(input, meta, plan, g, base, batch_rows))
+                    .map(|&(unit, base, _)| decode_unit(source, plan, unit, base, batch_rows))
                     .collect();
                 for r in decoded {
                     let failed = r.is_err();

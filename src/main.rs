@@ -61,7 +61,20 @@ struct Cli {
 enum Command {
     /// Write a seeded synthetic D4RL-shaped dataset (the quickest way to see the whole path).
     Demo(DemoArgs),
-    /// Ingest an offline-RL dataset file (Parquet) into a dataset, creating it if needed.
+    /// Ingest an offline-RL dataset (Parquet, NumPy .npz, .npy directory), creating it if needed.
+    ///
+    /// One row (or array row) per transition. Common layouts need no flags: D4RL's
+    /// `observations, actions, rewards, terminals, timeouts, next_observations` (as saved by
+    /// `np.savez("hopper.npz", **env.get_dataset())`), Gymnasium's `terminated/truncated`,
+    /// Minari's `terminations/truncations`, LeRobot's `episode_index`. The options below override
+    /// what is detected; the output says which columns were used. Columns that are not used are
+    /// kept as user columns (fixed-width ones) unless dropped with --drop-cols.
+    ///
+    /// Examples:
+    ///   trajstore ingest hopper-medium.npz hopper.trajstore
+    ///   trajstore ingest arrays/ hopper.trajstore --drop-cols infos/qpos,infos/qvel
+    ///   trajstore ingest episodes.parquet out.trajstore --episode-col ep --action-cols ax,ay
+    #[command(verbatim_doc_comment)]
     Ingest(Box<IngestArgs>),
     /// Show transitions, episodes, sizes, schema and episode length/return summaries.
     Info(InfoArgs),
@@ -150,10 +163,28 @@ impl WriteArgs {
     }
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum IngestFormat {
+    Parquet,
+    Numpy,
+}
+
+impl From<IngestFormat> for trajstore::ingest::InputFormat {
+    fn from(f: IngestFormat) -> Self {
+        match f {
+            IngestFormat::Parquet => Self::Parquet,
+            IngestFormat::Numpy => Self::Numpy,
+        }
+    }
+}
+
 #[derive(Args)]
 struct IngestArgs {
-    /// Input file (.parquet).
+    /// Input: a Parquet file, a NumPy .npz archive, or a directory of .npy files.
     input: PathBuf,
+    /// Input format (default: from the extension, else the file's first bytes).
+    #[arg(long, value_enum)]
+    format: Option<IngestFormat>,
     /// Dataset directory (created if it does not exist, appended to otherwise).
     dataset: PathBuf,
     /// Column holding episode ids (rows of one episode must be contiguous).
@@ -359,19 +390,12 @@ fn demo(a: DemoArgs) -> Result<()> {
 }
 
 fn ingest(a: IngestArgs) -> Result<()> {
-    let ext = a
-        .input
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    if !matches!(ext.as_str(), "parquet" | "pq") {
-        bail!(
-            "{}: only Parquet input (.parquet) is supported so far",
-            a.input.display()
-        );
-    }
-    let mut o = trajstore::ingest::ParquetIngestOptions::default();
+    use trajstore::ingest::{IngestOptions, InputFormat};
+    let format = match a.format {
+        Some(f) => f.into(),
+        None => InputFormat::detect(&a.input)?,
+    };
+    let mut o = IngestOptions::default();
     o.episode_col = a.episode_col;
     o.terminated_col = a.terminated_col;
     o.truncated_col = a.truncated_col;
@@ -383,14 +407,24 @@ fn ingest(a: IngestArgs) -> Result<()> {
     o.next_observation_col = a.next_observation_col;
     o.drop_cols = a.drop_cols;
     o.progress = !a.json;
-    let report = trajstore::ingest::ingest_parquet(&a.input, &a.dataset, &o, a.write.options())?;
+    let report = trajstore::ingest::ingest(&a.input, format, &a.dataset, &o, a.write.options())?;
     if a.json {
+        let columns: serde_json::Map<String, serde_json::Value> = report
+            .columns
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
         outln!(
             "{}",
             json!({"rows": report.rows, "episodes": report.episodes, "version": report.version,
-                   "seconds": report.seconds, "rows_per_s": report.rows as f64 / report.seconds})
+                   "seconds": report.seconds, "rows_per_s": report.rows as f64 / report.seconds,
+                   "columns": columns, "boundaries": report.boundaries})
         );
     } else {
+        outln!("episodes from {}", report.boundaries);
+        for (stored, input) in &report.columns {
+            outln!("  {stored} <- {input}");
+        }
         outln!(
             "ingested {} transitions in {} episodes in {:.2} s ({}/s) -> {} version {}",
             HumanCount(report.rows),

@@ -171,3 +171,47 @@ fn bench_on_a_torch_device() {
         assert!(err.contains("--features torch"), "{err}");
     }
 }
+
+#[test]
+fn ingest_numpy_says_which_columns_it_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let npz = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/numpy/d4rl.npz");
+    let d = dir.path().join("a.trajstore");
+    let (code, out, err) = run(&["ingest", npz, d.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"].as_u64(), Some(1000));
+    assert_eq!(v["boundaries"], "flags terminals, timeouts");
+    assert_eq!(v["columns"]["observation"], "observations");
+    assert_eq!(v["columns"]["next_observation"], "next_observations");
+
+    // Text output, appending to the same dataset; explicit options win over the conventions.
+    let (code, out, err) = run(&[
+        "ingest",
+        npz,
+        d.to_str().unwrap(),
+        "--format",
+        "numpy",
+        "--terminated-col",
+        "terminals",
+        "--truncated-col",
+        "timeouts",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("episodes from flags terminals, timeouts"),
+        "{out}"
+    );
+    assert!(out.contains("observation <- observations"), "{out}");
+    assert!(out.contains("ingested 1,000 transitions"), "{out}");
+    let (_, out, _) = run(&["info", d.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["transitions"].as_u64(), Some(2000));
+
+    let (code, out, _) = run(&["ingest", "--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("np.savez") && out.contains("--drop-cols"),
+        "{out}"
+    );
+}

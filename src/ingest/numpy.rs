@@ -1,0 +1,829 @@
+//! NumPy input: `.npz` archives (`np.savez`, `np.savez_compressed`; D4RL's `get_dataset()` dict
+//! saved as is) and directories of `.npy` files. Every array is one column, named after its key
+//! (the member or file name without `.npy`); its first dimension is the transition, the others
+//! the shape of one row.
+//!
+//! Arrays are memory-mapped. Stored (uncompressed) members are read in place, in parallel;
+//! deflated members are inflated in one pass, in order, so memory stays bounded whatever the size
+//! of the archive. The zip reader is this module's own (stored and deflate members, zip64), so
+//! every bound is checked against the file: a truncated or corrupt archive is an error, never a
+//! panic or a read past the map.
+
+use std::fs::File;
+use std::io::{Cursor, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{
+    ArrayData, ArrayRef, BooleanArray, FixedSizeListArray, RecordBatch, make_array,
+};
+use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use flate2::read::DeflateDecoder;
+use memmap2::Mmap;
+
+use super::Source;
+use crate::error::{Error, Result};
+use crate::schema::tensor_field;
+
+/// Rows per unit of work (a unit is read as batches of the ingest's `batch_rows`).
+const UNIT_BATCHES: usize = 4;
+
+/// An element type NumPy may store and Arrow can hold.
+#[derive(Debug, Clone, PartialEq)]
+struct Dtype {
+    arrow: DataType,
+    size: usize,
+}
+
+/// Parses a NumPy `descr` such as `<f4`, `|b1` or `<i8`.
+fn parse_descr(descr: &str, what: &str) -> Result<Dtype> {
+    let bad = |why: &str| {
+        Error::SchemaMismatch(format!(
+            "{what}: NumPy dtype '{descr}' {why}; supported: bool, int8-64, uint8-64, float16/32/64"
+        ))
+    };
+    let mut chars = descr.chars();
+    let order = chars.next().ok_or_else(|| bad("is empty"))?;
+    let rest: String = chars.collect();
+    let (kind, size) = rest.split_at(rest.len().min(1));
+    let size: usize = size
+        .parse()
+        .map_err(|_| bad("is not a plain numeric dtype"))?;
+    let arrow = match (kind, size) {
+        ("b", 1) => DataType::Boolean,
+        ("i", 1) => DataType::Int8,
+        ("i", 2) => DataType::Int16,
+        ("i", 4) => DataType::Int32,
+        ("i", 8) => DataType::Int64,
+        ("u", 1) => DataType::UInt8,
+        ("u", 2) => DataType::UInt16,
+        ("u", 4) => DataType::UInt32,
+        ("u", 8) => DataType::UInt64,
+        ("f", 2) => DataType::Float16,
+        ("f", 4) => DataType::Float32,
+        ("f", 8) => DataType::Float64,
+        _ => return Err(bad("is not supported")),
+    };
+    let little = match order {
+        '<' | '|' => true,
+        '=' => cfg!(target_endian = "little"),
+        '>' => size == 1,
+        _ => return Err(bad("has no byte-order mark")),
+    };
+    if !little {
+        return Err(Error::SchemaMismatch(format!(
+            "{what}: big-endian dtype '{descr}'; convert it first (arr.astype(arr.dtype.newbyteorder('<')))"
+        )));
+    }
+    Ok(Dtype { arrow, size })
+}
+
+/// The value of `'key':` in a NumPy header dict, as raw text up to the next top-level comma.
+fn header_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    let at = header
+        .find(&format!("'{key}'"))
+        .or_else(|| header.find(&format!("\"{key}\"")))?;
+    let rest = header[at + key.len() + 2..].trim_start();
+    let rest = rest.strip_prefix(':')?.trim_start();
+    let end = match rest.chars().next()? {
+        '(' => rest.find(')')? + 1,
+        '[' => rest.find(']')? + 1,
+        q @ ('\'' | '"') => rest[1..].find(q)? + 2,
+        _ => rest.find([',', '}']).unwrap_or(rest.len()),
+    };
+    Some(rest[..end].trim())
+}
+
+/// A parsed `.npy` header: dtype, shape and where the data starts.
+#[derive(Debug, Clone)]
+struct Header {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data_offset: usize,
+}
+
+/// Length of the fixed preamble and of the header that follows: reads at most 12 bytes.
+fn preamble(bytes: &[u8], what: &str) -> Result<(usize, usize)> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(Error::InvalidData(format!(
+            "{what}: not a NumPy .npy array (no \\x93NUMPY magic, or truncated)"
+        )));
+    }
+    match bytes[6] {
+        1 => Ok((10, u16::from_le_bytes([bytes[8], bytes[9]]) as usize)),
+        2 | 3 if bytes.len() >= 12 => Ok((
+            12,
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+        )),
+        2 | 3 => Err(Error::InvalidData(format!("{what}: truncated .npy header"))),
+        v => Err(Error::InvalidData(format!(
+            "{what}: .npy format version {v} is not supported (1, 2 and 3 are)"
+        ))),
+    }
+}
+
+/// Parses the header text that follows the preamble.
+fn parse_header(text: &[u8], data_offset: usize, what: &str) -> Result<Header> {
+    let text = std::str::from_utf8(text)
+        .map_err(|_| Error::InvalidData(format!("{what}: .npy header is not text")))?;
+    let missing =
+        |key: &str| Error::InvalidData(format!("{what}: .npy header has no '{key}': {text}"));
+    let descr = header_value(text, "descr").ok_or_else(|| missing("descr"))?;
+    if descr.starts_with('[') {
+        return Err(Error::SchemaMismatch(format!(
+            "{what}: structured (record) arrays are not supported; save each field as its own array"
+        )));
+    }
+    let dtype = parse_descr(descr.trim_matches(['\'', '"']), what)?;
+    let fortran = header_value(text, "fortran_order").ok_or_else(|| missing("fortran_order"))?;
+    let shape_text = header_value(text, "shape").ok_or_else(|| missing("shape"))?;
+    let shape = shape_text
+        .trim_matches(['(', ')'])
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse::<usize>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| Error::InvalidData(format!("{what}: bad .npy shape {shape_text}")))?;
+    if fortran == "True" && shape.iter().filter(|&&d| d > 1).count() > 1 {
+        return Err(Error::SchemaMismatch(format!(
+            "{what}: Fortran-ordered array of shape {shape:?}; save it C-ordered (np.ascontiguousarray)"
+        )));
+    }
+    Ok(Header {
+        dtype,
+        shape,
+        data_offset,
+    })
+}
+
+fn header_of(bytes: &[u8], what: &str) -> Result<Header> {
+    let (pre, len) = preamble(bytes, what)?;
+    let text = bytes
+        .get(pre..pre + len)
+        .ok_or_else(|| Error::InvalidData(format!("{what}: truncated .npy header")))?;
+    parse_header(text, pre + len, what)
+}
+
+/// Where an array's bytes are.
+#[derive(Debug, Clone)]
+enum Data {
+    /// Raw bytes of the data at `offset` in the map.
+    Stored { map: Arc<Mmap>, offset: usize },
+    /// A deflate stream at `offset..offset + len` of the map that inflates to the whole `.npy`
+    /// (header included), whose CRC-32 is `crc`.
+    Deflated {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+        crc: u32,
+    },
+}
+
+/// One array: a column.
+#[derive(Debug, Clone)]
+struct Array {
+    name: String,
+    header: Header,
+    data: Data,
+}
+
+impl Array {
+    fn rows(&self) -> usize {
+        self.header.shape.first().copied().unwrap_or(0)
+    }
+    /// Values per row.
+    fn width(&self) -> usize {
+        self.header.shape.iter().skip(1).product()
+    }
+    fn row_bytes(&self) -> usize {
+        self.width() * self.header.dtype.size
+    }
+    fn field(&self) -> Result<Field> {
+        let elem = self.header.dtype.arrow.clone();
+        if self.header.shape.len() == 1 {
+            Ok(Field::new(&self.name, elem, false))
+        } else {
+            tensor_field(&self.name, elem, &self.header.shape[1..], false)
+        }
+    }
+}
+
+/// A slice of a shared map, readable as bytes.
+struct MapSlice {
+    map: Arc<Mmap>,
+    offset: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for MapSlice {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+}
+
+/// An inflater positioned at `row` of a deflated array's data.
+struct Inflater {
+    row: u64,
+    decoder: DeflateDecoder<Cursor<MapSlice>>,
+    /// CRC-32 of what was inflated so far, checked against the archive's when the last row is in.
+    crc: crc32fast::Hasher,
+}
+
+/// A `.npz` archive or a directory of `.npy` files, as an ingest [`Source`].
+pub(crate) struct NumpySource {
+    path: PathBuf,
+    schema: SchemaRef,
+    /// One per schema field; `None` for arrays the caller dropped.
+    arrays: Vec<Option<Array>>,
+    rows: u64,
+    /// Inflaters of deflated arrays, by field index.
+    inflaters: Mutex<Vec<Option<Inflater>>>,
+}
+
+fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the map is read-only; input files must not be modified during an ingest (the same
+    // contract as every reader of a memory-mapped file).
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Arc::new(map))
+}
+
+impl NumpySource {
+    /// Opens `path`: a `.npz` archive or a directory of `.npy` files. Arrays named in `drop` are
+    /// listed (so that `--drop-cols` can name them) but never read or checked.
+    pub(crate) fn open(path: &Path, drop: &[String]) -> Result<NumpySource> {
+        let arrays = if path.is_dir() {
+            open_dir(path, drop)?
+        } else {
+            let map = map_file(path)?;
+            if map.starts_with(b"\x93NUMPY") {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is a single .npy array, i.e. one column; save the dataset's arrays together \
+                     (np.savez(\"data.npz\", observations=..., actions=..., rewards=..., terminals=..., \
+                     timeouts=...)) or put the .npy files in one directory",
+                    path.display()
+                )));
+            }
+            open_zip(path, map, drop)?
+        };
+        if arrays.is_empty() {
+            return Err(Error::InvalidData(format!(
+                "{} holds no .npy arrays",
+                path.display()
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (name, _) in &arrays {
+            if !seen.insert(name.as_str()) {
+                return Err(Error::SchemaMismatch(format!(
+                    "{} has two arrays named `{name}`",
+                    path.display()
+                )));
+            }
+        }
+        // Every kept array has one row per transition.
+        let kept: Vec<&Array> = arrays.iter().filter_map(|(_, a)| a.as_ref()).collect();
+        for a in &kept {
+            if a.header.shape.is_empty() {
+                return Err(Error::SchemaMismatch(format!(
+                    "array `{}` of {} is a scalar, not one value per transition; pass --drop-cols {}",
+                    a.name,
+                    path.display(),
+                    a.name
+                )));
+            }
+            if a.width() == 0 {
+                return Err(Error::SchemaMismatch(format!(
+                    "array `{}` of {} has shape {:?}: rows of zero values cannot be stored; pass --drop-cols {}",
+                    a.name,
+                    path.display(),
+                    a.header.shape,
+                    a.name
+                )));
+            }
+        }
+        let rows = kept.first().map_or(0, |a| a.rows());
+        if let Some(a) = kept.iter().find(|a| a.rows() != rows) {
+            return Err(Error::SchemaMismatch(format!(
+                "{}: array `{}` has {} rows but `{}` has {rows}; every array must have one row per \
+                 transition (pass --drop-cols {} to leave it out)",
+                path.display(),
+                a.name,
+                a.rows(),
+                kept[0].name,
+                a.name
+            )));
+        }
+        let mut fields = vec![];
+        for (name, a) in &arrays {
+            fields.push(match a {
+                Some(a) => a.field()?,
+                None => Field::new(name, DataType::Null, true),
+            });
+        }
+        let n = arrays.len();
+        Ok(NumpySource {
+            path: path.to_path_buf(),
+            schema: Arc::new(Schema::new(fields)),
+            arrays: arrays.into_iter().map(|(_, a)| a).collect(),
+            rows: rows as u64,
+            inflaters: Mutex::new((0..n).map(|_| None).collect()),
+        })
+    }
+
+    fn compressed(&self) -> bool {
+        self.arrays
+            .iter()
+            .flatten()
+            .any(|a| matches!(a.data, Data::Deflated { .. }))
+    }
+
+    /// Rows `start..start + n` of array `i` as an Arrow array.
+    fn read_rows(&self, i: usize, start: u64, n: usize) -> Result<ArrayRef> {
+        let a = self.arrays[i].as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!("array {} was dropped", self.schema.field(i).name()))
+        })?;
+        let what = || format!("{}: array `{}`", self.path.display(), a.name);
+        let row_bytes = a.row_bytes();
+        let len = n * row_bytes;
+        let mut buf = MutableBuffer::from_len_zeroed(len);
+        match &a.data {
+            Data::Stored { map, offset } => {
+                let from = offset + start as usize * row_bytes;
+                let bytes = map
+                    .get(from..from + len)
+                    .ok_or_else(|| Error::InvalidData(format!("{}: data is truncated", what())))?;
+                buf.as_slice_mut().copy_from_slice(bytes);
+            }
+            Data::Deflated {
+                map,
+                offset,
+                len: z,
+                crc,
+            } => {
+                let mut inflaters = self.inflaters.lock().expect("inflater lock");
+                let slot = &mut inflaters[i];
+                if slot.as_ref().is_none_or(|f| f.row != start) {
+                    if start != 0 {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}: a compressed array is read in order only",
+                            what()
+                        )));
+                    }
+                    let mut decoder = DeflateDecoder::new(Cursor::new(MapSlice {
+                        map: map.clone(),
+                        offset: *offset,
+                        len: *z,
+                    }));
+                    // Skip the header (parsed when the archive was opened).
+                    let mut skip = vec![0; a.header.data_offset];
+                    decoder.read_exact(&mut skip).map_err(|e| {
+                        Error::InvalidData(format!("{}: cannot inflate: {e}", what()))
+                    })?;
+                    let mut hasher = crc32fast::Hasher::new();
+                    hasher.update(&skip);
+                    *slot = Some(Inflater {
+                        row: 0,
+                        decoder,
+                        crc: hasher,
+                    });
+                }
+                let f = slot.as_mut().expect("inflater");
+                f.decoder.read_exact(buf.as_slice_mut()).map_err(|e| {
+                    Error::InvalidData(format!(
+                        "{}: cannot inflate rows {start}..{}: {e} (truncated or corrupt archive)",
+                        what(),
+                        start + n as u64
+                    ))
+                })?;
+                f.crc.update(buf.as_slice());
+                f.row = start + n as u64;
+                if f.row == a.rows() as u64 {
+                    let mut rest = vec![];
+                    f.decoder.read_to_end(&mut rest).map_err(|e| {
+                        Error::InvalidData(format!("{}: cannot inflate: {e}", what()))
+                    })?;
+                    f.crc.update(&rest);
+                    let got = std::mem::take(&mut f.crc).finalize();
+                    if got != *crc {
+                        return Err(Error::InvalidData(format!(
+                            "{}: CRC-32 mismatch (archive says {crc:08x}, data gives {got:08x}): the \
+                             archive is corrupt",
+                            what()
+                        )));
+                    }
+                }
+            }
+        }
+        let width = a.width();
+        let elem = &a.header.dtype.arrow;
+        let values: ArrayRef = if elem == &DataType::Boolean {
+            let bytes = buf.as_slice();
+            Arc::new(BooleanArray::new(
+                BooleanBuffer::collect_bool(n * width, |k| bytes[k] != 0),
+                None,
+            ))
+        } else {
+            let data = ArrayData::builder(elem.clone())
+                .len(n * width)
+                .add_buffer(Buffer::from(buf))
+                .build()?;
+            make_array(data)
+        };
+        if a.header.shape.len() == 1 {
+            return Ok(values);
+        }
+        let item = Arc::new(Field::new("item", elem.clone(), false));
+        Ok(Arc::new(FixedSizeListArray::try_new(
+            item,
+            width as i32,
+            values,
+            None,
+        )?))
+    }
+}
+
+impl Source for NumpySource {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
+        let per = (batch_rows * UNIT_BATCHES) as u64;
+        (0..self.rows.div_ceil(per))
+            .map(|u| {
+                let start = u * per;
+                (u as usize, start, per.min(self.rows - start))
+            })
+            .collect()
+    }
+
+    fn parallel(&self) -> bool {
+        !self.compressed()
+    }
+
+    fn read(
+        &self,
+        unit: usize,
+        projection: &[usize],
+        batch_rows: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let per = (batch_rows * UNIT_BATCHES) as u64;
+        let start = unit as u64 * per;
+        let end = (start + per).min(self.rows);
+        let schema = Arc::new(self.schema.project(projection)?);
+        let mut out = vec![];
+        let mut row = start;
+        while row < end {
+            let n = (end - row).min(batch_rows as u64) as usize;
+            let columns = projection
+                .iter()
+                .map(|&i| self.read_rows(i, row, n))
+                .collect::<Result<Vec<_>>>()?;
+            out.push(RecordBatch::try_new(schema.clone(), columns)?);
+            row += n as u64;
+        }
+        Ok(out)
+    }
+
+    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
+        match cols.first() {
+            None => Ok(vec![]),
+            Some(c) => Err(Error::SchemaMismatch(format!(
+                "column `{c}` is not a fixed-shape array"
+            ))),
+        }
+    }
+}
+
+/// The `.npy` files of a directory, sorted by name.
+fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Option<Array>)>> {
+    let mut paths = vec![];
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        if path.extension().is_some_and(|e| e == "npy") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if drop.contains(&name) {
+                return Ok((name, None));
+            }
+            let what = path.display().to_string();
+            let map = map_file(&path)?;
+            let header = header_of(&map, &what)?;
+            let array = Array {
+                name: name.clone(),
+                data: Data::Stored {
+                    map: map.clone(),
+                    offset: header.data_offset,
+                },
+                header,
+            };
+            check_size(&array, map.len() - array.header.data_offset, &what)?;
+            Ok((name, Some(array)))
+        })
+        .collect()
+}
+
+/// The data of a stored array must hold all its rows.
+fn check_size(a: &Array, available: usize, what: &str) -> Result<()> {
+    let need = a.rows().checked_mul(a.row_bytes()).ok_or_else(|| {
+        Error::InvalidData(format!("{what}: shape {:?} overflows", a.header.shape))
+    })?;
+    if available < need {
+        return Err(Error::InvalidData(format!(
+            "{what}: shape {:?} needs {need} bytes of data, the file has {available} (truncated?)",
+            a.header.shape
+        )));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Zip (the container of .npz): central directory, zip64, stored and deflate members.
+// ---------------------------------------------------------------------------------------------
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// One member of the central directory.
+struct Member {
+    name: String,
+    crc: u32,
+    method: u16,
+    flags: u16,
+    compressed: u64,
+    uncompressed: u64,
+    local_offset: u64,
+}
+
+fn corrupt(path: &Path, why: &str) -> Error {
+    Error::InvalidData(format!(
+        "{}: not a readable .npz (zip) archive: {why}",
+        path.display()
+    ))
+}
+
+/// The central directory's members.
+fn zip_members(path: &Path, b: &[u8]) -> Result<Vec<Member>> {
+    const EOCD: u32 = 0x0605_4b50;
+    const EOCD64_LOCATOR: u32 = 0x0706_4b50;
+    const EOCD64: u32 = 0x0606_4b50;
+    const CENTRAL: u32 = 0x0201_4b50;
+    if b.len() < 22 {
+        return Err(corrupt(path, "too short"));
+    }
+    // The end-of-central-directory record is within the last 64 KiB + 22 bytes (comment).
+    let lowest = b.len().saturating_sub(22 + 0xffff);
+    let eocd = (lowest..=b.len() - 22)
+        .rev()
+        .find(|&i| u32_at(b, i) == Some(EOCD))
+        .ok_or_else(|| corrupt(path, "no end-of-central-directory record (truncated?)"))?;
+    let short = |at| u16_at(b, eocd + at).ok_or_else(|| corrupt(path, "truncated"));
+    let long = |at| u32_at(b, eocd + at).ok_or_else(|| corrupt(path, "truncated"));
+    let mut entries = short(10)? as u64;
+    let mut cd_size = long(12)? as u64;
+    let mut cd_offset = long(16)? as u64;
+    if entries == 0xffff || cd_size == 0xffff_ffff || cd_offset == 0xffff_ffff {
+        let loc = eocd
+            .checked_sub(20)
+            .filter(|&l| u32_at(b, l) == Some(EOCD64_LOCATOR))
+            .ok_or_else(|| corrupt(path, "zip64 locator missing"))?;
+        let rec = u64_at(b, loc + 8).ok_or_else(|| corrupt(path, "truncated"))? as usize;
+        if u32_at(b, rec) != Some(EOCD64) {
+            return Err(corrupt(path, "bad zip64 end-of-central-directory record"));
+        }
+        let get = |at| u64_at(b, rec + at).ok_or_else(|| corrupt(path, "truncated"));
+        entries = get(32)?;
+        cd_size = get(40)?;
+        cd_offset = get(48)?;
+    }
+    let cd_end = cd_offset
+        .checked_add(cd_size)
+        .filter(|&e| e <= b.len() as u64)
+        .ok_or_else(|| corrupt(path, "central directory lies past the end of the file"))?;
+    let mut at = cd_offset as usize;
+    let mut out = vec![];
+    for _ in 0..entries {
+        if at as u64 + 46 > cd_end || u32_at(b, at) != Some(CENTRAL) {
+            return Err(corrupt(path, "bad central directory entry"));
+        }
+        let h = |o| u16_at(b, at + o).expect("bounds checked");
+        let w = |o| u32_at(b, at + o).expect("bounds checked");
+        let (flags, method, crc) = (h(8), h(10), w(16));
+        let (mut compressed, mut uncompressed) = (w(20) as u64, w(24) as u64);
+        let (name_len, extra_len, comment_len) = (h(28) as usize, h(30) as usize, h(32) as usize);
+        let mut local_offset = w(42) as u64;
+        let name_at = at + 46;
+        let extra_at = name_at + name_len;
+        let next = extra_at + extra_len + comment_len;
+        if next as u64 > cd_end {
+            return Err(corrupt(path, "central directory entry runs past its end"));
+        }
+        let name = String::from_utf8_lossy(&b[name_at..extra_at]).into_owned();
+        // Zip64 extended information: the fields that overflowed, in this order.
+        let mut e = extra_at;
+        while e + 4 <= extra_at + extra_len {
+            let (id, size) = (
+                u16_at(b, e).expect("bounds"),
+                u16_at(b, e + 2).expect("bounds") as usize,
+            );
+            if id == 0x0001 {
+                let mut f = e + 4;
+                let mut next64 = |v: &mut u64| -> Result<()> {
+                    if *v == 0xffff_ffff {
+                        *v = u64_at(b, f)
+                            .filter(|_| f + 8 <= e + 4 + size)
+                            .ok_or_else(|| corrupt(path, "short zip64 field"))?;
+                        f += 8;
+                    }
+                    Ok(())
+                };
+                next64(&mut uncompressed)?;
+                next64(&mut compressed)?;
+                next64(&mut local_offset)?;
+            }
+            e += 4 + size;
+        }
+        out.push(Member {
+            name,
+            crc,
+            method,
+            flags,
+            compressed,
+            uncompressed,
+            local_offset,
+        });
+        at = next;
+    }
+    Ok(out)
+}
+
+/// The arrays of a `.npz` archive, in the archive's order.
+fn open_zip(path: &Path, map: Arc<Mmap>, drop: &[String]) -> Result<Vec<(String, Option<Array>)>> {
+    const LOCAL: u32 = 0x0403_4b50;
+    if !map.starts_with(b"PK") {
+        return Err(Error::InvalidArgument(format!(
+            "{} is neither a .npz archive nor a directory of .npy files",
+            path.display()
+        )));
+    }
+    let b: &[u8] = &map;
+    let mut out = vec![];
+    for m in zip_members(path, b)? {
+        if m.name.ends_with('/') {
+            continue; // a directory entry
+        }
+        let Some(name) = m.name.strip_suffix(".npy") else {
+            return Err(Error::InvalidData(format!(
+                "{}: member `{}` is not a .npy array",
+                path.display(),
+                m.name
+            )));
+        };
+        let name = name.to_string();
+        if drop.contains(&name) {
+            out.push((name, None));
+            continue;
+        }
+        let what = format!("{}: array `{name}`", path.display());
+        if m.flags & 1 != 0 {
+            return Err(Error::InvalidData(format!("{what} is encrypted")));
+        }
+        let lo = m.local_offset as usize;
+        if u32_at(b, lo) != Some(LOCAL) {
+            return Err(corrupt(path, &format!("no local header for `{}`", m.name)));
+        }
+        let (n, e) = (
+            u16_at(b, lo + 26).unwrap_or(0) as usize,
+            u16_at(b, lo + 28).unwrap_or(0) as usize,
+        );
+        let start = lo + 30 + n + e;
+        let end = start
+            .checked_add(m.compressed as usize)
+            .filter(|&end| end <= b.len())
+            .ok_or_else(|| corrupt(path, &format!("member `{}` is truncated", m.name)))?;
+        let array = match m.method {
+            0 => {
+                let member = &b[start..end];
+                let got = crc32fast::hash(member);
+                if got != m.crc {
+                    return Err(Error::InvalidData(format!(
+                        "{what}: CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \
+                         archive is corrupt",
+                        m.crc
+                    )));
+                }
+                let header = header_of(member, &what)?;
+                let a = Array {
+                    name: name.clone(),
+                    data: Data::Stored {
+                        map: map.clone(),
+                        offset: start + header.data_offset,
+                    },
+                    header,
+                };
+                check_size(&a, member.len() - a.header.data_offset, &what)?;
+                a
+            }
+            8 => {
+                // Inflate just the header now; the data is inflated while ingesting.
+                let mut decoder = DeflateDecoder::new(&b[start..end]);
+                let mut head = [0u8; 12];
+                decoder
+                    .read_exact(&mut head)
+                    .map_err(|e| Error::InvalidData(format!("{what}: cannot inflate: {e}")))?;
+                let (pre, len) = preamble(&head, &what)?;
+                let mut text = vec![0u8; pre + len];
+                text[..12].copy_from_slice(&head);
+                decoder
+                    .read_exact(&mut text[12..])
+                    .map_err(|e| Error::InvalidData(format!("{what}: cannot inflate: {e}")))?;
+                let header = parse_header(&text[pre..], pre + len, &what)?;
+                let a = Array {
+                    name: name.clone(),
+                    data: Data::Deflated {
+                        map: map.clone(),
+                        offset: start,
+                        len: end - start,
+                        crc: m.crc,
+                    },
+                    header,
+                };
+                let have = (m.uncompressed as usize).saturating_sub(a.header.data_offset);
+                check_size(&a, have, &what)?;
+                a
+            }
+            other => {
+                return Err(Error::InvalidData(format!(
+                    "{what} uses zip compression method {other}; only stored (np.savez) and \
+                     deflate (np.savez_compressed) are supported"
+                )));
+            }
+        };
+        out.push((name, Some(array)));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_of_every_version_and_dtype() {
+        let h = |s: &str| parse_header(s.as_bytes(), 128, "t");
+        let x = h("{'descr': '<f4', 'fortran_order': False, 'shape': (1000, 17), }").unwrap();
+        assert_eq!(x.dtype.arrow, DataType::Float32);
+        assert_eq!(x.shape, vec![1000, 17]);
+        let x = h("{'descr': '|b1', 'fortran_order': False, 'shape': (5,), }").unwrap();
+        assert_eq!((x.dtype.arrow, x.shape), (DataType::Boolean, vec![5]));
+        let x = h("{'descr': '<i8', 'fortran_order': True, 'shape': (7,), }").unwrap();
+        assert_eq!(x.dtype.arrow, DataType::Int64);
+        let x = h("{'descr': '<u2', 'fortran_order': False, 'shape': (), }").unwrap();
+        assert!(x.shape.is_empty());
+        // Errors that say what to do.
+        let e = h("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }").unwrap_err();
+        assert!(e.to_string().contains("big-endian"), "{e}");
+        let e = h("{'descr': '<U7', 'fortran_order': False, 'shape': (3,), }").unwrap_err();
+        assert!(e.to_string().contains("not supported"), "{e}");
+        let e =
+            h("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }").unwrap_err();
+        assert!(e.to_string().contains("structured"), "{e}");
+        let e = h("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 2), }").unwrap_err();
+        assert!(e.to_string().contains("Fortran"), "{e}");
+        assert!(h("{'descr': '<f4', 'shape': (3,), }").is_err());
+    }
+
+    #[test]
+    fn preamble_rejects_garbage_and_truncation() {
+        assert!(preamble(b"hello world!", "t").is_err());
+        assert!(preamble(b"\x93NUMPY\x02\x00\x10", "t").is_err());
+        assert!(preamble(b"\x93NUMPY\x09\x00\x10\x00", "t").is_err());
+        assert_eq!(
+            preamble(b"\x93NUMPY\x01\x00\x76\x00", "t").unwrap(),
+            (10, 0x76)
+        );
+    }
+}

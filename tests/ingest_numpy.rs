@@ -1,0 +1,508 @@
+//! NumPy ingest (`.npz` stored and compressed, directories of `.npy`) through the public API,
+//! against fixtures written by real NumPy (`tests/python/make_numpy_fixtures.py`, whose docstring
+//! gives the formula of every value), plus the conventions that let common layouts ingest without
+//! options, and bad input: truncated, corrupt, inconsistent or unsupported arrays are clear errors
+//! that leave nothing behind.
+
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float32Type, Float64Type, Int16Type, Int64Type};
+use trajstore::ingest::{IngestOptions, InputFormat, infer_schema, ingest};
+use trajstore::{ActionKind, Dataset, Error, Snapshot, WriterOptions};
+
+const N: usize = 1000;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/numpy")
+        .join(name)
+}
+
+fn small_writer() -> WriterOptions {
+    WriterOptions::default()
+        .with_segment_bytes(16 << 10)
+        .with_batch_bytes(4 << 10)
+}
+
+/// Small decode batches, so that units (4 batches) split episodes.
+fn opts() -> IngestOptions {
+    IngestOptions::default().with_batch_rows(64)
+}
+
+fn terminal(i: usize) -> bool {
+    (i + 1).is_multiple_of(97)
+}
+
+fn timeout(i: usize) -> bool {
+    (i + 1).is_multiple_of(150) && !terminal(i)
+}
+
+/// (start, len, terminated, truncated) of every episode of the fixtures: an episode ends where a
+/// flag is set; the rows after the last flag form a truncated episode.
+fn expected_episodes() -> Vec<(usize, usize, bool, bool)> {
+    let mut out = vec![];
+    let mut start = 0;
+    for i in 0..N {
+        if terminal(i) || timeout(i) {
+            out.push((start, i + 1 - start, terminal(i), timeout(i)));
+            start = i + 1;
+        }
+    }
+    if start < N {
+        out.push((start, N - start, false, true));
+    }
+    out
+}
+
+fn f32s(batch: &RecordBatch, name: &str) -> Vec<f32> {
+    let a = batch.column_by_name(name).unwrap();
+    match a.data_type() {
+        DataType::FixedSizeList(..) => a
+            .as_fixed_size_list()
+            .values()
+            .as_primitive::<Float32Type>()
+            .values()
+            .to_vec(),
+        _ => a.as_primitive::<Float32Type>().values().to_vec(),
+    }
+}
+
+fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
+    (0..snap.num_episodes())
+        .map(|id| {
+            let e = snap.episode(id).unwrap();
+            let last = e.num_rows() - 1;
+            let flag = |n: &str| e.column_by_name(n).unwrap().as_boolean().value(last);
+            (flag("terminated"), flag("truncated"))
+        })
+        .collect()
+}
+
+/// Ingests `input` into a fresh dataset and checks every value against the fixture formulas.
+/// `infos` names the user columns of `infos/qpos` and `infos/step`.
+fn check_d4rl(input: &Path, infos: (&str, &str)) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    let format = InputFormat::detect(input).unwrap();
+    assert_eq!(format, InputFormat::Numpy);
+    let inferred = infer_schema(input, format, &opts()).unwrap();
+    let report = ingest(input, format, &out, &opts(), small_writer()).unwrap();
+    let want = expected_episodes();
+    assert_eq!(report.rows, N as u64);
+    assert_eq!(report.episodes, want.len() as u64);
+    assert_eq!(report.boundaries, "flags terminals, timeouts");
+    for pair in [
+        ("observation", "observations"),
+        ("action", "actions"),
+        ("reward", "rewards"),
+        ("next_observation", "next_observations"),
+    ] {
+        assert!(
+            report
+                .columns
+                .contains(&(pair.0.to_string(), pair.1.to_string())),
+            "{:?}",
+            report.columns
+        );
+    }
+
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(snap.schema(), &inferred);
+    assert!(snap.segments().len() > 1, "small segments");
+    assert_eq!(snap.schema().observation_shape(), &[3]);
+    assert_eq!(
+        snap.schema().action_kind(),
+        &ActionKind::Continuous { dim: 2 }
+    );
+    assert_eq!(
+        ends(&snap),
+        want.iter().map(|e| (e.2, e.3)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        snap.episodes().lengths(),
+        want.iter()
+            .map(|e| e.1 as u64)
+            .collect::<Vec<_>>()
+            .as_slice()
+    );
+    for (id, &(start, len, _, _)) in want.iter().enumerate() {
+        let e = snap.episode(id as u64).unwrap();
+        let rows = start..start + len;
+        let obs: Vec<f32> = rows
+            .clone()
+            .flat_map(|i| (0..3).map(move |j| (i * 10 + j) as f32))
+            .collect();
+        assert_eq!(f32s(&e, "observation"), obs, "episode {id}");
+        let next: Vec<f32> = obs.iter().map(|v| v + 1000.0).collect();
+        assert_eq!(f32s(&e, "next_observation"), next, "episode {id}");
+        let act: Vec<f32> = rows
+            .clone()
+            .flat_map(|i| (0..2).map(move |j| -(i as f32) - 0.5 * j as f32))
+            .collect();
+        assert_eq!(f32s(&e, "action"), act);
+        let rew: Vec<f32> = rows.clone().map(|i| (0.25 * i as f64) as f32).collect();
+        assert_eq!(f32s(&e, "reward"), rew);
+        let qpos = e.column_by_name(infos.0).unwrap().as_fixed_size_list();
+        assert_eq!(qpos.value_length(), 2);
+        let want_qpos: Vec<f64> = rows
+            .clone()
+            .flat_map(|i| (0..2).map(move |j| i as f64 + 0.125 * j as f64))
+            .collect();
+        assert_eq!(
+            qpos.values()
+                .as_primitive::<Float64Type>()
+                .values()
+                .to_vec(),
+            want_qpos
+        );
+        let step = e
+            .column_by_name(infos.1)
+            .unwrap()
+            .as_primitive::<Int16Type>();
+        let want_step: Vec<i16> = rows.map(|i| (i % 7) as i16).collect();
+        assert_eq!(step.values().to_vec(), want_step);
+        // Flags are consumed, not stored.
+        assert!(e.column_by_name("terminals").is_none() && e.column_by_name("timeouts").is_none());
+    }
+    assert!(
+        snap.manifest()
+            .properties
+            .get("source")
+            .is_some_and(|s| s.ends_with(input.file_name().unwrap().to_str().unwrap()))
+    );
+}
+
+#[test]
+fn d4rl_npz_from_np_savez_ingests_without_options() {
+    check_d4rl(&fixture("d4rl.npz"), ("infos/qpos", "infos/step"));
+}
+
+#[test]
+fn d4rl_npz_from_np_savez_compressed_ingests_the_same() {
+    check_d4rl(
+        &fixture("d4rl_compressed.npz"),
+        ("infos/qpos", "infos/step"),
+    );
+}
+
+#[test]
+fn a_directory_of_npy_files_ingests_the_same() {
+    check_d4rl(&fixture("d4rl_dir"), ("infos_qpos", "infos_step"));
+}
+
+#[test]
+fn integer_actions_stay_integers_and_gymnasium_flag_names_are_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    let input = fixture("discrete.npz");
+    let r = ingest(&input, InputFormat::Numpy, &out, &opts(), small_writer()).unwrap();
+    assert_eq!(r.boundaries, "flags terminated, truncated");
+    assert_eq!(r.episodes, expected_episodes().len() as u64);
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert!(matches!(snap.schema().action_kind(), ActionKind::Discrete));
+    let mut actions: Vec<i64> = vec![];
+    for id in 0..snap.num_episodes() {
+        let e = snap.episode(id).unwrap();
+        actions.extend(
+            e.column_by_name("action")
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .values()
+                .iter(),
+        );
+    }
+    assert_eq!(actions, (0..N as i64).map(|i| i % 5).collect::<Vec<_>>());
+}
+
+#[test]
+fn options_override_conventions_and_drop_cols_skips_arrays() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    // Only the time limits end episodes; the infos are dropped; next observations are derived.
+    let o = opts().with_truncated_col("timeouts").with_drop_cols([
+        "infos/qpos",
+        "infos/step",
+        "next_observations",
+        "terminals",
+    ]);
+    let r = ingest(
+        &fixture("d4rl.npz"),
+        InputFormat::Numpy,
+        &out,
+        &o,
+        small_writer(),
+    )
+    .unwrap();
+    assert_eq!(r.boundaries, "flags timeouts");
+    let timeouts = (0..N).filter(|&i| timeout(i)).count();
+    assert_eq!(r.episodes, timeouts as u64 + 1);
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    let names: Vec<String> = snap
+        .schema()
+        .payload_schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["observation", "action", "reward"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input.
+// ---------------------------------------------------------------------------------------------
+
+/// A `.npy` file written by hand (format 1.0), for inputs NumPy would not write by default.
+fn write_npy(path: &Path, descr: &str, fortran: bool, shape: &[usize], data: &[u8]) {
+    let shape_text = match shape {
+        [n] => format!("({n},)"),
+        s => format!(
+            "({})",
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let fo = if fortran { "True" } else { "False" };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': {fo}, 'shape': {shape_text}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend((header.len() as u16).to_le_bytes());
+    bytes.extend(header.as_bytes());
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A directory with valid `observations`, `actions`, `rewards`, `terminals` of `n` rows.
+fn npy_dir(root: &Path, n: usize) -> PathBuf {
+    let d = root.join("arrays");
+    std::fs::create_dir_all(&d).unwrap();
+    let f32s =
+        |k: usize| -> Vec<u8> { (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect() };
+    write_npy(&d.join("observations.npy"), "<f4", false, &[n, 2], &f32s(2));
+    write_npy(&d.join("actions.npy"), "<f4", false, &[n, 1], &f32s(1));
+    write_npy(&d.join("rewards.npy"), "<f4", false, &[n], &f32s(1));
+    let terms: Vec<u8> = (0..n).map(|i| u8::from(i % 10 == 9)).collect();
+    write_npy(&d.join("terminals.npy"), "|b1", false, &[n], &terms);
+    d
+}
+
+/// Ingesting `input` fails, with an error whose text contains `needle`, and leaves no dataset.
+fn fails(input: &Path, o: &IngestOptions, needle: &str) -> Error {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    let err = InputFormat::detect(input)
+        .and_then(|f| ingest(input, f, &out, o, small_writer()))
+        .unwrap_err();
+    assert!(err.to_string().contains(needle), "{needle:?} not in: {err}");
+    assert!(!out.exists(), "a failed ingest left {}", out.display());
+    err
+}
+
+#[test]
+fn hand_written_npy_directory_ingests() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = npy_dir(dir.path(), 40);
+    let out = dir.path().join("ds");
+    let r = ingest(&d, InputFormat::Numpy, &out, &opts(), small_writer()).unwrap();
+    assert_eq!((r.rows, r.episodes), (40, 4));
+}
+
+#[test]
+fn inconsistent_or_unsupported_arrays_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = npy_dir(dir.path(), 40);
+    let o = opts();
+
+    // One row short: named, with the way out.
+    write_npy(&d.join("extra.npy"), "<f8", false, &[39], &[0; 39 * 8]);
+    let e = fails(&d, &o, "`extra` has 39 rows");
+    assert!(matches!(e, Error::SchemaMismatch(_)) && e.to_string().contains("--drop-cols extra"));
+    // ... which works.
+    let out = dir.path().join("ok");
+    ingest(
+        &d,
+        InputFormat::Numpy,
+        &out,
+        &opts().with_drop_cols(["extra"]),
+        small_writer(),
+    )
+    .unwrap();
+
+    write_npy(&d.join("extra.npy"), "<u2", false, &[], &[0; 2]);
+    fails(&d, &o, "is a scalar");
+    write_npy(&d.join("extra.npy"), ">f4", false, &[40], &[0; 160]);
+    fails(&d, &o, "big-endian");
+    write_npy(&d.join("extra.npy"), "<c8", false, &[40], &[0; 320]);
+    fails(&d, &o, "not supported");
+    write_npy(&d.join("extra.npy"), "<f4", true, &[40, 2], &[0; 320]);
+    fails(&d, &o, "Fortran");
+    // Data shorter than the shape says.
+    write_npy(&d.join("extra.npy"), "<f4", false, &[40], &[0; 100]);
+    fails(&d, &o, "truncated");
+    std::fs::write(d.join("extra.npy"), b"not numpy at all").unwrap();
+    fails(&d, &o, "not a NumPy .npy array");
+    std::fs::remove_file(d.join("extra.npy")).unwrap();
+
+    // A single array, an unknown file, an empty directory.
+    fails(&d.join("rewards.npy"), &o, "single .npy array");
+    let csv = dir.path().join("data.csv");
+    std::fs::write(&csv, "a,b\n1,2\n").unwrap();
+    fails(&csv, &o, "unknown input format");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    fails(&empty, &o, "holds no .npy arrays");
+    // No way to find episodes.
+    std::fs::remove_file(d.join("terminals.npy")).unwrap();
+    fails(&d, &o, "--episode-col");
+}
+
+/// Every prefix of an archive (a download cut short) is an error, never a panic, and never a
+/// dataset.
+#[test]
+fn truncated_archives_are_errors() {
+    for name in ["d4rl.npz", "d4rl_compressed.npz"] {
+        let bytes = std::fs::read(fixture(name)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cut = dir.path().join(name);
+        let mut at = 0;
+        while at < bytes.len() {
+            std::fs::write(&cut, &bytes[..at]).unwrap();
+            let out = dir.path().join(format!("ds{at}"));
+            let r = ingest(&cut, InputFormat::Numpy, &out, &opts(), small_writer());
+            assert!(r.is_err(), "{name} cut at {at} of {} ingested", bytes.len());
+            assert!(!out.exists());
+            at += 1 + bytes.len() / 97;
+        }
+    }
+}
+
+/// Every episode of `a` equals the same episode of `b`, column by column.
+fn same_data(a: &Snapshot, b: &Snapshot) -> bool {
+    a.num_episodes() == b.num_episodes()
+        && (0..a.num_episodes()).all(|id| {
+            let (x, y) = (a.episode(id).unwrap(), b.episode(id).unwrap());
+            x.schema() == y.schema()
+                && x.columns()
+                    .iter()
+                    .zip(y.columns())
+                    .all(|(p, q)| p.to_data() == q.to_data())
+        })
+}
+
+/// A flipped byte in an array's data is caught by the archive's CRC-32, stored or compressed; a
+/// flip that goes through (in a zip field the reader does not use) changes no value.
+#[test]
+fn corrupt_archives_are_errors_never_wrong_data() {
+    for name in ["d4rl.npz", "d4rl_compressed.npz"] {
+        let good = std::fs::read(fixture(name)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let reference = dir.path().join("ref");
+        ingest(
+            &fixture(name),
+            InputFormat::Numpy,
+            &reference,
+            &opts(),
+            small_writer(),
+        )
+        .unwrap();
+        let reference = Dataset::open(&reference).unwrap().snapshot().unwrap();
+        let bad = dir.path().join(name);
+        let mut errors = 0;
+        let flips = 60;
+        for k in 0..flips {
+            let at = good.len() * k / flips;
+            let mut bytes = good.clone();
+            bytes[at] ^= 0x5a;
+            std::fs::write(&bad, &bytes).unwrap();
+            let out = dir.path().join(format!("ds{k}"));
+            match ingest(&bad, InputFormat::Numpy, &out, &opts(), small_writer()) {
+                Err(_) => {
+                    errors += 1;
+                    assert!(!out.exists());
+                }
+                Ok(_) => {
+                    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+                    assert!(
+                        same_data(&snap, &reference),
+                        "{name} with byte {at} flipped ingested different data"
+                    );
+                }
+            }
+        }
+        assert!(
+            errors >= flips * 3 / 4,
+            "{name}: only {errors} of {flips} flips detected"
+        );
+    }
+}
+
+/// `trajstore export` writes a Parquet file that ingests back, without options, into the same
+/// episodes and transitions.
+#[test]
+fn an_export_ingests_back_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = trajstore::synth::SynthSpec {
+        transitions: 3000,
+        obs_dim: 4,
+        act_dim: 2,
+        discrete_actions: false,
+        mean_episode_len: 50.0,
+        seed: 5,
+    };
+    let ds = Dataset::create(dir.path().join("a"), &spec.schema().unwrap()).unwrap();
+    let mut w = ds.writer(WriterOptions::default()).unwrap();
+    spec.write(&mut w, None, |_| {}).unwrap();
+    drop(w);
+    let a = ds.snapshot().unwrap();
+    let pq = dir.path().join("a.parquet");
+    trajstore::export::export_parquet(&a, &pq, |_| {}).unwrap();
+
+    let out = dir.path().join("b");
+    let r = ingest(
+        &pq,
+        InputFormat::detect(&pq).unwrap(),
+        &out,
+        &IngestOptions::default(),
+        WriterOptions::default(),
+    )
+    .unwrap();
+    assert!(
+        r.boundaries.starts_with("episode ids in `episode_id`"),
+        "{}",
+        r.boundaries
+    );
+    let b = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(b.num_episodes(), a.num_episodes());
+    assert_eq!(b.episodes().lengths(), a.episodes().lengths());
+    assert_eq!(ends(&b), ends(&a));
+    for id in 0..a.num_episodes() {
+        let (x, y) = (a.episode(id).unwrap(), b.episode(id).unwrap());
+        for c in [
+            "observation",
+            "action",
+            "reward",
+            "step",
+            "is_first",
+            "is_last",
+        ] {
+            assert_eq!(
+                x.column_by_name(c).unwrap().to_data(),
+                y.column_by_name(c).unwrap().to_data(),
+                "episode {id} column {c}"
+            );
+        }
+        let src = y.column_by_name("source_episode").unwrap();
+        assert!(
+            src.as_primitive::<arrow::datatypes::UInt64Type>()
+                .values()
+                .iter()
+                .all(|&v| v == id)
+        );
+    }
+}
