@@ -60,6 +60,7 @@ use crate::schema::{TransitionSchema, field_shape, fsl, tensor_field};
 use crate::writer::{DatasetWriter, EpisodeEnd, WriterOptions};
 
 mod numpy;
+mod torchrl;
 
 /// Name of the user column that keeps the input's episode id in episode-id mode.
 pub const SOURCE_EPISODE: &str = "source_episode";
@@ -228,13 +229,21 @@ pub enum InputFormat {
     /// A NumPy `.npz` archive (`np.savez` or `np.savez_compressed`) or a directory of `.npy`
     /// files: one column per array, named after its key.
     Numpy,
+    /// A TorchRL replay buffer saved with `rb.dumps(DIR)` (a `TensorDict` in a
+    /// `LazyMemmapStorage` or `LazyTensorStorage`): one column per tensor, nested keys joined with
+    /// `/` (`next/reward`), oldest row first.
+    TorchRl,
 }
 
 impl InputFormat {
-    /// The format of `input`: a directory is NumPy (`.npy` files), a file goes by its extension,
-    /// else by its first bytes.
+    /// The format of `input`: a directory is a TorchRL dump when it has a `meta.json` (or
+    /// `storage/meta.json`), else NumPy (`.npy` files); a file goes by its extension, else by its
+    /// first bytes.
     pub fn detect(input: &Path) -> Result<InputFormat> {
         if input.is_dir() {
+            if torchrl::is_torchrl(input) {
+                return Ok(InputFormat::TorchRl);
+            }
             return Ok(InputFormat::Numpy);
         }
         let ext = input
@@ -255,8 +264,9 @@ impl InputFormat {
             b"PAR1" => Ok(InputFormat::Parquet),
             [b'P', b'K', ..] | [0x93, b'N', ..] => Ok(InputFormat::Numpy),
             _ => Err(Error::InvalidArgument(format!(
-                "{}: unknown input format; trajstore ingests Parquet (.parquet) and NumPy (.npz, or a \
-                 directory of .npy files)",
+                "{}: unknown input format; trajstore ingests Parquet (.parquet), NumPy (.npz, or a \
+                 directory of .npy files) and TorchRL replay buffers (a directory written by \
+                 rb.dumps)",
                 input.display()
             ))),
         }
@@ -268,6 +278,7 @@ fn open_source(input: &Path, format: InputFormat, opts: &IngestOptions) -> Resul
     Ok(match format {
         InputFormat::Parquet => Box::new(ParquetSource::open(input)?),
         InputFormat::Numpy => Box::new(numpy::NumpySource::open(input, &opts.drop_cols)?),
+        InputFormat::TorchRl => Box::new(torchrl::open(input, &opts.drop_cols)?),
     })
 }
 
@@ -518,12 +529,14 @@ impl Source for ParquetSource {
 /// Fills in what `opts` leaves at its defaults from the input's column names, so that common
 /// layouts ingest without flags:
 ///
-/// - `observations`, `actions`, `rewards`, `next_observations` (D4RL, Minari, most NumPy dumps)
-///   when the input has no `observation`, `action`, `reward` column; `next_observation(s)` is
-///   stored as `next_observation`;
+/// - `observations`, `actions`, `rewards`, `next_observations` (D4RL, Minari, most NumPy dumps),
+///   and TorchRL's `next/reward`, when the input has no `observation`, `action`, `reward` column;
+///   `next_observation(s)` and TorchRL's `next/observation` are stored as `next_observation`;
 /// - episode boundaries, when no boundary option is given: flags `terminals`/`timeouts` (D4RL),
-///   `terminated`/`truncated` (Gymnasium), `terminations`/`truncations` (Minari), else an
-///   episode id column `episode_index` (LeRobot), `episode_id` or `episode`; a file written by
+///   `terminated`/`truncated` (Gymnasium), `terminations`/`truncations` (Minari),
+///   `next/terminated`/`next/truncated` (TorchRL; `next/done` is then dropped), else an episode
+///   id column `episode_index` (LeRobot), `episode_id`, `episode`, `collector/traj_ids` or
+///   `traj_ids` (TorchRL), else TorchRL's `next/done` alone as the terminated flag; a file written by
 ///   `trajstore export` (it has `episode_id, step, is_first, is_last`) takes its episode ids and
 ///   flags, and its computed `step, is_first, is_last` are dropped (the store recomputes them).
 ///
@@ -532,24 +545,27 @@ fn resolve_conventions(opts: &IngestOptions, schema: &Schema) -> IngestOptions {
     let mut o = opts.clone();
     let has =
         |name: &str| schema.field_with_name(name).is_ok() && !o.drop_cols.iter().any(|d| d == name);
-    let plural = |default: &str, set: &str, plural: &str| {
-        (set == default && !has(default) && has(plural)).then(|| plural.to_string())
+    let plural = |default: &str, set: &str, others: &[&str]| {
+        if set != default || has(default) {
+            return None;
+        }
+        others.iter().find(|n| has(n)).map(|n| n.to_string())
     };
     if o.observation_cols.is_empty()
-        && let Some(p) = plural(col::OBSERVATION, &o.observation_col, "observations")
+        && let Some(p) = plural(col::OBSERVATION, &o.observation_col, &["observations"])
     {
         o.observation_col = p;
     }
     if o.action_cols.is_empty()
-        && let Some(p) = plural(col::ACTION, &o.action_col, "actions")
+        && let Some(p) = plural(col::ACTION, &o.action_col, &["actions"])
     {
         o.action_col = p;
     }
-    if let Some(p) = plural(col::REWARD, &o.reward_col, "rewards") {
+    if let Some(p) = plural(col::REWARD, &o.reward_col, &["rewards", "next/reward"]) {
         o.reward_col = p;
     }
     if o.next_observation_col.is_none() {
-        o.next_observation_col = ["next_observation", "next_observations"]
+        o.next_observation_col = ["next_observation", "next_observations", "next/observation"]
             .into_iter()
             .find(|n| has(n))
             .map(String::from);
@@ -568,15 +584,29 @@ fn resolve_conventions(opts: &IngestOptions, schema: &Schema) -> IngestOptions {
             ("terminals", "timeouts"),
             (col::TERMINATED, col::TRUNCATED),
             ("terminations", "truncations"),
+            ("next/terminated", "next/truncated"),
         ];
         if let Some((t, tr)) = flags.into_iter().find(|(t, tr)| has(t) || has(tr)) {
             o.terminated_col = has(t).then(|| t.to_string());
             o.truncated_col = has(tr).then(|| tr.to_string());
-        } else {
-            o.episode_col = ["episode_index", col::EPISODE_ID, "episode"]
-                .into_iter()
-                .find(|n| has(n))
-                .map(String::from);
+            // TorchRL's done is terminated OR truncated: nothing to keep.
+            if t == "next/terminated" && has("next/done") {
+                o.drop_cols.push("next/done".into());
+            }
+        } else if let Some(id) = [
+            "episode_index",
+            col::EPISODE_ID,
+            "episode",
+            "collector/traj_ids",
+            "traj_ids",
+        ]
+        .into_iter()
+        .find(|n| has(n))
+        {
+            o.episode_col = Some(id.into());
+        } else if has("next/done") {
+            // Older TorchRL data: done alone, read as terminated (the pre-truncation convention).
+            o.terminated_col = Some("next/done".into());
         }
     }
     o

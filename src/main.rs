@@ -61,18 +61,21 @@ struct Cli {
 enum Command {
     /// Write a seeded synthetic D4RL-shaped dataset (the quickest way to see the whole path).
     Demo(DemoArgs),
-    /// Ingest an offline-RL dataset (Parquet, NumPy .npz, .npy directory), creating it if needed.
+    /// Ingest an offline-RL dataset (Parquet, NumPy, TorchRL buffer), creating it if needed.
     ///
     /// One row (or array row) per transition. Common layouts need no flags: D4RL's
     /// `observations, actions, rewards, terminals, timeouts, next_observations` (as saved by
     /// `np.savez("hopper.npz", **env.get_dataset())`), Gymnasium's `terminated/truncated`,
-    /// Minari's `terminations/truncations`, LeRobot's `episode_index`. The options below override
+    /// Minari's `terminations/truncations`, LeRobot's `episode_index`, and TorchRL replay buffers
+    /// saved with `rb.dumps(DIR)` (`observation`, `action`, `next/reward`, `next/terminated`,
+    /// `next/truncated`, `next/observation`; oldest row first). The options below override
     /// what is detected; the output says which columns were used. Columns that are not used are
     /// kept as user columns (fixed-width ones) unless dropped with --drop-cols.
     ///
     /// Examples:
     ///   trajstore ingest hopper-medium.npz hopper.trajstore
     ///   trajstore ingest arrays/ hopper.trajstore --drop-cols infos/qpos,infos/qvel
+    ///   trajstore ingest rb-dump/ buffer.trajstore                # a TorchRL rb.dumps() directory
     ///   trajstore ingest episodes.parquet out.trajstore --episode-col ep --action-cols ax,ay
     #[command(verbatim_doc_comment)]
     Ingest(Box<IngestArgs>),
@@ -167,6 +170,7 @@ impl WriteArgs {
 enum IngestFormat {
     Parquet,
     Numpy,
+    Torchrl,
 }
 
 impl From<IngestFormat> for trajstore::ingest::InputFormat {
@@ -174,13 +178,15 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
         match f {
             IngestFormat::Parquet => Self::Parquet,
             IngestFormat::Numpy => Self::Numpy,
+            IngestFormat::Torchrl => Self::TorchRl,
         }
     }
 }
 
 #[derive(Args)]
 struct IngestArgs {
-    /// Input: a Parquet file, a NumPy .npz archive, or a directory of .npy files.
+    /// Input: a Parquet file, a NumPy .npz archive, a directory of .npy files, or a TorchRL
+    /// replay buffer directory written by rb.dumps().
     input: PathBuf,
     /// Input format (default: from the extension, else the file's first bytes).
     #[arg(long, value_enum)]

@@ -31,13 +31,13 @@ const UNIT_BATCHES: usize = 4;
 
 /// An element type NumPy may store and Arrow can hold.
 #[derive(Debug, Clone, PartialEq)]
-struct Dtype {
-    arrow: DataType,
-    size: usize,
+pub(super) struct Dtype {
+    pub(super) arrow: DataType,
+    pub(super) size: usize,
 }
 
 /// Parses a NumPy `descr` such as `<f4`, `|b1` or `<i8`.
-fn parse_descr(descr: &str, what: &str) -> Result<Dtype> {
+pub(super) fn parse_descr(descr: &str, what: &str) -> Result<Dtype> {
     let bad = |why: &str| {
         Error::SchemaMismatch(format!(
             "{what}: NumPy dtype '{descr}' {why}; supported: bool, int8-64, uint8-64, float16/32/64"
@@ -97,10 +97,10 @@ fn header_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
 
 /// A parsed `.npy` header: dtype, shape and where the data starts.
 #[derive(Debug, Clone)]
-struct Header {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data_offset: usize,
+pub(super) struct Header {
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) data_offset: usize,
 }
 
 /// Length of the fixed preamble and of the header that follows: reads at most 12 bytes.
@@ -168,7 +168,7 @@ fn header_of(bytes: &[u8], what: &str) -> Result<Header> {
 
 /// Where an array's bytes are.
 #[derive(Debug, Clone)]
-enum Data {
+pub(super) enum Data {
     /// Raw bytes of the data at `offset` in the map.
     Stored { map: Arc<Mmap>, offset: usize },
     /// A deflate stream at `offset..offset + len` of the map that inflates to the whole `.npy`
@@ -183,10 +183,10 @@ enum Data {
 
 /// One array: a column.
 #[derive(Debug, Clone)]
-struct Array {
-    name: String,
-    header: Header,
-    data: Data,
+pub(super) struct Array {
+    pub(super) name: String,
+    pub(super) header: Header,
+    pub(super) data: Data,
 }
 
 impl Array {
@@ -238,11 +238,13 @@ pub(crate) struct NumpySource {
     /// One per schema field; `None` for arrays the caller dropped.
     arrays: Vec<Option<Array>>,
     rows: u64,
+    /// Physical row of logical row 0 (non-zero for a ring buffer that wrapped).
+    first: u64,
     /// Inflaters of deflated arrays, by field index.
     inflaters: Mutex<Vec<Option<Inflater>>>,
 }
 
-fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+pub(super) fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: the map is read-only; input files must not be modified during an ingest (the same
     // contract as every reader of a memory-mapped file).
@@ -274,6 +276,24 @@ impl NumpySource {
                 path.display()
             )));
         }
+        Self::from_arrays(path, arrays, None, 0)
+    }
+
+    /// A source over `arrays` (name, `None` when dropped), which must all have the same first
+    /// dimension (the capacity). `rows` (default: the capacity) are read, starting at physical
+    /// row `first` and wrapping around (a ring buffer's oldest row first).
+    pub(super) fn from_arrays(
+        path: &Path,
+        mut arrays: Vec<(String, Option<Array>)>,
+        rows: Option<u64>,
+        first: u64,
+    ) -> Result<NumpySource> {
+        // `[N, 1]` (TorchRL rewards and flags, many dumps) is one value per row.
+        for a in arrays.iter_mut().filter_map(|(_, a)| a.as_mut()) {
+            if a.header.shape.len() == 2 && a.header.shape[1] == 1 {
+                a.header.shape.pop();
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &arrays {
             if !seen.insert(name.as_str()) {
@@ -304,8 +324,8 @@ impl NumpySource {
                 )));
             }
         }
-        let rows = kept.first().map_or(0, |a| a.rows());
-        if let Some(a) = kept.iter().find(|a| a.rows() != rows) {
+        let capacity = kept.first().map_or(0, |a| a.rows());
+        if let Some(a) = kept.iter().find(|a| a.rows() != capacity) {
             return Err(Error::SchemaMismatch(format!(
                 "{}: array `{}` has {} rows but `{}` has {rows}; every array must have one row per \
                  transition (pass --drop-cols {} to leave it out)",
@@ -313,7 +333,15 @@ impl NumpySource {
                 a.name,
                 a.rows(),
                 kept[0].name,
-                a.name
+                a.name,
+                rows = capacity
+            )));
+        }
+        let rows = rows.unwrap_or(capacity as u64);
+        if rows > capacity as u64 || (first > 0 && first >= capacity as u64) {
+            return Err(Error::InvalidData(format!(
+                "{}: {rows} rows from row {first} do not fit arrays of {capacity} rows",
+                path.display()
             )));
         }
         let mut fields = vec![];
@@ -328,7 +356,8 @@ impl NumpySource {
             path: path.to_path_buf(),
             schema: Arc::new(Schema::new(fields)),
             arrays: arrays.into_iter().map(|(_, a)| a).collect(),
-            rows: rows as u64,
+            rows,
+            first,
             inflaters: Mutex::new((0..n).map(|_| None).collect()),
         })
     }
@@ -351,11 +380,21 @@ impl NumpySource {
         let mut buf = MutableBuffer::from_len_zeroed(len);
         match &a.data {
             Data::Stored { map, offset } => {
-                let from = offset + start as usize * row_bytes;
-                let bytes = map
-                    .get(from..from + len)
-                    .ok_or_else(|| Error::InvalidData(format!("{}: data is truncated", what())))?;
-                buf.as_slice_mut().copy_from_slice(bytes);
+                // Logical rows start.. are physical rows (first + start).. modulo the capacity:
+                // at most two runs.
+                let capacity = a.rows();
+                let mut done = 0;
+                while done < n {
+                    let p = ((self.first + start) as usize + done) % capacity;
+                    let k = (n - done).min(capacity - p);
+                    let from = offset + p * row_bytes;
+                    let bytes = map.get(from..from + k * row_bytes).ok_or_else(|| {
+                        Error::InvalidData(format!("{}: data is truncated", what()))
+                    })?;
+                    buf.as_slice_mut()[done * row_bytes..(done + k) * row_bytes]
+                        .copy_from_slice(bytes);
+                    done += k;
+                }
             }
             Data::Deflated {
                 map,
@@ -540,7 +579,7 @@ fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Option<Array>)>>
 }
 
 /// The data of a stored array must hold all its rows.
-fn check_size(a: &Array, available: usize, what: &str) -> Result<()> {
+pub(super) fn check_size(a: &Array, available: usize, what: &str) -> Result<()> {
     let need = a.rows().checked_mul(a.row_bytes()).ok_or_else(|| {
         Error::InvalidData(format!("{what}: shape {:?} overflows", a.header.shape))
     })?;
