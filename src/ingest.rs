@@ -1,10 +1,12 @@
-//! Ingest: turns a file of transitions (one row per transition) into trajstore episodes. Two
+//! Ingest: turns a file of transitions (one row per transition) into trajstore episodes. Three
 //! input formats, read by one pipeline:
 //!
 //! - **Parquet** (D4RL/Minari/LeRobot style exports, pandas/Polars dumps);
 //! - **NumPy**: a `.npz` archive (`np.savez` / `np.savez_compressed`, e.g. D4RL's
 //!   `env.get_dataset()` dict saved as is) or a directory of `.npy` files, one column per array
-//!   (module `numpy`).
+//!   (module `numpy`);
+//! - **TorchRL** replay buffers saved with `rb.dumps(DIR)`: one column per tensor of the stored
+//!   TensorDict, oldest row first (module `torchrl`).
 //!
 //! Common layouts need no options: D4RL's `observations, actions, rewards, terminals, timeouts,
 //! next_observations`, Gymnasium's `terminated/truncated`, Minari's `terminations/truncations`
