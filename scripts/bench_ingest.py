@@ -13,8 +13,21 @@ and prints one JSON line.
 
 With --format npz the input is np.savez (np.savez_compressed with --compressed) of D4RL's keys
 (observations, actions, rewards, terminals, timeouts) and the times are:
-  numpy+pyarrow: np.load of every array + ipc.new_file(...).write_table (no episode logic)
+  numpy+pyarrow: np.load of every array + ipc.new_file(...).write_table + sync (no episode logic)
   trajstore:     trajstore ingest data.npz DATASET (no options: the D4RL names are recognised)
+
+With --format torchrl (run it with a Python that has torch and torchrl, e.g. the peer venv of
+../shared/peers/README.md) the input is rb.dumps() of a TensorDictReplayBuffer over a
+LazyMemmapStorage holding the same transitions (observation, action, next/observation,
+next/reward, next/terminated, next/truncated, next/done), and the times are:
+  copy:      shutil.copytree of the dump (reading and writing the same bytes: the floor)
+  trajstore: trajstore ingest DUMP DATASET (no options)
+
+With --format npydir the input is a directory of .npy files with D4RL's keys, written in chunks
+through np.lib.format.open_memmap (so --n can exceed memory; episodes have the mean length but no
+randomness beyond the flags), and the times are:
+  copy:      shutil.copytree of the directory + sync (the floor)
+  trajstore: trajstore ingest DIR DATASET (no options); its peak RSS is reported too
 """
 import argparse, json, os, shutil, subprocess, tempfile, time
 
@@ -89,13 +102,17 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--bin", default="target/release/trajstore")
     p.add_argument("--dir", default=None)
-    p.add_argument("--format", choices=["parquet", "npz"], default="parquet")
+    p.add_argument("--format", choices=["parquet", "npz", "torchrl", "npydir"], default="parquet")
     p.add_argument("--compressed", action="store_true", help="npz: np.savez_compressed")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="trajstore-bench-", dir=a.dir)
     try:
         if a.format == "npz":
             return bench_npz(a, work)
+        if a.format == "torchrl":
+            return bench_torchrl(a, work)
+        if a.format == "npydir":
+            return bench_npydir(a, work)
         src = os.path.join(work, "input.parquet")
         episodes = make_parquet(src, a.n, a.obs_dim, a.act_dim, a.mean_len, 0)
         out_ipc = os.path.join(work, "pyarrow.arrow")
@@ -146,6 +163,7 @@ def bench_npz(a, work):
         t = pa.table(cols)
         with ipc.new_file(out_ipc, t.schema) as w:
             w.write_table(t, max_chunksize=1 << 20)
+        os.sync()  # trajstore's commit is durable (fsync); so is this baseline
 
     ds = os.path.join(work, "ts.trajstore")
 
@@ -163,6 +181,121 @@ def bench_npz(a, work):
         "numpy_rows_per_s": round(a.n / t_np),
         "trajstore_rows_per_s": round(a.n / t_ts),
         "trajstore_over_numpy_time": round(t_ts / t_np, 3),
+        "cpus": os.cpu_count(),
+    }))
+
+
+def bench_torchrl(a, work):
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
+
+    tmp = os.path.join(work, "input.parquet")
+    episodes = make_parquet(tmp, a.n, a.obs_dim, a.act_dim, a.mean_len, 0)
+    t = pq.read_table(tmp)
+    os.remove(tmp)
+    n = a.n
+    obs = torch.from_numpy(t["observation"].combine_chunks().flatten().to_numpy().reshape(n, a.obs_dim))
+    term = torch.from_numpy(t["terminated"].to_numpy(zero_copy_only=False))
+    trunc = torch.from_numpy(t["truncated"].to_numpy(zero_copy_only=False))
+    ep = torch.from_numpy(t["episode"].to_numpy())
+    # o_{t+1}: the next row inside an episode, the row itself at an episode's end.
+    nxt = torch.cat([obs[1:], obs[-1:]])
+    last = torch.cat([ep[1:] != ep[:-1], torch.tensor([True])])
+    nxt[last] = obs[last]
+    td = TensorDict({
+        "observation": obs,
+        "action": torch.from_numpy(t["action"].combine_chunks().flatten().to_numpy().reshape(n, a.act_dim)),
+        ("next", "observation"): nxt,
+        ("next", "reward"): torch.from_numpy(t["reward"].to_numpy())[:, None],
+        ("next", "terminated"): term[:, None],
+        ("next", "truncated"): trunc[:, None],
+        ("next", "done"): (term | trunc)[:, None],
+    }, batch_size=[n])
+    rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=os.path.join(work, "scratch")))
+    rb.extend(td)
+    src = os.path.join(work, "dump")
+    rb.dumps(src)
+    del rb, td
+    shutil.rmtree(os.path.join(work, "scratch"), ignore_errors=True)
+    dump_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
+    copy = os.path.join(work, "copy")
+
+    def copy_dump():
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(src, copy)
+        os.sync()
+
+    ds = os.path.join(work, "ts.trajstore")
+
+    def trajstore_ingest():
+        shutil.rmtree(ds, ignore_errors=True)
+        subprocess.run([a.bin, "ingest", src, ds, "--json"], check=True, stdout=subprocess.DEVNULL)
+
+    t_cp = best(copy_dump, a.repeat)
+    t_ts = best(trajstore_ingest, a.repeat)
+    print(json.dumps({
+        "transitions": a.n, "episodes": episodes, "dump_bytes": dump_bytes,
+        "copytree_s": round(t_cp, 3),
+        "trajstore_ingest_s": round(t_ts, 3),
+        "trajstore_rows_per_s": round(a.n / t_ts),
+        "trajstore_over_copy_time": round(t_ts / t_cp, 3),
+        "cpus": os.cpu_count(),
+    }))
+
+
+def bench_npydir(a, work):
+    import resource
+    from numpy.lib.format import open_memmap
+
+    src = os.path.join(work, "arrays")
+    os.makedirs(src)
+    n, chunk = a.n, 1 << 22
+    rng = np.random.default_rng(0)
+    arrays = {
+        "observations": open_memmap(os.path.join(src, "observations.npy"), "w+", np.float32, (n, a.obs_dim)),
+        "actions": open_memmap(os.path.join(src, "actions.npy"), "w+", np.float32, (n, a.act_dim)),
+        "rewards": open_memmap(os.path.join(src, "rewards.npy"), "w+", np.float32, (n,)),
+        "terminals": open_memmap(os.path.join(src, "terminals.npy"), "w+", np.bool_, (n,)),
+        "timeouts": open_memmap(os.path.join(src, "timeouts.npy"), "w+", np.bool_, (n,)),
+    }
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        k = hi - lo
+        arrays["observations"][lo:hi] = rng.standard_normal((k, a.obs_dim), dtype=np.float32)
+        arrays["actions"][lo:hi] = rng.uniform(-1, 1, (k, a.act_dim)).astype(np.float32)
+        arrays["rewards"][lo:hi] = rng.standard_normal(k, dtype=np.float32)
+        i = np.arange(lo, hi)
+        arrays["terminals"][lo:hi] = (i + 1) % (2 * a.mean_len) == 0
+        arrays["timeouts"][lo:hi] = ((i + 1) % a.mean_len == 0) & ((i + 1) % (2 * a.mean_len) != 0)
+    for v in arrays.values():
+        v.flush()
+    del arrays
+    src_bytes = sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src))
+    copy = os.path.join(work, "copy")
+
+    def copy_dir():
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(src, copy)
+        os.sync()
+
+    ds = os.path.join(work, "ts.trajstore")
+
+    def trajstore_ingest():
+        shutil.rmtree(ds, ignore_errors=True)
+        subprocess.run([a.bin, "ingest", src, ds, "--json"], check=True, stdout=subprocess.DEVNULL)
+
+    t_cp = best(copy_dir, a.repeat)
+    shutil.rmtree(copy, ignore_errors=True)
+    t_ts = best(trajstore_ingest, a.repeat)
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(json.dumps({
+        "transitions": n, "input_bytes": src_bytes,
+        "copytree_s": round(t_cp, 3),
+        "trajstore_ingest_s": round(t_ts, 3),
+        "trajstore_rows_per_s": round(n / t_ts),
+        "trajstore_over_copy_time": round(t_ts / t_cp, 3),
+        "trajstore_peak_rss_bytes": rss,
         "cpus": os.cpu_count(),
     }))
 

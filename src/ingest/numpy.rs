@@ -3,14 +3,17 @@
 //! (the member or file name without `.npy`); its first dimension is the transition, the others
 //! the shape of one row.
 //!
-//! Arrays are memory-mapped. Stored (uncompressed) members are read in place, in parallel;
-//! deflated members are inflated in one pass, in order, so memory stays bounded whatever the size
-//! of the archive. The zip reader is this module's own (stored and deflate members, zip64), so
-//! every bound is checked against the file: a truncated or corrupt archive is an error, never a
-//! panic or a read past the map.
+//! Arrays are read with positioned reads (`pread`), not memory maps: an ingest reads each byte
+//! once, so a map would only make the process's resident size grow with the input, and a file
+//! truncated while being read would be a SIGBUS instead of an error. Stored (uncompressed)
+//! members are read in parallel units; deflated members are inflated in one pass, in order, so
+//! memory stays bounded whatever the size of the archive. The zip reader is this module's own
+//! (stored and deflate members, zip64) and checks every member's CRC-32 and every bound against
+//! the file: a truncated or corrupt archive is an error, never a panic.
 
 use std::fs::File;
-use std::io::{Cursor, Read};
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -20,7 +23,6 @@ use arrow::array::{
 use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use flate2::read::DeflateDecoder;
-use memmap2::Mmap;
 
 use super::Source;
 use crate::error::{Error, Result};
@@ -158,25 +160,98 @@ fn parse_header(text: &[u8], data_offset: usize, what: &str) -> Result<Header> {
     })
 }
 
-fn header_of(bytes: &[u8], what: &str) -> Result<Header> {
-    let (pre, len) = preamble(bytes, what)?;
-    let text = bytes
-        .get(pre..pre + len)
-        .ok_or_else(|| Error::InvalidData(format!("{what}: truncated .npy header")))?;
-    parse_header(text, pre + len, what)
+/// An input file, shared by the arrays it holds.
+#[derive(Debug)]
+pub(super) struct Input {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl Input {
+    pub(super) fn open(path: &Path) -> Result<Arc<Input>> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        Ok(Arc::new(Input {
+            file,
+            path: path.to_path_buf(),
+            len,
+        }))
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Fills `buf` from `offset`; running past the end is a "truncated" error.
+    fn read_into(&self, offset: u64, buf: &mut [u8], what: &str) -> Result<()> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::InvalidData(format!(
+                    "{what}: {} is truncated (it ends before byte {})",
+                    self.path.display(),
+                    offset + buf.len() as u64
+                ))
+            } else {
+                Error::io(&self.path, e)
+            }
+        })
+    }
+
+    fn read_at(&self, offset: u64, len: usize, what: &str) -> Result<Vec<u8>> {
+        let mut buf = vec![0; len];
+        self.read_into(offset, &mut buf, what)?;
+        Ok(buf)
+    }
+
+    /// The `.npy` header that starts at `offset` (of a stored array; `avail` bytes from there).
+    fn header_at(&self, offset: u64, avail: u64, what: &str) -> Result<Header> {
+        let head = self.read_at(offset, avail.min(12) as usize, what)?;
+        let (pre, len) = preamble(&head, what)?;
+        if (pre + len) as u64 > avail {
+            return Err(Error::InvalidData(format!("{what}: truncated .npy header")));
+        }
+        let text = self.read_at(offset + pre as u64, len, what)?;
+        parse_header(&text, pre + len, what)
+    }
+}
+
+/// Reads `offset..end` of an input in order (for the inflater).
+struct Region {
+    input: Arc<Input>,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for Region {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.end - self.pos).min(buf.len() as u64) as usize;
+        let got = self.input.file.read_at(&mut buf[..n], self.pos)?;
+        self.pos += got as u64;
+        Ok(got)
+    }
+}
+
+fn inflater(input: &Arc<Input>, offset: u64, len: u64) -> DeflateDecoder<BufReader<Region>> {
+    let region = Region {
+        input: input.clone(),
+        pos: offset,
+        end: offset + len,
+    };
+    DeflateDecoder::new(BufReader::with_capacity(1 << 18, region))
 }
 
 /// Where an array's bytes are.
 #[derive(Debug, Clone)]
 pub(super) enum Data {
-    /// Raw bytes of the data at `offset` in the map.
-    Stored { map: Arc<Mmap>, offset: usize },
-    /// A deflate stream at `offset..offset + len` of the map that inflates to the whole `.npy`
+    /// Raw bytes of the data at `offset` in the input.
+    Stored { input: Arc<Input>, offset: u64 },
+    /// A deflate stream at `offset..offset + len` of the input that inflates to the whole `.npy`
     /// (header included), whose CRC-32 is `crc`.
     Deflated {
-        map: Arc<Mmap>,
-        offset: usize,
-        len: usize,
+        input: Arc<Input>,
+        offset: u64,
+        len: u64,
         crc: u32,
     },
 }
@@ -210,23 +285,10 @@ impl Array {
     }
 }
 
-/// A slice of a shared map, readable as bytes.
-struct MapSlice {
-    map: Arc<Mmap>,
-    offset: usize,
-    len: usize,
-}
-
-impl AsRef<[u8]> for MapSlice {
-    fn as_ref(&self) -> &[u8] {
-        &self.map[self.offset..self.offset + self.len]
-    }
-}
-
 /// An inflater positioned at `row` of a deflated array's data.
 struct Inflater {
     row: u64,
-    decoder: DeflateDecoder<Cursor<MapSlice>>,
+    decoder: DeflateDecoder<BufReader<Region>>,
     /// CRC-32 of what was inflated so far, checked against the archive's when the last row is in.
     crc: crc32fast::Hasher,
 }
@@ -244,14 +306,6 @@ pub(crate) struct NumpySource {
     inflaters: Mutex<Vec<Option<Inflater>>>,
 }
 
-pub(super) fn map_file(path: &Path) -> Result<Arc<Mmap>> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    // SAFETY: the map is read-only; input files must not be modified during an ingest (the same
-    // contract as every reader of a memory-mapped file).
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Arc::new(map))
-}
-
 impl NumpySource {
     /// Opens `path`: a `.npz` archive or a directory of `.npy` files. Arrays named in `drop` are
     /// listed (so that `--drop-cols` can name them) but never read or checked.
@@ -259,8 +313,10 @@ impl NumpySource {
         let arrays = if path.is_dir() {
             open_dir(path, drop)?
         } else {
-            let map = map_file(path)?;
-            if map.starts_with(b"\x93NUMPY") {
+            let input = Input::open(path)?;
+            let magic =
+                input.read_at(0, input.len().min(6) as usize, &path.display().to_string())?;
+            if magic.starts_with(b"\x93NUMPY") {
                 return Err(Error::InvalidArgument(format!(
                     "{} is a single .npy array, i.e. one column; save the dataset's arrays together \
                      (np.savez(\"data.npz\", observations=..., actions=..., rewards=..., terminals=..., \
@@ -268,7 +324,7 @@ impl NumpySource {
                     path.display()
                 )));
             }
-            open_zip(path, map, drop)?
+            open_zip(path, input, magic.starts_with(b"PK"), drop)?
         };
         if arrays.is_empty() {
             return Err(Error::InvalidData(format!(
@@ -379,7 +435,7 @@ impl NumpySource {
         let len = n * row_bytes;
         let mut buf = MutableBuffer::from_len_zeroed(len);
         match &a.data {
-            Data::Stored { map, offset } => {
+            Data::Stored { input, offset } => {
                 // Logical rows start.. are physical rows (first + start).. modulo the capacity:
                 // at most two runs.
                 let capacity = a.rows();
@@ -387,17 +443,16 @@ impl NumpySource {
                 while done < n {
                     let p = ((self.first + start) as usize + done) % capacity;
                     let k = (n - done).min(capacity - p);
-                    let from = offset + p * row_bytes;
-                    let bytes = map.get(from..from + k * row_bytes).ok_or_else(|| {
-                        Error::InvalidData(format!("{}: data is truncated", what()))
-                    })?;
-                    buf.as_slice_mut()[done * row_bytes..(done + k) * row_bytes]
-                        .copy_from_slice(bytes);
+                    input.read_into(
+                        offset + (p * row_bytes) as u64,
+                        &mut buf.as_slice_mut()[done * row_bytes..(done + k) * row_bytes],
+                        &what(),
+                    )?;
                     done += k;
                 }
             }
             Data::Deflated {
-                map,
+                input,
                 offset,
                 len: z,
                 crc,
@@ -411,11 +466,7 @@ impl NumpySource {
                             what()
                         )));
                     }
-                    let mut decoder = DeflateDecoder::new(Cursor::new(MapSlice {
-                        map: map.clone(),
-                        offset: *offset,
-                        len: *z,
-                    }));
+                    let mut decoder = inflater(input, *offset, *z);
                     // Skip the header (parsed when the archive was opened).
                     let mut skip = vec![0; a.header.data_offset];
                     decoder.read_exact(&mut skip).map_err(|e| {
@@ -562,27 +613,28 @@ fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Option<Array>)>>
                 return Ok((name, None));
             }
             let what = path.display().to_string();
-            let map = map_file(&path)?;
-            let header = header_of(&map, &what)?;
+            let input = Input::open(&path)?;
+            let header = input.header_at(0, input.len(), &what)?;
+            let available = input.len() - header.data_offset as u64;
             let array = Array {
                 name: name.clone(),
                 data: Data::Stored {
-                    map: map.clone(),
-                    offset: header.data_offset,
+                    input,
+                    offset: header.data_offset as u64,
                 },
                 header,
             };
-            check_size(&array, map.len() - array.header.data_offset, &what)?;
+            check_size(&array, available, &what)?;
             Ok((name, Some(array)))
         })
         .collect()
 }
 
 /// The data of a stored array must hold all its rows.
-pub(super) fn check_size(a: &Array, available: usize, what: &str) -> Result<()> {
+pub(super) fn check_size(a: &Array, available: u64, what: &str) -> Result<()> {
     let need = a.rows().checked_mul(a.row_bytes()).ok_or_else(|| {
         Error::InvalidData(format!("{what}: shape {:?} overflows", a.header.shape))
-    })?;
+    })? as u64;
     if available < need {
         return Err(Error::InvalidData(format!(
             "{what}: shape {:?} needs {need} bytes of data, the file has {available} (truncated?)",
@@ -625,51 +677,66 @@ fn corrupt(path: &Path, why: &str) -> Error {
 }
 
 /// The central directory's members.
-fn zip_members(path: &Path, b: &[u8]) -> Result<Vec<Member>> {
+fn zip_members(path: &Path, input: &Input) -> Result<Vec<Member>> {
     const EOCD: u32 = 0x0605_4b50;
     const EOCD64_LOCATOR: u32 = 0x0706_4b50;
     const EOCD64: u32 = 0x0606_4b50;
     const CENTRAL: u32 = 0x0201_4b50;
-    if b.len() < 22 {
+    let what = path.display().to_string();
+    if input.len() < 22 {
         return Err(corrupt(path, "too short"));
     }
     // The end-of-central-directory record is within the last 64 KiB + 22 bytes (comment).
-    let lowest = b.len().saturating_sub(22 + 0xffff);
-    let eocd = (lowest..=b.len() - 22)
+    let tail_start = input.len().saturating_sub(22 + 0xffff);
+    let tail = input.read_at(tail_start, (input.len() - tail_start) as usize, &what)?;
+    let eocd = (0..=tail.len() - 22)
         .rev()
-        .find(|&i| u32_at(b, i) == Some(EOCD))
+        .find(|&i| u32_at(&tail, i) == Some(EOCD))
         .ok_or_else(|| corrupt(path, "no end-of-central-directory record (truncated?)"))?;
-    let short = |at| u16_at(b, eocd + at).ok_or_else(|| corrupt(path, "truncated"));
-    let long = |at| u32_at(b, eocd + at).ok_or_else(|| corrupt(path, "truncated"));
+    let short = |at| u16_at(&tail, eocd + at).ok_or_else(|| corrupt(path, "truncated"));
+    let long = |at| u32_at(&tail, eocd + at).ok_or_else(|| corrupt(path, "truncated"));
     let mut entries = short(10)? as u64;
     let mut cd_size = long(12)? as u64;
     let mut cd_offset = long(16)? as u64;
     if entries == 0xffff || cd_size == 0xffff_ffff || cd_offset == 0xffff_ffff {
-        let loc = eocd
+        let loc = (tail_start + eocd as u64)
             .checked_sub(20)
-            .filter(|&l| u32_at(b, l) == Some(EOCD64_LOCATOR))
             .ok_or_else(|| corrupt(path, "zip64 locator missing"))?;
-        let rec = u64_at(b, loc + 8).ok_or_else(|| corrupt(path, "truncated"))? as usize;
-        if u32_at(b, rec) != Some(EOCD64) {
+        let loc = input.read_at(loc, 20, &what)?;
+        if u32_at(&loc, 0) != Some(EOCD64_LOCATOR) {
+            return Err(corrupt(path, "zip64 locator missing"));
+        }
+        let rec_at = u64_at(&loc, 8).ok_or_else(|| corrupt(path, "truncated"))?;
+        if rec_at.checked_add(56).is_none_or(|e| e > input.len()) {
+            return Err(corrupt(path, "zip64 record lies past the end of the file"));
+        }
+        let rec = input.read_at(rec_at, 56, &what)?;
+        if u32_at(&rec, 0) != Some(EOCD64) {
             return Err(corrupt(path, "bad zip64 end-of-central-directory record"));
         }
-        let get = |at| u64_at(b, rec + at).ok_or_else(|| corrupt(path, "truncated"));
+        let get = |at| u64_at(&rec, at).ok_or_else(|| corrupt(path, "truncated"));
         entries = get(32)?;
         cd_size = get(40)?;
         cd_offset = get(48)?;
     }
-    let cd_end = cd_offset
+    if cd_offset
         .checked_add(cd_size)
-        .filter(|&e| e <= b.len() as u64)
-        .ok_or_else(|| corrupt(path, "central directory lies past the end of the file"))?;
-    let mut at = cd_offset as usize;
+        .is_none_or(|e| e > input.len())
+    {
+        return Err(corrupt(
+            path,
+            "central directory lies past the end of the file",
+        ));
+    }
+    let b = input.read_at(cd_offset, cd_size as usize, &what)?;
+    let mut at = 0usize;
     let mut out = vec![];
     for _ in 0..entries {
-        if at as u64 + 46 > cd_end || u32_at(b, at) != Some(CENTRAL) {
+        if at + 46 > b.len() || u32_at(&b, at) != Some(CENTRAL) {
             return Err(corrupt(path, "bad central directory entry"));
         }
-        let h = |o| u16_at(b, at + o).expect("bounds checked");
-        let w = |o| u32_at(b, at + o).expect("bounds checked");
+        let h = |o| u16_at(&b, at + o).expect("bounds checked");
+        let w = |o| u32_at(&b, at + o).expect("bounds checked");
         let (flags, method, crc) = (h(8), h(10), w(16));
         let (mut compressed, mut uncompressed) = (w(20) as u64, w(24) as u64);
         let (name_len, extra_len, comment_len) = (h(28) as usize, h(30) as usize, h(32) as usize);
@@ -677,7 +744,7 @@ fn zip_members(path: &Path, b: &[u8]) -> Result<Vec<Member>> {
         let name_at = at + 46;
         let extra_at = name_at + name_len;
         let next = extra_at + extra_len + comment_len;
-        if next as u64 > cd_end {
+        if next > b.len() {
             return Err(corrupt(path, "central directory entry runs past its end"));
         }
         let name = String::from_utf8_lossy(&b[name_at..extra_at]).into_owned();
@@ -685,14 +752,14 @@ fn zip_members(path: &Path, b: &[u8]) -> Result<Vec<Member>> {
         let mut e = extra_at;
         while e + 4 <= extra_at + extra_len {
             let (id, size) = (
-                u16_at(b, e).expect("bounds"),
-                u16_at(b, e + 2).expect("bounds") as usize,
+                u16_at(&b, e).expect("bounds"),
+                u16_at(&b, e + 2).expect("bounds") as usize,
             );
             if id == 0x0001 {
                 let mut f = e + 4;
                 let mut next64 = |v: &mut u64| -> Result<()> {
                     if *v == 0xffff_ffff {
-                        *v = u64_at(b, f)
+                        *v = u64_at(&b, f)
                             .filter(|_| f + 8 <= e + 4 + size)
                             .ok_or_else(|| corrupt(path, "short zip64 field"))?;
                         f += 8;
@@ -719,18 +786,36 @@ fn zip_members(path: &Path, b: &[u8]) -> Result<Vec<Member>> {
     Ok(out)
 }
 
+/// CRC-32 of `offset..offset + len` of an input, read in 8 MiB pieces.
+fn crc_of(input: &Input, offset: u64, len: u64, what: &str) -> Result<u32> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; (8 << 20).min(len as usize)];
+    let mut done = 0u64;
+    while done < len {
+        let k = (len - done).min(buf.len() as u64) as usize;
+        input.read_into(offset + done, &mut buf[..k], what)?;
+        hasher.update(&buf[..k]);
+        done += k as u64;
+    }
+    Ok(hasher.finalize())
+}
+
 /// The arrays of a `.npz` archive, in the archive's order.
-fn open_zip(path: &Path, map: Arc<Mmap>, drop: &[String]) -> Result<Vec<(String, Option<Array>)>> {
+fn open_zip(
+    path: &Path,
+    input: Arc<Input>,
+    is_zip: bool,
+    drop: &[String],
+) -> Result<Vec<(String, Option<Array>)>> {
     const LOCAL: u32 = 0x0403_4b50;
-    if !map.starts_with(b"PK") {
+    if !is_zip {
         return Err(Error::InvalidArgument(format!(
             "{} is neither a .npz archive nor a directory of .npy files",
             path.display()
         )));
     }
-    let b: &[u8] = &map;
     let mut out = vec![];
-    for m in zip_members(path, b)? {
+    for m in zip_members(path, &input)? {
         if m.name.ends_with('/') {
             continue; // a directory entry
         }
@@ -750,23 +835,30 @@ fn open_zip(path: &Path, map: Arc<Mmap>, drop: &[String]) -> Result<Vec<(String,
         if m.flags & 1 != 0 {
             return Err(Error::InvalidData(format!("{what} is encrypted")));
         }
-        let lo = m.local_offset as usize;
-        if u32_at(b, lo) != Some(LOCAL) {
+        if m.local_offset
+            .checked_add(30)
+            .is_none_or(|e| e > input.len())
+        {
+            return Err(corrupt(path, &format!("no local header for `{}`", m.name)));
+        }
+        let local = input.read_at(m.local_offset, 30, &what)?;
+        if u32_at(&local, 0) != Some(LOCAL) {
             return Err(corrupt(path, &format!("no local header for `{}`", m.name)));
         }
         let (n, e) = (
-            u16_at(b, lo + 26).unwrap_or(0) as usize,
-            u16_at(b, lo + 28).unwrap_or(0) as usize,
+            u16_at(&local, 26).unwrap_or(0) as u64,
+            u16_at(&local, 28).unwrap_or(0) as u64,
         );
-        let start = lo + 30 + n + e;
-        let end = start
-            .checked_add(m.compressed as usize)
-            .filter(|&end| end <= b.len())
-            .ok_or_else(|| corrupt(path, &format!("member `{}` is truncated", m.name)))?;
+        let start = m.local_offset + 30 + n + e;
+        if start
+            .checked_add(m.compressed)
+            .is_none_or(|end| end > input.len())
+        {
+            return Err(corrupt(path, &format!("member `{}` is truncated", m.name)));
+        }
         let array = match m.method {
             0 => {
-                let member = &b[start..end];
-                let got = crc32fast::hash(member);
+                let got = crc_of(&input, start, m.compressed, &what)?;
                 if got != m.crc {
                     return Err(Error::InvalidData(format!(
                         "{what}: CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \
@@ -774,43 +866,47 @@ fn open_zip(path: &Path, map: Arc<Mmap>, drop: &[String]) -> Result<Vec<(String,
                         m.crc
                     )));
                 }
-                let header = header_of(member, &what)?;
+                let header = input.header_at(start, m.compressed, &what)?;
+                let available = m.compressed - header.data_offset as u64;
                 let a = Array {
                     name: name.clone(),
                     data: Data::Stored {
-                        map: map.clone(),
-                        offset: start + header.data_offset,
+                        input: input.clone(),
+                        offset: start + header.data_offset as u64,
                     },
                     header,
                 };
-                check_size(&a, member.len() - a.header.data_offset, &what)?;
+                check_size(&a, available, &what)?;
                 a
             }
             8 => {
                 // Inflate just the header now; the data is inflated while ingesting.
-                let mut decoder = DeflateDecoder::new(&b[start..end]);
+                let mut decoder = inflater(&input, start, m.compressed);
                 let mut head = [0u8; 12];
                 decoder
                     .read_exact(&mut head)
                     .map_err(|e| Error::InvalidData(format!("{what}: cannot inflate: {e}")))?;
                 let (pre, len) = preamble(&head, &what)?;
                 let mut text = vec![0u8; pre + len];
-                text[..12].copy_from_slice(&head);
-                decoder
-                    .read_exact(&mut text[12..])
-                    .map_err(|e| Error::InvalidData(format!("{what}: cannot inflate: {e}")))?;
+                let copied = text.len().min(12);
+                text[..copied].copy_from_slice(&head[..copied]);
+                if text.len() > 12 {
+                    decoder
+                        .read_exact(&mut text[12..])
+                        .map_err(|e| Error::InvalidData(format!("{what}: cannot inflate: {e}")))?;
+                }
                 let header = parse_header(&text[pre..], pre + len, &what)?;
+                let have = m.uncompressed.saturating_sub(header.data_offset as u64);
                 let a = Array {
                     name: name.clone(),
                     data: Data::Deflated {
-                        map: map.clone(),
+                        input: input.clone(),
                         offset: start,
-                        len: end - start,
+                        len: m.compressed,
                         crc: m.crc,
                     },
                     header,
                 };
-                let have = (m.uncompressed as usize).saturating_sub(a.header.data_offset);
                 check_size(&a, have, &what)?;
                 a
             }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::numpy::{Array, Data, Dtype, Header, NumpySource, check_size, map_file};
+use super::numpy::{Array, Data, Dtype, Header, Input, NumpySource, check_size};
 use crate::error::{Error, Result};
 
 /// TorchRL's bookkeeping entry (the storage index of each row): not a column of the input.
@@ -109,7 +109,8 @@ fn walk(
             .and_then(|s| s.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
             .ok_or_else(|| Error::InvalidData(format!("{what} has no valid shape")))?;
         let file = dir.join(format!("{key}.memmap"));
-        let map = map_file(&file)?;
+        let input = Input::open(&file)?;
+        let available = input.len();
         let array = Array {
             name: name.clone(),
             header: Header {
@@ -117,12 +118,9 @@ fn walk(
                 shape,
                 data_offset: 0,
             },
-            data: Data::Stored {
-                map: map.clone(),
-                offset: 0,
-            },
+            data: Data::Stored { input, offset: 0 },
         };
-        check_size(&array, map.len(), &file.display().to_string())?;
+        check_size(&array, available, &file.display().to_string())?;
         out.push((name, Some(array)));
     }
     Ok(())
