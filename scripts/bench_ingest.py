@@ -84,6 +84,22 @@ def make_npz(path, n, obs_dim, act_dim, mean_len, seed, compressed):
     return episodes
 
 
+def copy_floor(src, dst):
+    """Copying the input's bytes and syncing: the floor for any converter that writes as much."""
+    def run():
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+        os.sync()
+    return run
+
+
+def ingest_without_options(binary, src, ds):
+    def run():
+        shutil.rmtree(ds, ignore_errors=True)
+        subprocess.run([binary, "ingest", src, ds, "--json"], check=True, stdout=subprocess.DEVNULL)
+    return run
+
+
 def best(f, repeat):
     times = []
     for _ in range(repeat):
@@ -165,14 +181,8 @@ def bench_npz(a, work):
             w.write_table(t, max_chunksize=1 << 20)
         os.sync()  # trajstore's commit is durable (fsync); so is this baseline
 
-    ds = os.path.join(work, "ts.trajstore")
-
-    def trajstore_ingest():
-        shutil.rmtree(ds, ignore_errors=True)
-        subprocess.run([a.bin, "ingest", src, ds, "--json"], check=True, stdout=subprocess.DEVNULL)
-
     t_np = best(numpy_convert, a.repeat)
-    t_ts = best(trajstore_ingest, a.repeat)
+    t_ts = best(ingest_without_options(a.bin, src, os.path.join(work, "ts.trajstore")), a.repeat)
     print(json.dumps({
         "transitions": a.n, "episodes": episodes, "compressed": a.compressed,
         "npz_bytes": os.path.getsize(src),
@@ -219,21 +229,8 @@ def bench_torchrl(a, work):
     del rb, td
     shutil.rmtree(os.path.join(work, "scratch"), ignore_errors=True)
     dump_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
-    copy = os.path.join(work, "copy")
-
-    def copy_dump():
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(src, copy)
-        os.sync()
-
-    ds = os.path.join(work, "ts.trajstore")
-
-    def trajstore_ingest():
-        shutil.rmtree(ds, ignore_errors=True)
-        subprocess.run([a.bin, "ingest", src, ds, "--json"], check=True, stdout=subprocess.DEVNULL)
-
-    t_cp = best(copy_dump, a.repeat)
-    t_ts = best(trajstore_ingest, a.repeat)
+    t_cp = best(copy_floor(src, os.path.join(work, "copy")), a.repeat)
+    t_ts = best(ingest_without_options(a.bin, src, os.path.join(work, "ts.trajstore")), a.repeat)
     print(json.dumps({
         "transitions": a.n, "episodes": episodes, "dump_bytes": dump_bytes,
         "copytree_s": round(t_cp, 3),
@@ -273,21 +270,9 @@ def bench_npydir(a, work):
     del arrays
     src_bytes = sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src))
     copy = os.path.join(work, "copy")
-
-    def copy_dir():
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(src, copy)
-        os.sync()
-
-    ds = os.path.join(work, "ts.trajstore")
-
-    def trajstore_ingest():
-        shutil.rmtree(ds, ignore_errors=True)
-        subprocess.run([a.bin, "ingest", src, ds, "--json"], check=True, stdout=subprocess.DEVNULL)
-
-    t_cp = best(copy_dir, a.repeat)
+    t_cp = best(copy_floor(src, copy), a.repeat)
     shutil.rmtree(copy, ignore_errors=True)
-    t_ts = best(trajstore_ingest, a.repeat)
+    t_ts = best(ingest_without_options(a.bin, src, os.path.join(work, "ts.trajstore")), a.repeat)
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     print(json.dumps({
         "transitions": n, "input_bytes": src_bytes,

@@ -6,77 +6,21 @@
 
 use std::path::{Path, PathBuf};
 
-use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float32Type, Float64Type, Int16Type, Int64Type};
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{Float64Type, Int16Type, Int64Type};
 use trajstore::ingest::{IngestOptions, InputFormat, infer_schema, ingest};
 use trajstore::{ActionKind, Dataset, Error, Snapshot, WriterOptions};
+
+mod common;
+use common::{
+    ends, f32_values as f32s, fixture_episodes, fixture_path, fixture_truncated as timeout,
+    payload_names, small_batches, small_segments,
+};
 
 const N: usize = 1000;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/numpy")
-        .join(name)
-}
-
-fn small_writer() -> WriterOptions {
-    WriterOptions::default()
-        .with_segment_bytes(16 << 10)
-        .with_batch_bytes(4 << 10)
-}
-
-/// Small decode batches, so that units (4 batches) split episodes.
-fn opts() -> IngestOptions {
-    IngestOptions::default().with_batch_rows(64)
-}
-
-fn terminal(i: usize) -> bool {
-    (i + 1).is_multiple_of(97)
-}
-
-fn timeout(i: usize) -> bool {
-    (i + 1).is_multiple_of(150) && !terminal(i)
-}
-
-/// (start, len, terminated, truncated) of every episode of the fixtures: an episode ends where a
-/// flag is set; the rows after the last flag form a truncated episode.
-fn expected_episodes() -> Vec<(usize, usize, bool, bool)> {
-    let mut out = vec![];
-    let mut start = 0;
-    for i in 0..N {
-        if terminal(i) || timeout(i) {
-            out.push((start, i + 1 - start, terminal(i), timeout(i)));
-            start = i + 1;
-        }
-    }
-    if start < N {
-        out.push((start, N - start, false, true));
-    }
-    out
-}
-
-fn f32s(batch: &RecordBatch, name: &str) -> Vec<f32> {
-    let a = batch.column_by_name(name).unwrap();
-    match a.data_type() {
-        DataType::FixedSizeList(..) => a
-            .as_fixed_size_list()
-            .values()
-            .as_primitive::<Float32Type>()
-            .values()
-            .to_vec(),
-        _ => a.as_primitive::<Float32Type>().values().to_vec(),
-    }
-}
-
-fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
-    (0..snap.num_episodes())
-        .map(|id| {
-            let e = snap.episode(id).unwrap();
-            let last = e.num_rows() - 1;
-            let flag = |n: &str| e.column_by_name(n).unwrap().as_boolean().value(last);
-            (flag("terminated"), flag("truncated"))
-        })
-        .collect()
+    fixture_path("numpy", name)
 }
 
 /// Ingests `input` into a fresh dataset and checks every value against the fixture formulas.
@@ -86,9 +30,9 @@ fn check_d4rl(input: &Path, infos: (&str, &str)) {
     let out = dir.path().join("ds");
     let format = InputFormat::detect(input).unwrap();
     assert_eq!(format, InputFormat::Numpy);
-    let inferred = infer_schema(input, format, &opts()).unwrap();
-    let report = ingest(input, format, &out, &opts(), small_writer()).unwrap();
-    let want = expected_episodes();
+    let inferred = infer_schema(input, format, &small_batches()).unwrap();
+    let report = ingest(input, format, &out, &small_batches(), small_segments()).unwrap();
+    let want = fixture_episodes(0, N);
     assert_eq!(report.rows, N as u64);
     assert_eq!(report.episodes, want.len() as u64);
     assert_eq!(report.boundaries, "flags terminals, timeouts");
@@ -196,9 +140,16 @@ fn integer_actions_stay_integers_and_gymnasium_flag_names_are_found() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ds");
     let input = fixture("discrete.npz");
-    let r = ingest(&input, InputFormat::Numpy, &out, &opts(), small_writer()).unwrap();
+    let r = ingest(
+        &input,
+        InputFormat::Numpy,
+        &out,
+        &small_batches(),
+        small_segments(),
+    )
+    .unwrap();
     assert_eq!(r.boundaries, "flags terminated, truncated");
-    assert_eq!(r.episodes, expected_episodes().len() as u64);
+    assert_eq!(r.episodes, fixture_episodes(0, N).len() as u64);
     let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert!(matches!(snap.schema().action_kind(), ActionKind::Discrete));
     let mut actions: Vec<i64> = vec![];
@@ -220,31 +171,22 @@ fn options_override_conventions_and_drop_cols_skips_arrays() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ds");
     // Only the time limits end episodes; the infos are dropped; next observations are derived.
-    let o = opts().with_truncated_col("timeouts").with_drop_cols([
-        "infos/qpos",
-        "infos/step",
-        "next_observations",
-        "terminals",
-    ]);
+    let o = small_batches()
+        .with_truncated_col("timeouts")
+        .with_drop_cols(["infos/qpos", "infos/step", "next_observations", "terminals"]);
     let r = ingest(
         &fixture("d4rl.npz"),
         InputFormat::Numpy,
         &out,
         &o,
-        small_writer(),
+        small_segments(),
     )
     .unwrap();
     assert_eq!(r.boundaries, "flags timeouts");
     let timeouts = (0..N).filter(|&i| timeout(i)).count();
     assert_eq!(r.episodes, timeouts as u64 + 1);
     let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
-    let names: Vec<String> = snap
-        .schema()
-        .payload_schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
+    let names = payload_names(&snap);
     assert_eq!(names, ["observation", "action", "reward"]);
 }
 
@@ -297,7 +239,7 @@ fn fails(input: &Path, o: &IngestOptions, needle: &str) -> Error {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ds");
     let err = InputFormat::detect(input)
-        .and_then(|f| ingest(input, f, &out, o, small_writer()))
+        .and_then(|f| ingest(input, f, &out, o, small_segments()))
         .unwrap_err();
     assert!(err.to_string().contains(needle), "{needle:?} not in: {err}");
     assert!(!out.exists(), "a failed ingest left {}", out.display());
@@ -309,7 +251,14 @@ fn hand_written_npy_directory_ingests() {
     let dir = tempfile::tempdir().unwrap();
     let d = npy_dir(dir.path(), 40);
     let out = dir.path().join("ds");
-    let r = ingest(&d, InputFormat::Numpy, &out, &opts(), small_writer()).unwrap();
+    let r = ingest(
+        &d,
+        InputFormat::Numpy,
+        &out,
+        &small_batches(),
+        small_segments(),
+    )
+    .unwrap();
     assert_eq!((r.rows, r.episodes), (40, 4));
 }
 
@@ -317,7 +266,7 @@ fn hand_written_npy_directory_ingests() {
 fn inconsistent_or_unsupported_arrays_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let d = npy_dir(dir.path(), 40);
-    let o = opts();
+    let o = small_batches();
 
     // One row short: named, with the way out.
     write_npy(&d.join("extra.npy"), "<f8", false, &[39], &[0; 39 * 8]);
@@ -329,8 +278,8 @@ fn inconsistent_or_unsupported_arrays_are_clear_errors() {
         &d,
         InputFormat::Numpy,
         &out,
-        &opts().with_drop_cols(["extra"]),
-        small_writer(),
+        &small_batches().with_drop_cols(["extra"]),
+        small_segments(),
     )
     .unwrap();
 
@@ -374,7 +323,13 @@ fn truncated_archives_are_errors() {
         while at < bytes.len() {
             std::fs::write(&cut, &bytes[..at]).unwrap();
             let out = dir.path().join(format!("ds{at}"));
-            let r = ingest(&cut, InputFormat::Numpy, &out, &opts(), small_writer());
+            let r = ingest(
+                &cut,
+                InputFormat::Numpy,
+                &out,
+                &small_batches(),
+                small_segments(),
+            );
             assert!(r.is_err(), "{name} cut at {at} of {} ingested", bytes.len());
             assert!(!out.exists());
             at += 1 + bytes.len() / 97;
@@ -407,8 +362,8 @@ fn corrupt_archives_are_errors_never_wrong_data() {
             &fixture(name),
             InputFormat::Numpy,
             &reference,
-            &opts(),
-            small_writer(),
+            &small_batches(),
+            small_segments(),
         )
         .unwrap();
         let reference = Dataset::open(&reference).unwrap().snapshot().unwrap();
@@ -421,7 +376,13 @@ fn corrupt_archives_are_errors_never_wrong_data() {
             bytes[at] ^= 0x5a;
             std::fs::write(&bad, &bytes).unwrap();
             let out = dir.path().join(format!("ds{k}"));
-            match ingest(&bad, InputFormat::Numpy, &out, &opts(), small_writer()) {
+            match ingest(
+                &bad,
+                InputFormat::Numpy,
+                &out,
+                &small_batches(),
+                small_segments(),
+            ) {
                 Err(_) => {
                     errors += 1;
                     assert!(!out.exists());

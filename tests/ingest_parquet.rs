@@ -13,7 +13,10 @@ use arrow::datatypes::{DataType, Field, Float32Type, Int64Type, UInt64Type};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use trajstore::ingest::{ParquetIngestOptions, infer_parquet_schema, ingest_parquet};
-use trajstore::{ActionKind, Dataset, Error, Snapshot, WriterOptions};
+use trajstore::{ActionKind, Dataset, Error, WriterOptions};
+
+mod common;
+use common::ends;
 
 /// Writes `batch` as Parquet with row groups of `group_rows` rows.
 fn write_parquet(path: &Path, batch: &RecordBatch, group_rows: usize) {
@@ -65,18 +68,6 @@ fn rewards(batch: &RecordBatch) -> Vec<f32> {
         .as_primitive::<Float32Type>()
         .values()
         .to_vec()
-}
-
-/// (terminated, truncated) of every episode, read from the boundary columns of its last row.
-fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
-    (0..snap.num_episodes())
-        .map(|id| {
-            let e = snap.episode(id).unwrap();
-            let last = e.num_rows() - 1;
-            let flag = |n: &str| e.column_by_name(n).unwrap().as_boolean().value(last);
-            (flag("terminated"), flag("truncated"))
-        })
-        .collect()
 }
 
 /// A D4RL-style file: observation [3], action [2], reward f64, `terminals`/`timeouts` flags.

@@ -5,74 +5,19 @@
 
 use std::path::{Path, PathBuf};
 
-use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float32Type, Int64Type};
-use trajstore::ingest::{IngestOptions, InputFormat, ingest};
-use trajstore::{Dataset, Snapshot, WriterOptions};
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use trajstore::Dataset;
+use trajstore::ingest::{InputFormat, ingest};
+
+mod common;
+use common::{
+    ends, f32_values as values_f32, fixture_episodes as episodes, fixture_path, payload_names,
+    small_batches, small_segments,
+};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/torchrl")
-        .join(name)
-}
-
-fn small_writer() -> WriterOptions {
-    WriterOptions::default()
-        .with_segment_bytes(16 << 10)
-        .with_batch_bytes(4 << 10)
-}
-
-fn opts() -> IngestOptions {
-    IngestOptions::default().with_batch_rows(64)
-}
-
-fn terminated(i: usize) -> bool {
-    (i + 1).is_multiple_of(97)
-}
-
-fn truncated(i: usize) -> bool {
-    (i + 1).is_multiple_of(150) && !terminated(i)
-}
-
-/// (first transition, length, terminated, truncated) of the episodes of transitions `lo..hi`,
-/// cut by the flags; rows after the last flag form a truncated episode.
-fn episodes(lo: usize, hi: usize) -> Vec<(usize, usize, bool, bool)> {
-    let mut out = vec![];
-    let mut start = lo;
-    for i in lo..hi {
-        if terminated(i) || truncated(i) {
-            out.push((start, i + 1 - start, terminated(i), truncated(i)));
-            start = i + 1;
-        }
-    }
-    if start < hi {
-        out.push((start, hi - start, false, true));
-    }
-    out
-}
-
-fn values_f32(batch: &RecordBatch, name: &str) -> Vec<f32> {
-    let a = batch.column_by_name(name).unwrap();
-    match a.data_type() {
-        DataType::FixedSizeList(..) => a
-            .as_fixed_size_list()
-            .values()
-            .as_primitive::<Float32Type>()
-            .values()
-            .to_vec(),
-        _ => a.as_primitive::<Float32Type>().values().to_vec(),
-    }
-}
-
-fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
-    (0..snap.num_episodes())
-        .map(|id| {
-            let e = snap.episode(id).unwrap();
-            let last = e.num_rows() - 1;
-            let flag = |n: &str| e.column_by_name(n).unwrap().as_boolean().value(last);
-            (flag("terminated"), flag("truncated"))
-        })
-        .collect()
+    fixture_path("torchrl", name)
 }
 
 /// Ingests the dump `name` and checks it holds transitions `lo..hi`, in order.
@@ -82,7 +27,7 @@ fn check_dump(name: &str, lo: usize, hi: usize) {
     let out = dir.path().join("ds");
     let format = InputFormat::detect(&input).unwrap();
     assert_eq!(format, InputFormat::TorchRl);
-    let r = ingest(&input, format, &out, &opts(), small_writer()).unwrap();
+    let r = ingest(&input, format, &out, &small_batches(), small_segments()).unwrap();
     let want = episodes(lo, hi);
     assert_eq!(r.rows, (hi - lo) as u64);
     assert_eq!(r.episodes, want.len() as u64);
@@ -100,13 +45,7 @@ fn check_dump(name: &str, lo: usize, hi: usize) {
     }
 
     let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
-    let names: Vec<String> = snap
-        .schema()
-        .payload_schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
+    let names = payload_names(&snap);
     // `index` (the buffer's bookkeeping) and `next/done` (terminated OR truncated) are left out.
     assert_eq!(
         names,
@@ -164,7 +103,7 @@ fn a_wrapped_ring_buffer_ingests_oldest_first() {
 fn episode_ids_instead_of_flags() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ds");
-    let o = opts()
+    let o = small_batches()
         .with_episode_col("collector/traj_ids")
         .with_drop_cols(["next/done", "next/terminated", "next/truncated"]);
     let r = ingest(
@@ -172,7 +111,7 @@ fn episode_ids_instead_of_flags() {
         InputFormat::TorchRl,
         &out,
         &o,
-        small_writer(),
+        small_segments(),
     )
     .unwrap();
     assert_eq!(r.boundaries, "episode ids in `collector/traj_ids`");
@@ -216,7 +155,14 @@ fn copy_dir(from: &Path, to: &Path) {
 fn fails(input: &Path, needle: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ds");
-    let err = ingest(input, InputFormat::TorchRl, &out, &opts(), small_writer()).unwrap_err();
+    let err = ingest(
+        input,
+        InputFormat::TorchRl,
+        &out,
+        &small_batches(),
+        small_segments(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains(needle), "{needle:?} not in: {err}");
     assert!(!out.exists());
 }
