@@ -13,8 +13,8 @@ use trajstore::{ActionKind, Dataset, Error, Snapshot, WriterOptions};
 
 mod common;
 use common::{
-    ends, f32_values as f32s, fixture_episodes, fixture_path, fixture_truncated as timeout,
-    payload_names, small_batches, small_segments,
+    check_fixture_episodes, check_fixture_values, ends, fixture_episodes, fixture_path,
+    fixture_truncated as timeout, payload_names, small_batches, small_segments,
 };
 
 const N: usize = 1000;
@@ -59,34 +59,11 @@ fn check_d4rl(input: &Path, infos: (&str, &str)) {
         snap.schema().action_kind(),
         &ActionKind::Continuous { dim: 2 }
     );
-    assert_eq!(
-        ends(&snap),
-        want.iter().map(|e| (e.2, e.3)).collect::<Vec<_>>()
-    );
-    assert_eq!(
-        snap.episodes().lengths(),
-        want.iter()
-            .map(|e| e.1 as u64)
-            .collect::<Vec<_>>()
-            .as_slice()
-    );
+    check_fixture_episodes(&snap, &want);
     for (id, &(start, len, _, _)) in want.iter().enumerate() {
         let e = snap.episode(id as u64).unwrap();
+        check_fixture_values(&e, start, len);
         let rows = start..start + len;
-        let obs: Vec<f32> = rows
-            .clone()
-            .flat_map(|i| (0..3).map(move |j| (i * 10 + j) as f32))
-            .collect();
-        assert_eq!(f32s(&e, "observation"), obs, "episode {id}");
-        let next: Vec<f32> = obs.iter().map(|v| v + 1000.0).collect();
-        assert_eq!(f32s(&e, "next_observation"), next, "episode {id}");
-        let act: Vec<f32> = rows
-            .clone()
-            .flat_map(|i| (0..2).map(move |j| -(i as f32) - 0.5 * j as f32))
-            .collect();
-        assert_eq!(f32s(&e, "action"), act);
-        let rew: Vec<f32> = rows.clone().map(|i| (0.25 * i as f64) as f32).collect();
-        assert_eq!(f32s(&e, "reward"), rew);
         let qpos = e.column_by_name(infos.0).unwrap().as_fixed_size_list();
         assert_eq!(qpos.value_length(), 2);
         let want_qpos: Vec<f64> = rows

@@ -12,8 +12,8 @@ use trajstore::ingest::{InputFormat, ingest};
 
 mod common;
 use common::{
-    ends, f32_values as values_f32, fixture_episodes as episodes, fixture_path, payload_names,
-    small_batches, small_segments,
+    check_fixture_episodes, check_fixture_values, fixture_episodes as episodes, fixture_path,
+    payload_names, small_batches, small_segments,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -57,27 +57,10 @@ fn check_dump(name: &str, lo: usize, hi: usize) {
             "collector/traj_ids"
         ]
     );
-    assert_eq!(
-        ends(&snap),
-        want.iter().map(|e| (e.2, e.3)).collect::<Vec<_>>()
-    );
+    check_fixture_episodes(&snap, &want);
     for (id, &(start, len, _, _)) in want.iter().enumerate() {
         let e = snap.episode(id as u64).unwrap();
-        let rows = start..start + len;
-        let obs: Vec<f32> = rows
-            .clone()
-            .flat_map(|i| (0..3).map(move |j| (i * 10 + j) as f32))
-            .collect();
-        assert_eq!(values_f32(&e, "observation"), obs, "episode {id}");
-        let next: Vec<f32> = obs.iter().map(|v| v + 1000.0).collect();
-        assert_eq!(values_f32(&e, "next_observation"), next);
-        let act: Vec<f32> = rows
-            .clone()
-            .flat_map(|i| (0..2).map(move |j| -(i as f32) - 0.5 * j as f32))
-            .collect();
-        assert_eq!(values_f32(&e, "action"), act);
-        let rew: Vec<f32> = rows.clone().map(|i| (0.25 * i as f64) as f32).collect();
-        assert_eq!(values_f32(&e, "reward"), rew);
+        check_fixture_values(&e, start, len);
         // The collector's trajectory id is constant within an episode.
         let traj = e
             .column_by_name("collector/traj_ids")

@@ -88,3 +88,33 @@ pub fn payload_names(snap: &Snapshot) -> Vec<String> {
         .map(|f| f.name().clone())
         .collect()
 }
+
+/// Checks the columns every NumPy and TorchRL fixture shares (their scripts' formulas) for the
+/// episode `e` holding transitions `start..start + len`.
+pub fn check_fixture_values(e: &RecordBatch, start: usize, len: usize) {
+    let rows = start..start + len;
+    let obs: Vec<f32> = rows
+        .clone()
+        .flat_map(|i| (0..3).map(move |j| (i * 10 + j) as f32))
+        .collect();
+    assert_eq!(f32_values(e, "observation"), obs, "episode at {start}");
+    let next: Vec<f32> = obs.iter().map(|v| v + 1000.0).collect();
+    assert_eq!(f32_values(e, "next_observation"), next);
+    let act: Vec<f32> = rows
+        .clone()
+        .flat_map(|i| (0..2).map(move |j| -(i as f32) - 0.5 * j as f32))
+        .collect();
+    assert_eq!(f32_values(e, "action"), act);
+    let rew: Vec<f32> = rows.map(|i| (0.25 * i as f64) as f32).collect();
+    assert_eq!(f32_values(e, "reward"), rew);
+}
+
+/// Ends and lengths of every episode of `snap` match `want` (from [`fixture_episodes`]).
+pub fn check_fixture_episodes(snap: &Snapshot, want: &[(usize, usize, bool, bool)]) {
+    assert_eq!(
+        ends(snap),
+        want.iter().map(|e| (e.2, e.3)).collect::<Vec<_>>()
+    );
+    let lengths: Vec<u64> = want.iter().map(|e| e.1 as u64).collect();
+    assert_eq!(snap.episodes().lengths(), lengths.as_slice());
+}
