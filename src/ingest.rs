@@ -226,7 +226,8 @@ pub type ParquetIngestOptions = IngestOptions;
 /// The kinds of input [`ingest`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputFormat {
-    /// A Parquet file (`.parquet`, `.pq`).
+    /// A Parquet file (`.parquet`, `.pq`), or a directory of them read in path order (a sharded
+    /// dataset; a LeRobot dataset's `data/chunk-*/episode_*.parquet`), all with the same columns.
     Parquet,
     /// A NumPy `.npz` archive (`np.savez` or `np.savez_compressed`) or a directory of `.npy`
     /// files: one column per array, named after its key.
@@ -239,12 +240,20 @@ pub enum InputFormat {
 
 impl InputFormat {
     /// The format of `input`: a directory is a TorchRL dump when it has a `meta.json` (or
-    /// `storage/meta.json`), else NumPy (`.npy` files); a file goes by its extension, else by its
-    /// first bytes.
+    /// `storage/meta.json`), NumPy when it holds `.npy` files, else Parquet when it holds
+    /// `.parquet` files (at any depth: sharded datasets, LeRobot); a file goes by its extension,
+    /// else by its first bytes.
     pub fn detect(input: &Path) -> Result<InputFormat> {
         if input.is_dir() {
             if torchrl::is_torchrl(input) {
                 return Ok(InputFormat::TorchRl);
+            }
+            let has_npy = std::fs::read_dir(input)
+                .map_err(|e| Error::io(input, e))?
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().extension().is_some_and(|x| x == "npy"));
+            if !has_npy && !parquet_files(input)?.is_empty() {
+                return Ok(InputFormat::Parquet);
             }
             return Ok(InputFormat::Numpy);
         }
@@ -417,18 +426,96 @@ trait Source: Sync {
     fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>>;
 }
 
-/// A Parquet file; a unit is a row group.
+/// The Parquet files of a directory, recursively, sorted by path: a sharded dataset, or the
+/// `data/` directory of a LeRobot dataset (one with `meta/info.json`; its `meta/` may hold
+/// Parquet files of per-episode metadata, which are not transitions).
+fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let root = if dir.join("meta").join("info.json").is_file() && dir.join("data").is_dir() {
+        dir.join("data")
+    } else {
+        dir.to_path_buf()
+    };
+    let mut out = vec![];
+    let mut stack = vec![root];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let p = entry.map_err(|e| Error::io(&d, e))?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+            {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Parquet input: one file, or every Parquet file under a directory ([`parquet_files`]), which
+/// must all have the same columns. A unit is one row group of one file.
 struct ParquetSource {
     path: PathBuf,
-    meta: ArrowReaderMetadata,
+    files: Vec<(PathBuf, ArrowReaderMetadata)>,
+    /// (file, row group, rows) of every non-empty row group, in order.
+    groups: Vec<(usize, usize, u64)>,
 }
 
 impl ParquetSource {
     fn open(path: &Path) -> Result<ParquetSource> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let paths = if path.is_dir() {
+            let files = parquet_files(path)?;
+            if files.is_empty() {
+                return Err(Error::InvalidData(format!(
+                    "{} holds no .parquet files",
+                    path.display()
+                )));
+            }
+            files
+        } else {
+            vec![path.to_path_buf()]
+        };
+        let mut files: Vec<(PathBuf, ArrowReaderMetadata)> = vec![];
+        let mut groups = vec![];
+        for p in paths {
+            let file = File::open(&p).map_err(|e| Error::io(&p, e))?;
+            let meta = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| {
+                Error::InvalidData(format!("{}: not a readable Parquet file: {e}", p.display()))
+            })?;
+            if let Some((first, m)) = files.first() {
+                let (a, b) = (m.schema(), meta.schema());
+                let columns = |s: &SchemaRef| {
+                    s.fields()
+                        .iter()
+                        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+                        .collect::<Vec<_>>()
+                };
+                if columns(a) != columns(b) {
+                    return Err(Error::SchemaMismatch(format!(
+                        "{} has columns [{}], but {} has [{}]: every file of a directory must have \
+                         the same columns",
+                        p.display(),
+                        columns(b).join(", "),
+                        first.display(),
+                        columns(a).join(", ")
+                    )));
+                }
+            }
+            let md = meta.metadata();
+            for g in 0..md.num_row_groups() {
+                let rows = md.row_group(g).num_rows().max(0) as u64;
+                if rows > 0 {
+                    groups.push((files.len(), g, rows));
+                }
+            }
+            files.push((p, meta));
+        }
         Ok(ParquetSource {
             path: path.to_path_buf(),
-            meta: ArrowReaderMetadata::load(&file, Default::default())?,
+            files,
+            groups,
         })
     }
 }
@@ -439,21 +526,19 @@ impl Source for ParquetSource {
     }
 
     fn schema(&self) -> SchemaRef {
-        self.meta.schema().clone()
+        self.files[0].1.schema().clone()
     }
 
     fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
-        let md = self.meta.metadata();
-        let mut units = vec![];
         let mut base = 0u64;
-        for g in 0..md.num_row_groups() {
-            let rows = md.row_group(g).num_rows().max(0) as u64;
-            if rows > 0 {
-                units.push((g, base, rows));
-            }
-            base += rows;
-        }
-        units
+        self.groups
+            .iter()
+            .enumerate()
+            .map(|(unit, &(_, _, rows))| {
+                base += rows;
+                (unit, base - rows, rows)
+            })
+            .collect()
     }
 
     fn parallel(&self) -> bool {
@@ -466,11 +551,13 @@ impl Source for ParquetSource {
         projection: &[usize],
         batch_rows: usize,
     ) -> Result<Vec<RecordBatch>> {
-        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
-            .with_row_groups(vec![unit])
+        let (f, group, _) = self.groups[unit];
+        let (path, meta) = &self.files[f];
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+            .with_row_groups(vec![group])
             .with_projection(ProjectionMask::roots(
-                self.meta.parquet_schema(),
+                meta.parquet_schema(),
                 projection.iter().copied(),
             ))
             .with_batch_size(batch_rows)
@@ -485,18 +572,25 @@ impl Source for ParquetSource {
         if cols.is_empty() {
             return Ok(vec![]);
         }
-        let schema = self.meta.schema();
+        let Some(&(f, _, _)) = self.groups.first() else {
+            return Err(Error::InvalidData(format!(
+                "{} has no rows, so the length of list column `{}` cannot be inferred",
+                self.path.display(),
+                cols[0]
+            )));
+        };
+        let (path, meta) = &self.files[f];
+        let schema = meta.schema();
         let idx: Vec<usize> = cols
             .iter()
             .filter_map(|c| schema.index_of(c).ok())
             .collect();
-        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        let mut reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
-                .with_projection(ProjectionMask::roots(self.meta.parquet_schema(), idx))
-                .with_batch_size(1)
-                .with_limit(1)
-                .build()?;
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+            .with_projection(ProjectionMask::roots(meta.parquet_schema(), idx))
+            .with_batch_size(1)
+            .with_limit(1)
+            .build()?;
         let batch = match reader.next() {
             Some(b) => b?,
             None => {
@@ -532,7 +626,8 @@ impl Source for ParquetSource {
 /// layouts ingest without flags:
 ///
 /// - `observations`, `actions`, `rewards`, `next_observations` (D4RL, Minari, most NumPy dumps),
-///   and TorchRL's `next/reward`, when the input has no `observation`, `action`, `reward` column;
+///   TorchRL's `next/reward`, LeRobot's `observation.state` and `next.reward`, when the input has
+///   no `observation`, `action`, `reward` column;
 ///   `next_observation(s)` and TorchRL's `next/observation` are stored as `next_observation`;
 /// - episode boundaries, when no boundary option is given: flags `terminals`/`timeouts` (D4RL),
 ///   `terminated`/`truncated` (Gymnasium), `terminations`/`truncations` (Minari),
@@ -554,7 +649,11 @@ fn resolve_conventions(opts: &IngestOptions, schema: &Schema) -> IngestOptions {
         others.iter().find(|n| has(n)).map(|n| n.to_string())
     };
     if o.observation_cols.is_empty()
-        && let Some(p) = plural(col::OBSERVATION, &o.observation_col, &["observations"])
+        && let Some(p) = plural(
+            col::OBSERVATION,
+            &o.observation_col,
+            &["observations", "observation.state"],
+        )
     {
         o.observation_col = p;
     }
@@ -563,7 +662,11 @@ fn resolve_conventions(opts: &IngestOptions, schema: &Schema) -> IngestOptions {
     {
         o.action_col = p;
     }
-    if let Some(p) = plural(col::REWARD, &o.reward_col, &["rewards", "next/reward"]) {
+    if let Some(p) = plural(
+        col::REWARD,
+        &o.reward_col,
+        &["rewards", "next/reward", "next.reward"],
+    ) {
         o.reward_col = p;
     }
     if o.next_observation_col.is_none() {

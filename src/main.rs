@@ -66,7 +66,9 @@ enum Command {
     /// One row (or array row) per transition. Common layouts need no flags: D4RL's
     /// `observations, actions, rewards, terminals, timeouts, next_observations` (as saved by
     /// `np.savez("hopper.npz", **env.get_dataset())`), Gymnasium's `terminated/truncated`,
-    /// Minari's `terminations/truncations`, LeRobot's `episode_index`, and TorchRL replay buffers
+    /// Minari's `terminations/truncations`, LeRobot's `episode_index`/`observation.state`/
+    /// `next.reward` (give the dataset's directory: its `data/` shards are read in order), and
+    /// TorchRL replay buffers
     /// saved with `rb.dumps(DIR)` (`observation`, `action`, `next/reward`, `next/terminated`,
     /// `next/truncated`, `next/observation`; oldest row first). The options below override
     /// what is detected; the output says which columns were used. Columns that are not used are
@@ -76,6 +78,7 @@ enum Command {
     ///   trajstore ingest hopper-medium.npz hopper.trajstore
     ///   trajstore ingest arrays/ hopper.trajstore --drop-cols infos/qpos,infos/qvel
     ///   trajstore ingest rb-dump/ buffer.trajstore                # a TorchRL rb.dumps() directory
+    ///   trajstore ingest ~/lerobot/pusht pusht.trajstore           # a LeRobot v2 dataset directory
     ///   trajstore ingest episodes.parquet out.trajstore --episode-col ep --action-cols ax,ay
     #[command(verbatim_doc_comment)]
     Ingest(Box<IngestArgs>),
@@ -185,8 +188,8 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
 
 #[derive(Args)]
 struct IngestArgs {
-    /// Input: a Parquet file, a NumPy .npz archive, a directory of .npy files, or a TorchRL
-    /// replay buffer directory written by rb.dumps().
+    /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive or a directory
+    /// of .npy files, or a TorchRL replay buffer directory written by rb.dumps().
     input: PathBuf,
     /// Input format (default: from the extension, else the file's first bytes).
     #[arg(long, value_enum)]

@@ -656,3 +656,118 @@ fn needs_a_way_to_find_episodes() {
     let missing = infer_parquet_schema(&dir.path().join("nope.parquet"), &ep_opts()).unwrap_err();
     assert!(matches!(missing, Error::NotFound { .. }), "{missing}");
 }
+
+/// A LeRobot v2.1 dataset directory (`tests/python/make_lerobot_fixture.py`): one Parquet file per
+/// episode under `data/`, list columns, `episode_index`, no options; `meta/` is not read.
+#[test]
+fn a_lerobot_dataset_directory_ingests_without_options() {
+    use common::{check_fixture_values, fixture_episodes, fixture_path, payload_names};
+    use trajstore::ingest::{InputFormat, ingest};
+    let dir = tempfile::tempdir().unwrap();
+    let input = fixture_path("lerobot", "");
+    let out = dir.path().join("ds");
+    let format = InputFormat::detect(&input).unwrap();
+    assert_eq!(format, InputFormat::Parquet);
+    let r = ingest(
+        &input,
+        format,
+        &out,
+        &ParquetIngestOptions::default(),
+        small_writer(),
+    )
+    .unwrap();
+    assert_eq!(r.boundaries, "episode ids in `episode_index`");
+    assert!(
+        r.columns
+            .contains(&("observation".into(), "observation.state".into()))
+    );
+    assert!(r.columns.contains(&("reward".into(), "next.reward".into())));
+    let want = fixture_episodes(0, 700);
+    assert_eq!((r.rows, r.episodes), (700, want.len() as u64));
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(snap.schema().observation_shape(), &[3]);
+    assert_eq!(
+        payload_names(&snap),
+        [
+            "observation",
+            "action",
+            "reward",
+            "source_episode",
+            "frame_index",
+            "timestamp",
+            "next.done",
+            "index",
+            "task_index"
+        ]
+    );
+    let lengths: Vec<u64> = want.iter().map(|e| e.1 as u64).collect();
+    assert_eq!(snap.episodes().lengths(), lengths.as_slice());
+    for (id, &(start, len, _, _)) in want.iter().enumerate() {
+        let e = snap.episode(id as u64).unwrap();
+        check_fixture_values(&e, start, len);
+        let frame = e.column_by_name("frame_index").unwrap();
+        let steps = e.column_by_name("step").unwrap();
+        let as_u64 = |a: &ArrayRef| {
+            arrow::compute::cast(a, &DataType::UInt64)
+                .unwrap()
+                .as_primitive::<UInt64Type>()
+                .values()
+                .to_vec()
+        };
+        assert_eq!(as_u64(frame), as_u64(steps), "frame_index is the step");
+    }
+}
+
+/// A directory of Parquet shards is read in path order as one input; shards must agree on their
+/// columns.
+#[test]
+fn a_directory_of_shards_is_one_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    std::fs::create_dir_all(shards.join("b")).unwrap();
+    let (batch, expected) = d4rl_batch();
+    // Three shards in path order: a.parquet, b/c.parquet, d.parquet (cut mid-episode).
+    let n = batch.num_rows();
+    let cuts = [0, n / 3, 2 * n / 3 + 7, n];
+    for (k, name) in ["a.parquet", "b/c.parquet", "d.parquet"].iter().enumerate() {
+        let part = batch.slice(cuts[k], cuts[k + 1] - cuts[k]);
+        write_parquet(&shards.join(name), &part, 50);
+    }
+    let out = dir.path().join("ds");
+    let r = trajstore::ingest::ingest(
+        &shards,
+        trajstore::ingest::InputFormat::detect(&shards).unwrap(),
+        &out,
+        &d4rl_options(),
+        small_writer(),
+    )
+    .unwrap();
+    assert_eq!(r.rows, n as u64);
+    assert_eq!(r.episodes, expected.len() as u64);
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    let lengths: Vec<u64> = expected.iter().map(|e| e.1 as u64).collect();
+    assert_eq!(snap.episodes().lengths(), lengths.as_slice());
+    assert_eq!(
+        ends(&snap),
+        expected.iter().map(|e| (e.2, e.3)).collect::<Vec<_>>()
+    );
+
+    // A shard with other columns is named.
+    let other = batch_with(
+        &batch.slice(0, 10),
+        "rewards",
+        Arc::new(Int64Array::from(vec![1i64; 10])),
+    );
+    write_parquet(&shards.join("e.parquet"), &other, 50);
+    let err = trajstore::ingest::ingest(
+        &shards,
+        trajstore::ingest::InputFormat::Parquet,
+        &dir.path().join("bad"),
+        &d4rl_options(),
+        small_writer(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::SchemaMismatch(_)), "{err}");
+    assert!(err.to_string().contains("e.parquet"), "{err}");
+    assert!(!dir.path().join("bad").exists());
+}
