@@ -1,4 +1,4 @@
-//! Ingest: turns a file of transitions (one row per transition) into trajstore episodes. Three
+//! Ingest: turns a file of transitions (one row per transition) into trajstore episodes. Four
 //! input formats, read by one pipeline:
 //!
 //! - **Parquet** (D4RL/Minari/LeRobot style exports, pandas/Polars dumps);
@@ -6,7 +6,9 @@
 //!   `env.get_dataset()` dict saved as is) or a directory of `.npy` files, one column per array
 //!   (module `numpy`);
 //! - **TorchRL** replay buffers saved with `rb.dumps(DIR)`: one column per tensor of the stored
-//!   TensorDict, oldest row first (module `torchrl`).
+//!   TensorDict, oldest row first (module `torchrl`);
+//! - **HDF5** in D4RL's layout (`.hdf5`): one column per per-transition dataset (module `hdf5`,
+//!   pure Rust, no libhdf5).
 //!
 //! Common layouts need no options: D4RL's `observations, actions, rewards, terminals, timeouts,
 //! next_observations`, Gymnasium's `terminated/truncated`, Minari's `terminations/truncations`
@@ -61,6 +63,7 @@ use crate::format::{self, col};
 use crate::schema::{TransitionSchema, field_shape, fsl, tensor_field};
 use crate::writer::{DatasetWriter, EpisodeEnd, WriterOptions};
 
+mod hdf5;
 mod numpy;
 mod torchrl;
 
@@ -236,6 +239,9 @@ pub enum InputFormat {
     /// `LazyMemmapStorage` or `LazyTensorStorage`): one column per tensor, nested keys joined with
     /// `/` (`next/reward`), oldest row first.
     TorchRl,
+    /// An HDF5 file in D4RL's layout (`.hdf5`, `.h5`): one column per per-transition dataset, at
+    /// any depth (`infos/qpos`); scalars and strings (`metadata/`) are not columns.
+    Hdf5,
 }
 
 impl InputFormat {
@@ -265,18 +271,20 @@ impl InputFormat {
         match ext.as_str() {
             "parquet" | "pq" => return Ok(InputFormat::Parquet),
             "npz" | "npy" => return Ok(InputFormat::Numpy),
+            "hdf5" | "h5" => return Ok(InputFormat::Hdf5),
             _ => {}
         }
-        let mut magic = [0u8; 4];
+        let mut magic = [0u8; 8];
         let n = File::open(input)
             .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
             .map_err(|e| Error::io(input, e))?;
         match &magic[..n] {
-            b"PAR1" => Ok(InputFormat::Parquet),
+            [b'P', b'A', b'R', b'1', ..] => Ok(InputFormat::Parquet),
+            b"\x89HDF\r\n\x1a\n" => Ok(InputFormat::Hdf5),
             [b'P', b'K', ..] | [0x93, b'N', ..] => Ok(InputFormat::Numpy),
             _ => Err(Error::InvalidArgument(format!(
                 "{}: unknown input format; trajstore ingests Parquet (.parquet), NumPy (.npz, or a \
-                 directory of .npy files) and TorchRL replay buffers (a directory written by \
+                 directory of .npy files), HDF5 in D4RL's layout (.hdf5) and TorchRL replay buffers (a directory written by \
                  rb.dumps)",
                 input.display()
             ))),
@@ -290,6 +298,7 @@ fn open_source(input: &Path, format: InputFormat, opts: &IngestOptions) -> Resul
         InputFormat::Parquet => Box::new(ParquetSource::open(input)?),
         InputFormat::Numpy => Box::new(numpy::NumpySource::open(input, &opts.drop_cols)?),
         InputFormat::TorchRl => Box::new(torchrl::open(input, &opts.drop_cols)?),
+        InputFormat::Hdf5 => Box::new(hdf5::open(input, &opts.drop_cols)?),
     })
 }
 

@@ -29,7 +29,12 @@ fn check_d4rl(input: &Path, infos: (&str, &str)) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ds");
     let format = InputFormat::detect(input).unwrap();
-    assert_eq!(format, InputFormat::Numpy);
+    let want_format = if input.extension().is_some_and(|e| e == "hdf5") {
+        InputFormat::Hdf5
+    } else {
+        InputFormat::Numpy
+    };
+    assert_eq!(format, want_format);
     let inferred = infer_schema(input, format, &small_batches()).unwrap();
     let report = ingest(input, format, &out, &small_batches(), small_segments()).unwrap();
     let want = fixture_episodes(0, N);
@@ -110,6 +115,45 @@ fn d4rl_npz_from_np_savez_compressed_ingests_the_same() {
 #[test]
 fn a_directory_of_npy_files_ingests_the_same() {
     check_d4rl(&fixture("d4rl_dir"), ("infos_qpos", "infos_step"));
+}
+
+/// D4RL's own file format: HDF5 written by h5py (chunked, gzip and shuffle filters, booleans,
+/// nested `infos/`, a `metadata/` group that is not a column), read without libhdf5.
+#[test]
+fn d4rl_hdf5_from_h5py_ingests_the_same() {
+    check_d4rl(
+        &fixture_path("hdf5", "d4rl.hdf5"),
+        ("infos/qpos", "infos/step"),
+    );
+}
+
+#[test]
+fn minari_and_broken_hdf5_files_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = small_batches();
+    fails(&fixture_path("hdf5", "minari.hdf5"), &o, "Minari's layout");
+    let bytes = std::fs::read(fixture_path("hdf5", "d4rl.hdf5")).unwrap();
+    let cut = dir.path().join("cut.hdf5");
+    // Every cut (a download cut short) is an error.
+    for at in (0..bytes.len()).step_by(bytes.len() / 97 + 1) {
+        std::fs::write(&cut, &bytes[..at]).unwrap();
+        let out = dir.path().join(format!("ds{at}"));
+        let r = ingest(&cut, InputFormat::Hdf5, &out, &o, small_segments());
+        assert!(r.is_err(), "d4rl.hdf5 cut at {at} ingested");
+        assert!(!out.exists());
+    }
+    // HDF5 has no checksum over raw data, so a flipped byte may go through as another value, but
+    // never as a panic or a half-written dataset.
+    for k in 0..120 {
+        let at = bytes.len() * k / 120;
+        let mut flipped = bytes.clone();
+        flipped[at] ^= 0x5a;
+        std::fs::write(&cut, &flipped).unwrap();
+        let out = dir.path().join(format!("flip{k}"));
+        if ingest(&cut, InputFormat::Hdf5, &out, &o, small_segments()).is_err() {
+            assert!(!out.exists());
+        }
+    }
 }
 
 #[test]

@@ -254,6 +254,8 @@ pub(super) enum Data {
         len: u64,
         crc: u32,
     },
+    /// A dataset of an HDF5 file.
+    Hdf5(super::hdf5::H5Data),
 }
 
 /// One array: a column.
@@ -265,11 +267,11 @@ pub(super) struct Array {
 }
 
 impl Array {
-    fn rows(&self) -> usize {
+    pub(super) fn rows(&self) -> usize {
         self.header.shape.first().copied().unwrap_or(0)
     }
     /// Values per row.
-    fn width(&self) -> usize {
+    pub(super) fn width(&self) -> usize {
         self.header.shape.iter().skip(1).product()
     }
     fn row_bytes(&self) -> usize {
@@ -433,9 +435,11 @@ impl NumpySource {
         let what = || format!("{}: array `{}`", self.path.display(), a.name);
         let row_bytes = a.row_bytes();
         let len = n * row_bytes;
-        let mut buf = MutableBuffer::from_len_zeroed(len);
+        let mut buf;
         match &a.data {
+            Data::Hdf5(d) => return fixed_rows(a, d.read_rows(&a.header, start, n, &what())?),
             Data::Stored { input, offset } => {
+                buf = MutableBuffer::from_len_zeroed(len);
                 // Logical rows start.. are physical rows (first + start).. modulo the capacity:
                 // at most two runs.
                 let capacity = a.rows();
@@ -457,6 +461,7 @@ impl NumpySource {
                 len: z,
                 crc,
             } => {
+                buf = MutableBuffer::from_len_zeroed(len);
                 let mut inflaters = self.inflaters.lock().expect("inflater lock");
                 let slot = &mut inflaters[i];
                 if slot.as_ref().is_none_or(|f| f.row != start) {
@@ -522,17 +527,23 @@ impl NumpySource {
                 .build()?;
             make_array(data)
         };
-        if a.header.shape.len() == 1 {
-            return Ok(values);
-        }
-        let item = Arc::new(Field::new("item", elem.clone(), false));
-        Ok(Arc::new(FixedSizeListArray::try_new(
-            item,
-            width as i32,
-            values,
-            None,
-        )?))
+        fixed_rows(a, values)
     }
+}
+
+/// `values` (rows × width, flat) as the column of `a`: itself for one value per row, else a
+/// fixed-size list of `width`.
+fn fixed_rows(a: &Array, values: ArrayRef) -> Result<ArrayRef> {
+    if a.header.shape.len() == 1 {
+        return Ok(values);
+    }
+    let item = Arc::new(Field::new("item", a.header.dtype.arrow.clone(), false));
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        item,
+        a.width() as i32,
+        values,
+        None,
+    )?))
 }
 
 impl Source for NumpySource {
