@@ -11,6 +11,9 @@ terminated, truncated; the peer script's layout), then times, best of --repeat r
   trajstore: trajstore ingest --episode-col episode --terminated-col terminated --truncated-col truncated
 and prints one JSON line.
 
+With --format hdf5 the same arrays are a D4RL .hdf5 file written by h5py (chunked; gzip with
+--compressed; run with a Python that has h5py) and the baseline reads them with h5py instead.
+
 With --format npz the input is np.savez (np.savez_compressed with --compressed) of D4RL's keys
 (observations, actions, rewards, terminals, timeouts) and the times are:
   numpy+pyarrow: np.load of every array + ipc.new_file(...).write_table + sync (no episode logic)
@@ -67,8 +70,9 @@ def make_parquet(path, n, obs_dim, act_dim, mean_len, seed):
     return len(lens)
 
 
-def make_npz(path, n, obs_dim, act_dim, mean_len, seed, compressed):
-    """The same transitions as make_parquet, as D4RL's get_dataset() dict."""
+def make_npz(path, n, obs_dim, act_dim, mean_len, seed, compressed, hdf5=False):
+    """The same transitions as make_parquet, as D4RL's get_dataset() dict: saved with np.savez,
+    or as a D4RL .hdf5 file (h5py, chunked like D4RL's files, gzip when compressed)."""
     tmp = path + ".parquet"
     episodes = make_parquet(tmp, n, obs_dim, act_dim, mean_len, seed)
     t = pq.read_table(tmp)
@@ -80,7 +84,13 @@ def make_npz(path, n, obs_dim, act_dim, mean_len, seed, compressed):
         "terminals": t["terminated"].to_numpy(zero_copy_only=False),
         "timeouts": t["truncated"].to_numpy(zero_copy_only=False),
     }
-    (np.savez_compressed if compressed else np.savez)(path, **arrays)
+    if hdf5:
+        import h5py
+        with h5py.File(path, "w") as f:
+            for k, v in arrays.items():
+                f.create_dataset(k, data=v, chunks=True, compression="gzip" if compressed else None)
+    else:
+        (np.savez_compressed if compressed else np.savez)(path, **arrays)
     return episodes
 
 
@@ -118,12 +128,12 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--bin", default="target/release/trajstore")
     p.add_argument("--dir", default=None)
-    p.add_argument("--format", choices=["parquet", "npz", "torchrl", "npydir"], default="parquet")
-    p.add_argument("--compressed", action="store_true", help="npz: np.savez_compressed")
+    p.add_argument("--format", choices=["parquet", "npz", "torchrl", "npydir", "hdf5"], default="parquet")
+    p.add_argument("--compressed", action="store_true", help="npz: np.savez_compressed; hdf5: gzip")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="trajstore-bench-", dir=a.dir)
     try:
-        if a.format == "npz":
+        if a.format in ("npz", "hdf5"):
             return bench_npz(a, work)
         if a.format == "torchrl":
             return bench_torchrl(a, work)
@@ -163,14 +173,20 @@ def main():
 
 
 def bench_npz(a, work):
-    src = os.path.join(work, "input.npz")
-    episodes = make_npz(src, a.n, a.obs_dim, a.act_dim, a.mean_len, 0, a.compressed)
+    hdf5 = a.format == "hdf5"
+    src = os.path.join(work, "input.hdf5" if hdf5 else "input.npz")
+    episodes = make_npz(src, a.n, a.obs_dim, a.act_dim, a.mean_len, 0, a.compressed, hdf5)
     out_ipc = os.path.join(work, "numpy.arrow")
 
     def numpy_convert():
-        z = np.load(src)
+        if hdf5:
+            import h5py
+            with h5py.File(src, "r") as f:
+                z = {k: f[k][()] for k in f.keys()}
+        else:
+            z = np.load(src)
         cols = {}
-        for k in z.files:
+        for k in (z.keys() if hdf5 else z.files):
             v = z[k]
             if v.ndim == 2:
                 cols[k] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
@@ -184,8 +200,8 @@ def bench_npz(a, work):
     t_np = best(numpy_convert, a.repeat)
     t_ts = best(ingest_without_options(a.bin, src, os.path.join(work, "ts.trajstore")), a.repeat)
     print(json.dumps({
-        "transitions": a.n, "episodes": episodes, "compressed": a.compressed,
-        "npz_bytes": os.path.getsize(src),
+        "format": a.format, "transitions": a.n, "episodes": episodes, "compressed": a.compressed,
+        "input_bytes": os.path.getsize(src),
         "numpy_load_to_ipc_s": round(t_np, 3),
         "trajstore_ingest_s": round(t_ts, 3),
         "numpy_rows_per_s": round(a.n / t_np),
