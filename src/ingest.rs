@@ -251,6 +251,9 @@ impl InputFormat {
     /// else by its first bytes.
     pub fn detect(input: &Path) -> Result<InputFormat> {
         if input.is_dir() {
+            if hdf5::minari_file(input).is_file() {
+                return Ok(InputFormat::Hdf5);
+            }
             if torchrl::is_torchrl(input) {
                 return Ok(InputFormat::TorchRl);
             }
@@ -298,7 +301,7 @@ fn open_source(input: &Path, format: InputFormat, opts: &IngestOptions) -> Resul
         InputFormat::Parquet => Box::new(ParquetSource::open(input)?),
         InputFormat::Numpy => Box::new(numpy::NumpySource::open(input, &opts.drop_cols)?),
         InputFormat::TorchRl => Box::new(torchrl::open(input, &opts.drop_cols)?),
-        InputFormat::Hdf5 => Box::new(hdf5::open(input, &opts.drop_cols)?),
+        InputFormat::Hdf5 => hdf5::open(input, &opts.drop_cols)?,
     })
 }
 
@@ -433,6 +436,11 @@ trait Source: Sync {
     ) -> Result<Vec<RecordBatch>>;
     /// Length of row 0 of each named variable-size list column.
     fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>>;
+    /// A column of episode ids the input defines itself (Minari's episode groups), used when
+    /// the caller gives no boundary option.
+    fn episode_column(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// The Parquet files of a directory, recursively, sorted by path: a sharded dataset, or the
@@ -647,7 +655,11 @@ impl Source for ParquetSource {
 ///   flags, and its computed `step, is_first, is_last` are dropped (the store recomputes them).
 ///
 /// Columns named in `drop_cols` are never picked.
-fn resolve_conventions(opts: &IngestOptions, schema: &Schema) -> IngestOptions {
+fn resolve_conventions(
+    opts: &IngestOptions,
+    schema: &Schema,
+    source_episodes: Option<&str>,
+) -> IngestOptions {
     let mut o = opts.clone();
     let has =
         |name: &str| schema.field_with_name(name).is_ok() && !o.drop_cols.iter().any(|d| d == name);
@@ -685,7 +697,16 @@ fn resolve_conventions(opts: &IngestOptions, schema: &Schema) -> IngestOptions {
             .map(String::from);
     }
     let computed = [col::STEP, col::IS_FIRST, col::IS_LAST];
-    if o.episode_col.is_none() && o.terminated_col.is_none() && o.truncated_col.is_none() {
+    let no_boundaries =
+        o.episode_col.is_none() && o.terminated_col.is_none() && o.truncated_col.is_none();
+    if let Some(id) = source_episodes.filter(|_| no_boundaries) {
+        // The input's own episodes (Minari's groups), with its flags read on each last row.
+        o.episode_col = Some(id.to_string());
+        o.terminated_col = has("terminations").then(|| "terminations".to_string());
+        o.truncated_col = has("truncations").then(|| "truncations".to_string());
+        return o;
+    }
+    if no_boundaries {
         if has(col::EPISODE_ID) && computed.iter().all(|c| has(c)) {
             // A trajstore export: its own ids and flags; the computed columns are recomputed.
             o.episode_col = Some(col::EPISODE_ID.to_string());
@@ -874,7 +895,7 @@ impl Plan {
     fn build(source: &dyn Source, opts: &IngestOptions) -> Result<Plan> {
         let input = source.path();
         let file_schema = source.schema();
-        let opts = &resolve_conventions(opts, &file_schema);
+        let opts = &resolve_conventions(opts, &file_schema, source.episode_column());
         if opts.batch_rows == 0 {
             return Err(Error::InvalidArgument(
                 "batch_rows must be at least 1".into(),

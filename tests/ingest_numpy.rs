@@ -128,10 +128,9 @@ fn d4rl_hdf5_from_h5py_ingests_the_same() {
 }
 
 #[test]
-fn minari_and_broken_hdf5_files_are_clear_errors() {
+fn broken_hdf5_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let o = small_batches();
-    fails(&fixture_path("hdf5", "minari.hdf5"), &o, "Minari's layout");
     let bytes = std::fs::read(fixture_path("hdf5", "d4rl.hdf5")).unwrap();
     let cut = dir.path().join("cut.hdf5");
     // Every cut (a download cut short) is an error.
@@ -486,5 +485,83 @@ fn an_export_ingests_back_unchanged() {
                 .iter()
                 .all(|&v| v == id)
         );
+    }
+}
+
+/// Minari datasets recorded with minari.DataCollector (`tests/python/make_minari_fixtures.py`),
+/// ingested from the dataset directory without options and compared with what Minari's own
+/// `iterate_episodes()` returned: the episodes are Minari's, observation t is row t and the next
+/// observation row t + 1 (so the final observation is kept), flags on each last step.
+#[test]
+fn minari_datasets_ingest_as_minari_reads_them() {
+    for name in ["cartpole", "pendulum"] {
+        let input = fixture_path("minari", name);
+        let expected: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture_path("minari", &format!("{name}.expected.json")))
+                .unwrap(),
+        )
+        .unwrap();
+        let expected = expected.as_array().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ds");
+        let format = InputFormat::detect(&input).unwrap();
+        assert_eq!(format, InputFormat::Hdf5);
+        let r = ingest(&input, format, &out, &small_batches(), small_segments()).unwrap();
+        assert_eq!(
+            r.boundaries,
+            "episode ids in `episode` (flags terminations, truncations on each episode's last row)"
+        );
+        assert_eq!(r.episodes, expected.len() as u64, "{name}");
+        let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+        let f32s_of = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|x| match x.as_array() {
+                    Some(row) => row.iter().map(|y| y.as_f64().unwrap() as f32).collect(),
+                    None => vec![x.as_f64().unwrap() as f32],
+                })
+                .collect()
+        };
+        for (k, want) in expected.iter().enumerate() {
+            let e = snap.episode(k as u64).unwrap();
+            let obs = want["observations"].as_array().unwrap();
+            let steps = obs.len() - 1;
+            assert_eq!(e.num_rows(), steps, "{name} episode {k}");
+            let all = f32s_of(&want["observations"]);
+            let dim = all.len() / obs.len();
+            assert_eq!(common::f32_values(&e, "observation"), all[..steps * dim]);
+            assert_eq!(common::f32_values(&e, "next_observation"), all[dim..]);
+            assert_eq!(common::f32_values(&e, "reward"), f32s_of(&want["rewards"]));
+            let action = e.column_by_name("action").unwrap();
+            let got: Vec<f32> = if name == "cartpole" {
+                action
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .map(|&a| a as f32)
+                    .collect()
+            } else {
+                common::f32_values(&e, "action")
+            };
+            assert_eq!(got, f32s_of(&want["actions"]), "{name} episode {k}");
+            let last = |key: &str| want[key].as_array().unwrap()[steps - 1].as_bool().unwrap();
+            let flag = |c: &str| e.column_by_name(c).unwrap().as_boolean().value(steps - 1);
+            assert_eq!(flag("terminated"), last("terminations"), "{name} {k}");
+            assert_eq!(
+                flag("truncated"),
+                last("truncations") || !last("terminations"),
+                "{name} {k}"
+            );
+            let src = e
+                .column_by_name("source_episode")
+                .unwrap()
+                .as_primitive::<arrow::datatypes::UInt64Type>();
+            assert!(
+                src.values()
+                    .iter()
+                    .all(|&v| v == want["id"].as_u64().unwrap())
+            );
+        }
     }
 }

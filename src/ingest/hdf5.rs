@@ -5,14 +5,19 @@
 //! booleans (an enum over int8).
 //!
 //! Scalars and strings (D4RL's `metadata/` group) describe the file, not transitions: they are
-//! not columns. Minari's layout (one group per episode) is recognised and rejected with what to
-//! do instead.
+//! not columns.
+//!
+//! Minari's layout (`data/main_data.hdf5`: one group `episode_K` per episode, with `N + 1`
+//! observations and `N` actions, rewards, terminations and truncations) is read by
+//! [`MinariSource`]: observation row `t` is the observation, row `t + 1` the next observation
+//! (stored, so an episode's final observation is kept), and the episodes are Minari's own
+//! (column `episode`, kept as `source_episode`), with their flags read on the last step.
 
 use std::fmt;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use arrow::array::{ArrayRef, BooleanArray, PrimitiveArray};
+use arrow::array::{ArrayRef, BooleanArray, PrimitiveArray, RecordBatch, UInt64Array};
 use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,
@@ -20,7 +25,10 @@ use arrow::datatypes::{
 };
 use hdf5_reader::{Datatype, H5Type, Hdf5File, SliceInfo, SliceInfoElem};
 
-use super::numpy::{Array, Data, Dtype, Header, NumpySource};
+use arrow::datatypes::{Field, Schema, SchemaRef};
+
+use super::Source;
+use super::numpy::{Array, Data, Dtype, Header, NumpySource, column_field, fixed_rows};
 use crate::error::{Error, Result};
 
 /// A dataset of an open HDF5 file.
@@ -216,27 +224,34 @@ fn walk(
     Ok(())
 }
 
-/// Opens an HDF5 file in D4RL's layout as a source.
-pub(crate) fn open(path: &Path, drop: &[String]) -> Result<NumpySource> {
+/// Where a Minari dataset directory keeps its data.
+pub(crate) fn minari_file(dir: &Path) -> PathBuf {
+    dir.join("data").join("main_data.hdf5")
+}
+
+/// Opens an HDF5 file (or a Minari dataset directory) as a source: Minari's layout when the root
+/// holds `episode_*` groups, else D4RL's.
+pub(crate) fn open(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
+    let file_path = if path.is_dir() {
+        minari_file(path)
+    } else {
+        path.to_path_buf()
+    };
     let what = path.display().to_string();
-    if !path.exists() {
+    if !file_path.exists() {
         return Err(Error::io(
-            path,
+            &file_path,
             std::io::Error::from(std::io::ErrorKind::NotFound),
         ));
     }
     let file = Arc::new(
-        Hdf5File::open(path)
+        Hdf5File::open(&file_path)
             .map_err(|e| Error::InvalidData(format!("{what}: not a readable HDF5 file: {e}")))?,
     );
     let root = file.root_group().map_err(|e| h5_error(&what, e))?;
     let (groups, _) = root.member_names().map_err(|e| h5_error(&what, e))?;
     if !groups.is_empty() && groups.iter().all(|g| g.starts_with("episode_")) {
-        return Err(Error::InvalidArgument(format!(
-            "{what} is in Minari's layout (one group per episode), which is not read yet; export \
-             it with minari (dataset.iterate_episodes()) to Parquet or NumPy, or use D4RL's flat \
-             layout"
-        )));
+        return Ok(Box::new(MinariSource::open(path, file, groups, drop)?));
     }
     let mut arrays = vec![];
     walk(&file, &root, "", drop, path, &mut arrays)?;
@@ -245,5 +260,249 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<NumpySource> {
             "{what} holds no per-transition datasets"
         )));
     }
-    NumpySource::from_arrays(path, arrays, None, 0)
+    Ok(Box::new(NumpySource::from_arrays(path, arrays, None, 0)?))
+}
+
+/// The synthesized column of Minari episode ids.
+const MINARI_EPISODE: &str = "episode";
+
+/// A column of a Minari file: the dataset at `rel` inside every episode group, read from row
+/// `shift` on (1 for next observations and step infos, which have a row per state).
+struct MinariColumn {
+    rel: String,
+    shift: u64,
+    /// The dataset has a row per state (steps + 1), not per step.
+    per_state: bool,
+    /// dtype and row shape (the first dimension is the first episode's, unused).
+    header: Header,
+}
+
+/// Minari's layout: one group per episode; a unit is a run of rows of one episode.
+pub(crate) struct MinariSource {
+    path: PathBuf,
+    file: Arc<Hdf5File>,
+    schema: SchemaRef,
+    /// One per schema field; `None` for dropped columns and for [`MINARI_EPISODE`].
+    columns: Vec<Option<MinariColumn>>,
+    /// (group name, Minari episode id, steps), in id order.
+    episodes: Vec<(String, u64, u64)>,
+    /// (episode index, first step, steps) of each unit, set by `units`.
+    units: Mutex<Vec<(usize, u64, u64)>>,
+}
+
+impl MinariSource {
+    fn open(
+        path: &Path,
+        file: Arc<Hdf5File>,
+        groups: Vec<String>,
+        drop: &[String],
+    ) -> Result<MinariSource> {
+        let what = path.display().to_string();
+        let mut episodes = vec![];
+        for g in groups {
+            let id: u64 = g["episode_".len()..].parse().map_err(|_| {
+                Error::InvalidData(format!("{what}: group `{g}` is not `episode_<number>`"))
+            })?;
+            let steps_of = |name: &str| -> Option<u64> {
+                file.dataset(&format!("{g}/{name}"))
+                    .ok()
+                    .and_then(|d| d.shape().first().copied())
+            };
+            let steps = steps_of("rewards")
+                .or_else(|| steps_of("actions"))
+                .ok_or_else(|| {
+                    Error::SchemaMismatch(format!(
+                        "{what}: episode group `{g}` has neither `rewards` nor `actions`"
+                    ))
+                })?;
+            episodes.push((g, id, steps));
+        }
+        episodes.sort_by_key(|e| e.1);
+        // Columns from the first episode; every other episode must have the same.
+        let (first, _, n) = episodes[0].clone();
+        let mut found = vec![];
+        let group = file.group(&first).map_err(|e| h5_error(&what, e))?;
+        collect(&group, &first, "", &mut found)?;
+        let mut fields = vec![Field::new(MINARI_EPISODE, DataType::UInt64, false)];
+        let mut columns = vec![None];
+        for (rel, shape, dt) in found {
+            let rows = shape.first().copied().unwrap_or(0) as u64;
+            let Some(dt) = dt else {
+                if drop.contains(&rel) {
+                    continue;
+                }
+                return Err(Error::SchemaMismatch(format!(
+                    "{what}: dataset `{first}/{rel}` has a type that is not supported (bool, \
+                     integers, float32/64); pass --drop-cols {rel}"
+                )));
+            };
+            let header = Header {
+                dtype: dt,
+                shape,
+                data_offset: 0,
+            };
+            let per_state = rows == n + 1;
+            let mut add = |name: String, shift: u64| -> Result<()> {
+                if drop.contains(&name) {
+                    fields.push(Field::new(&name, DataType::Null, true));
+                    columns.push(None);
+                } else {
+                    fields.push(column_field(&name, &header)?);
+                    columns.push(Some(MinariColumn {
+                        rel: rel.clone(),
+                        shift,
+                        per_state,
+                        header: header.clone(),
+                    }));
+                }
+                Ok(())
+            };
+            if rows == n {
+                add(rel.clone(), 0)?;
+            } else if rows == n + 1 && rel.starts_with("observations") {
+                add(rel.clone(), 0)?;
+                add(format!("next_{rel}"), 1)?;
+            } else if rows == n + 1 {
+                // Per-state infos: row 0 is the reset's, row t + 1 the one step t returned.
+                add(rel.clone(), 1)?;
+            } else {
+                return Err(Error::SchemaMismatch(format!(
+                    "{what}: `{first}/{rel}` has {rows} rows for {n} steps; pass --drop-cols {rel}"
+                )));
+            }
+        }
+        // Every episode has every column, with its number of rows.
+        for (g, _, steps) in &episodes {
+            for c in columns.iter().flatten() {
+                let d = file
+                    .dataset(&format!("{g}/{}", c.rel))
+                    .map_err(|e| h5_error(&format!("{what}: `{g}/{}`", c.rel), e))?;
+                let shape: Vec<usize> = d.shape().iter().map(|&k| k as usize).collect();
+                let want = steps + u64::from(c.per_state);
+                if shape.first().copied().unwrap_or(0) as u64 != want
+                    || shape.get(1..) != c.header.shape.get(1..)
+                {
+                    return Err(Error::SchemaMismatch(format!(
+                        "{what}: `{g}/{}` has shape {:?}, unlike the first episode's",
+                        c.rel,
+                        d.shape()
+                    )));
+                }
+            }
+        }
+        Ok(MinariSource {
+            path: path.to_path_buf(),
+            file,
+            schema: Arc::new(Schema::new(fields)),
+            columns,
+            episodes,
+            units: Mutex::new(vec![]),
+        })
+    }
+}
+
+/// Every dataset under `group` (relative names; `None` type where a column cannot hold it),
+/// skipping scalars and strings.
+fn collect(
+    group: &hdf5_reader::group::Group,
+    base: &str,
+    prefix: &str,
+    out: &mut Vec<(String, Vec<usize>, Option<Dtype>)>,
+) -> Result<()> {
+    let what = format!("{base}/{prefix}");
+    let (groups, datasets) = group.members().map_err(|e| h5_error(&what, e))?;
+    for d in datasets {
+        let shape: Vec<usize> = d.shape().iter().map(|&k| k as usize).collect();
+        let is_string = matches!(d.dtype(), Datatype::String { .. } | Datatype::VarLen { .. });
+        if shape.is_empty() || is_string {
+            continue;
+        }
+        out.push((format!("{prefix}{}", d.name()), shape, dtype(d.dtype())));
+    }
+    for g in groups {
+        collect(&g, base, &format!("{prefix}{}/", g.name()), out)?;
+    }
+    Ok(())
+}
+
+impl Source for MinariSource {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
+        let per = (batch_rows * 4) as u64;
+        let mut units = vec![];
+        let mut out = vec![];
+        let mut base = 0;
+        for (e, &(_, _, steps)) in self.episodes.iter().enumerate() {
+            let mut at = 0;
+            while at < steps {
+                let k = per.min(steps - at);
+                out.push((units.len(), base + at, k));
+                units.push((e, at, k));
+                at += k;
+            }
+            base += steps;
+        }
+        *self.units.lock().expect("units lock") = units;
+        out
+    }
+
+    fn parallel(&self) -> bool {
+        true
+    }
+
+    fn read(
+        &self,
+        unit: usize,
+        projection: &[usize],
+        batch_rows: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let (e, at, rows) = self.units.lock().expect("units lock")[unit];
+        let (group, id, _) = &self.episodes[e];
+        let schema = Arc::new(self.schema.project(projection)?);
+        let mut out = vec![];
+        let mut done = 0;
+        while done < rows {
+            let n = (rows - done).min(batch_rows as u64) as usize;
+            let mut arrays: Vec<ArrayRef> = vec![];
+            for &i in projection {
+                arrays.push(match &self.columns[i] {
+                    None => Arc::new(UInt64Array::from(vec![*id; n])),
+                    Some(c) => {
+                        let d = H5Data {
+                            file: self.file.clone(),
+                            path: format!("{group}/{}", c.rel),
+                        };
+                        let what = format!("{}: `{}`", self.path.display(), d.path);
+                        fixed_rows(
+                            &c.header,
+                            d.read_rows(&c.header, c.shift + at + done, n, &what)?,
+                        )?
+                    }
+                });
+            }
+            out.push(RecordBatch::try_new(schema.clone(), arrays)?);
+            done += n as u64;
+        }
+        Ok(out)
+    }
+
+    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
+        match cols.first() {
+            None => Ok(vec![]),
+            Some(c) => Err(Error::SchemaMismatch(format!(
+                "column `{c}` is not a fixed-shape array"
+            ))),
+        }
+    }
+
+    fn episode_column(&self) -> Option<&str> {
+        Some(MINARI_EPISODE)
+    }
 }

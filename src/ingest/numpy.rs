@@ -278,12 +278,7 @@ impl Array {
         self.width() * self.header.dtype.size
     }
     fn field(&self) -> Result<Field> {
-        let elem = self.header.dtype.arrow.clone();
-        if self.header.shape.len() == 1 {
-            Ok(Field::new(&self.name, elem, false))
-        } else {
-            tensor_field(&self.name, elem, &self.header.shape[1..], false)
-        }
+        column_field(&self.name, &self.header)
     }
 }
 
@@ -437,7 +432,9 @@ impl NumpySource {
         let len = n * row_bytes;
         let mut buf;
         match &a.data {
-            Data::Hdf5(d) => return fixed_rows(a, d.read_rows(&a.header, start, n, &what())?),
+            Data::Hdf5(d) => {
+                return fixed_rows(&a.header, d.read_rows(&a.header, start, n, &what())?);
+            }
             Data::Stored { input, offset } => {
                 buf = MutableBuffer::from_len_zeroed(len);
                 // Logical rows start.. are physical rows (first + start).. modulo the capacity:
@@ -527,20 +524,31 @@ impl NumpySource {
                 .build()?;
             make_array(data)
         };
-        fixed_rows(a, values)
+        fixed_rows(&a.header, values)
+    }
+}
+
+/// The column of an array with this header: one value per row, or a fixed-shape tensor.
+pub(super) fn column_field(name: &str, header: &Header) -> Result<Field> {
+    let elem = header.dtype.arrow.clone();
+    if header.shape.len() <= 1 {
+        Ok(Field::new(name, elem, false))
+    } else {
+        tensor_field(name, elem, &header.shape[1..], false)
     }
 }
 
 /// `values` (rows × width, flat) as the column of `a`: itself for one value per row, else a
 /// fixed-size list of `width`.
-fn fixed_rows(a: &Array, values: ArrayRef) -> Result<ArrayRef> {
-    if a.header.shape.len() == 1 {
+pub(super) fn fixed_rows(header: &Header, values: ArrayRef) -> Result<ArrayRef> {
+    if header.shape.len() <= 1 {
         return Ok(values);
     }
-    let item = Arc::new(Field::new("item", a.header.dtype.arrow.clone(), false));
+    let item = Arc::new(Field::new("item", header.dtype.arrow.clone(), false));
+    let width: usize = header.shape[1..].iter().product();
     Ok(Arc::new(FixedSizeListArray::try_new(
         item,
-        a.width() as i32,
+        width as i32,
         values,
         None,
     )?))

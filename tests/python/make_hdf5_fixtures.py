@@ -5,7 +5,7 @@ Python):
   observations gzip-compressed in chunks of 128 rows, actions with the shuffle filter and gzip,
   rewards contiguous, terminals/timeouts as h5py booleans, infos/qpos and infos/step, and a
   metadata/ group with a string and a scalar (as D4RL files have).
-- minari.hdf5: Minari's layout (one group per episode), which is not read yet.
+(Minari's layout is tested with files written by Minari itself: make_minari_fixtures.py.)
 """
 import os
 import sys
@@ -31,12 +31,4 @@ with h5py.File(os.path.join(out, "d4rl.hdf5"), "w") as f:
     f.create_dataset("infos/step", data=(i % 7).astype(np.int16))
     f.create_dataset("metadata/algorithm", data="SAC")
     f.create_dataset("metadata/iteration", data=np.int64(7))
-with h5py.File(os.path.join(out, "minari.hdf5"), "w") as f:
-    for e in range(2):
-        g = f.create_group(f"episode_{e}")
-        g.create_dataset("observations", data=np.zeros((11, 3), np.float32))
-        g.create_dataset("actions", data=np.zeros((10, 2), np.float32))
-        g.create_dataset("rewards", data=np.zeros(10, np.float32))
-        g.create_dataset("terminations", data=np.zeros(10, bool))
-        g.create_dataset("truncations", data=np.zeros(10, bool))
 print("h5py", h5py.__version__, "->", os.path.abspath(out))
