@@ -7,8 +7,8 @@
 //!   (module `numpy`);
 //! - **TorchRL** replay buffers saved with `rb.dumps(DIR)`: one column per tensor of the stored
 //!   TensorDict, oldest row first (module `torchrl`);
-//! - **HDF5** in D4RL's layout (`.hdf5`): one column per per-transition dataset (module `hdf5`,
-//!   pure Rust, no libhdf5).
+//! - **HDF5** (module `hdf5`, pure Rust, no libhdf5): D4RL's layout, one column per
+//!   per-transition dataset, and Minari's, one group per episode.
 //!
 //! Common layouts need no options: D4RL's `observations, actions, rewards, terminals, timeouts,
 //! next_observations`, Gymnasium's `terminated/truncated`, Minari's `terminations/truncations`
@@ -239,8 +239,9 @@ pub enum InputFormat {
     /// `LazyMemmapStorage` or `LazyTensorStorage`): one column per tensor, nested keys joined with
     /// `/` (`next/reward`), oldest row first.
     TorchRl,
-    /// An HDF5 file in D4RL's layout (`.hdf5`, `.h5`): one column per per-transition dataset, at
-    /// any depth (`infos/qpos`); scalars and strings (`metadata/`) are not columns.
+    /// An HDF5 file (`.hdf5`, `.h5`) in D4RL's layout (one column per per-transition dataset, at
+    /// any depth: `infos/qpos`; scalars and strings such as `metadata/` are not columns), or a
+    /// Minari dataset (its directory, or its `data/main_data.hdf5`: one group per episode).
     Hdf5,
 }
 

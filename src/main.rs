@@ -61,7 +61,7 @@ struct Cli {
 enum Command {
     /// Write a seeded synthetic D4RL-shaped dataset (the quickest way to see the whole path).
     Demo(DemoArgs),
-    /// Ingest an offline-RL dataset (Parquet, NumPy, D4RL HDF5, TorchRL buffer), creating it if needed.
+    /// Ingest an offline-RL dataset (Parquet, NumPy, D4RL/Minari HDF5, LeRobot, TorchRL buffer).
     ///
     /// One row (or array row) per transition. Common layouts need no flags: D4RL's
     /// `observations, actions, rewards, terminals, timeouts, next_observations` (as saved by
@@ -76,6 +76,7 @@ enum Command {
     ///
     /// Examples:
     ///   trajstore ingest hopper_medium-v2.hdf5 hopper.trajstore   # a D4RL file, as downloaded
+    ///   trajstore ingest ~/.minari/datasets/mujoco/hopper/expert-v0 hopper.trajstore   # Minari
     ///   trajstore ingest hopper-medium.npz hopper.trajstore
     ///   trajstore ingest arrays/ hopper.trajstore --drop-cols infos/qpos,infos/qvel
     ///   trajstore ingest rb-dump/ buffer.trajstore                # a TorchRL rb.dumps() directory
@@ -192,7 +193,8 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
 #[derive(Args)]
 struct IngestArgs {
     /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive or a directory
-    /// of .npy files, a D4RL HDF5 file, or a TorchRL replay buffer directory written by rb.dumps().
+    /// of .npy files, a D4RL HDF5 file or Minari dataset directory, or a TorchRL replay buffer
+    /// directory written by rb.dumps().
     input: PathBuf,
     /// Input format (default: from the extension, else the file's first bytes).
     #[arg(long, value_enum)]
