@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, BooleanArray, PrimitiveArray, RecordBatch, UInt64Array};
-use arrow::buffer::BooleanBuffer;
+use arrow::buffer::{BooleanBuffer, ScalarBuffer};
 use arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,
     Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
@@ -88,7 +88,18 @@ fn read_typed<T: H5Type>(
     let array = dataset
         .read_slice::<T>(&SliceInfo { selections })
         .map_err(|e| h5_error(what, e))?;
-    Ok(array.into_iter().collect())
+    if array.is_standard_layout() {
+        // The freshly read array owns its elements in row-major order: take them as they are.
+        let len = array.len();
+        let (mut values, offset) = array.into_raw_vec_and_offset();
+        let offset = offset.unwrap_or(0);
+        if offset == 0 && values.len() == len {
+            return Ok(values);
+        }
+        values.truncate(offset + len);
+        return Ok(values.split_off(offset));
+    }
+    Ok(array.iter().cloned().collect())
 }
 
 fn primitive<A: ArrowPrimitiveType>(
@@ -102,7 +113,10 @@ where
     A::Native: H5Type,
 {
     let values = read_typed::<A::Native>(d, shape, start, n, what)?;
-    Ok(Arc::new(PrimitiveArray::<A>::from_iter_values(values)))
+    Ok(Arc::new(PrimitiveArray::<A>::new(
+        ScalarBuffer::from(values),
+        None,
+    )))
 }
 
 impl H5Data {
