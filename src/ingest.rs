@@ -435,8 +435,16 @@ trait Source: Sync {
         projection: &[usize],
         batch_rows: usize,
     ) -> Result<Vec<RecordBatch>>;
-    /// Length of row 0 of each named variable-size list column.
-    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>>;
+    /// Length of row 0 of each named variable-size list column (sources of fixed-shape arrays
+    /// have none).
+    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
+        match cols.first() {
+            None => Ok(vec![]),
+            Some(c) => Err(Error::SchemaMismatch(format!(
+                "column `{c}` is not a fixed-shape array"
+            ))),
+        }
+    }
     /// A column of episode ids the input defines itself (Minari's episode groups), used when
     /// the caller gives no boundary option.
     fn episode_column(&self) -> Option<&str> {

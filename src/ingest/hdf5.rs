@@ -507,15 +507,6 @@ impl Source for MinariSource {
         Ok(out)
     }
 
-    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
-        match cols.first() {
-            None => Ok(vec![]),
-            Some(c) => Err(Error::SchemaMismatch(format!(
-                "column `{c}` is not a fixed-shape array"
-            ))),
-        }
-    }
-
     fn episode_column(&self) -> Option<&str> {
         Some(MINARI_EPISODE)
     }

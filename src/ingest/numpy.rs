@@ -600,15 +600,6 @@ impl Source for NumpySource {
         }
         Ok(out)
     }
-
-    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
-        match cols.first() {
-            None => Ok(vec![]),
-            Some(c) => Err(Error::SchemaMismatch(format!(
-                "column `{c}` is not a fixed-shape array"
-            ))),
-        }
-    }
 }
 
 /// The `.npy` files of a directory, sorted by name.
