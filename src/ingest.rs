@@ -103,6 +103,9 @@ pub struct IngestOptions {
     pub action_cols: Vec<String>,
     /// The reward column (default `reward`), cast to `float32`.
     pub reward_col: String,
+    /// The input has no reward (demonstrations for imitation learning): every transition is
+    /// stored with reward 0.0, and [`IngestOptions::reward_col`] is not read.
+    pub no_reward: bool,
     /// A column holding o_{t+1}, converted like the observation and stored as `next_observation`.
     pub next_observation_col: Option<String>,
     /// Columns to ignore.
@@ -124,6 +127,7 @@ impl Default for IngestOptions {
             action_col: col::ACTION.into(),
             action_cols: vec![],
             reward_col: col::REWARD.into(),
+            no_reward: false,
             next_observation_col: None,
             drop_cols: vec![],
             batch_rows: DEFAULT_BATCH_ROWS,
@@ -181,6 +185,11 @@ impl IngestOptions {
     /// Sets [`IngestOptions::reward_col`].
     pub fn with_reward_col(mut self, name: impl Into<String>) -> Self {
         self.reward_col = name.into();
+        self
+    }
+    /// Sets [`IngestOptions::no_reward`].
+    pub fn with_no_reward(mut self) -> Self {
+        self.no_reward = true;
         self
     }
     /// Sets [`IngestOptions::next_observation_col`].
@@ -797,7 +806,8 @@ struct Plan {
     projection: Vec<usize>,
     observation: TensorSpec,
     action: ActionSpec,
-    reward: String,
+    /// `None`: no reward in the input, 0.0 is stored.
+    reward: Option<String>,
     next_observation: Option<TensorSpec>,
     episode: Option<EpisodeCol>,
     terminated: Option<String>,
@@ -1047,14 +1057,28 @@ impl Plan {
             )?),
             None => None,
         };
-        let reward_field = take(&opts.reward_col, "reward", "--reward-col")?;
-        if !is_numeric(reward_field.data_type()) {
-            return Err(Error::SchemaMismatch(format!(
-                "reward column `{}` must be a number, found {}",
-                opts.reward_col,
-                reward_field.data_type()
-            )));
-        }
+        let reward = if opts.no_reward {
+            None
+        } else {
+            if file_schema.field_with_name(&opts.reward_col).is_err() {
+                return Err(Error::SchemaMismatch(format!(
+                    "{} has no column `{}` for the reward (set it with --reward-col, or pass \
+                     --no-reward if the data has none, e.g. demonstrations); columns: {}",
+                    input.display(),
+                    opts.reward_col,
+                    all_names()
+                )));
+            }
+            let reward_field = take(&opts.reward_col, "reward", "--reward-col")?;
+            if !is_numeric(reward_field.data_type()) {
+                return Err(Error::SchemaMismatch(format!(
+                    "reward column `{}` must be a number, found {}",
+                    opts.reward_col,
+                    reward_field.data_type()
+                )));
+            }
+            Some(opts.reward_col.clone())
+        };
 
         let list_cols: Vec<&str> = obs_kinds
             .iter()
@@ -1196,7 +1220,7 @@ impl Plan {
             projection,
             observation,
             action,
-            reward: opts.reward_col.clone(),
+            reward,
             next_observation,
             episode,
             terminated,
@@ -1221,7 +1245,10 @@ impl Plan {
                 ActionSpec::Continuous(t) => sources(t),
             },
         ));
-        out.push((col::REWARD.to_string(), self.reward.clone()));
+        out.push((
+            col::REWARD.to_string(),
+            self.reward.clone().unwrap_or_else(|| "none (0.0)".into()),
+        ));
         if let Some(t) = &self.next_observation {
             out.push((col::NEXT_OBSERVATION.to_string(), sources(t)));
         }
@@ -1570,11 +1597,17 @@ fn convert(plan: &Plan, batch: &RecordBatch, base: u64) -> Result<Chunk> {
                 }
                 ActionSpec::Continuous(spec) => convert_tensor(spec, batch, base)?,
             },
-            col::REWARD => {
-                let a = column(batch, &plan.reward)?;
-                check_no_nulls(a.as_ref(), &plan.reward, base)?;
-                cast_to(a, &DataType::Float32, &plan.reward)?
-            }
+            col::REWARD => match &plan.reward {
+                Some(name) => {
+                    let a = column(batch, name)?;
+                    check_no_nulls(a.as_ref(), name, base)?;
+                    cast_to(a, &DataType::Float32, name)?
+                }
+                None => Arc::new(PrimitiveArray::<Float32Type>::from_value(
+                    0.0,
+                    batch.num_rows(),
+                )),
+            },
             name => match (&source_ids, name) {
                 (Some(ids), SOURCE_EPISODE) => ids.clone(),
                 _ => convert_user(field, column(batch, name)?, base)?,

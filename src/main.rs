@@ -225,6 +225,9 @@ struct IngestArgs {
     /// Reward column (cast to float32).
     #[arg(long, default_value = "reward", value_name = "NAME")]
     reward_col: String,
+    /// The data has no reward (demonstrations): store 0.0 for every transition.
+    #[arg(long, conflicts_with = "reward_col")]
+    no_reward: bool,
     /// Store this column as next_observation (default: derived from the next row).
     #[arg(long, value_name = "NAME")]
     next_observation_col: Option<String>,
@@ -418,6 +421,7 @@ fn ingest(a: IngestArgs) -> Result<()> {
     o.action_col = a.action_col;
     o.action_cols = a.action_cols;
     o.reward_col = a.reward_col;
+    o.no_reward = a.no_reward;
     o.next_observation_col = a.next_observation_col;
     o.drop_cols = a.drop_cols;
     o.progress = !a.json;

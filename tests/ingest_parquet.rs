@@ -771,3 +771,43 @@ fn a_directory_of_shards_is_one_input() {
     assert!(err.to_string().contains("e.parquet"), "{err}");
     assert!(!dir.path().join("bad").exists());
 }
+
+/// Demonstrations without rewards: the error says how to ingest them, and `no_reward` stores 0.0.
+#[test]
+fn data_without_rewards_needs_no_reward() {
+    use common::fixture_path;
+    use trajstore::ingest::{InputFormat, ingest};
+    let dir = tempfile::tempdir().unwrap();
+    let input = fixture_path("lerobot", "");
+    let opts = ParquetIngestOptions::default().with_drop_cols(["next.reward"]);
+    let err = ingest(
+        &input,
+        InputFormat::Parquet,
+        &dir.path().join("a"),
+        &opts,
+        small_writer(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("--no-reward"), "{err}");
+    assert!(!dir.path().join("a").exists());
+
+    let out = dir.path().join("b");
+    let r = ingest(
+        &input,
+        InputFormat::Parquet,
+        &out,
+        &opts.with_no_reward(),
+        small_writer(),
+    )
+    .unwrap();
+    assert!(r.columns.contains(&("reward".into(), "none (0.0)".into())));
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(snap.num_transitions(), 700);
+    for id in 0..snap.num_episodes() {
+        assert!(
+            rewards(&snap.episode(id).unwrap())
+                .iter()
+                .all(|&x| x == 0.0)
+        );
+    }
+}
