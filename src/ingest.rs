@@ -73,6 +73,10 @@ pub const SOURCE_EPISODE: &str = "source_episode";
 /// Property set on the dataset to the (canonical) path of the ingested file.
 pub const SOURCE_PROPERTY: &str = "source";
 
+/// Batches of `batch_rows` rows per unit of a source that chooses its units (NumPy arrays, Minari
+/// episodes): enough to amortise a unit, few enough to bound the window of decoded units.
+const UNIT_BATCHES: usize = 4;
+
 /// Default [`IngestOptions::batch_rows`].
 pub const DEFAULT_BATCH_ROWS: usize = 64 * 1024;
 

@@ -27,8 +27,8 @@ use hdf5_reader::{Datatype, H5Type, Hdf5File, SliceInfo, SliceInfoElem};
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
-use super::Source;
 use super::numpy::{Array, Data, Dtype, Header, NumpySource, column_field, fixed_rows};
+use super::{Source, UNIT_BATCHES};
 use crate::error::{Error, Result};
 
 /// A dataset of an open HDF5 file.
@@ -449,7 +449,7 @@ impl Source for MinariSource {
     }
 
     fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
-        let per = (batch_rows * 4) as u64;
+        let per = (batch_rows * UNIT_BATCHES) as u64;
         let mut units = vec![];
         let mut out = vec![];
         let mut base = 0;

@@ -24,12 +24,9 @@ use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use flate2::read::DeflateDecoder;
 
-use super::Source;
+use super::{Source, UNIT_BATCHES};
 use crate::error::{Error, Result};
 use crate::schema::tensor_field;
-
-/// Rows per unit of work (a unit is read as batches of the ingest's `batch_rows`).
-const UNIT_BATCHES: usize = 4;
 
 /// An element type NumPy may store and Arrow can hold.
 #[derive(Debug, Clone, PartialEq)]
@@ -267,11 +264,11 @@ pub(super) struct Array {
 }
 
 impl Array {
-    pub(super) fn rows(&self) -> usize {
+    fn rows(&self) -> usize {
         self.header.shape.first().copied().unwrap_or(0)
     }
     /// Values per row.
-    pub(super) fn width(&self) -> usize {
+    fn width(&self) -> usize {
         self.header.shape.iter().skip(1).product()
     }
     fn row_bytes(&self) -> usize {
