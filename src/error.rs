@@ -52,6 +52,18 @@ pub enum Error {
         /// The lock file.
         lock: PathBuf,
     },
+    /// Two writers disagree: a push that would not extend the remote's history, or a version
+    /// committed by someone else while this one was being written.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// An object store refused or failed a request (credentials, network, bucket, server error).
+    #[error("{url}: {message}")]
+    Remote {
+        /// The object or dataset URL.
+        url: String,
+        /// What the store said.
+        message: String,
+    },
     /// An I/O error on a named path.
     #[error("I/O error on {}: {source}", path.display())]
     Io {

@@ -15,3 +15,27 @@ pub(crate) fn point(name: &str) {
         std::process::abort();
     }
 }
+
+/// Holds the process at `name` while the file named by `TRAJSTORE_PAUSE_FILE` exists, if
+/// `TRAJSTORE_PAUSE_AT` equals `name`: tests of concurrent writers use it to let another writer
+/// run at exactly this point. `<file>.reached` is created on arrival. With the variables unset, a
+/// point costs one load of a cached value.
+pub(crate) fn pause(name: &str) {
+    static TARGET: OnceLock<Option<(String, std::path::PathBuf)>> = OnceLock::new();
+    let target = TARGET.get_or_init(|| {
+        let at = std::env::var("TRAJSTORE_PAUSE_AT").ok()?;
+        let file = std::env::var_os("TRAJSTORE_PAUSE_FILE")?;
+        Some((at, file.into()))
+    });
+    let Some((at, file)) = target else { return };
+    if at != name {
+        return;
+    }
+    let mut reached = file.clone().into_os_string();
+    reached.push(".reached");
+    let _ = std::fs::write(&reached, name);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while file.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -100,6 +100,17 @@ pub mod meta {
     pub const KIND_EPISODES: &str = "episodes";
 }
 
+/// Whether `s` names a dataset in object storage (`scheme://...`, e.g. `s3://bucket/prefix`)
+/// rather than a local directory.
+pub fn is_url(s: &str) -> bool {
+    s.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
 /// File name of version `v`'s manifest.
 pub fn manifest_name(v: u64) -> String {
     format!("{v:0width$}{MANIFEST_SUFFIX}", width = ID_DIGITS)

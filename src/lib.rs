@@ -57,6 +57,8 @@ pub mod index;
 pub mod ingest;
 pub mod loader;
 pub mod manifest;
+#[cfg(feature = "remote")]
+pub mod remote;
 pub mod sample;
 pub mod schema;
 pub mod segment;

@@ -50,7 +50,8 @@ trajstore info demo.trajstore                   # counts, sizes, schema, episode
 trajstore ingest hopper.parquet hopper.trajstore --terminated-col terminals --truncated-col timeouts\n  \
 trajstore verify hopper.trajstore               # checksums and boundary columns\n  \
 trajstore export hopper.trajstore hopper-out.parquet\n  \
-trajstore sql demo.trajstore \"SELECT episode_id, episode_return FROM episodes ORDER BY 2 DESC LIMIT 5\""
+trajstore sql demo.trajstore \"SELECT episode_id, episode_return FROM episodes ORDER BY 2 DESC LIMIT 5\"\n  \
+trajstore push demo.trajstore s3://my-bucket/demo   # then any command reads s3://my-bucket/demo"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -106,6 +107,71 @@ enum Command {
     /// interactive prompt.
     #[cfg(feature = "sql")]
     Sql(sql_shell::SqlArgs),
+    /// Upload a local dataset's newest version to object storage (s3://BUCKET/PREFIX).
+    ///
+    /// Only the files the store lacks are sent; the version becomes visible to readers when
+    /// its manifest is written, last, with a conditional create, so readers never see half a
+    /// push and a concurrent writer's version is never overwritten. The remote must be empty
+    /// or hold an older version of this same dataset (a push only fast-forwards).
+    ///
+    /// S3 settings come from the usual environment variables: AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, and for S3-compatible servers (MinIO, Ceph, R2, ...)
+    /// AWS_ENDPOINT_URL (plus AWS_ALLOW_HTTP=true for a plain-HTTP endpoint).
+    ///
+    /// Examples:
+    ///   trajstore push hopper.trajstore s3://my-bucket/d4rl/hopper
+    ///   trajstore info s3://my-bucket/d4rl/hopper     # any command reads a URL (see `pull`)
+    #[cfg(feature = "remote")]
+    #[command(verbatim_doc_comment)]
+    Push(PushArgs),
+    /// Mirror a dataset in object storage into a local directory (only missing files are
+    /// downloaded, each checked against the manifest's checksum).
+    ///
+    /// Every command that reads a dataset (info, sql, sample, bench, verify, export) also
+    /// accepts the URL itself and pulls into a cache first: $TRAJSTORE_CACHE, else
+    /// $XDG_CACHE_HOME/trajstore, else ~/.cache/trajstore, in <scheme>/<bucket>/<prefix>.
+    /// Files of older versions are removed from a mirror when a newer one is pulled.
+    ///
+    /// Examples:
+    ///   trajstore pull s3://my-bucket/d4rl/hopper                 # into the cache
+    ///   trajstore pull s3://my-bucket/d4rl/hopper --to hopper.trajstore --version 3
+    #[cfg(feature = "remote")]
+    #[command(verbatim_doc_comment)]
+    Pull(PullArgs),
+}
+
+#[cfg(feature = "remote")]
+#[derive(Args)]
+struct PushArgs {
+    /// Local dataset directory.
+    dataset: PathBuf,
+    /// Destination, e.g. s3://BUCKET/PREFIX (or file:///PATH).
+    url: String,
+    /// Files transferred at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[cfg(feature = "remote")]
+#[derive(Args)]
+struct PullArgs {
+    /// The remote dataset, e.g. s3://BUCKET/PREFIX.
+    url: String,
+    /// Mirror directory (default: the URL's place in the cache).
+    #[arg(long, value_name = "DIR")]
+    to: Option<PathBuf>,
+    /// Pull this version instead of the newest.
+    #[arg(long)]
+    version: Option<u64>,
+    /// Files transferred at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -252,7 +318,7 @@ struct InfoArgs {
 
 #[derive(Args)]
 struct VersionArgs {
-    /// Dataset directory.
+    /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
     dataset: PathBuf,
     /// Read this version instead of the newest.
     #[arg(long)]
@@ -264,7 +330,7 @@ struct VersionArgs {
 
 #[derive(Args)]
 struct ExportArgs {
-    /// Dataset directory.
+    /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
     dataset: PathBuf,
     /// Output Parquet file.
     output: PathBuf,
@@ -302,6 +368,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench(a),
         #[cfg(feature = "sql")]
         Command::Sql(a) => sql_shell::sql(a),
+        #[cfg(feature = "remote")]
+        Command::Push(a) => push(a),
+        #[cfg(feature = "remote")]
+        Command::Pull(a) => pull(a),
     }
 }
 
@@ -317,12 +387,43 @@ fn progress(total: u64, what: &str) -> ProgressBar {
 }
 
 fn open_snapshot(path: &Path, version: Option<u64>) -> Result<Snapshot> {
+    if let Some(url) = path.to_str().filter(|s| trajstore::format::is_url(s)) {
+        return open_remote_snapshot(url, version);
+    }
     let ds =
         Dataset::open(path).with_context(|| format!("cannot open dataset {}", path.display()))?;
     Ok(match version {
         Some(v) => ds.snapshot_at(v)?,
         None => ds.snapshot()?,
     })
+}
+
+/// A snapshot of a dataset in object storage: its mirror under the cache is brought up to date
+/// (missing files downloaded and checked), then mapped like any local dataset.
+#[cfg(feature = "remote")]
+fn open_remote_snapshot(url: &str, version: Option<u64>) -> Result<Snapshot> {
+    use std::io::IsTerminal;
+    let options =
+        trajstore::remote::RemoteOptions::default().with_progress(std::io::stderr().is_terminal());
+    let (ds, r) = trajstore::remote::open(url, None, version, options)
+        .with_context(|| format!("cannot open dataset {url}"))?;
+    if r.files_downloaded > 0 {
+        eprintln!(
+            "pulled version {} of {url}: {} files ({}) downloaded, {} ({}) already in {}",
+            r.version,
+            r.files_downloaded,
+            HumanBytes(r.bytes_downloaded),
+            r.files_cached,
+            HumanBytes(r.bytes_cached),
+            r.mirror.display()
+        );
+    }
+    Ok(ds.snapshot_at(r.version)?)
+}
+
+#[cfg(not(feature = "remote"))]
+fn open_remote_snapshot(url: &str, _version: Option<u64>) -> Result<Snapshot> {
+    bail!("{url} is a URL, but this build of trajstore has no `remote` feature (object storage)")
 }
 
 fn demo(a: DemoArgs) -> Result<()> {
@@ -662,7 +763,7 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
 
 #[derive(Args)]
 struct SliceArgs {
-    /// Dataset directory.
+    /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
     dataset: PathBuf,
     /// Steps per slice.
     #[arg(long, default_value_t = 64)]
@@ -1165,4 +1266,82 @@ fn one_line(e: trajstore::Error) -> anyhow::Error {
             .collect::<Vec<_>>()
             .join(" ")
     )
+}
+
+#[cfg(feature = "remote")]
+fn remote_options(concurrency: usize) -> Result<trajstore::remote::RemoteOptions> {
+    use std::io::IsTerminal;
+    if concurrency == 0 {
+        bail!("--concurrency must be at least 1");
+    }
+    let mut o =
+        trajstore::remote::RemoteOptions::default().with_progress(std::io::stderr().is_terminal());
+    o.concurrency = concurrency;
+    Ok(o)
+}
+
+#[cfg(feature = "remote")]
+fn push(a: PushArgs) -> Result<()> {
+    if !trajstore::format::is_url(&a.url) {
+        bail!(
+            "`{}` is not a URL; push to s3://BUCKET/PREFIX (or file:///PATH)",
+            a.url
+        );
+    }
+    let ds = Dataset::open(&a.dataset)
+        .with_context(|| format!("cannot open dataset {}", a.dataset.display()))?;
+    let remote = trajstore::remote::Remote::open(&a.url, remote_options(a.concurrency)?)?;
+    let r = remote
+        .push(&ds)
+        .with_context(|| format!("push of {} to {} failed", a.dataset.display(), a.url))?;
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(&r)?);
+    } else if r.up_to_date {
+        outln!("{} is up to date (version {})", r.url, r.version);
+    } else {
+        outln!(
+            "pushed version {} to {} in {:.2} s: {} files ({}) uploaded, {} ({}) already there{}",
+            r.version,
+            r.url,
+            r.seconds,
+            r.files_uploaded,
+            HumanBytes(r.bytes_uploaded),
+            r.files_present,
+            HumanBytes(r.bytes_present),
+            match r.previous_version {
+                Some(v) => format!("; the remote was at version {v}"),
+                None => String::new(),
+            }
+        );
+    }
+    Ok(())
+}
+
+#[cfg(feature = "remote")]
+fn pull(a: PullArgs) -> Result<()> {
+    use trajstore::remote;
+    let mirror = match &a.to {
+        Some(dir) => dir.clone(),
+        None => remote::mirror_dir(&remote::default_cache_dir(), &a.url)?,
+    };
+    let r = remote::Remote::open(&a.url, remote_options(a.concurrency)?)?
+        .pull(&mirror, a.version)
+        .with_context(|| format!("pull of {} failed", a.url))?;
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        outln!(
+            "version {} of {} is in {} ({:.2} s): {} files ({}) downloaded, {} ({}) already there, {} old files removed",
+            r.version,
+            r.url,
+            r.mirror.display(),
+            r.seconds,
+            r.files_downloaded,
+            HumanBytes(r.bytes_downloaded),
+            r.files_cached,
+            HumanBytes(r.bytes_cached),
+            r.files_pruned
+        );
+    }
+    Ok(())
 }

@@ -10,7 +10,7 @@ use super::{emit, one_line, open_snapshot};
 
 #[derive(Args)]
 pub(crate) struct SqlArgs {
-    /// Dataset directory.
+    /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
     dataset: PathBuf,
     /// The query; without one, an interactive prompt (`.tables`, `.schema [TABLE]`, `.quit`;
     /// statements end with `;`).

@@ -1,0 +1,710 @@
+//! Datasets in object storage, against a real S3-compatible server: moto's server
+//! (`python -m moto.server`, installed by `scripts/setup-python.sh`), spoken to over HTTP by
+//! object_store's S3 client exactly as AWS would be. The tests run where that Python
+//! (`TRAJSTORE_PYTHON`, else `python3`) can import moto; under `CI=true` a missing moto is a
+//! failure. The `file://` test needs no server.
+
+#![cfg(feature = "remote")]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use trajstore::remote::{Remote, RemoteOptions};
+use trajstore::synth::SynthSpec;
+use trajstore::{Dataset, Error, WriterOptions};
+
+fn python_with(module: &str) -> Option<String> {
+    let py = std::env::var("TRAJSTORE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py)
+        .args(["-c", &format!("import {module}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(py);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true but `{py}` cannot import {module}; scripts/setup-python.sh installs it");
+    }
+    eprintln!("SKIPPED: needs Python with {module} (set TRAJSTORE_PYTHON)");
+    None
+}
+
+/// A moto S3 server on a free local port, stopped on drop.
+struct S3Server {
+    child: Child,
+    port: u16,
+}
+
+impl S3Server {
+    fn start() -> Option<Self> {
+        let py = python_with("moto.server")?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(py)
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto.server");
+        let server = S3Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server.http("GET", "/", &[]).is_err() {
+            assert!(Instant::now() < deadline, "moto.server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(server)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// One unsigned path-style request (moto accepts them); returns the status and body.
+    fn http(&self, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.port,
+            body.len()
+        )?;
+        s.write_all(body)?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        let text = String::from_utf8_lossy(&out);
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| std::io::Error::other("no HTTP status"))?;
+        let body_at = out
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(out.len(), |p| p + 4);
+        Ok((status, out[body_at..].to_vec()))
+    }
+
+    fn bucket(&self, name: &str) -> String {
+        let (status, _) = self.http("PUT", &format!("/{name}"), &[]).unwrap();
+        assert_eq!(status, 200, "create bucket {name}");
+        format!("s3://{name}")
+    }
+
+    /// A signed client for `bucket`, to damage and inspect objects behind trajstore's back.
+    fn store(&self, bucket: &str) -> object_store::aws::AmazonS3 {
+        let mut b = object_store::aws::AmazonS3Builder::new().with_bucket_name(bucket);
+        for (k, v) in self.settings() {
+            b = b.with_config(k.parse().unwrap(), v);
+        }
+        b.build().unwrap()
+    }
+
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    /// Replaces an object's bytes.
+    fn put_raw(&self, bucket: &str, key: &str, bytes: &[u8]) {
+        let store = self.store(bucket);
+        let payload = object_store::PutPayload::from(bytes.to_vec());
+        Self::block(store.put(&ObjectPath::from(key), payload)).unwrap();
+    }
+
+    fn get_raw(&self, bucket: &str, key: &str) -> Vec<u8> {
+        let store = self.store(bucket);
+        Self::block(async { store.get(&ObjectPath::from(key)).await?.bytes().await })
+            .unwrap()
+            .to_vec()
+    }
+
+    fn delete_raw(&self, bucket: &str, key: &str) {
+        let store = self.store(bucket);
+        Self::block(store.delete(&ObjectPath::from(key))).unwrap();
+    }
+
+    /// Object keys under `prefix` in `bucket`.
+    fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let store = self.store(bucket);
+        let prefix = ObjectPath::from(prefix);
+        let metas: Vec<_> = Self::block(futures::TryStreamExt::try_collect(
+            store.list(Some(&prefix)),
+        ))
+        .unwrap();
+        let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
+        keys.sort();
+        keys
+    }
+
+    fn settings(&self) -> [(&'static str, String); 5] {
+        [
+            ("aws_endpoint", self.endpoint()),
+            ("aws_allow_http", "true".into()),
+            ("aws_access_key_id", "trajstore".into()),
+            ("aws_secret_access_key", "trajstore".into()),
+            ("aws_region", "us-east-1".into()),
+        ]
+    }
+
+    fn options(&self) -> RemoteOptions {
+        self.settings()
+            .into_iter()
+            .fold(RemoteOptions::default(), |o, (k, v)| o.with(k, v))
+    }
+
+    fn remote(&self, url: &str) -> Remote {
+        Remote::open(url, self.options()).unwrap()
+    }
+
+    /// The trajstore binary with this server's settings in the environment.
+    fn cli(&self, cache: &Path) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_trajstore"));
+        for (k, v) in self.settings() {
+            c.env(k.to_ascii_uppercase(), v);
+        }
+        c.env("TRAJSTORE_CACHE", cache);
+        c
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spec(seed: u64, obs_dim: usize) -> SynthSpec {
+    SynthSpec {
+        transitions: 6_000,
+        obs_dim,
+        act_dim: 2,
+        discrete_actions: false,
+        mean_episode_len: 60.0,
+        seed,
+    }
+}
+
+fn small() -> WriterOptions {
+    WriterOptions::default().with_segment_bytes(64 << 10)
+}
+
+/// A dataset written by `s` in several commits.
+fn make(root: &Path, s: &SynthSpec) -> Dataset {
+    let ds = Dataset::create(root, &s.schema().unwrap()).unwrap();
+    let mut w = ds.writer(small()).unwrap();
+    s.write(&mut w, Some(40), |_| {}).unwrap();
+    drop(w);
+    ds
+}
+
+/// Appends `s`'s episodes to `ds` and commits.
+fn append(ds: &Dataset, s: &SynthSpec) -> u64 {
+    let mut w = ds.writer(small()).unwrap();
+    s.write(&mut w, None, |_| {}).unwrap();
+    w.finish().unwrap()
+}
+
+/// Same version, counts, transitions and episode tables, and the mirror verifies.
+fn assert_same_data(a: &Dataset, b: &Dataset) {
+    let (sa, sb) = (a.snapshot().unwrap(), b.snapshot().unwrap());
+    assert_eq!(sa.version(), sb.version());
+    assert_eq!(sa.num_transitions(), sb.num_transitions());
+    assert_eq!(sa.num_episodes(), sb.num_episodes());
+    assert_eq!(sa.segments().len(), sb.segments().len());
+    for (x, y) in sa.segments().iter().zip(sb.segments()) {
+        assert_eq!(x.batches(), y.batches(), "segment {}", x.entry().id);
+        assert_eq!(x.episode_table(), y.episode_table());
+    }
+    let report = trajstore::verify::verify(&sb, |_| {}).unwrap();
+    assert_eq!(report.transitions, sb.num_transitions());
+}
+
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn push_and_pull_round_trip_and_move_only_what_changed() {
+    let Some(s3) = S3Server::start() else { return };
+    let url = format!("{}/d4rl/hopper", s3.bucket("round-trip"));
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(&dir.path().join("local"), &spec(1, 5));
+    let segs = ds.snapshot().unwrap().segments().len() as u64;
+    assert!(segs >= 3, "several segments ({segs})");
+    let remote = s3.remote(&url);
+    assert_eq!(remote.latest().unwrap(), None, "empty prefix: no dataset");
+
+    let p = remote.push(&ds).unwrap();
+    assert_eq!(
+        (
+            p.files_uploaded,
+            p.files_present,
+            p.previous_version,
+            p.up_to_date
+        ),
+        (2 * segs, 0, None, false)
+    );
+    let total_bytes: u64 = ds.snapshot().unwrap().bytes_on_disk();
+    assert_eq!(p.bytes_uploaded, total_bytes);
+    assert_eq!(remote.versions().unwrap(), vec![p.version]);
+    // Content-addressed names in the store.
+    let keys = s3.keys("round-trip", "d4rl/hopper/segments");
+    assert_eq!(keys.len() as u64, 2 * segs);
+    assert!(keys.iter().all(|k| k.contains('-')), "{keys:?}");
+
+    let mirror = dir.path().join("mirror");
+    let r = remote.pull(&mirror, None).unwrap();
+    assert_eq!(
+        (r.version, r.files_downloaded, r.files_cached),
+        (p.version, 2 * segs, 0)
+    );
+    assert_eq!(r.bytes_downloaded, total_bytes);
+    assert_same_data(&ds, &Dataset::open(&mirror).unwrap());
+
+    // Nothing new: nothing moves.
+    assert!(remote.push(&ds).unwrap().up_to_date);
+    let again = remote.pull(&mirror, None).unwrap();
+    assert_eq!((again.files_downloaded, again.files_cached), (0, 2 * segs));
+
+    // Append: only the new segments travel, both ways; the old manifest leaves the mirror.
+    let v2 = append(&ds, &spec(2, 5));
+    let segs2 = ds.snapshot().unwrap().segments().len() as u64;
+    let p2 = remote.push(&ds).unwrap();
+    assert_eq!(
+        (
+            p2.version,
+            p2.previous_version,
+            p2.files_present,
+            p2.files_uploaded
+        ),
+        (v2, Some(p.version), 2 * segs, 2 * (segs2 - segs))
+    );
+    let r2 = remote.pull(&mirror, None).unwrap();
+    assert_eq!(
+        (r2.files_downloaded, r2.files_cached),
+        (2 * (segs2 - segs), 2 * segs)
+    );
+    assert_eq!(r2.files_pruned, 1, "the older manifest");
+    assert_same_data(&ds, &Dataset::open(&mirror).unwrap());
+    assert_eq!(
+        Dataset::open(&mirror).unwrap().versions().unwrap(),
+        vec![v2]
+    );
+
+    // An older version can still be pulled (into another directory) and matches the local one.
+    let old = dir.path().join("old");
+    remote.pull(&old, Some(p.version)).unwrap();
+    let old_snap = Dataset::open(&old).unwrap().snapshot().unwrap();
+    let local_old = ds.snapshot_at(p.version).unwrap();
+    assert_eq!(old_snap.num_transitions(), local_old.num_transitions());
+    assert_eq!(old_snap.segments().len() as u64, segs);
+
+    // The library's one-call open, through a cache directory.
+    let cache = dir.path().join("cache");
+    let (opened, rep) = trajstore::remote::open(&url, Some(&cache), None, s3.options()).unwrap();
+    assert_eq!(opened.path(), cache.join("s3/round-trip/d4rl/hopper"));
+    assert_eq!(rep.files_downloaded, 2 * segs2);
+    assert_same_data(&ds, &opened);
+}
+
+#[test]
+fn pushes_only_fast_forward_and_a_lost_race_leaves_the_winner() {
+    let Some(s3) = S3Server::start() else { return };
+    let url = format!("{}/ds", s3.bucket("races"));
+    let dir = tempfile::tempdir().unwrap();
+    let base = make(&dir.path().join("base"), &spec(3, 4));
+    let remote = s3.remote(&url);
+    let v1 = remote.push(&base).unwrap().version;
+
+    // Two copies of the base grow apart; both try to push at once.
+    let copy_of = |from: &Path, name: &str, seed: u64| {
+        let to = dir.path().join(name);
+        copy_dir(from, &to);
+        let ds = Dataset::open(&to).unwrap();
+        append(&ds, &spec(seed, 4));
+        ds
+    };
+    let (a, b) = (copy_of(base.path(), "a", 10), copy_of(base.path(), "b", 11));
+    let (ra, rb) = std::thread::scope(|s| {
+        let ha = s.spawn(|| s3.remote(&url).push(&a));
+        let hb = s.spawn(|| s3.remote(&url).push(&b));
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    let (winner, loser_err) = match (ra, rb) {
+        (Ok(_), Err(e)) => (&a, e),
+        (Err(e), Ok(_)) => (&b, e),
+        (x, y) => panic!("exactly one push must win: {x:?} {y:?}"),
+    };
+    assert!(matches!(loser_err, Error::Conflict(_)), "{loser_err}");
+    let mirror = dir.path().join("mirror");
+    remote.pull(&mirror, None).unwrap();
+    assert_same_data(winner, &Dataset::open(&mirror).unwrap());
+    assert!(remote.latest().unwrap().unwrap().version > v1);
+
+    // The same race, made exact: one push is held just before it writes its manifest while
+    // another completes. The held one passed the ancestry check against the same remote version,
+    // so only the store's conditional create (If-None-Match) can stop it.
+    let v_now = remote.latest().unwrap().unwrap().version;
+    let (c, d) = (copy_of(&mirror, "c", 20), copy_of(&mirror, "d", 21));
+    let hold = dir.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let held = s3
+        .cli(&dir.path().join("cache"))
+        .args(["push", c.path().to_str().unwrap(), &url])
+        .env("TRAJSTORE_PAUSE_AT", "remote-push-before-manifest")
+        .env("TRAJSTORE_PAUSE_FILE", &hold)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reached = dir.path().join("hold.reached");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !reached.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the held push never reached its manifest"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let won = remote.push(&d).unwrap();
+    assert_eq!(won.previous_version, Some(v_now));
+    std::fs::remove_file(&hold).unwrap();
+    let out = held.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another writer committed version"), "{err}");
+    let mirror2 = dir.path().join("mirror2");
+    remote.pull(&mirror2, None).unwrap();
+    assert_same_data(&d, &Dataset::open(&mirror2).unwrap());
+
+    // The loser stays refused on retry; the base (older than the remote) too.
+    let loser = if std::ptr::eq(winner, &a) { &b } else { &a };
+    let e = remote.push(loser).unwrap_err();
+    assert!(
+        matches!(e, Error::Conflict(ref m) if m.contains("not an ancestor")),
+        "{e}"
+    );
+    let e = remote.push(&base).unwrap_err();
+    assert!(matches!(e, Error::Conflict(_)), "{e}");
+
+    // Another schema is refused before anything is uploaded.
+    let other = make(&dir.path().join("other"), &spec(4, 9));
+    let before = s3.keys("races", "ds");
+    let e = remote.push(&other).unwrap_err();
+    assert!(matches!(e, Error::SchemaMismatch(_)), "{e}");
+    assert_eq!(s3.keys("races", "ds"), before);
+
+    // A mirror that is brought up to date and appended to fast-forwards.
+    remote.pull(&mirror, None).unwrap();
+    let grown = Dataset::open(&mirror).unwrap();
+    let v = append(&grown, &spec(12, 4));
+    assert_eq!(remote.push(&grown).unwrap().version, v);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn damaged_or_missing_objects_are_errors_and_the_mirror_keeps_its_version() {
+    let Some(s3) = S3Server::start() else { return };
+    let url = format!("{}/ds", s3.bucket("damage"));
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(&dir.path().join("local"), &spec(5, 3));
+    let remote = s3.remote(&url);
+    let v1 = remote.push(&ds).unwrap().version;
+    let mirror = dir.path().join("mirror");
+    remote.pull(&mirror, None).unwrap();
+    let v2 = append(&ds, &spec(6, 3));
+    remote.push(&ds).unwrap();
+    let m2 = remote.latest().unwrap().unwrap();
+    let new_seg = m2.segments.last().unwrap();
+    let key = format!("ds/{}", new_seg.path);
+    let good = s3.get_raw("damage", &key);
+
+    let still_v1 = |what: &str| {
+        let d = Dataset::open(&mirror).unwrap();
+        assert_eq!(d.snapshot().unwrap().version(), v1, "{what}");
+        let leftovers: Vec<_> = files_in(&mirror.join("segments"))
+            .into_iter()
+            .filter(|p| p.to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{what}: {leftovers:?}");
+    };
+
+    // A flipped byte: the checksum catches it.
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x40;
+    s3.put_raw("damage", &key, &bad);
+    let e = remote.pull(&mirror, None).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(
+        text.contains(&new_seg.path) && text.contains(&new_seg.checksum),
+        "{text}"
+    );
+    still_v1("after a flipped byte");
+
+    // A truncated object.
+    s3.put_raw("damage", &key, &good[..good.len() - 100]);
+    let e = remote.pull(&mirror, None).unwrap_err();
+    assert!(e.to_string().contains("bytes but the manifest says"), "{e}");
+    still_v1("after a truncation");
+
+    // A missing object.
+    s3.delete_raw("damage", &key);
+    let e = remote.pull(&mirror, None).unwrap_err();
+    assert!(
+        matches!(e, Error::NotFound { ref path } if path.to_string_lossy().contains(&new_seg.path)),
+        "{e}"
+    );
+    still_v1("after a deletion");
+
+    // Restored: the pull completes.
+    s3.put_raw("damage", &key, &good);
+    assert_eq!(remote.pull(&mirror, None).unwrap().version, v2);
+    assert_same_data(&ds, &Dataset::open(&mirror).unwrap());
+
+    // A damaged manifest is an error naming it; so is an unknown scheme and an absent bucket.
+    let mkey = format!("ds/_versions/{}", trajstore::format::manifest_name(v2));
+    s3.put_raw("damage", &mkey, b"{\"format\": \"trajstore\"");
+    let e = remote.pull(&dir.path().join("m3"), None).unwrap_err();
+    assert!(
+        matches!(e, Error::Corrupt { .. }) && e.to_string().contains("_versions"),
+        "{e}"
+    );
+    let e = Remote::open("gs://bucket/x", s3.options()).unwrap_err();
+    assert!(e.to_string().contains("unsupported storage scheme"), "{e}");
+    let e = s3.remote("s3://no-such-bucket/x").latest().unwrap_err();
+    assert!(e.to_string().contains("no-such-bucket"), "{e}");
+
+    // A local file damaged before a push: refused, nothing becomes visible.
+    let url2 = format!("{}/ds2", s3.bucket("damage2"));
+    let seg = ds
+        .path()
+        .join(&ds.latest_manifest().unwrap().segments[0].path);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&seg, &bytes).unwrap();
+    let e = s3.remote(&url2).push(&ds).unwrap_err();
+    assert!(
+        matches!(e, Error::Corrupt { ref path, .. } if path == &seg),
+        "{e}"
+    );
+    assert_eq!(s3.remote(&url2).latest().unwrap(), None);
+}
+
+#[test]
+fn an_interrupted_push_is_invisible_and_resumes() {
+    let Some(s3) = S3Server::start() else { return };
+    let url = format!("{}/ds", s3.bucket("crash"));
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(&dir.path().join("local"), &spec(7, 3));
+    let segs = ds.snapshot().unwrap().segments().len() as u64;
+    let out = s3
+        .cli(&dir.path().join("cache"))
+        .args(["push", ds.path().to_str().unwrap(), &url])
+        .env("TRAJSTORE_CRASH_AT", "remote-push-before-manifest")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the simulated crash aborts");
+    let remote = s3.remote(&url);
+    assert_eq!(remote.latest().unwrap(), None, "no version is visible");
+    assert_eq!(s3.keys("crash", "ds/segments").len() as u64, 2 * segs);
+    let p = remote.push(&ds).unwrap();
+    assert_eq!((p.files_uploaded, p.files_present), (0, 2 * segs));
+    let mirror = dir.path().join("mirror");
+    remote.pull(&mirror, None).unwrap();
+    assert_same_data(&ds, &Dataset::open(&mirror).unwrap());
+}
+
+#[test]
+fn the_cli_reads_urls_and_pushes_and_pulls_with_json() {
+    let Some(s3) = S3Server::start() else { return };
+    let url = format!("{}/demo", s3.bucket("cli"));
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(&dir.path().join("local"), &spec(8, 3));
+    let snap = ds.snapshot().unwrap();
+    let cache = dir.path().join("cache");
+    let run = |args: &[&str]| -> serde_json::Value {
+        let out = s3.cli(&cache).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let p = run(&["push", ds.path().to_str().unwrap(), &url, "--json"]);
+    assert_eq!(p["version"], snap.version());
+    assert_eq!(p["bytes_uploaded"], snap.bytes_on_disk());
+
+    let info = run(&["info", &url, "--json"]);
+    assert_eq!(info["transitions"], snap.num_transitions());
+    assert_eq!(info["episodes"], snap.num_episodes());
+    assert!(
+        cache.join("s3/cli/demo/_versions").is_dir(),
+        "mirrored into the cache"
+    );
+
+    let out = s3
+        .cli(&cache)
+        .args([
+            "sql",
+            &url,
+            "SELECT count(*) AS n, sum(length) AS l FROM episodes",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(&format!("\"n\":{}", snap.num_episodes()))
+            && text.contains(&format!("\"l\":{}", snap.num_transitions())),
+        "{text}"
+    );
+
+    let to = dir.path().join("pulled");
+    let r = run(&["pull", &url, "--to", to.to_str().unwrap(), "--json"]);
+    assert_eq!(r["files_downloaded"], 2 * snap.segments().len());
+    assert_same_data(&ds, &Dataset::open(&to).unwrap());
+    let v = run(&["verify", &url, "--json"]);
+    assert_eq!(v["transitions"], snap.num_transitions());
+
+    // Errors name what went wrong.
+    let out = s3
+        .cli(&cache)
+        .args(["info", "s3://cli/nothing-here"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("s3://cli/nothing-here"), "{err}");
+    let help = s3.cli(&cache).args(["push", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("AWS_ENDPOINT_URL") && help.contains("fast-forwards"),
+        "{help}"
+    );
+}
+
+#[test]
+fn pyarrow_reads_the_pushed_segments_from_s3() {
+    let Some(s3) = S3Server::start() else { return };
+    let Some(py) = python_with("pyarrow.fs") else {
+        return;
+    };
+    let url = format!("{}/ds", s3.bucket("interop"));
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(&dir.path().join("local"), &spec(9, 3));
+    s3.remote(&url).push(&ds).unwrap();
+    let m = s3.remote(&url).latest().unwrap().unwrap();
+    let script = r#"
+import sys, json, pyarrow.fs as fs, pyarrow.ipc as ipc, pyarrow.compute as pc
+s3 = fs.S3FileSystem(endpoint_override=sys.argv[1], scheme="http", access_key="trajstore",
+                     secret_key="trajstore", region="us-east-1")
+out = []
+for path in sys.argv[2:]:
+    with s3.open_input_file("interop/ds/" + path) as f:
+        t = ipc.open_file(f).read_all()
+    out.append([t.num_rows, float(pc.sum(t["reward"]).as_py())])
+print(json.dumps(out))
+"#;
+    let mut cmd = Command::new(py);
+    cmd.args(["-c", script, &s3.endpoint()]);
+    for s in &m.segments {
+        cmd.arg(&s.path);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<(u64, f64)> = serde_json::from_slice(&out.stdout).unwrap();
+    let snap = ds.snapshot().unwrap();
+    for ((rows, sum), seg) in got.iter().zip(snap.segments()) {
+        assert_eq!(*rows, seg.num_rows());
+        let want: f64 = seg
+            .batches()
+            .iter()
+            .flat_map(|b| {
+                b.column_by_name("reward")
+                    .unwrap()
+                    .as_any()
+                    .downcast_ref::<arrow::array::Float32Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .map(f64::from)
+            .sum();
+        assert!(
+            (sum - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "{sum} vs {want}"
+        );
+    }
+    assert_eq!(got.len(), snap.segments().len());
+}
+
+#[test]
+fn file_urls_work_without_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(&dir.path().join("local"), &spec(13, 3));
+    let store = dir.path().join("store");
+    let url = format!("file://{}", store.display());
+    let remote = Remote::open(&url, RemoteOptions::default()).unwrap();
+    let p = remote.push(&ds).unwrap();
+    assert!(
+        store
+            .join("_versions")
+            .join(trajstore::format::manifest_name(p.version))
+            .is_file()
+    );
+    let mirror = dir.path().join("mirror");
+    remote.pull(&mirror, None).unwrap();
+    assert_same_data(&ds, &Dataset::open(&mirror).unwrap());
+    // The store itself is a dataset too (content-addressed file names).
+    assert_same_data(&ds, &Dataset::open(&store).unwrap());
+}
