@@ -37,8 +37,12 @@ use crate::error::{Error, IoContext, Result};
 use crate::format;
 use crate::manifest::{self, Manifest, SegmentEntry};
 
-/// Files up to this size are uploaded with one PUT; larger ones in parts of this size.
-const PART_BYTES: usize = 16 << 20;
+/// Files up to this size are uploaded with one PUT; larger ones in parts of this size (S3's
+/// smallest part is 5 MiB).
+const PART_BYTES: usize = 8 << 20;
+/// Parts of one file in flight at once. With `concurrency` files at once, an upload holds at
+/// most `concurrency * (PARTS_IN_FLIGHT + 1) * PART_BYTES` of file data in memory.
+const PARTS_IN_FLIGHT: usize = 2;
 /// Name of the lock that serialises pulls into one mirror.
 const PULL_LOCK: &str = "_pull.lock";
 
@@ -456,7 +460,7 @@ impl Remote {
             };
             crc = crc32c::crc32c_append(crc, &buf[..n]);
             seen += n as u64;
-            if let Err(e) = writer.wait_for_capacity(4).await {
+            if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
                 return Err(remote_err(&self.url_of(rel), e));
             }
             writer.write(&buf[..n]);

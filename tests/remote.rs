@@ -708,3 +708,59 @@ fn file_urls_work_without_a_server() {
     // The store itself is a dataset too (content-addressed file names).
     assert_same_data(&ds, &Dataset::open(&store).unwrap());
 }
+
+#[test]
+fn large_segments_travel_in_parts_and_a_bad_one_is_abandoned() {
+    let Some(s3) = S3Server::start() else { return };
+    let url = format!("{}/big", s3.bucket("big"));
+    let dir = tempfile::tempdir().unwrap();
+    // ~22 MB in one segment: three 8 MiB parts.
+    let s = SynthSpec {
+        transitions: 200_000,
+        obs_dim: 17,
+        act_dim: 6,
+        discrete_actions: false,
+        mean_episode_len: 1000.0,
+        seed: 14,
+    };
+    let ds = Dataset::create(dir.path().join("local"), &s.schema().unwrap()).unwrap();
+    let mut w = ds.writer(WriterOptions::default()).unwrap();
+    s.write(&mut w, None, |_| {}).unwrap();
+    drop(w);
+    let m = ds.latest_manifest().unwrap();
+    assert_eq!(m.segments.len(), 1);
+    assert!(
+        m.segments[0].bytes > 16 << 20,
+        "{} bytes",
+        m.segments[0].bytes
+    );
+
+    // A damaged local file is found while it streams; the upload is abandoned unfinished.
+    let seg = ds.path().join(&m.segments[0].path);
+    let good = std::fs::read(&seg).unwrap();
+    let mut bad = good.clone();
+    let at = bad.len() - 1000;
+    bad[at] ^= 1;
+    std::fs::write(&seg, &bad).unwrap();
+    let e = s3.remote(&url).push(&ds).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert_eq!(
+        s3.remote(&url).latest().unwrap(),
+        None,
+        "no version is visible"
+    );
+    let keys = s3.keys("big", "big");
+    assert!(
+        keys.iter()
+            .all(|k| !k.ends_with(".arrow") || k.ends_with(".episodes.arrow")),
+        "the transition file was not completed: {keys:?}"
+    );
+
+    std::fs::write(&seg, &good).unwrap();
+    let p = s3.remote(&url).push(&ds).unwrap();
+    // The episode table went up the first time; only the transition file is sent now.
+    assert_eq!((p.files_uploaded, p.files_present), (1, 1));
+    let mirror = dir.path().join("mirror");
+    s3.remote(&url).pull(&mirror, None).unwrap();
+    assert_same_data(&ds, &Dataset::open(&mirror).unwrap());
+}
