@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command of the README: sets up Python for the interop test, runs every test with the
+# The test command of the README: sets up Python (pyarrow for the interop test, moto for the S3
+# server of tests/remote.rs), runs every test with the
 # default features, then sets up libtorch (pip torch==2.11.0, once) and runs them again with the
 # `torch` feature. Extra arguments go to both `cargo test` runs (e.g. `scripts/test.sh --test
 # crash`); TRAJSTORE_SKIP_TORCH=1 skips the torch run.
@@ -8,10 +9,10 @@ cd "$(dirname "$0")/.."
 if py=$(scripts/setup-python.sh 2>/dev/null | tail -n 1) && [ -x "$py" ]; then
     export TRAJSTORE_PYTHON="$py"
 elif [ "${CI:-}" = "true" ]; then
-    echo "could not set up Python with pyarrow (needed by the interop test under CI)" >&2
+    echo "could not set up Python with pyarrow and moto (needed by the interop and S3 tests under CI)" >&2
     exit 1
 else
-    echo "note: no pyarrow venv; the interop test will be skipped" >&2
+    echo "note: no Python venv with pyarrow and moto; the interop and S3 tests will be skipped" >&2
 fi
 echo "== cargo test (default features)" >&2
 cargo test "$@"

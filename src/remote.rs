@@ -40,9 +40,11 @@ use crate::manifest::{self, Manifest, SegmentEntry};
 /// Files up to this size are uploaded with one PUT; larger ones in parts of this size (S3's
 /// smallest part is 5 MiB).
 const PART_BYTES: usize = 8 << 20;
-/// Parts of one file in flight at once. With `concurrency` files at once, an upload holds at
-/// most `concurrency * (PARTS_IN_FLIGHT + 1) * PART_BYTES` of file data in memory.
-const PARTS_IN_FLIGHT: usize = 2;
+/// Parts in flight at once over all the files being uploaded (each multipart file gets its share,
+/// at least 2): a few large segments still use many connections, as S3 needs for bandwidth. A
+/// push holds at most about `(PARTS_IN_FLIGHT + concurrency) * PART_BYTES` of file data in
+/// memory (192 MiB with the default 8 files at once).
+const PARTS_IN_FLIGHT: usize = 16;
 /// Name of the lock that serialises pulls into one mirror.
 const PULL_LOCK: &str = "_pull.lock";
 
@@ -323,16 +325,18 @@ impl Remote {
             }
         }
         let total: u64 = to_send.iter().map(|f| f.2).sum();
+        let concurrency = self.options.concurrency.max(1);
+        let large = to_send.iter().filter(|f| f.2 as usize > PART_BYTES).count();
+        let parts = (PARTS_IN_FLIGHT / large.clamp(1, concurrency)).max(2);
         let pb = bytes_bar(self.options.progress, total, "push");
-        let uploaded =
-            self.rt.block_on(async {
-                futures::stream::iter(to_send.iter().map(|(src, rel, bytes, checksum)| {
-                    self.upload(src, rel, *bytes, checksum, &pb)
-                }))
-                .buffer_unordered(self.options.concurrency.max(1))
-                .try_fold(0u64, |n, _| async move { Ok(n + 1) })
-                .await
-            });
+        let uploaded = self.rt.block_on(async {
+            futures::stream::iter(to_send.iter().map(|(src, rel, bytes, checksum)| {
+                self.upload(src, rel, *bytes, checksum, parts, &pb)
+            }))
+            .buffer_unordered(self.options.concurrency.max(1))
+            .try_fold(0u64, |n, _| async move { Ok(n + 1) })
+            .await
+        });
         pb.finish_and_clear();
         let files_uploaded = uploaded?;
         crate::fault::point("remote-push-before-manifest");
@@ -398,13 +402,15 @@ impl Remote {
     }
 
     /// Uploads one local file, checking its size and checksum against the manifest as it is
-    /// read; on a mismatch the upload is abandoned and nothing becomes visible.
+    /// read; on a mismatch the upload is abandoned and nothing becomes visible. A large file goes
+    /// in parts, `parts_in_flight` at once.
     async fn upload(
         &self,
         src: &Path,
         rel: &str,
         bytes: u64,
         checksum: &str,
+        parts_in_flight: usize,
         pb: &ProgressBar,
     ) -> Result<()> {
         let key = self.key(rel);
@@ -460,7 +466,7 @@ impl Remote {
             };
             crc = crc32c::crc32c_append(crc, &buf[..n]);
             seen += n as u64;
-            if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+            if let Err(e) = writer.wait_for_capacity(parts_in_flight).await {
                 return Err(remote_err(&self.url_of(rel), e));
             }
             writer.write(&buf[..n]);
