@@ -15,6 +15,12 @@ segments), then times, best of --repeat runs each, every run into a fresh prefix
   boto3 download: download_file of every object of the pushed dataset, 8 at once
   trajstore pull: trajstore pull s3://BUCKET/PREFIX --to DIR (checks every file's CRC-32C)
 and the peak RSS of the trajstore processes (/usr/bin/time -f %M). Prints one JSON line.
+
+With --file the store is a local directory (file:// URLs) and the baseline is `cp -r` + sync of
+the same files, which shows trajstore's own cost without a server in the way:
+  cp:             cp -r DATASET DIR && sync
+  trajstore push: trajstore push DATASET file:///DIR
+  trajstore pull: trajstore pull file:///DIR --to DIR2
 """
 import argparse, json, os, shutil, socket, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +80,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--endpoint")
     ap.add_argument("--work", help="scratch directory (default: a temporary one)")
+    ap.add_argument("--file", action="store_true", help="file:// store against cp -r")
     a = ap.parse_args()
+    if a.file:
+        return bench_file(a)
 
     server = None
     env = dict(os.environ)
@@ -147,6 +156,41 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         if server:
             server.kill()
+
+
+def bench_file(a):
+    work = tempfile.mkdtemp(dir=a.work)
+    try:
+        ds = os.path.join(work, "bench.trajstore")
+        subprocess.run([a.bin, "demo", ds, "--transitions", str(a.n), "--json"], check=True,
+                       stdout=subprocess.DEVNULL)
+        nbytes = sum(os.path.getsize(p) for p, _ in files_of(ds))
+        cp, push, pull, rss = [], [], [], 0
+        for i in range(a.repeat):
+            d = os.path.join(work, f"cp{i}")
+            t = time.perf_counter()
+            subprocess.run(["cp", "-r", ds, d], check=True)
+            subprocess.run(["sync"], check=True)
+            cp.append(time.perf_counter() - t)
+            shutil.rmtree(d)
+            store = os.path.join(work, f"store{i}")
+            secs, r = timed([a.bin, "push", ds, "file://" + store], os.environ)
+            push.append(secs)
+            rss = max(rss, r)
+            d = os.path.join(work, f"pull{i}")
+            secs, r = timed([a.bin, "pull", "file://" + store, "--to", d], os.environ)
+            pull.append(secs)
+            rss = max(rss, r)
+            shutil.rmtree(d)
+            shutil.rmtree(store)
+        gb = nbytes / 1e9
+        print(json.dumps({"transitions": a.n, "bytes": nbytes, "store": "file://",
+                          "cp_s": min(cp), "trajstore_push_s": min(push), "push_ratio": min(push) / min(cp),
+                          "trajstore_pull_s": min(pull), "pull_ratio": min(pull) / min(cp),
+                          "push_gb_per_s": gb / min(push), "pull_gb_per_s": gb / min(pull),
+                          "peak_rss_mb": rss / 1e6}))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -182,10 +182,13 @@ impl Remote {
                         "`{url}` is not an absolute file URL (expected file:///PATH)"
                     ))
                 })?;
-                std::fs::create_dir_all(&dir).at(&dir)?;
-                let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| remote_err(url, e))?;
-                (Arc::new(store), ObjectPath::default())
+                // Directories are created by the first write, not by opening.
+                let prefix = ObjectPath::from_absolute_path(&dir)
+                    .map_err(|e| Error::InvalidArgument(format!("`{url}`: {e}")))?;
+                (
+                    Arc::new(object_store::local::LocalFileSystem::new()),
+                    prefix,
+                )
             }
             other => {
                 return Err(Error::InvalidArgument(format!(

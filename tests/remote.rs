@@ -695,6 +695,9 @@ fn file_urls_work_without_a_server() {
     let store = dir.path().join("store");
     let url = format!("file://{}", store.display());
     let remote = Remote::open(&url, RemoteOptions::default()).unwrap();
+    let e = remote.pull(&dir.path().join("nothing"), None).unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+    assert!(!store.exists(), "reading creates nothing");
     let p = remote.push(&ds).unwrap();
     assert!(
         store
