@@ -503,12 +503,7 @@ impl Remote {
         std::fs::create_dir_all(&seg_dir).at(&seg_dir)?;
         std::fs::create_dir_all(&ver_dir).at(&ver_dir)?;
         let lock_path = mirror.join(PULL_LOCK);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .at(&lock_path)?;
+        let lock = crate::writer::lock_file(&lock_path)?;
         lock.lock().at(&lock_path)?;
 
         let mut local = m.clone();

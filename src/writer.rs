@@ -308,15 +308,20 @@ impl std::fmt::Debug for DatasetWriter {
     }
 }
 
+/// Opens (creating it if needed) a file used only for its advisory lock.
+pub(crate) fn lock_file(path: &Path) -> Result<File> {
+    File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .at(path)
+}
+
 impl DatasetWriter {
     pub(crate) fn open(root: &Path, options: WriterOptions) -> Result<Self> {
         let lock_path = root.join(format::LOCK_FILE);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .at(&lock_path)?;
+        let lock = lock_file(&lock_path)?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {

@@ -2,6 +2,8 @@
 //! installed) and compared value by value with what was written. Runs when Python with pyarrow is
 //! available (`TRAJSTORE_PYTHON`, else `python3`); under `CI=true` a missing pyarrow is a failure.
 
+mod common;
+
 use std::process::Command;
 
 use arrow::array::{Array, AsArray};
@@ -12,19 +14,7 @@ use trajstore::synth::SynthSpec;
 use trajstore::{Dataset, WriterOptions};
 
 fn python() -> Option<String> {
-    let py = std::env::var("TRAJSTORE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import pyarrow, numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(py);
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("CI=true but `{py}` cannot import pyarrow and numpy; .ci/run installs them");
-    }
-    eprintln!("SKIPPED: interop test needs Python with pyarrow (set TRAJSTORE_PYTHON)");
-    None
+    common::python_with("pyarrow, numpy", "the interop test")
 }
 
 #[test]

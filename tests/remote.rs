@@ -6,6 +6,8 @@
 
 #![cfg(feature = "remote")]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -18,23 +20,6 @@ use trajstore::remote::{Remote, RemoteOptions};
 use trajstore::synth::SynthSpec;
 use trajstore::{Dataset, Error, WriterOptions};
 
-fn python_with(module: &str) -> Option<String> {
-    let py = std::env::var("TRAJSTORE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", &format!("import {module}")])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(py);
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("CI=true but `{py}` cannot import {module}; scripts/setup-python.sh installs it");
-    }
-    eprintln!("SKIPPED: needs Python with {module} (set TRAJSTORE_PYTHON)");
-    None
-}
-
 /// A moto S3 server on a free local port, stopped on drop.
 struct S3Server {
     child: Child,
@@ -43,7 +28,7 @@ struct S3Server {
 
 impl S3Server {
     fn start() -> Option<Self> {
-        let py = python_with("moto.server")?;
+        let py = common::python_with("moto.server", "the S3 test")?;
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -632,7 +617,7 @@ fn the_cli_reads_urls_and_pushes_and_pulls_with_json() {
 #[test]
 fn pyarrow_reads_the_pushed_segments_from_s3() {
     let Some(s3) = S3Server::start() else { return };
-    let Some(py) = python_with("pyarrow.fs") else {
+    let Some(py) = common::python_with("pyarrow.fs", "reading S3 from pyarrow") else {
         return;
     };
     let url = format!("{}/ds", s3.bucket("interop"));

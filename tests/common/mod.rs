@@ -1,4 +1,4 @@
-//! Helpers shared by the ingest tests (each test binary uses some of them).
+//! Helpers shared by the integration tests (each test binary uses some of them).
 #![allow(dead_code)]
 
 use arrow::array::{AsArray, RecordBatch};
@@ -119,4 +119,24 @@ pub fn check_fixture_episodes(snap: &Snapshot, want: &[(usize, usize, bool, bool
     );
     let lengths: Vec<u64> = want.iter().map(|e| e.1 as u64).collect();
     assert_eq!(snap.episodes().lengths(), lengths.as_slice());
+}
+
+/// A Python that can `import {modules}` (`TRAJSTORE_PYTHON`, else `python3`), or `None` with a
+/// SKIPPED line for `what`. Under `CI=true` a missing module is a failure: `scripts/test.sh`
+/// installs them through `scripts/setup-python.sh`.
+pub fn python_with(modules: &str, what: &str) -> Option<String> {
+    let py = std::env::var("TRAJSTORE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", &format!("import {modules}")])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(py);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true but `{py}` cannot import {modules}; scripts/setup-python.sh installs them");
+    }
+    eprintln!("SKIPPED: {what} needs Python with {modules} (set TRAJSTORE_PYTHON)");
+    None
 }
