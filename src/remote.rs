@@ -136,6 +136,9 @@ pub struct PullReport {
 /// A dataset location in object storage.
 pub struct Remote {
     url: String,
+    /// For `file://` stores: the directory, whose files a push fsyncs (object_store's local
+    /// store renames files into place without syncing them).
+    local_root: Option<PathBuf>,
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     rt: tokio::runtime::Runtime,
@@ -156,6 +159,7 @@ impl Remote {
     pub fn open(url: &str, options: RemoteOptions) -> Result<Self> {
         let parsed = url::Url::parse(url)
             .map_err(|e| Error::InvalidArgument(format!("`{url}` is not a valid URL: {e}")))?;
+        let mut local_root = None;
         let (store, prefix): (Arc<dyn ObjectStore>, ObjectPath) = match parsed.scheme() {
             "s3" | "s3a" => {
                 let bucket = parsed.host_str().unwrap_or_default();
@@ -185,6 +189,7 @@ impl Remote {
                 // Directories are created by the first write, not by opening.
                 let prefix = ObjectPath::from_absolute_path(&dir)
                     .map_err(|e| Error::InvalidArgument(format!("`{url}`: {e}")))?;
+                local_root = Some(dir);
                 (
                     Arc::new(object_store::local::LocalFileSystem::new()),
                     prefix,
@@ -204,6 +209,7 @@ impl Remote {
             .map_err(|e| Error::io(url, e))?;
         Ok(Remote {
             url: url.trim_end_matches('/').to_string(),
+            local_root,
             store,
             prefix,
             rt,
@@ -342,6 +348,13 @@ impl Remote {
         });
         pb.finish_and_clear();
         let files_uploaded = uploaded?;
+        if let Some(root) = &self.local_root {
+            for (_, rel, _, _) in &to_send {
+                let p = root.join(rel);
+                File::open(&p).and_then(|f| f.sync_all()).at(&p)?;
+            }
+            manifest::sync_dir(&root.join(format::SEGMENTS_DIR))?;
+        }
         crate::fault::point("remote-push-before-manifest");
         crate::fault::pause("remote-push-before-manifest");
 
@@ -361,7 +374,13 @@ impl Remote {
             opts,
         ));
         match put {
-            Ok(_) => {}
+            Ok(_) => {
+                if let Some(root) = &self.local_root {
+                    let p = root.join(&rel);
+                    File::open(&p).and_then(|f| f.sync_all()).at(&p)?;
+                    manifest::sync_dir(&root.join(format::VERSIONS_DIR))?;
+                }
+            }
             Err(object_store::Error::AlreadyExists { .. }) => {
                 let theirs = self.manifest(target.version)?;
                 if !same_content(&theirs, &target) {
@@ -588,48 +607,82 @@ impl Remote {
         let url = self.url_of(rel);
         // Removed on every way out (an error here, or this future dropped because another
         // download failed) except the rename.
-        let tmp = TempFile(temp_name(dest));
-        let tmp = &tmp.0;
-        async {
-            let got = self
-                .store
-                .get(&self.key(rel))
-                .await
-                .map_err(|e| remote_err(&url, e))?;
-            if got.meta.size != bytes {
-                return Err(Error::corrupt(
-                    &url,
-                    format!("has {} bytes but the manifest says {bytes}", got.meta.size),
-                ));
-            }
-            let mut out = File::create(tmp).at(tmp)?;
-            let mut stream = got.into_stream();
-            let (mut crc, mut seen) = (0u32, 0u64);
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| remote_err(&url, e))?;
-                seen += chunk.len() as u64;
-                if seen > bytes {
-                    break;
-                }
-                crc = crc32c::crc32c_append(crc, &chunk);
-                out.write_all(&chunk).at(tmp)?;
-                pb.inc(chunk.len() as u64);
-            }
-            let found = crate::segment::checksum_string(crc);
-            if seen != bytes || found != checksum {
-                return Err(Error::corrupt(
-                    &url,
-                    format!(
-                        "downloaded {seen} bytes with {found}; the manifest says {bytes} bytes \
-                         with {checksum}"
-                    ),
-                ));
-            }
-            out.sync_all().at(tmp)?;
-            drop(out);
-            std::fs::rename(tmp, dest).at(dest)
+        let guard = TempFile(temp_name(dest));
+        let tmp = guard.0.clone();
+        let got = self
+            .store
+            .get(&self.key(rel))
+            .await
+            .map_err(|e| remote_err(&url, e))?;
+        if got.meta.size != bytes {
+            return Err(Error::corrupt(
+                &url,
+                format!("has {} bytes but the manifest says {bytes}", got.meta.size),
+            ));
         }
-        .await
+        let mut out = File::create(&tmp).at(&tmp)?;
+        let (mut crc, mut seen) = (0u32, 0u64);
+        match got.payload {
+            // A local file (file:// stores): copied in large reads on a blocking thread, not in
+            // the store's 8 KiB stream chunks.
+            object_store::GetResultPayload::File(mut file, _) => {
+                let (t, p) = (tmp.clone(), pb.clone());
+                let copied = tokio::task::spawn_blocking(move || -> Result<(File, u32, u64)> {
+                    let (mut crc, mut seen) = (0u32, 0u64);
+                    let mut buf = vec![0u8; 4 << 20];
+                    loop {
+                        let n = match file.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) => n,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(Error::io(&t, e)),
+                        };
+                        crc = crc32c::crc32c_append(crc, &buf[..n]);
+                        seen += n as u64;
+                        out.write_all(&buf[..n]).at(&t)?;
+                        p.inc(n as u64);
+                    }
+                    Ok((out, crc, seen))
+                })
+                .await
+                .map_err(|e| Error::Remote {
+                    url: url.clone(),
+                    message: format!("copy task failed: {e}"),
+                })??;
+                (out, crc, seen) = copied;
+            }
+            object_store::GetResultPayload::Stream(mut stream) => {
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| remote_err(&url, e))?;
+                    seen += chunk.len() as u64;
+                    if seen > bytes {
+                        break;
+                    }
+                    crc = crc32c::crc32c_append(crc, &chunk);
+                    out.write_all(&chunk).at(&tmp)?;
+                    pb.inc(chunk.len() as u64);
+                }
+            }
+        }
+        let found = crate::segment::checksum_string(crc);
+        if seen != bytes || found != checksum {
+            return Err(Error::corrupt(
+                &url,
+                format!(
+                    "downloaded {seen} bytes with {found}; the manifest says {bytes} bytes with \
+                     {checksum}"
+                ),
+            ));
+        }
+        // fsync on a blocking thread, so that the other downloads go on meanwhile.
+        let t = tmp.clone();
+        tokio::task::spawn_blocking(move || out.sync_all().at(&t))
+            .await
+            .map_err(|e| Error::Remote {
+                url: url.clone(),
+                message: format!("sync task failed: {e}"),
+            })??;
+        std::fs::rename(&tmp, dest).at(dest)
     }
 }
 
