@@ -20,6 +20,7 @@ pub(crate) fn point(name: &str) {
 /// `TRAJSTORE_PAUSE_AT` equals `name`: tests of concurrent writers use it to let another writer
 /// run at exactly this point. `<file>.reached` is created on arrival. With the variables unset, a
 /// point costs one load of a cached value.
+#[cfg(feature = "remote")]
 pub(crate) fn pause(name: &str) {
     static TARGET: OnceLock<Option<(String, std::path::PathBuf)>> = OnceLock::new();
     let target = TARGET.get_or_init(|| {
