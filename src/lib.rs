@@ -12,7 +12,9 @@
 //! gathers them ([`Gatherer`]) and prefetches batches in the background ([`Loader`]); with the
 //! `torch` feature, `trajstore::torch::TorchLoader` hands them over as `tch` tensors on a CPU or
 //! CUDA device (pinned staging, non-blocking copies, or a GPU-resident mode). With the `sql`
-//! feature (on by default), `trajstore::sql` runs DataFusion SQL over a snapshot.
+//! feature (on by default), `trajstore::sql` runs DataFusion SQL over a snapshot. With the
+//! `remote` feature (on by default), `trajstore::remote` pushes datasets to S3 (or any
+//! S3-compatible server) and pulls them into local mirrors that are mapped like any dataset.
 //!
 //! ```
 //! use std::sync::Arc;

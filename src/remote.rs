@@ -47,6 +47,8 @@ const PART_BYTES: usize = 8 << 20;
 const PARTS_IN_FLIGHT: usize = 16;
 /// Name of the lock that serialises pulls into one mirror.
 const PULL_LOCK: &str = "_pull.lock";
+/// File in a mirror's root that names the URL it mirrors.
+const MIRROR_MARKER: &str = "_mirror";
 
 pub use crate::format::is_url;
 
@@ -511,6 +513,7 @@ impl Remote {
     /// removed from the mirror afterwards (processes that still map them keep their data).
     pub fn pull(&self, mirror: &Path, version: Option<u64>) -> Result<PullReport> {
         let start = Instant::now();
+        self.check_mirror(mirror)?;
         let m = match version {
             Some(v) => self.manifest(v)?,
             None => self.latest()?.ok_or_else(|| Error::NotFound {
@@ -521,6 +524,12 @@ impl Remote {
         let ver_dir = manifest::versions_dir(mirror);
         std::fs::create_dir_all(&seg_dir).at(&seg_dir)?;
         std::fs::create_dir_all(&ver_dir).at(&ver_dir)?;
+        let marker = mirror.join(MIRROR_MARKER);
+        if !marker.exists() {
+            let tmp = TempFile(temp_name(&marker));
+            std::fs::write(&tmp.0, format!("{}\n", self.url)).at(&tmp.0)?;
+            std::fs::rename(&tmp.0, &marker).at(&marker)?;
+        }
         let lock_path = mirror.join(PULL_LOCK);
         let lock = crate::writer::lock_file(&lock_path)?;
         lock.lock().at(&lock_path)?;
@@ -593,6 +602,39 @@ impl Remote {
             files_pruned,
             seconds: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// A pull writes only into a new or empty directory or a mirror of this same URL: pulling
+    /// into a dataset of its own would prune its history.
+    fn check_mirror(&self, mirror: &Path) -> Result<()> {
+        let marker = mirror.join(MIRROR_MARKER);
+        match std::fs::read_to_string(&marker) {
+            Ok(u) if u.trim() == self.url => Ok(()),
+            Ok(u) => Err(Error::InvalidArgument(format!(
+                "{} is the mirror of {}, not of {}; pull into another directory",
+                mirror.display(),
+                u.trim(),
+                self.url
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let empty = match std::fs::read_dir(mirror) {
+                    Ok(mut entries) => entries.next().is_none(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+                    Err(e) => return Err(Error::io(mirror, e)),
+                };
+                if empty {
+                    Ok(())
+                } else {
+                    Err(Error::InvalidArgument(format!(
+                        "{} exists and is not a mirror of {} (no `{MIRROR_MARKER}` file); a pull \
+                         writes only into a new or empty directory or a mirror of the same URL",
+                        mirror.display(),
+                        self.url
+                    )))
+                }
+            }
+            Err(e) => Err(Error::io(&marker, e)),
+        }
     }
 
     /// Downloads one object to `dest` through a temporary file, checking size and checksum.

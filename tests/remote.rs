@@ -310,6 +310,21 @@ fn push_and_pull_round_trip_and_move_only_what_changed() {
     assert_eq!(old_snap.num_transitions(), local_old.num_transitions());
     assert_eq!(old_snap.segments().len() as u64, segs);
 
+    // A pull never writes into a directory that is not a mirror of the same URL: not into a
+    // dataset of its own (whose history it would prune), not into another URL's mirror.
+    let (files_before, versions_before) = (files_in(&ds.path().join("segments")), ds.versions());
+    let e = remote.pull(ds.path(), None).unwrap_err();
+    assert!(e.to_string().contains("is not a mirror of"), "{e}");
+    assert_eq!(files_in(&ds.path().join("segments")), files_before);
+    assert_eq!(ds.versions().unwrap(), versions_before.unwrap());
+    let other = s3.remote(&format!("{}/other", s3.bucket("round-trip-2")));
+    let e = other.pull(&mirror, None).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("is the mirror of s3://round-trip/d4rl/hopper"),
+        "{e}"
+    );
+
     // The library's one-call open, through a cache directory.
     let cache = dir.path().join("cache");
     let (opened, rep) = trajstore::remote::open(&url, Some(&cache), None, s3.options()).unwrap();
