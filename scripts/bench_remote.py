@@ -17,7 +17,8 @@ segments), then times, best of --repeat runs each, every run into a fresh prefix
 and the peak RSS of the trajstore processes (/usr/bin/time -f %M). Prints one JSON line.
 
 With --file the store is a local directory (file:// URLs) and the baseline is `cp -r` + sync of
-the same files, which shows trajstore's own cost without a server in the way:
+the same files, which shows trajstore's own cost without a server in the way (with --cold, the page
+cache is dropped before each step, so each reads its input from disk):
   cp:             cp -r DATASET DIR && sync
   trajstore push: trajstore push DATASET file:///DIR
   trajstore pull: trajstore pull file:///DIR --to DIR2
@@ -81,6 +82,9 @@ def main():
     ap.add_argument("--endpoint")
     ap.add_argument("--work", help="scratch directory (default: a temporary one)")
     ap.add_argument("--file", action="store_true", help="file:// store against cp -r")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --file: drop the page cache before every timed step (needs root), so "
+                         "that each reads its input from disk")
     a = ap.parse_args()
     if a.file:
         return bench_file(a)
@@ -104,6 +108,7 @@ def main():
                        stdout=subprocess.DEVNULL)
         files = files_of(ds)
         nbytes = sum(os.path.getsize(p) for p, _ in files)
+        subprocess.run(["sync"], check=True)
         for b in ("bench-boto", "bench-ts"):
             s3.create_bucket(Bucket=b)
 
@@ -158,6 +163,15 @@ def main():
             server.kill()
 
 
+def settle(cold):
+    """Flushes earlier writes (so that a timed sync waits only for its own) and, when cold, drops
+    the page cache."""
+    subprocess.run(["sync"], check=True)
+    if cold:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+
+
 def bench_file(a):
     work = tempfile.mkdtemp(dir=a.work)
     try:
@@ -168,23 +182,26 @@ def bench_file(a):
         cp, push, pull, rss = [], [], [], 0
         for i in range(a.repeat):
             d = os.path.join(work, f"cp{i}")
+            settle(a.cold)
             t = time.perf_counter()
             subprocess.run(["cp", "-r", ds, d], check=True)
             subprocess.run(["sync"], check=True)
             cp.append(time.perf_counter() - t)
             shutil.rmtree(d)
             store = os.path.join(work, f"store{i}")
+            settle(a.cold)
             secs, r = timed([a.bin, "push", ds, "file://" + store], os.environ)
             push.append(secs)
             rss = max(rss, r)
             d = os.path.join(work, f"pull{i}")
+            settle(a.cold)
             secs, r = timed([a.bin, "pull", "file://" + store, "--to", d], os.environ)
             pull.append(secs)
             rss = max(rss, r)
             shutil.rmtree(d)
             shutil.rmtree(store)
         gb = nbytes / 1e9
-        print(json.dumps({"transitions": a.n, "bytes": nbytes, "store": "file://",
+        print(json.dumps({"transitions": a.n, "bytes": nbytes, "store": "file://", "cold": a.cold,
                           "cp_s": min(cp), "trajstore_push_s": min(push), "push_ratio": min(push) / min(cp),
                           "trajstore_pull_s": min(pull), "pull_ratio": min(pull) / min(cp),
                           "push_gb_per_s": gb / min(push), "pull_gb_per_s": gb / min(pull),
