@@ -944,8 +944,33 @@ fn remote_err(url: &str, e: object_store::Error) -> Error {
         },
         other => Error::Remote {
             url: url.to_string(),
-            message: other.to_string(),
+            message: explain(&other.to_string()),
         },
+    }
+}
+
+/// S3 errors arrive as the server's XML body inside object_store's message; this keeps the
+/// server's code and message, with a hint for the common ones, instead of the XML.
+fn explain(text: &str) -> String {
+    let tag = |name: &str| -> Option<&str> {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let len = text[start..].find(&format!("</{name}>"))?;
+        Some(&text[start..start + len])
+    };
+    let Some(code) = tag("Code") else {
+        return text.to_string();
+    };
+    let hint = match code {
+        "NoSuchBucket" => " (check the bucket name and AWS_ENDPOINT_URL/AWS_REGION)",
+        "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied" | "ExpiredToken" => {
+            " (check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the bucket's permissions)"
+        }
+        _ => "",
+    };
+    match tag("Message") {
+        Some(m) => format!("S3 error {code}: {m}{hint}"),
+        None => format!("S3 error {code}{hint}"),
     }
 }
 
@@ -977,6 +1002,19 @@ mod tests {
         // `url` normalises `..` away before it can escape the cache.
         let d = mirror_dir(c, "s3://bkt/a/../../x").unwrap();
         assert!(d.starts_with("/c/s3/bkt"), "{}", d.display());
+    }
+
+    #[test]
+    fn s3_errors_lose_their_xml() {
+        let raw = "Generic S3 error: Error performing list request: ... 404 Not Found: <?xml \
+                   version=\"1.0\"?><Error><Code>NoSuchBucket</Code><Message>The specified \
+                   bucket does not exist</Message><BucketName>b</BucketName></Error>";
+        assert_eq!(
+            explain(raw),
+            "S3 error NoSuchBucket: The specified bucket does not exist (check the bucket name \
+             and AWS_ENDPOINT_URL/AWS_REGION)"
+        );
+        assert_eq!(explain("connection refused"), "connection refused");
     }
 
     #[test]
