@@ -14,6 +14,8 @@ segments), then times, best of --repeat runs each, every run into a fresh prefix
   trajstore push: trajstore push DATASET s3://BUCKET/PREFIX (8 files at once, the default)
   boto3 download: download_file of every object of the pushed dataset, 8 at once
   trajstore pull: trajstore pull s3://BUCKET/PREFIX --to DIR (checks every file's CRC-32C)
+  trajstore info: trajstore info s3://BUCKET/PREFIX --json with an empty cache (fetches the
+                  manifest and episode tables only; info_fetched_bytes is what it wrote)
 and the peak RSS of the trajstore processes (/usr/bin/time -f %M). Prints one JSON line.
 
 With --file the store is a local directory (file:// URLs) and the baseline is `cp -r` + sync of
@@ -137,7 +139,7 @@ def main():
                 list(ex.map(one, keys))
             subprocess.run(["sync"], check=True)
 
-        down, pull, pull_rss = [], [], 0
+        down, pull, pull_rss, info, info_bytes = [], [], 0, [], 0
         for i in range(a.repeat):
             d = os.path.join(work, f"boto{i}")
             t = time.perf_counter()
@@ -149,12 +151,18 @@ def main():
             pull.append(secs)
             pull_rss = max(pull_rss, rss)
             shutil.rmtree(d)
+            cache = os.path.join(work, f"cache{i}")
+            secs, _ = timed([a.bin, "info", "s3://bench-ts/r0", "--json"], dict(env, TRAJSTORE_CACHE=cache))
+            info.append(secs)
+            info_bytes = sum(os.path.getsize(p) for p, _ in files_of(cache))
+            shutil.rmtree(cache)
         gb = nbytes / 1e9
         res.update({
             "boto3_upload_s": min(up), "trajstore_push_s": min(push),
             "push_ratio": min(push) / min(up), "push_gb_per_s": gb / min(push), "push_peak_rss_mb": push_rss / 1e6,
             "boto3_download_s": min(down), "trajstore_pull_s": min(pull),
             "pull_ratio": min(pull) / min(down), "pull_gb_per_s": gb / min(pull), "pull_peak_rss_mb": pull_rss / 1e6,
+            "trajstore_info_s": min(info), "info_fetched_bytes": info_bytes,
         })
         print(json.dumps(res))
     finally:

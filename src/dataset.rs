@@ -98,6 +98,17 @@ impl Dataset {
         Snapshot::load(&self.root, manifest::read(&self.root, version)?, None)
     }
 
+    /// The [`Catalog`] of the newest committed version: its manifest and episode tables only
+    /// (no transition file is opened). O(episodes).
+    pub fn catalog(&self) -> Result<Catalog> {
+        Catalog::load(&self.root, manifest::read_latest(&self.root)?)
+    }
+
+    /// The [`Catalog`] of version `version`.
+    pub fn catalog_at(&self, version: u64) -> Result<Catalog> {
+        Catalog::load(&self.root, manifest::read(&self.root, version)?)
+    }
+
     /// Takes the single-writer lock and returns a writer that appends after the newest version.
     /// Fails with [`Error::Locked`] if another writer (in any process) holds it.
     pub fn writer(&self, options: WriterOptions) -> Result<DatasetWriter> {
@@ -126,73 +137,31 @@ impl Segment {
             meta::KIND_TRANSITIONS,
             entry.rows,
         )?;
-        let ep_path = root.join(&entry.episodes_path);
-        let ep_file = segment::open_ipc(&ep_path, schema.episode_schema())?;
-        check_file(
-            &ep_path,
-            &ep_file,
-            entry,
-            entry.episodes_bytes,
-            meta::KIND_EPISODES,
-            entry.episodes,
-        )?;
-        let episodes = match ep_file.batches.len() {
-            1 => ep_file.batches[0].clone(),
-            _ => concat_batches(schema.episode_schema(), &ep_file.batches)?,
-        };
+        let episodes = open_episode_table(root, entry, schema)?;
         let mut batch_starts = vec![0u64];
         for b in &file.batches {
             batch_starts.push(batch_starts.last().unwrap() + b.num_rows() as u64);
         }
-        let seg = Segment {
-            entry: entry.clone(),
-            file,
-            batch_starts,
-            episodes,
-        };
-        seg.check_episode_table(&ep_path)?;
-        Ok(seg)
-    }
-
-    /// Episode ids consecutive, rows contiguous and covering the segment, no episode split
-    /// across record batches. O(episodes + batches).
-    fn check_episode_table(&self, path: &Path) -> Result<()> {
-        let t = &self.episodes;
-        let col = |name| {
-            t.column_by_name(name)
-                .expect("schema checked")
-                .as_primitive::<UInt64Type>()
-        };
-        let (ids, starts, lens) = (col(ep::EPISODE_ID), col(ep::ROW_START), col(ep::LENGTH));
-        let mut row = 0u64;
-        for i in 0..t.num_rows() {
-            let (id, start, len) = (ids.value(i), starts.value(i), lens.value(i));
-            if id != self.entry.first_episode_id + i as u64 || start != row || len == 0 {
-                return Err(Error::corrupt(
-                    path,
-                    format!(
-                        "episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"
-                    ),
-                ));
-            }
-            row += len;
-        }
-        if row != self.entry.rows {
-            return Err(Error::corrupt(
-                path,
-                format!("episodes cover {row} rows, segment has {}", self.entry.rows),
-            ));
-        }
-        let starts = starts.values();
-        for &b in &self.batch_starts[..self.batch_starts.len() - 1] {
+        // No episode may span record batches (zero-copy slices of an episode need one batch).
+        let starts = episodes
+            .column_by_name(ep::ROW_START)
+            .expect("schema checked")
+            .as_primitive::<UInt64Type>()
+            .values();
+        for &b in &batch_starts[..batch_starts.len() - 1] {
             if starts.binary_search(&b).is_err() {
                 return Err(Error::corrupt(
-                    path,
+                    root.join(&entry.episodes_path),
                     format!("an episode spans record batches at row {b}"),
                 ));
             }
         }
-        Ok(())
+        Ok(Segment {
+            entry: entry.clone(),
+            file,
+            batch_starts,
+            episodes,
+        })
     }
 
     /// The manifest entry.
@@ -271,6 +240,145 @@ fn check_file(
     Ok(())
 }
 
+/// Opens and checks a segment's episode table: the file's footer against the manifest entry,
+/// then ids consecutive and rows contiguous, covering the segment. O(episodes).
+fn open_episode_table(
+    root: &Path,
+    entry: &SegmentEntry,
+    schema: &TransitionSchema,
+) -> Result<RecordBatch> {
+    let path = root.join(&entry.episodes_path);
+    let file = segment::open_ipc(&path, schema.episode_schema())?;
+    check_file(
+        &path,
+        &file,
+        entry,
+        entry.episodes_bytes,
+        meta::KIND_EPISODES,
+        entry.episodes,
+    )?;
+    let t = match file.batches.len() {
+        1 => file.batches[0].clone(),
+        _ => concat_batches(schema.episode_schema(), &file.batches)?,
+    };
+    let col = |name| {
+        t.column_by_name(name)
+            .expect("schema checked")
+            .as_primitive::<UInt64Type>()
+    };
+    let (ids, starts, lens) = (col(ep::EPISODE_ID), col(ep::ROW_START), col(ep::LENGTH));
+    let mut row = 0u64;
+    for i in 0..t.num_rows() {
+        let (id, start, len) = (ids.value(i), starts.value(i), lens.value(i));
+        if id != entry.first_episode_id + i as u64 || start != row || len == 0 {
+            return Err(Error::corrupt(
+                &path,
+                format!(
+                    "episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"
+                ),
+            ));
+        }
+        row += len;
+    }
+    if row != entry.rows {
+        return Err(Error::corrupt(
+            &path,
+            format!("episodes cover {row} rows, segment has {}", entry.rows),
+        ));
+    }
+    Ok(t)
+}
+
+/// The transition schema a manifest declares.
+fn manifest_schema(root: &Path, manifest: &Manifest) -> Result<TransitionSchema> {
+    TransitionSchema::from_columns(&manifest.columns).map_err(|e| {
+        Error::corrupt(
+            manifest::versions_dir(root).join(format::manifest_name(manifest.version)),
+            format!("invalid schema: {e}"),
+        )
+    })
+}
+
+/// A per-episode column (`episode_return`, `terminated`, ...) of each episode table.
+fn episode_column<'a>(
+    tables: impl Iterator<Item = &'a RecordBatch>,
+    name: &str,
+) -> Result<Vec<Arc<dyn Array>>> {
+    tables
+        .map(|t| {
+            t.column_by_name(name)
+                .cloned()
+                .ok_or_else(|| Error::InvalidArgument(format!("no episode column `{name}`")))
+        })
+        .collect()
+}
+
+/// One committed version's metadata without its transitions: the manifest and every segment's
+/// episode table (ids, lengths, returns, end flags). Loading it reads only the episode files
+/// (O(episodes)), so it is all that `trajstore info` needs, and all that a remote dataset's
+/// mirror fetches for it ([`crate::remote::Remote::catalog`]).
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    root: PathBuf,
+    manifest: Arc<Manifest>,
+    schema: TransitionSchema,
+    tables: Vec<RecordBatch>,
+}
+
+impl Catalog {
+    /// Opens and checks the episode tables `manifest` names under `root`.
+    pub(crate) fn load(root: &Path, manifest: Manifest) -> Result<Self> {
+        let schema = manifest_schema(root, &manifest)?;
+        let tables = manifest
+            .segments
+            .iter()
+            .map(|e| open_episode_table(root, e, &schema))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Catalog {
+            root: root.to_path_buf(),
+            manifest: Arc::new(manifest),
+            schema,
+            tables,
+        })
+    }
+    /// The dataset directory (for a remote dataset, its mirror).
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+    /// The version described.
+    pub fn version(&self) -> u64 {
+        self.manifest.version
+    }
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    /// The transition schema.
+    pub fn schema(&self) -> &TransitionSchema {
+        &self.schema
+    }
+    /// The episode tables, one per segment, in episode order.
+    pub fn episode_tables(&self) -> &[RecordBatch] {
+        &self.tables
+    }
+    /// Total transitions.
+    pub fn num_transitions(&self) -> u64 {
+        self.manifest.transitions
+    }
+    /// Total episodes.
+    pub fn num_episodes(&self) -> u64 {
+        self.manifest.episodes
+    }
+    /// Bytes of all segment files and episode tables.
+    pub fn bytes_on_disk(&self) -> u64 {
+        self.manifest.bytes_on_disk()
+    }
+    /// A per-episode column (`episode_return`, `terminated`, ...) over all episode tables.
+    pub fn episode_column(&self, name: &str) -> Result<Vec<Arc<dyn Array>>> {
+        episode_column(self.tables.iter(), name)
+    }
+}
+
 /// One committed version, mapped and indexed. Readers hold a snapshot; commits after it are
 /// invisible until [`Snapshot::refresh`]. Cloning is cheap (segments are shared).
 #[derive(Debug, Clone)]
@@ -287,12 +395,7 @@ type SliceCache = HashMap<(u32, BoundaryPolicy), Arc<SliceIndex>>;
 
 impl Snapshot {
     fn load(root: &Path, manifest: Manifest, previous: Option<&Snapshot>) -> Result<Self> {
-        let schema = TransitionSchema::from_columns(&manifest.columns).map_err(|e| {
-            Error::corrupt(
-                manifest::versions_dir(root).join(format::manifest_name(manifest.version)),
-                format!("invalid schema: {e}"),
-            )
-        })?;
+        let schema = manifest_schema(root, &manifest)?;
         let reuse: HashMap<u64, Arc<Segment>> = previous
             .filter(|p| p.schema == schema)
             .map(|p| p.segments.iter().map(|s| (s.entry.id, s.clone())).collect())
@@ -417,11 +520,7 @@ impl Snapshot {
     }
     /// Bytes of all segment files and episode tables.
     pub fn bytes_on_disk(&self) -> u64 {
-        self.manifest
-            .segments
-            .iter()
-            .map(|s| s.bytes + s.episodes_bytes)
-            .sum()
+        self.manifest.bytes_on_disk()
     }
     /// The transitions of the episode with id `id`, zero-copy.
     pub fn episode(&self, id: u64) -> Option<RecordBatch> {
@@ -430,14 +529,15 @@ impl Snapshot {
     }
     /// A per-episode column (`episode_return`, `terminated`, ...) over all episode tables.
     pub fn episode_column(&self, name: &str) -> Result<Vec<Arc<dyn Array>>> {
-        self.segments
-            .iter()
-            .map(|s| {
-                s.episodes
-                    .column_by_name(name)
-                    .cloned()
-                    .ok_or_else(|| Error::InvalidArgument(format!("no episode column `{name}`")))
-            })
-            .collect()
+        episode_column(self.segments.iter().map(|s| &s.episodes), name)
+    }
+    /// This version's [`Catalog`] (manifest and episode tables), without any I/O.
+    pub fn catalog(&self) -> Catalog {
+        Catalog {
+            root: self.root.clone(),
+            manifest: self.manifest.clone(),
+            schema: self.schema.clone(),
+            tables: self.segments.iter().map(|s| s.episodes.clone()).collect(),
+        }
     }
 }

@@ -14,7 +14,8 @@
 //! CUDA device (pinned staging, non-blocking copies, or a GPU-resident mode). With the `sql`
 //! feature (on by default), `trajstore::sql` runs DataFusion SQL over a snapshot. With the
 //! `remote` feature (on by default), `trajstore::remote` pushes datasets to S3 (or any
-//! S3-compatible server) and pulls them into local mirrors that are mapped like any dataset.
+//! S3-compatible server) and pulls them into local mirrors that are mapped like any dataset;
+//! a [`Catalog`] (manifest and episode tables, no transitions) is all it fetches to describe one.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -75,7 +76,7 @@ pub mod writer;
 
 mod fault;
 
-pub use dataset::{Dataset, Segment, Snapshot};
+pub use dataset::{Catalog, Dataset, Segment, Snapshot};
 pub use error::{Error, Result};
 pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};
 pub use index::{EpisodeIndex, EpisodeLocation};

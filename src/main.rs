@@ -11,7 +11,7 @@ use serde_json::json;
 use trajstore::format::ep;
 use trajstore::stats::{Summary, render_histogram};
 use trajstore::synth::SynthSpec;
-use trajstore::{Dataset, Snapshot, WriterOptions};
+use trajstore::{Catalog, Dataset, Snapshot, WriterOptions};
 
 /// `println!` through [`emit`].
 macro_rules! outln {
@@ -402,15 +402,44 @@ fn open_snapshot(path: &Path, version: Option<u64>) -> Result<Snapshot> {
 /// (missing files downloaded and checked), then mapped like any local dataset.
 #[cfg(feature = "remote")]
 fn open_remote_snapshot(url: &str, version: Option<u64>) -> Result<Snapshot> {
-    use std::io::IsTerminal;
-    let options =
-        trajstore::remote::RemoteOptions::default().with_progress(std::io::stderr().is_terminal());
-    let (ds, r) = trajstore::remote::open(url, None, version, options)
+    let (ds, r) = trajstore::remote::open(url, None, version, default_remote_options()?)
         .with_context(|| format!("cannot open dataset {url}"))?;
+    report_fetch("pulled version", &r);
+    Ok(ds.snapshot_at(r.version)?)
+}
+
+/// The catalog (manifest and episode tables) of a dataset: for a URL only the episode tables
+/// are fetched into the mirror, not the transitions.
+fn open_catalog(path: &Path, version: Option<u64>) -> Result<(Catalog, String)> {
+    if let Some(url) = path.to_str().filter(|s| trajstore::format::is_url(s)) {
+        return open_remote_catalog(url, version).map(|c| (c, url.to_string()));
+    }
+    let snap = open_snapshot(path, version)?;
+    Ok((snap.catalog(), path.display().to_string()))
+}
+
+#[cfg(feature = "remote")]
+fn open_remote_catalog(url: &str, version: Option<u64>) -> Result<Catalog> {
+    let (catalog, r) =
+        trajstore::remote::open_catalog(url, None, version, default_remote_options()?)
+            .with_context(|| format!("cannot open dataset {url}"))?;
+    report_fetch("fetched the episode tables of version", &r);
+    Ok(catalog)
+}
+
+#[cfg(not(feature = "remote"))]
+fn open_remote_catalog(url: &str, _version: Option<u64>) -> Result<Catalog> {
+    open_remote_snapshot(url, None).map(|s| s.catalog())
+}
+
+/// One line on stderr when files were downloaded into a mirror.
+#[cfg(feature = "remote")]
+fn report_fetch(what: &str, r: &trajstore::remote::PullReport) {
     if r.files_downloaded > 0 {
         eprintln!(
-            "pulled version {} of {url}: {} files ({}) downloaded, {} ({}) already in {}",
+            "{what} {} of {}: {} files ({}) downloaded, {} ({}) already in {}",
             r.version,
+            r.url,
             r.files_downloaded,
             HumanBytes(r.bytes_downloaded),
             r.files_cached,
@@ -418,7 +447,6 @@ fn open_remote_snapshot(url: &str, version: Option<u64>) -> Result<Snapshot> {
             r.mirror.display()
         );
     }
-    Ok(ds.snapshot_at(r.version)?)
 }
 
 #[cfg(not(feature = "remote"))]
@@ -473,7 +501,7 @@ fn demo(a: DemoArgs) -> Result<()> {
     let secs = start.elapsed().as_secs_f64();
     let snap = ds.snapshot()?;
     if a.json {
-        let mut v = info_json(&snap);
+        let mut v = info_json(&snap.catalog(), &a.dataset.display().to_string());
         v["write_seconds"] = json!(secs);
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -488,7 +516,11 @@ fn demo(a: DemoArgs) -> Result<()> {
                     / secs) as u64
             ),
         );
-        emit(&render_info(&snap, 12));
+        emit(&render_info(
+            &snap.catalog(),
+            &a.dataset.display().to_string(),
+            12,
+        ));
         if let Ok(text) = demo_sample(&snap) {
             emit(&text);
         }
@@ -557,7 +589,7 @@ fn ingest(a: IngestArgs) -> Result<()> {
     Ok(())
 }
 
-fn episode_values(snap: &Snapshot, name: &str) -> Vec<f64> {
+fn episode_values(snap: &Catalog, name: &str) -> Vec<f64> {
     let mut out = Vec::with_capacity(snap.num_episodes() as usize);
     for a in snap.episode_column(name).unwrap_or_default() {
         if let Some(x) = a.as_any().downcast_ref::<arrow::array::Float64Array>() {
@@ -569,7 +601,7 @@ fn episode_values(snap: &Snapshot, name: &str) -> Vec<f64> {
     out
 }
 
-fn count_true(snap: &Snapshot, name: &str) -> usize {
+fn count_true(snap: &Catalog, name: &str) -> usize {
     snap.episode_column(name)
         .unwrap_or_default()
         .iter()
@@ -581,10 +613,10 @@ fn count_true(snap: &Snapshot, name: &str) -> usize {
         .sum()
 }
 
-fn info_json(snap: &Snapshot) -> serde_json::Value {
+fn info_json(snap: &Catalog, name: &str) -> serde_json::Value {
     let m = snap.manifest();
     json!({
-        "path": snap.path(),
+        "path": name,
         "version": snap.version(),
         "format_version": m.format_version,
         "transitions": snap.num_transitions(),
@@ -601,15 +633,14 @@ fn info_json(snap: &Snapshot) -> serde_json::Value {
     })
 }
 
-fn render_info(snap: &Snapshot, bins: usize) -> String {
+fn render_info(snap: &Catalog, name: &str, bins: usize) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let m = snap.manifest();
     let n = snap.num_transitions();
     writeln!(
         o,
-        "dataset      {} (version {}, format v{})",
-        snap.path().display(),
+        "dataset      {name} (version {}, format v{})",
         snap.version(),
         m.format_version
     )
@@ -672,16 +703,19 @@ fn render_info(snap: &Snapshot, bins: usize) -> String {
 
 fn info(a: InfoArgs) -> Result<()> {
     let start = Instant::now();
-    let snap = open_snapshot(&a.v.dataset, a.v.version)?;
+    let (snap, name) = open_catalog(&a.v.dataset, a.v.version)?;
     let open_ms = start.elapsed().as_secs_f64() * 1e3;
     if a.v.json {
-        let mut v = info_json(&snap);
+        let mut v = info_json(&snap, &name);
+        if snap.path() != Path::new(&name) {
+            v["mirror"] = json!(snap.path());
+        }
         v["open_ms"] = json!(open_ms);
         emit(&format!("{}\n", serde_json::to_string_pretty(&v)?));
     } else {
         emit(&format!(
             "{}opened in {open_ms:.1} ms\n",
-            render_info(&snap, a.bins)
+            render_info(&snap, &name, a.bins)
         ));
     }
     Ok(())
@@ -1278,6 +1312,12 @@ fn remote_options(concurrency: usize) -> Result<trajstore::remote::RemoteOptions
         trajstore::remote::RemoteOptions::default().with_progress(std::io::stderr().is_terminal());
     o.concurrency = concurrency;
     Ok(o)
+}
+
+/// What a reading command uses for a URL: the default concurrency, a progress bar on a terminal.
+#[cfg(feature = "remote")]
+fn default_remote_options() -> Result<trajstore::remote::RemoteOptions> {
+    remote_options(trajstore::remote::RemoteOptions::default().concurrency)
 }
 
 #[cfg(feature = "remote")]

@@ -133,6 +133,14 @@ fn check_relative(path: &Path, p: &str, what: &str) -> Result<()> {
 }
 
 impl Manifest {
+    /// Bytes of all segment files and episode tables.
+    pub fn bytes_on_disk(&self) -> u64 {
+        self.segments
+            .iter()
+            .map(|s| s.bytes + s.episodes_bytes)
+            .sum()
+    }
+
     /// Checks format, version, paths and that counts add up.
     pub fn validate(&self, path: &Path, expected_version: u64) -> Result<()> {
         if self.format != FORMAT_NAME || self.format_version != FORMAT_VERSION {

@@ -5,7 +5,9 @@
 //! directory that is itself a trajstore dataset holding the pulled version's manifest and the
 //! files it names. [`Remote::pull`] brings a mirror up to date (only missing files are
 //! downloaded; each is checked against the manifest's size and CRC-32C before it is renamed into
-//! place); [`Remote::push`] uploads a local dataset's newest version.
+//! place); [`Remote::push`] uploads a local dataset's newest version. [`Remote::catalog`]
+//! fetches only a version's manifest and episode tables (what `trajstore info` shows), so that
+//! looking at a large remote dataset does not download its transitions.
 //!
 //! Layout in the store is the dataset layout, with one difference: segment files are named by
 //! content, `segments/<id>-<crc32c>.arrow` and `segments/<id>-<crc32c>.episodes.arrow`. Two
@@ -32,7 +34,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use serde::Serialize;
 
-use crate::dataset::Dataset;
+use crate::dataset::{Catalog, Dataset};
 use crate::error::{Error, IoContext, Result};
 use crate::format;
 use crate::manifest::{self, Manifest, SegmentEntry};
@@ -513,13 +515,67 @@ impl Remote {
     /// removed from the mirror afterwards (processes that still map them keep their data).
     pub fn pull(&self, mirror: &Path, version: Option<u64>) -> Result<PullReport> {
         let start = Instant::now();
-        self.check_mirror(mirror)?;
-        let m = match version {
-            Some(v) => self.manifest(v)?,
+        let f = self.fetch(mirror, version, true)?;
+        let local = f.local;
+
+        // The manifest last; a cached manifest of the same version is replaced (the remote may
+        // have been recreated since).
+        let ver_dir = manifest::versions_dir(mirror);
+        let path = ver_dir.join(format::manifest_name(local.version));
+        let same = manifest::read(mirror, local.version).is_ok_and(|c| same_content(&c, &local));
+        if !same {
+            let tmp = temp_name(&path);
+            let json = serde_json::to_vec_pretty(&local).expect("manifest serializes");
+            let mut file = File::create(&tmp).at(&tmp)?;
+            file.write_all(&json).at(&tmp)?;
+            file.sync_all().at(&tmp)?;
+            drop(file);
+            std::fs::rename(&tmp, &path).at(&path)?;
+            manifest::sync_dir(&ver_dir)?;
+        }
+        let files_pruned = prune(mirror, local.version)?;
+        drop(f.lock);
+        Ok(PullReport {
+            files_pruned,
+            seconds: start.elapsed().as_secs_f64(),
+            ..f.report
+        })
+    }
+
+    /// The [`Catalog`] of version `version` (default: the newest): its manifest and episode
+    /// tables, which is all `trajstore info` needs. Only the episode tables the mirror lacks
+    /// are downloaded (checked like any pull) into `mirror`, where a later [`Remote::pull`] of
+    /// that version reuses them; no transition file is fetched, and the mirror's own committed
+    /// version does not change. The report's `files_pruned` is 0: nothing is removed.
+    pub fn catalog(&self, mirror: &Path, version: Option<u64>) -> Result<(Catalog, PullReport)> {
+        let start = Instant::now();
+        let f = self.fetch(mirror, version, false)?;
+        let catalog = Catalog::load(mirror, f.local)?;
+        drop(f.lock);
+        let report = PullReport {
+            seconds: start.elapsed().as_secs_f64(),
+            ..f.report
+        };
+        Ok((catalog, report))
+    }
+
+    /// The manifest of `version`, or the newest one.
+    fn resolve(&self, version: Option<u64>) -> Result<Manifest> {
+        match version {
+            Some(v) => self.manifest(v),
             None => self.latest()?.ok_or_else(|| Error::NotFound {
                 path: PathBuf::from(format!("{}/{}/", self.url, format::VERSIONS_DIR)),
-            })?,
-        };
+            }),
+        }
+    }
+
+    /// Downloads into `mirror` the files of `version` (default: the newest) that it lacks (only
+    /// the episode tables unless `transitions`), each checked and renamed into place, and
+    /// returns the version's manifest with the mirror's file names, what was downloaded, and
+    /// the mirror's pull lock, still held.
+    fn fetch(&self, mirror: &Path, version: Option<u64>, transitions: bool) -> Result<Fetched> {
+        self.check_mirror(mirror)?;
+        let m = self.resolve(version)?;
         let seg_dir = mirror.join(format::SEGMENTS_DIR);
         let ver_dir = manifest::versions_dir(mirror);
         std::fs::create_dir_all(&seg_dir).at(&seg_dir)?;
@@ -541,7 +597,9 @@ impl Remote {
         // (remote name, local name, bytes, checksum)
         let mut files = Vec::new();
         for (r, l) in m.segments.iter().zip(&local.segments) {
-            files.push((r.path.clone(), l.path.clone(), r.bytes, r.checksum.clone()));
+            if transitions {
+                files.push((r.path.clone(), l.path.clone(), r.bytes, r.checksum.clone()));
+            }
             files.push((
                 r.episodes_path.clone(),
                 l.episodes_path.clone(),
@@ -574,24 +632,7 @@ impl Remote {
         pb.finish_and_clear();
         let files_downloaded = done?;
         manifest::sync_dir(&seg_dir)?;
-
-        // The manifest last; a cached manifest of the same version is replaced (the remote may
-        // have been recreated since).
-        let path = ver_dir.join(format::manifest_name(local.version));
-        let same = manifest::read(mirror, local.version).is_ok_and(|c| same_content(&c, &local));
-        if !same {
-            let tmp = temp_name(&path);
-            let json = serde_json::to_vec_pretty(&local).expect("manifest serializes");
-            let mut f = File::create(&tmp).at(&tmp)?;
-            f.write_all(&json).at(&tmp)?;
-            f.sync_all().at(&tmp)?;
-            drop(f);
-            std::fs::rename(&tmp, &path).at(&path)?;
-            manifest::sync_dir(&ver_dir)?;
-        }
-        let files_pruned = prune(mirror, local.version)?;
-        drop(lock);
-        Ok(PullReport {
+        let report = PullReport {
             url: self.url.clone(),
             mirror: mirror.to_path_buf(),
             version: local.version,
@@ -599,8 +640,13 @@ impl Remote {
             bytes_downloaded: total,
             files_cached,
             bytes_cached,
-            files_pruned,
-            seconds: start.elapsed().as_secs_f64(),
+            files_pruned: 0,
+            seconds: 0.0,
+        };
+        Ok(Fetched {
+            local,
+            report,
+            lock,
         })
     }
 
@@ -780,6 +826,19 @@ pub fn open(
     Ok((Dataset::open(&mirror)?, report))
 }
 
+/// The [`Catalog`] of `url` (version `version`, default the newest) through its mirror under
+/// `cache` (default [`default_cache_dir`]): only the episode tables are fetched.
+pub fn open_catalog(
+    url: &str,
+    cache: Option<&Path>,
+    version: Option<u64>,
+    options: RemoteOptions,
+) -> Result<(Catalog, PullReport)> {
+    let cache = cache.map_or_else(default_cache_dir, Path::to_path_buf);
+    let mirror = mirror_dir(&cache, url)?;
+    Remote::open(url, options)?.catalog(&mirror, version)
+}
+
 /// Rewrites a segment entry's paths to the content-addressed names used in stores and mirrors.
 fn canonical_paths(s: &mut SegmentEntry) -> Result<()> {
     let hex = |c: &str| -> Result<String> {
@@ -898,6 +957,15 @@ fn prune(mirror: &Path, keep_from: u64) -> Result<u64> {
         }
     }
     Ok(removed)
+}
+
+/// What [`Remote::fetch`] did.
+struct Fetched {
+    /// The manifest, with the mirror's file names.
+    local: Manifest,
+    report: PullReport,
+    /// The mirror's pull lock, held until dropped.
+    lock: File,
 }
 
 /// A temporary file that is removed when dropped (after a rename, the removal finds nothing).

@@ -331,6 +331,48 @@ fn push_and_pull_round_trip_and_move_only_what_changed() {
     assert_eq!(opened.path(), cache.join("s3/round-trip/d4rl/hopper"));
     assert_eq!(rep.files_downloaded, 2 * segs2);
     assert_same_data(&ds, &opened);
+
+    // Looking without downloading the transitions: a catalog fetches the episode tables only,
+    // commits nothing in the mirror, and a later pull of that version reuses what it fetched.
+    let look = dir.path().join("look");
+    let (cat, c) = remote.catalog(&look, None).unwrap();
+    let snap = ds.snapshot().unwrap();
+    assert_eq!(
+        (c.version, c.files_downloaded, c.files_cached),
+        (v2, segs2, 0)
+    );
+    let episode_bytes: u64 = snap
+        .manifest()
+        .segments
+        .iter()
+        .map(|s| s.episodes_bytes)
+        .sum();
+    assert_eq!(c.bytes_downloaded, episode_bytes);
+    assert_eq!(cat.episode_tables(), ds.catalog().unwrap().episode_tables());
+    assert_eq!(
+        (cat.num_transitions(), cat.bytes_on_disk()),
+        (snap.num_transitions(), snap.bytes_on_disk())
+    );
+    let fetched = files_in(&look.join("segments"));
+    assert_eq!(fetched.len() as u64, segs2);
+    assert!(
+        fetched
+            .iter()
+            .all(|f| f.to_string_lossy().ends_with(".episodes.arrow")),
+        "{fetched:?}"
+    );
+    assert!(
+        Dataset::open(&look).is_err(),
+        "no version in the mirror yet"
+    );
+    let full = remote.pull(&look, None).unwrap();
+    assert_eq!((full.files_downloaded, full.files_cached), (segs2, segs2));
+    assert_same_data(&ds, &Dataset::open(&look).unwrap());
+    // An older version's catalog leaves the mirror at its version.
+    let (old_cat, o) = remote.catalog(&look, Some(p.version)).unwrap();
+    assert_eq!(old_cat.num_episodes(), local_old.num_episodes());
+    assert_eq!((o.files_downloaded, o.files_cached), (0, segs));
+    assert_eq!(Dataset::open(&look).unwrap().versions().unwrap(), vec![v2]);
 }
 
 #[test]
@@ -580,14 +622,41 @@ fn the_cli_reads_urls_and_pushes_and_pulls_with_json() {
     assert_eq!(p["version"], snap.version());
     assert_eq!(p["bytes_uploaded"], snap.bytes_on_disk());
 
+    // `info` on the URL says what `info` on the local dataset says, and fetches only the
+    // episode tables into the cache's mirror.
+    let segs = snap.segments().len();
     let info = run(&["info", &url, "--json"]);
+    let local = run(&["info", ds.path().to_str().unwrap(), "--json"]);
+    for key in [
+        "version",
+        "transitions",
+        "episodes",
+        "segments",
+        "bytes_on_disk",
+        "terminated_episodes",
+        "truncated_episodes",
+        "episode_length",
+        "episode_return",
+        "schema",
+    ] {
+        assert_eq!(info[key], local[key], "{key}");
+    }
     assert_eq!(info["transitions"], snap.num_transitions());
-    assert_eq!(info["episodes"], snap.num_episodes());
+    let mirror = cache.join("s3/cli/demo");
+    assert_eq!(
+        (info["path"].as_str(), info["mirror"].as_str()),
+        (Some(url.as_str()), mirror.to_str())
+    );
+    let fetched = files_in(&mirror.join("segments"));
+    assert_eq!(fetched.len(), segs, "{fetched:?}");
     assert!(
-        cache.join("s3/cli/demo/_versions").is_dir(),
-        "mirrored into the cache"
+        fetched
+            .iter()
+            .all(|f| f.to_string_lossy().ends_with(".episodes.arrow")),
+        "{fetched:?}"
     );
 
+    // A query pulls the rest: the transition files only.
     let out = s3
         .cli(&cache)
         .args([
@@ -599,10 +668,12 @@ fn the_cli_reads_urls_and_pushes_and_pulls_with_json() {
         ])
         .output()
         .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains(&format!(": {segs} files ("))
+            && err.contains(&format!("downloaded, {segs} (")),
+        "{err}"
     );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(

@@ -437,3 +437,63 @@ fn damaged_files_are_corrupt_errors_naming_the_file() {
         Err(Error::NotFound { .. })
     ));
 }
+
+#[test]
+fn a_catalog_reads_the_episode_tables_only_and_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(3, 4);
+    let root = dir.path().join("d");
+    let ds = Dataset::create(&root, &s.schema().unwrap()).unwrap();
+    write_episodes(
+        &ds,
+        &s,
+        &[30, 40, 50, 20, 25],
+        &[2],
+        WriterOptions::default(),
+    );
+    let snap = ds.snapshot().unwrap();
+    assert_eq!(snap.segments().len(), 2, "a commit seals its segment");
+    let cat = ds.catalog().unwrap();
+    assert_eq!(cat.version(), snap.version());
+    assert_eq!(
+        (cat.num_transitions(), cat.num_episodes()),
+        (165, 5),
+        "counts from the manifest"
+    );
+    assert_eq!(cat.bytes_on_disk(), snap.bytes_on_disk());
+    let tables: Vec<_> = snap
+        .segments()
+        .iter()
+        .map(|s| s.episode_table().clone())
+        .collect();
+    assert_eq!(cat.episode_tables(), &tables[..]);
+    assert_eq!(snap.catalog().episode_tables(), &tables[..]);
+    let lengths = cat.episode_column(ep::LENGTH).unwrap();
+    let lengths: Vec<u64> = lengths
+        .iter()
+        .flat_map(|a| a.as_primitive::<UInt64Type>().values().to_vec())
+        .collect();
+    assert_eq!(lengths, [30, 40, 50, 20, 25]);
+    assert!(cat.episode_column("nope").is_err());
+    let older = ds.catalog_at(snap.version() - 1).unwrap();
+    assert_eq!(older.num_episodes(), 3);
+
+    // No transition file is opened: without them the catalog still loads, a snapshot does not.
+    let seg = root.join(&snap.manifest().segments[1].path);
+    let ep_file = root.join(&snap.manifest().segments[0].episodes_path);
+    drop(snap);
+    std::fs::rename(&seg, dir.path().join("aside")).unwrap();
+    assert!(matches!(ds.snapshot(), Err(Error::NotFound { .. })));
+    assert_eq!(ds.catalog().unwrap().episode_tables(), &tables[..]);
+
+    // A damaged episode table is a corrupt error naming it.
+    let good = std::fs::read(&ep_file).unwrap();
+    std::fs::write(&ep_file, &good[..good.len() - 64]).unwrap();
+    let err = ds.catalog().unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&*ep_file.file_name().unwrap().to_string_lossy()),
+        "{err}"
+    );
+}
