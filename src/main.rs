@@ -402,7 +402,7 @@ fn open_snapshot(path: &Path, version: Option<u64>) -> Result<Snapshot> {
 /// (missing files downloaded and checked), then mapped like any local dataset.
 #[cfg(feature = "remote")]
 fn open_remote_snapshot(url: &str, version: Option<u64>) -> Result<Snapshot> {
-    let (ds, r) = trajstore::remote::open(url, None, version, default_remote_options()?)
+    let (ds, r) = trajstore::remote::open(url, None, version, reader_remote_options())
         .with_context(|| format!("cannot open dataset {url}"))?;
     report_fetch("pulled version", &r);
     Ok(ds.snapshot_at(r.version)?)
@@ -420,9 +420,8 @@ fn open_catalog(path: &Path, version: Option<u64>) -> Result<(Catalog, String)> 
 
 #[cfg(feature = "remote")]
 fn open_remote_catalog(url: &str, version: Option<u64>) -> Result<Catalog> {
-    let (catalog, r) =
-        trajstore::remote::open_catalog(url, None, version, default_remote_options()?)
-            .with_context(|| format!("cannot open dataset {url}"))?;
+    let (catalog, r) = trajstore::remote::open_catalog(url, None, version, reader_remote_options())
+        .with_context(|| format!("cannot open dataset {url}"))?;
     report_fetch("fetched the episode tables of version", &r);
     Ok(catalog)
 }
@@ -1316,8 +1315,9 @@ fn remote_options(concurrency: usize) -> Result<trajstore::remote::RemoteOptions
 
 /// What a reading command uses for a URL: the default concurrency, a progress bar on a terminal.
 #[cfg(feature = "remote")]
-fn default_remote_options() -> Result<trajstore::remote::RemoteOptions> {
-    remote_options(trajstore::remote::RemoteOptions::default().concurrency)
+fn reader_remote_options() -> trajstore::remote::RemoteOptions {
+    use std::io::IsTerminal;
+    trajstore::remote::RemoteOptions::default().with_progress(std::io::stderr().is_terminal())
 }
 
 #[cfg(feature = "remote")]

@@ -11,7 +11,11 @@
 //! - `episodes`: one row per episode (`episode_id, length, episode_return, terminated, truncated`,
 //!   `final_observation` when the schema has it), zero-copy views of the episode tables.
 //!
-//! and the functions RL data needs for fixed-size-list (tensor) columns; DataFusion already has
+//! [`register_deferred`] (and [`SqlSession::deferred`]) does the same from a [`Catalog`] when the
+//! transitions are not local yet (a remote dataset): `transitions` is then opened by its first
+//! scan, so queries of `episodes` alone never fetch transition files.
+//!
+//! Both add the functions RL data needs for fixed-size-list (tensor) columns; DataFusion already has
 //! `col[i]` (1-based, via `array_element`), `array_distance`, `array_normalize`, `array_sum`:
 //!
 //! | function | kind | result |
@@ -60,7 +64,7 @@ use datafusion::logical_expr::{
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::dataset::Snapshot;
+use crate::dataset::{Catalog, Snapshot};
 use crate::error::{Error, Result};
 use crate::format::{col, ep};
 
@@ -81,7 +85,26 @@ pub const SCAN_BATCH_ROWS: usize = 64 * 1024;
 /// Registers the `transitions` and `episodes` tables of `snap` and trajstore's functions in `ctx`.
 pub async fn register(ctx: &SessionContext, snap: &Snapshot) -> Result<()> {
     ctx.register_table(TRANSITIONS, Arc::new(TransitionsTable::new(snap)))?;
-    ctx.register_table(EPISODES, Arc::new(episodes_table(snap)?))?;
+    ctx.register_table(EPISODES, Arc::new(episodes_table(&snap.catalog())?))?;
+    register_functions(ctx);
+    add_episode_group_by(ctx);
+    Ok(())
+}
+
+/// Registers the tables of `catalog`'s version and trajstore's functions in `ctx` when its
+/// transitions are not at hand yet (a remote dataset): `episodes` comes from the catalog, and
+/// `transitions` is a [`DeferredTransitions`] that calls `open` on its first scan. Queries that
+/// read only `episodes` never call it.
+pub async fn register_deferred(
+    ctx: &SessionContext,
+    catalog: &Catalog,
+    open: impl Fn() -> Result<Snapshot> + Send + Sync + 'static,
+) -> Result<()> {
+    ctx.register_table(
+        TRANSITIONS,
+        Arc::new(DeferredTransitions::new(catalog, open)),
+    )?;
+    ctx.register_table(EPISODES, Arc::new(episodes_table(catalog)?))?;
     register_functions(ctx);
     add_episode_group_by(ctx);
     Ok(())
@@ -166,11 +189,21 @@ impl SqlSession {
 
     /// A session over `snap` with `config` (e.g. `default_config().with_target_partitions(1)`).
     pub fn with_config(snap: &Snapshot, config: SessionConfig) -> Result<Self> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Sql(DataFusionError::External(Box::new(e))))?;
+        let rt = runtime()?;
         let ctx = rt.block_on(context(snap, config))?;
+        Ok(Self { ctx, rt })
+    }
+
+    /// A session over `catalog`'s version whose `transitions` table calls `open` on its first
+    /// scan (see [`register_deferred`]): for a remote dataset, `open` pulls the transition files,
+    /// which queries of `episodes` alone never need.
+    pub fn deferred(
+        catalog: &Catalog,
+        open: impl Fn() -> Result<Snapshot> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        let rt = runtime()?;
+        let ctx = SessionContext::new_with_config(default_config());
+        rt.block_on(register_deferred(&ctx, catalog, open))?;
         Ok(Self { ctx, rt })
     }
 
@@ -220,6 +253,13 @@ impl SqlSession {
             Ok(Arc::new(df.schema().as_arrow().clone()))
         })
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Sql(DataFusionError::External(Box::new(e))))
 }
 
 /// Runs `sql` over `snap` (a convenience for one-off queries: builds a session each call).
@@ -432,22 +472,137 @@ impl TableProvider for TransitionsTable {
         &self,
         filters: &[&Expr],
     ) -> DfResult<Vec<TableProviderFilterPushDown>> {
-        let probe = Part {
-            episodes: (0.0, 0.0),
-            steps: (0.0, 0.0),
-            batch: RecordBatch::new_empty(self.schema.clone()),
-        };
-        Ok(filters
-            .iter()
-            .map(|f| match may_match(f, &probe) {
-                Some(_) => TableProviderFilterPushDown::Inexact,
-                None => TableProviderFilterPushDown::Unsupported,
-            })
-            .collect())
+        Ok(filters.iter().map(|f| pushdown(f, &self.schema)).collect())
     }
 
     fn statistics(&self) -> Option<Statistics> {
         Some(Statistics::new_unknown(&self.schema).with_num_rows(Precision::Exact(self.rows)))
+    }
+}
+
+/// The `transitions` table of a version whose transition files are not at hand yet (a remote
+/// dataset read through its [`Catalog`]). Planning needs only the schema and the row count,
+/// which the catalog has; the first scan calls `open` (e.g. a pull of the transition files) on a
+/// blocking thread and scans a [`TransitionsTable`] over the snapshot it returns, which must be
+/// the catalog's version. A failed `open` is retried by the next scan.
+pub struct DeferredTransitions {
+    schema: SchemaRef,
+    version: u64,
+    rows: usize,
+    state: Arc<Deferred>,
+}
+
+type OpenFn = dyn Fn() -> Result<Snapshot> + Send + Sync;
+
+struct Deferred {
+    open: Box<OpenFn>,
+    table: Mutex<Option<Arc<TransitionsTable>>>,
+}
+
+impl fmt::Debug for DeferredTransitions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeferredTransitions")
+            .field("version", &self.version)
+            .field("rows", &self.rows)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeferredTransitions {
+    /// The table of `catalog`'s version; `open` is called on the first scan.
+    pub fn new(
+        catalog: &Catalog,
+        open: impl Fn() -> Result<Snapshot> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            schema: catalog.schema().arrow_schema().clone(),
+            version: catalog.version(),
+            rows: catalog.num_transitions() as usize,
+            state: Arc::new(Deferred {
+                open: Box::new(open),
+                table: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Whether `open` has been called successfully.
+    pub fn is_open(&self) -> bool {
+        self.state
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    async fn table(&self) -> DfResult<Arc<TransitionsTable>> {
+        let (state, version) = (self.state.clone(), self.version);
+        tokio::task::spawn_blocking(move || -> Result<Arc<TransitionsTable>> {
+            let mut slot = state.table.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = &*slot {
+                return Ok(t.clone());
+            }
+            let snap = (state.open)()?;
+            if snap.version() != version {
+                return Err(Error::InvalidData(format!(
+                    "the transitions opened are of version {}, the catalog's of version {version}",
+                    snap.version()
+                )));
+            }
+            let t = Arc::new(TransitionsTable::new(&snap));
+            *slot = Some(t.clone());
+            Ok(t)
+        })
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))?
+        .map_err(|e| DataFusionError::External(Box::new(e)))
+    }
+}
+
+#[async_trait]
+impl TableProvider for DeferredTransitions {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.table()
+            .await?
+            .scan(state, projection, filters, limit)
+            .await
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        Ok(filters.iter().map(|f| pushdown(f, &self.schema)).collect())
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        Some(Statistics::new_unknown(&self.schema).with_num_rows(Precision::Exact(self.rows)))
+    }
+}
+
+/// How a `transitions` scan handles filter `f`: inexact when it prunes by `episode_id`/`step`.
+fn pushdown(f: &Expr, schema: &SchemaRef) -> TableProviderFilterPushDown {
+    let probe = Part {
+        episodes: (0.0, 0.0),
+        steps: (0.0, 0.0),
+        batch: RecordBatch::new_empty(schema.clone()),
+    };
+    match may_match(f, &probe) {
+        Some(_) => TableProviderFilterPushDown::Inexact,
+        None => TableProviderFilterPushDown::Unsupported,
     }
 }
 
@@ -538,16 +693,16 @@ fn literal(e: &Expr) -> Option<f64> {
 }
 
 /// The `episodes` table: zero-copy projections of the episode tables, one partition per segment.
-fn episodes_table(snap: &Snapshot) -> Result<MemTable> {
-    let full = snap.schema().episode_schema();
+fn episodes_table(catalog: &Catalog) -> Result<MemTable> {
+    let full = catalog.schema().episode_schema();
     let keep: Vec<usize> = (0..full.fields().len())
         .filter(|&i| full.field(i).name() != ep::ROW_START)
         .collect();
     let schema = Arc::new(full.project(&keep)?);
-    let mut parts: Vec<Vec<RecordBatch>> = snap
-        .segments()
+    let mut parts: Vec<Vec<RecordBatch>> = catalog
+        .episode_tables()
         .iter()
-        .map(|s| Ok(vec![s.episode_table().project(&keep)?]))
+        .map(|t| Ok(vec![t.project(&keep)?]))
         .collect::<Result<_>>()?;
     if parts.is_empty() {
         parts.push(vec![]);

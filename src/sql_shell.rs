@@ -52,12 +52,37 @@ enum SqlFormat {
 }
 
 pub(crate) fn sql(mut a: SqlArgs) -> Result<()> {
-    let snap = open_snapshot(&a.dataset, a.version)?;
-    let session = trajstore::sql::SqlSession::new(&snap)?;
+    let session = match a.dataset.to_str().filter(|s| trajstore::format::is_url(s)) {
+        Some(url) => remote_session(url, a.version)?,
+        None => trajstore::sql::SqlSession::new(&open_snapshot(&a.dataset, a.version)?)?,
+    };
     match a.query.clone() {
         Some(q) => run_sql(&session, &q, &a),
         None => sql_shell(&session, &mut a),
     }
+}
+
+/// A session over a URL: `episodes` from the catalog (only the episode tables are fetched);
+/// the transition files are pulled when a query first scans `transitions`.
+#[cfg(feature = "remote")]
+fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
+    let catalog = super::open_remote_catalog(url, version)?;
+    let (url, version) = (url.to_string(), catalog.version());
+    let open = move || {
+        let (ds, r) =
+            trajstore::remote::open(&url, None, Some(version), super::reader_remote_options())?;
+        super::report_fetch("pulled version", &r);
+        ds.snapshot_at(version)
+    };
+    Ok(trajstore::sql::SqlSession::deferred(&catalog, open)?)
+}
+
+#[cfg(not(feature = "remote"))]
+fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
+    Ok(trajstore::sql::SqlSession::new(&open_snapshot(
+        std::path::Path::new(url),
+        version,
+    )?)?)
 }
 
 fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs) -> Result<()> {

@@ -656,31 +656,41 @@ fn the_cli_reads_urls_and_pushes_and_pulls_with_json() {
         "{fetched:?}"
     );
 
-    // A query pulls the rest: the transition files only.
-    let out = s3
-        .cli(&cache)
-        .args([
-            "sql",
-            &url,
-            "SELECT count(*) AS n, sum(length) AS l FROM episodes",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains(&format!(": {segs} files ("))
-            && err.contains(&format!("downloaded, {segs} (")),
-        "{err}"
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    // A query of `episodes` needs nothing more; one that scans `transitions` pulls the rest:
+    // the transition files only.
+    let sql = |q: &str| {
+        let out = s3
+            .cli(&cache)
+            .args(["sql", &url, q, "--format", "json"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{q}: {err}");
+        (String::from_utf8(out.stdout).unwrap(), err)
+    };
+    let (text, err) = sql("SELECT count(*) AS n, sum(length) AS l FROM episodes");
     assert!(
         text.contains(&format!("\"n\":{}", snap.num_episodes()))
             && text.contains(&format!("\"l\":{}", snap.num_transitions())),
         "{text}"
     );
+    assert!(!err.contains("pulled"), "{err}");
+    assert_eq!(
+        files_in(&mirror.join("segments")),
+        fetched,
+        "nothing more fetched"
+    );
+    let (text, err) = sql("SELECT count(*) AS n, max(step) AS s FROM transitions");
+    assert!(
+        text.contains(&format!("\"n\":{}", snap.num_transitions())),
+        "{text}"
+    );
+    assert!(
+        err.contains(&format!(": {segs} files ("))
+            && err.contains(&format!("downloaded, {segs} (")),
+        "{err}"
+    );
+    assert_eq!(files_in(&mirror.join("segments")).len(), 2 * segs);
 
     let to = dir.path().join("pulled");
     let r = run(&["pull", &url, "--to", to.to_str().unwrap(), "--json"]);

@@ -780,3 +780,87 @@ fn group_by_episode_runs_equal_datafusion_hash_aggregation() {
         }
     }
 }
+
+/// A deferred session answers from the catalog until a query scans `transitions`; then it opens
+/// the snapshot once, and every answer equals a plain session's.
+#[test]
+fn deferred_transitions_open_on_the_first_scan_only() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let ds = Dataset::open(snap.path()).unwrap();
+    let opened = Arc::new(AtomicUsize::new(0));
+    let open = {
+        let (ds, opened) = (ds.clone(), opened.clone());
+        move || {
+            opened.fetch_add(1, Ordering::SeqCst);
+            ds.snapshot()
+        }
+    };
+    let deferred = SqlSession::deferred(&ds.catalog().unwrap(), open).unwrap();
+    let plain = session(&snap);
+    let same = |q: &str| {
+        let (a, b) = (deferred.query(q).unwrap(), plain.query(q).unwrap());
+        assert_eq!(pretty(&a), pretty(&b), "{q}");
+    };
+
+    same("SELECT count(*) AS n, sum(length) AS l, max(episode_return) AS r FROM episodes");
+    same(
+        "SELECT episode_id, length FROM episodes WHERE terminated ORDER BY length DESC, episode_id LIMIT 5",
+    );
+    assert_eq!(deferred.table_names(), plain.table_names());
+    assert_eq!(
+        deferred.table_schema("transitions").unwrap(),
+        plain.table_schema("transitions").unwrap()
+    );
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        0,
+        "episodes alone open nothing"
+    );
+
+    same(
+        "SELECT episode_id, count(*) AS n, sum(reward) AS r FROM transitions GROUP BY episode_id ORDER BY episode_id",
+    );
+    same(
+        "SELECT t.episode_id, max(t.step) AS s, e.length FROM transitions t JOIN episodes e ON t.episode_id = e.episode_id WHERE t.episode_id BETWEEN 10 AND 20 GROUP BY t.episode_id, e.length ORDER BY t.episode_id",
+    );
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        1,
+        "opened once, on the first scan"
+    );
+    let plan = deferred
+        .explain(
+            "SELECT episode_id, sum(reward) FROM transitions GROUP BY episode_id",
+            false,
+        )
+        .unwrap();
+    assert!(plan.contains("EpisodeAggregateExec"), "{plan}");
+    assert_eq!(opened.load(Ordering::SeqCst), 1);
+
+    // An open that fails is an error of the query, retried by the next one; a snapshot of
+    // another version is refused.
+    let fails = SqlSession::deferred(&ds.catalog().unwrap(), || {
+        Err(trajstore::Error::InvalidArgument("no network".into()))
+    })
+    .unwrap();
+    assert_eq!(
+        fails
+            .query("SELECT count(*) FROM episodes")
+            .unwrap()
+            .num_rows(),
+        1
+    );
+    let e = fails
+        .query("SELECT count(*) FROM transitions WHERE step = 0")
+        .unwrap_err();
+    assert!(e.to_string().contains("no network"), "{e}");
+    let old = ds.catalog_at(1).unwrap();
+    let wrong = SqlSession::deferred(&old, move || ds.snapshot()).unwrap();
+    let e = wrong
+        .query("SELECT * FROM transitions LIMIT 1")
+        .unwrap_err();
+    assert!(e.to_string().contains("version"), "{e}");
+}
