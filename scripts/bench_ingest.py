@@ -26,6 +26,12 @@ next/reward, next/terminated, next/truncated, next/done), and the times are:
   copy:      shutil.copytree of the dump (reading and writing the same bytes: the floor)
   trajstore: trajstore ingest DUMP DATASET (no options)
 
+With --format arrow the input is the same table as an Arrow IPC file written by pyarrow
+(ipc.new_file, record batches of 1 Mi rows; LZ4 buffers with --compressed, as feather.write_feather
+writes by default), and the times are:
+  pyarrow:   ipc.open_file(...).read_all() + ipc.new_file(...).write_table + sync (no episode logic)
+  trajstore: trajstore ingest INPUT.arrow DATASET --episode-col episode ...; its peak RSS too
+
 With --format npydir the input is a directory of .npy files with D4RL's keys, written in chunks
 through np.lib.format.open_memmap (so --n can exceed memory; episodes have the mean length but no
 randomness beyond the flags), and the times are:
@@ -128,8 +134,8 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--bin", default="target/release/trajstore")
     p.add_argument("--dir", default=None)
-    p.add_argument("--format", choices=["parquet", "npz", "torchrl", "npydir", "hdf5"], default="parquet")
-    p.add_argument("--compressed", action="store_true", help="npz: np.savez_compressed; hdf5: gzip")
+    p.add_argument("--format", choices=["parquet", "npz", "torchrl", "npydir", "hdf5", "arrow"], default="parquet")
+    p.add_argument("--compressed", action="store_true", help="npz: np.savez_compressed; hdf5: gzip; arrow: LZ4")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="trajstore-bench-", dir=a.dir)
     try:
@@ -139,6 +145,8 @@ def main():
             return bench_torchrl(a, work)
         if a.format == "npydir":
             return bench_npydir(a, work)
+        if a.format == "arrow":
+            return bench_arrow(a, work)
         src = os.path.join(work, "input.parquet")
         episodes = make_parquet(src, a.n, a.obs_dim, a.act_dim, a.mean_len, 0)
         out_ipc = os.path.join(work, "pyarrow.arrow")
@@ -253,6 +261,51 @@ def bench_torchrl(a, work):
         "trajstore_ingest_s": round(t_ts, 3),
         "trajstore_rows_per_s": round(a.n / t_ts),
         "trajstore_over_copy_time": round(t_ts / t_cp, 3),
+        "cpus": os.cpu_count(),
+    }))
+
+
+def bench_arrow(a, work):
+    tmp = os.path.join(work, "input.parquet")
+    episodes = make_parquet(tmp, a.n, a.obs_dim, a.act_dim, a.mean_len, 0)
+    t = pq.read_table(tmp)
+    os.remove(tmp)
+    src = os.path.join(work, "input.arrow")
+    opts = ipc.IpcWriteOptions(compression="lz4" if a.compressed else None)
+    with ipc.new_file(src, t.schema, options=opts) as w:
+        w.write_table(t, max_chunksize=1 << 20)
+    del t
+    out_ipc = os.path.join(work, "pyarrow.arrow")
+
+    def pyarrow_convert():
+        with ipc.open_file(src) as r:
+            table = r.read_all()
+        with ipc.new_file(out_ipc, table.schema) as w:
+            w.write_table(table, max_chunksize=1 << 20)
+        os.sync()
+
+    ds = os.path.join(work, "ts.trajstore")
+    args = ["ingest", src, ds, "--episode-col", "episode", "--terminated-col", "terminated",
+            "--truncated-col", "truncated", "--json"]
+
+    def trajstore_ingest():
+        shutil.rmtree(ds, ignore_errors=True)
+        subprocess.run([a.bin] + args, check=True, stdout=subprocess.DEVNULL)
+
+    t_py = best(pyarrow_convert, a.repeat)
+    t_ts = best(trajstore_ingest, a.repeat)
+    shutil.rmtree(ds, ignore_errors=True)
+    timed = subprocess.run(["/usr/bin/time", "-f", "%M", a.bin] + args,
+                           check=True, capture_output=True, text=True)
+    rss = int(timed.stderr.strip().splitlines()[-1]) * 1024
+    print(json.dumps({
+        "format": "arrow", "transitions": a.n, "episodes": episodes, "compressed": a.compressed,
+        "input_bytes": os.path.getsize(src),
+        "pyarrow_ipc_to_ipc_s": round(t_py, 3),
+        "trajstore_ingest_s": round(t_ts, 3),
+        "trajstore_rows_per_s": round(a.n / t_ts),
+        "trajstore_over_pyarrow_time": round(t_ts / t_py, 3),
+        "trajstore_peak_rss_bytes": rss,
         "cpus": os.cpu_count(),
     }))
 

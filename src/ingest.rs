@@ -63,6 +63,7 @@ use crate::format::{self, col};
 use crate::schema::{TransitionSchema, field_shape, fsl, tensor_field};
 use crate::writer::{DatasetWriter, EpisodeEnd, WriterOptions};
 
+mod arrow_ipc;
 mod hdf5;
 mod numpy;
 mod torchrl;
@@ -256,6 +257,8 @@ pub enum InputFormat {
     /// any depth: `infos/qpos`; scalars and strings such as `metadata/` are not columns), or a
     /// Minari dataset (its directory, or its `data/main_data.hdf5`: one group per episode).
     Hdf5,
+    /// An Arrow IPC file (`.arrow`, `.feather`, `.ipc`; Feather v2): one unit per record batch.
+    Arrow,
 }
 
 impl InputFormat {
@@ -289,6 +292,7 @@ impl InputFormat {
             "parquet" | "pq" => return Ok(InputFormat::Parquet),
             "npz" | "npy" => return Ok(InputFormat::Numpy),
             "hdf5" | "h5" => return Ok(InputFormat::Hdf5),
+            "arrow" | "feather" | "ipc" | "arrows" => return Ok(InputFormat::Arrow),
             _ => {}
         }
         let mut magic = [0u8; 8];
@@ -299,10 +303,12 @@ impl InputFormat {
             [b'P', b'A', b'R', b'1', ..] => Ok(InputFormat::Parquet),
             b"\x89HDF\r\n\x1a\n" => Ok(InputFormat::Hdf5),
             [b'P', b'K', ..] | [0x93, b'N', ..] => Ok(InputFormat::Numpy),
+            [b'A', b'R', b'R', b'O', b'W', b'1', ..] => Ok(InputFormat::Arrow),
+            head if arrow_ipc::is_stream(head) => Ok(InputFormat::Arrow),
             _ => Err(Error::InvalidArgument(format!(
                 "{}: unknown input format; trajstore ingests Parquet (.parquet), NumPy (.npz, or a \
-                 directory of .npy files), HDF5 in D4RL's layout (.hdf5) and TorchRL replay buffers (a directory written by \
-                 rb.dumps)",
+                 directory of .npy files), HDF5 in D4RL's layout (.hdf5), Arrow IPC files \
+                 (.arrow, .feather) and TorchRL replay buffers (a directory written by rb.dumps)",
                 input.display()
             ))),
         }
@@ -316,6 +322,7 @@ fn open_source(input: &Path, format: InputFormat, opts: &IngestOptions) -> Resul
         InputFormat::Numpy => Box::new(numpy::NumpySource::open(input, &opts.drop_cols)?),
         InputFormat::TorchRl => Box::new(torchrl::open(input, &opts.drop_cols)?),
         InputFormat::Hdf5 => hdf5::open(input, &opts.drop_cols)?,
+        InputFormat::Arrow => Box::new(arrow_ipc::ArrowSource::open(input)?),
     })
 }
 
@@ -640,25 +647,30 @@ impl Source for ParquetSource {
                 )));
             }
         };
-        cols.iter()
-            .map(|&c| {
-                let a = column(&batch, c)?;
-                if a.is_null(0) {
-                    return Err(null_at(c, 0));
-                }
-                let n = match a.data_type() {
-                    DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
-                    _ => a.as_list::<i64>().value_length(0) as usize,
-                };
-                if n == 0 {
-                    return Err(Error::InvalidData(format!(
-                        "row 0: column `{c}` is an empty list"
-                    )));
-                }
-                Ok((c.to_string(), n))
-            })
-            .collect()
+        row0_list_lengths(&batch, cols)
     }
+}
+
+/// The length of row 0 of each list column `cols` of `batch` (which must have a row).
+fn row0_list_lengths(batch: &RecordBatch, cols: &[&str]) -> Result<Vec<(String, usize)>> {
+    cols.iter()
+        .map(|&c| {
+            let a = column(batch, c)?;
+            if a.is_null(0) {
+                return Err(null_at(c, 0));
+            }
+            let n = match a.data_type() {
+                DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
+                _ => a.as_list::<i64>().value_length(0) as usize,
+            };
+            if n == 0 {
+                return Err(Error::InvalidData(format!(
+                    "row 0: column `{c}` is an empty list"
+                )));
+            }
+            Ok((c.to_string(), n))
+        })
+        .collect()
 }
 
 /// Fills in what `opts` leaves at its defaults from the input's column names, so that common

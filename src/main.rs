@@ -62,7 +62,7 @@ struct Cli {
 enum Command {
     /// Write a seeded synthetic D4RL-shaped dataset (the quickest way to see the whole path).
     Demo(DemoArgs),
-    /// Ingest an offline-RL dataset (Parquet, NumPy, D4RL/Minari HDF5, LeRobot, TorchRL buffer).
+    /// Ingest an offline-RL dataset (Parquet, Arrow IPC, NumPy, D4RL/Minari HDF5, LeRobot, TorchRL).
     ///
     /// One row (or array row) per transition. Common layouts need no flags: D4RL's
     /// `observations, actions, rewards, terminals, timeouts, next_observations` (as saved by
@@ -82,6 +82,7 @@ enum Command {
     ///   trajstore ingest arrays/ hopper.trajstore --drop-cols infos/qpos,infos/qvel
     ///   trajstore ingest rb-dump/ buffer.trajstore                # a TorchRL rb.dumps() directory
     ///   trajstore ingest ~/lerobot/pusht pusht.trajstore           # a LeRobot v2 dataset directory
+    ///   trajstore ingest steps.feather out.trajstore               # pyarrow / Polars Arrow IPC file
     ///   trajstore ingest episodes.parquet out.trajstore --episode-col ep --action-cols ax,ay
     #[command(verbatim_doc_comment)]
     Ingest(Box<IngestArgs>),
@@ -243,6 +244,7 @@ enum IngestFormat {
     Numpy,
     Torchrl,
     Hdf5,
+    Arrow,
 }
 
 impl From<IngestFormat> for trajstore::ingest::InputFormat {
@@ -252,6 +254,7 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
             IngestFormat::Numpy => Self::Numpy,
             IngestFormat::Torchrl => Self::TorchRl,
             IngestFormat::Hdf5 => Self::Hdf5,
+            IngestFormat::Arrow => Self::Arrow,
         }
     }
 }
@@ -259,8 +262,8 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
 #[derive(Args)]
 struct IngestArgs {
     /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive or a directory
-    /// of .npy files, a D4RL HDF5 file or Minari dataset directory, or a TorchRL replay buffer
-    /// directory written by rb.dumps().
+    /// of .npy files, a D4RL HDF5 file or Minari dataset directory, an Arrow IPC file (.arrow,
+    /// .feather), or a TorchRL replay buffer directory written by rb.dumps().
     input: PathBuf,
     /// Input format (default: from the extension, else the file's first bytes).
     #[arg(long, value_enum)]

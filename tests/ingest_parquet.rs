@@ -811,3 +811,149 @@ fn data_without_rewards_needs_no_reward() {
         );
     }
 }
+
+/// Writes `batch` as an Arrow IPC file in record batches of `rows` rows.
+fn write_arrow(
+    path: &Path,
+    batch: &RecordBatch,
+    rows: usize,
+    compression: Option<arrow::ipc::CompressionType>,
+) {
+    use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
+    let opts = IpcWriteOptions::default()
+        .try_with_compression(compression)
+        .unwrap();
+    let mut w =
+        FileWriter::try_new_with_options(File::create(path).unwrap(), &batch.schema(), opts)
+            .unwrap();
+    for off in (0..batch.num_rows()).step_by(rows) {
+        w.write(&batch.slice(off, rows.min(batch.num_rows() - off)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// The same table as Parquet and as Arrow IPC files (plain, LZ4 as pyarrow's Feather default,
+/// ZSTD; variable-size list observations) ingests to the same dataset, byte for byte.
+#[test]
+fn arrow_ipc_files_ingest_like_parquet() {
+    use trajstore::ingest::{InputFormat, ingest};
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, expected) = d4rl_batch();
+    let n = batch.num_rows();
+    let lists: Vec<Vec<f32>> = (0..n)
+        .map(|i| (0..3).map(|j| (i * 3 + j) as f32 * 0.5).collect())
+        .collect();
+    let batch = batch_with(&batch, "observations", list_f32(&lists));
+    let pq = dir.path().join("d4rl.parquet");
+    write_parquet(&pq, &batch, 100);
+    let want = dir.path().join("from-parquet");
+    ingest_parquet(&pq, &want, &d4rl_options(), small_writer()).unwrap();
+    let want = Dataset::open(&want).unwrap().snapshot().unwrap();
+    let compressions = [
+        ("plain.arrow", None),
+        ("lz4.feather", Some(arrow::ipc::CompressionType::LZ4_FRAME)),
+        ("zstd", Some(arrow::ipc::CompressionType::ZSTD)),
+    ];
+    for (name, compression) in compressions {
+        let input = dir.path().join(name);
+        write_arrow(&input, &batch, 77, compression);
+        // `zstd` has no extension: the magic bytes say what it is.
+        assert!(matches!(
+            InputFormat::detect(&input).unwrap(),
+            InputFormat::Arrow
+        ));
+        let out = dir.path().join(format!("ds-{name}"));
+        let r = ingest(
+            &input,
+            InputFormat::Arrow,
+            &out,
+            &d4rl_options(),
+            small_writer(),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.rows, r.episodes),
+            (n as u64, expected.len() as u64),
+            "{name}"
+        );
+        let got = Dataset::open(&out).unwrap().snapshot().unwrap();
+        assert_eq!(got.schema(), want.schema(), "{name}");
+        assert_eq!(ends(&got), ends(&want), "{name}");
+        for id in 0..want.num_episodes() {
+            assert_eq!(got.episode(id), want.episode(id), "{name}: episode {id}");
+        }
+    }
+
+    // A truncated file is a corrupt-file error naming it, and nothing is created.
+    let good = std::fs::read(dir.path().join("plain.arrow")).unwrap();
+    let cut = dir.path().join("cut.arrow");
+    std::fs::write(&cut, &good[..good.len() - 40]).unwrap();
+    let err = ingest(
+        &cut,
+        InputFormat::Arrow,
+        &dir.path().join("x"),
+        &d4rl_options(),
+        small_writer(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("cut.arrow"), "{err}");
+    assert!(!dir.path().join("x").exists());
+    // What `trajstore sql --format arrow` writes ingests back without options.
+    let t = dir.path().join("t.arrow");
+    let bin = env!("CARGO_BIN_EXE_trajstore");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let want_path = want.path().to_str().unwrap();
+    run(&[
+        "sql",
+        want_path,
+        "SELECT * FROM transitions ORDER BY episode_id, step",
+        "--format",
+        "arrow",
+        "--output",
+        t.to_str().unwrap(),
+    ]);
+    let back = dir.path().join("back");
+    run(&[
+        "ingest",
+        t.to_str().unwrap(),
+        back.to_str().unwrap(),
+        "--json",
+    ]);
+    let back = Dataset::open(&back).unwrap().snapshot().unwrap();
+    assert_eq!(ends(&back), ends(&want));
+    for id in 0..want.num_episodes() {
+        let (a, b) = (back.episode(id).unwrap(), want.episode(id).unwrap());
+        assert_eq!(fsl_values(&a, "observation"), fsl_values(&b, "observation"));
+        assert_eq!(rewards(&a), rewards(&b), "episode {id}");
+    }
+
+    // The stream format is named, with what to write instead.
+    let stream = dir.path().join("s.arrows");
+    {
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(
+            File::create(&stream).unwrap(),
+            &batch.schema(),
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+    }
+    let err = ingest(
+        &stream,
+        InputFormat::detect(&stream).unwrap(),
+        &dir.path().join("z"),
+        &d4rl_options(),
+        small_writer(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("IPC stream"), "{err}");
+}

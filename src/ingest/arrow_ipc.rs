@@ -1,0 +1,224 @@
+//! Arrow IPC file input (`.arrow`, `.feather`, `.ipc`: pyarrow's `ipc.new_file` and
+//! `feather.write_feather`, Polars' `write_ipc`, DuckDB's and trajstore's own `--format arrow`
+//! output): one unit per record batch, read in parallel.
+//!
+//! The footer and each record batch's message header are read and checked at open (a few
+//! hundred bytes per batch), so row counts are known without reading column data. Batches are
+//! then decoded by arrow's `FileReader` (which handles dictionaries and, in builds with
+//! DataFusion, LZ4/ZSTD-compressed buffers), one projected batch at a time. The input is read,
+//! never memory-mapped: it is not a trajstore file, and another program may change it while it
+//! is read.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::os::unix::fs::FileExt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::FileReader;
+
+use super::Source;
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 6] = b"ARROW1";
+
+/// Whether `head` (a file's first bytes) starts like an Arrow IPC stream rather than a file.
+pub(crate) fn is_stream(head: &[u8]) -> bool {
+    head.starts_with(&[0xff, 0xff, 0xff, 0xff])
+}
+
+pub(crate) struct ArrowSource {
+    path: PathBuf,
+    schema: SchemaRef,
+    /// Rows of each record batch, in file order.
+    rows: Vec<u64>,
+}
+
+impl ArrowSource {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let corrupt = |r: String| Error::corrupt(path, r);
+        let read_at = |off: u64, n: usize| -> Result<Vec<u8>> {
+            let mut buf = vec![0u8; n];
+            file.read_exact_at(&mut buf, off)
+                .map_err(|e| Error::io(path, e))?;
+            Ok(buf)
+        };
+        if len < 6 + 2 + 4 + 6 {
+            return Err(corrupt(format!(
+                "{len} bytes is too short for an Arrow IPC file"
+            )));
+        }
+        let head = read_at(0, 8)?;
+        if is_stream(&head) {
+            return Err(Error::InvalidArgument(format!(
+                "{} is an Arrow IPC stream; trajstore ingests the IPC file format (pyarrow: \
+                 `pa.ipc.new_file`, Polars: `write_ipc`), whose footer lets it read batches in \
+                 parallel",
+                path.display()
+            )));
+        }
+        let tail = read_at(len - 10, 10)?;
+        if &head[..6] != MAGIC || &tail[4..] != MAGIC {
+            return Err(corrupt(
+                "missing ARROW1 magic (not an Arrow IPC file, or truncated)".into(),
+            ));
+        }
+        let footer_len = i32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
+        let footer_end = len - 10;
+        if footer_len <= 0 || footer_len as u64 > footer_end - 8 {
+            return Err(corrupt(format!("footer length {footer_len} out of bounds")));
+        }
+        let footer_start = footer_end - footer_len as u64;
+        let footer_bytes = read_at(footer_start, footer_len as usize)?;
+        let footer = arrow::ipc::root_as_footer(&footer_bytes)
+            .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
+        let mut rows = vec![];
+        for (i, block) in footer.recordBatches().into_iter().flatten().enumerate() {
+            let bad = |m: String| corrupt(format!("record batch {i}: {m}"));
+            let (off, meta_len, body_len) =
+                (block.offset(), block.metaDataLength(), block.bodyLength());
+            if off < 8 || meta_len < 8 || body_len < 0 {
+                return Err(bad(format!(
+                    "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
+                )));
+            }
+            let end = (off as u64)
+                .checked_add(meta_len as u64)
+                .and_then(|x| x.checked_add(body_len as u64));
+            if end.is_none_or(|e| e > footer_start) {
+                return Err(bad(format!("block at {off} runs past the data section")));
+            }
+            let header = read_at(off as u64, meta_len as usize)?;
+            let (prefix, n) = if header[..4] == [0xff; 4] {
+                (8, &header[4..8])
+            } else {
+                (4, &header[..4])
+            };
+            let n = i32::from_le_bytes(n.try_into().expect("4 bytes"));
+            if n < 0 || prefix + n as usize > header.len() {
+                return Err(bad(format!(
+                    "message length {n} exceeds the block's metadata length {meta_len}"
+                )));
+            }
+            let message = arrow::ipc::root_as_message(&header[prefix..prefix + n as usize])
+                .map_err(|e| bad(format!("invalid message: {e}")))?;
+            let batch = message
+                .header_as_record_batch()
+                .ok_or_else(|| bad("message is not a record batch".into()))?;
+            if batch.length() < 0 {
+                return Err(bad(format!("{} rows", batch.length())));
+            }
+            rows.push(batch.length() as u64);
+        }
+        let schema = guarded(path, || {
+            Ok(FileReader::try_new(BufReader::new(File::open(path)?), None)?.schema())
+        })?;
+        Ok(ArrowSource {
+            path: path.to_path_buf(),
+            schema,
+            rows,
+        })
+    }
+}
+
+/// Runs an arrow reader call, turning its errors and panics (on malformed input) into
+/// [`Error::Corrupt`] naming `path`.
+fn guarded<T>(
+    path: &Path,
+    f: impl FnOnce() -> std::result::Result<T, Box<dyn std::error::Error>>,
+) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Error::corrupt(path, e.to_string())),
+        Err(_) => Err(Error::corrupt(path, "undecodable Arrow IPC data")),
+    }
+}
+
+impl Source for ArrowSource {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
+        let mut base = 0u64;
+        self.rows
+            .iter()
+            .enumerate()
+            .filter(|&(_, &rows)| rows > 0)
+            .map(|(unit, &rows)| {
+                base += rows;
+                (unit, base - rows, rows)
+            })
+            .collect()
+    }
+
+    fn parallel(&self) -> bool {
+        true
+    }
+
+    fn read(
+        &self,
+        unit: usize,
+        projection: &[usize],
+        batch_rows: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let batch = guarded(&self.path, || {
+            let file = BufReader::new(File::open(&self.path)?);
+            let mut reader = FileReader::try_new(file, Some(projection.to_vec()))?;
+            reader.set_index(unit)?;
+            match reader.next() {
+                Some(b) => Ok(b?),
+                None => Err(format!("record batch {unit} is missing").into()),
+            }
+        })
+        .map_err(|e| match e {
+            Error::Corrupt { path, reason } => Error::Corrupt {
+                path,
+                reason: format!("record batch {unit}: {reason}"),
+            },
+            e => e,
+        })?;
+        if batch.num_rows() as u64 != self.rows[unit] {
+            return Err(Error::corrupt(
+                &self.path,
+                format!(
+                    "record batch {unit} has {} rows, its header says {}",
+                    batch.num_rows(),
+                    self.rows[unit]
+                ),
+            ));
+        }
+        let step = batch_rows.max(1);
+        Ok((0..batch.num_rows())
+            .step_by(step)
+            .map(|off| batch.slice(off, step.min(batch.num_rows() - off)))
+            .collect())
+    }
+
+    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
+        if cols.is_empty() {
+            return Ok(vec![]);
+        }
+        let Some(&(unit, _, _)) = self.units(1).first() else {
+            return Err(Error::InvalidData(format!(
+                "{} has no rows, so the length of list column `{}` cannot be inferred",
+                self.path.display(),
+                cols[0]
+            )));
+        };
+        let idx: Vec<usize> = cols
+            .iter()
+            .filter_map(|c| self.schema.index_of(c).ok())
+            .collect();
+        let batch = self.read(unit, &idx, usize::MAX)?.swap_remove(0);
+        super::row0_list_lengths(&batch, cols)
+    }
+}
