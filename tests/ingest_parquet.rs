@@ -885,6 +885,36 @@ fn arrow_ipc_files_ingest_like_parquet() {
         }
     }
 
+    // A dictionary-encoded column (a task name) that is dropped: the file's dictionaries are
+    // read, the column is not.
+    let tasks: arrow::array::DictionaryArray<arrow::datatypes::Int32Type> =
+        (0..n).map(|i| ["walk", "run"][i % 2]).collect();
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("task", tasks.data_type().clone(), false));
+    let mut cols = batch.columns().to_vec();
+    cols.push(Arc::new(tasks));
+    let with_dict =
+        RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), cols).unwrap();
+    let input = dir.path().join("dict.arrow");
+    write_arrow(&input, &with_dict, 500, None);
+    let out = dir.path().join("ds-dict");
+    ingest(
+        &input,
+        InputFormat::Arrow,
+        &out,
+        &d4rl_options().with_drop_cols(["task"]),
+        small_writer(),
+    )
+    .unwrap();
+    let got = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(got.schema(), want.schema());
+    assert_eq!(got.episode(3), want.episode(3));
+
     // A truncated file is a corrupt-file error naming it, and nothing is created.
     let good = std::fs::read(dir.path().join("plain.arrow")).unwrap();
     let cut = dir.path().join("cut.arrow");

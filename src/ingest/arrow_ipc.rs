@@ -3,21 +3,22 @@
 //! output): one unit per record batch, read in parallel.
 //!
 //! The footer and each record batch's message header are read and checked at open (a few
-//! hundred bytes per batch), so row counts are known without reading column data. Batches are
-//! then decoded by arrow's `FileReader` (which handles dictionaries and, in builds with
-//! DataFusion, LZ4/ZSTD-compressed buffers), one projected batch at a time. The input is read,
-//! never memory-mapped: it is not a trajstore file, and another program may change it while it
-//! is read.
+//! hundred bytes per batch), so row counts are known without reading column data. A unit is then
+//! one `pread` of its block, decoded by arrow's `FileDecoder` with the projection (after the
+//! file's dictionaries, if any; LZ4/ZSTD-compressed buffers are decoded in builds with
+//! DataFusion). The input is read, never memory-mapped: it is not a trajstore file, and another
+//! program may change it while it is read.
 
 use std::fs::File;
-use std::io::BufReader;
 use std::os::unix::fs::FileExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::reader::FileReader;
+use arrow::ipc::reader::FileDecoder;
+use arrow::ipc::{Block, MetadataVersion};
 
 use super::Source;
 use crate::error::{Error, Result};
@@ -31,8 +32,13 @@ pub(crate) fn is_stream(head: &[u8]) -> bool {
 
 pub(crate) struct ArrowSource {
     path: PathBuf,
+    file: File,
     schema: SchemaRef,
-    /// Rows of each record batch, in file order.
+    version: MetadataVersion,
+    dictionaries: Vec<Block>,
+    /// Each record batch's block, in file order.
+    blocks: Vec<Block>,
+    /// Rows of each record batch.
     rows: Vec<u64>,
 }
 
@@ -76,22 +82,36 @@ impl ArrowSource {
         let footer_bytes = read_at(footer_start, footer_len as usize)?;
         let footer = arrow::ipc::root_as_footer(&footer_bytes)
             .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
-        let mut rows = vec![];
-        for (i, block) in footer.recordBatches().into_iter().flatten().enumerate() {
-            let bad = |m: String| corrupt(format!("record batch {i}: {m}"));
+        let check_block = |block: &Block| -> std::result::Result<(), String> {
             let (off, meta_len, body_len) =
                 (block.offset(), block.metaDataLength(), block.bodyLength());
             if off < 8 || meta_len < 8 || body_len < 0 {
-                return Err(bad(format!(
+                return Err(format!(
                     "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
-                )));
+                ));
             }
             let end = (off as u64)
                 .checked_add(meta_len as u64)
                 .and_then(|x| x.checked_add(body_len as u64));
             if end.is_none_or(|e| e > footer_start) {
-                return Err(bad(format!("block at {off} runs past the data section")));
+                return Err(format!("block at {off} runs past the data section"));
             }
+            Ok(())
+        };
+        let dictionaries: Vec<Block> = footer
+            .dictionaries()
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        for (i, block) in dictionaries.iter().enumerate() {
+            check_block(block).map_err(|m| corrupt(format!("dictionary {i}: {m}")))?;
+        }
+        let (mut rows, mut blocks) = (vec![], vec![]);
+        for (i, block) in footer.recordBatches().into_iter().flatten().enumerate() {
+            let bad = |m: String| corrupt(format!("record batch {i}: {m}"));
+            check_block(block).map_err(bad)?;
+            let (off, meta_len) = (block.offset(), block.metaDataLength());
             let header = read_at(off as u64, meta_len as usize)?;
             let (prefix, n) = if header[..4] == [0xff; 4] {
                 (8, &header[4..8])
@@ -113,13 +133,24 @@ impl ArrowSource {
                 return Err(bad(format!("{} rows", batch.length())));
             }
             rows.push(batch.length() as u64);
+            blocks.push(*block);
         }
-        let schema = guarded(path, || {
-            Ok(FileReader::try_new(BufReader::new(File::open(path)?), None)?.schema())
-        })?;
+        let fb_schema = footer
+            .schema()
+            .ok_or_else(|| corrupt("footer has no schema".into()))?;
+        // `fb_to_schema` panics on some malformed schemas in arrow 59.
+        let schema = catch_unwind(AssertUnwindSafe(|| {
+            arrow::ipc::convert::fb_to_schema(fb_schema)
+        }))
+        .map_err(|_| corrupt("unreadable schema in footer".into()))?;
+        let version = footer.version();
         Ok(ArrowSource {
             path: path.to_path_buf(),
-            schema,
+            file,
+            schema: std::sync::Arc::new(schema),
+            version,
+            dictionaries,
+            blocks,
             rows,
         })
     }
@@ -170,13 +201,30 @@ impl Source for ArrowSource {
         projection: &[usize],
         batch_rows: usize,
     ) -> Result<Vec<RecordBatch>> {
+        let block_bytes = |b: &Block| -> Result<Buffer> {
+            let len = b.metaDataLength() as usize + b.bodyLength() as usize;
+            let mut buf = vec![0u8; len];
+            self.file
+                .read_exact_at(&mut buf, b.offset() as u64)
+                .map_err(|e| Error::io(&self.path, e))?;
+            Ok(Buffer::from_vec(buf))
+        };
+        let dictionaries = self
+            .dictionaries
+            .iter()
+            .map(|b| Ok((*b, block_bytes(b)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let block = self.blocks[unit];
+        let data = block_bytes(&block)?;
         let batch = guarded(&self.path, || {
-            let file = BufReader::new(File::open(&self.path)?);
-            let mut reader = FileReader::try_new(file, Some(projection.to_vec()))?;
-            reader.set_index(unit)?;
-            match reader.next() {
-                Some(b) => Ok(b?),
-                None => Err(format!("record batch {unit} is missing").into()),
+            let mut decoder = FileDecoder::new(self.schema.clone(), self.version)
+                .with_projection(projection.to_vec());
+            for (b, buf) in &dictionaries {
+                decoder.read_dictionary(b, buf)?;
+            }
+            match decoder.read_record_batch(&block, &data)? {
+                Some(b) => Ok(b),
+                None => Err("the message is not a record batch".into()),
             }
         })
         .map_err(|e| match e {
