@@ -576,15 +576,7 @@ impl Source for ParquetSource {
     }
 
     fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
-        let mut base = 0u64;
-        self.groups
-            .iter()
-            .enumerate()
-            .map(|(unit, &(_, _, rows))| {
-                base += rows;
-                (unit, base - rows, rows)
-            })
-            .collect()
+        units_of(self.groups.iter().map(|g| g.2).enumerate())
     }
 
     fn parallel(&self) -> bool {
@@ -649,6 +641,17 @@ impl Source for ParquetSource {
         };
         row0_list_lengths(&batch, cols)
     }
+}
+
+/// [`Source::units`] of units `(unit, rows)` that follow one another: each with its first row.
+fn units_of(units: impl Iterator<Item = (usize, u64)>) -> Vec<(usize, u64, u64)> {
+    let mut base = 0u64;
+    units
+        .map(|(unit, rows)| {
+            base += rows;
+            (unit, base - rows, rows)
+        })
+        .collect()
 }
 
 /// The length of row 0 of each list column `cols` of `batch` (which must have a row).

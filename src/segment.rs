@@ -213,14 +213,7 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
             footer.version()
         )));
     }
-    let fb_schema = footer
-        .schema()
-        .ok_or_else(|| corrupt("footer has no schema".into()))?;
-    // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
-    let schema = catch_unwind(AssertUnwindSafe(|| {
-        arrow::ipc::convert::fb_to_schema(fb_schema)
-    }))
-    .map_err(|_| corrupt("unreadable schema in footer".into()))?;
+    let schema = footer_schema(&footer).map_err(corrupt)?;
     let mut metadata = HashMap::new();
     if let Some(kv) = footer.custom_metadata() {
         for e in kv {
@@ -263,6 +256,40 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
         map,
         mmap,
     })
+}
+
+/// The schema in an IPC file's footer.
+pub(crate) fn footer_schema(footer: &arrow::ipc::Footer) -> std::result::Result<Schema, String> {
+    let fb_schema = footer
+        .schema()
+        .ok_or_else(|| "footer has no schema".to_string())?;
+    // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
+    catch_unwind(AssertUnwindSafe(|| {
+        arrow::ipc::convert::fb_to_schema(fb_schema)
+    }))
+    .map_err(|_| "unreadable schema in footer".to_string())
+}
+
+/// The message of an IPC block, from the block's metadata bytes (an optional continuation
+/// marker, the flatbuffer's length, the flatbuffer), checked to lie inside them.
+pub(crate) fn block_message(header: &[u8]) -> std::result::Result<arrow::ipc::Message<'_>, String> {
+    if header.len() < 8 {
+        return Err(format!("{} bytes of block metadata", header.len()));
+    }
+    let (prefix, len) = if header[..4] == [0xff; 4] {
+        (8, &header[4..8])
+    } else {
+        (4, &header[..4])
+    };
+    let len = i32::from_le_bytes(len.try_into().expect("4 bytes"));
+    if len < 0 || prefix + len as usize > header.len() {
+        return Err(format!(
+            "message length {len} exceeds the block's metadata length {}",
+            header.len()
+        ));
+    }
+    arrow::ipc::root_as_message(&header[prefix..prefix + len as usize])
+        .map_err(|e| format!("invalid message: {e}"))
 }
 
 fn check_schema(expected: &Schema, found: &Schema) -> std::result::Result<(), String> {
@@ -309,20 +336,7 @@ fn check_block(
         .and_then(|x| x.checked_add(body_len))
         .filter(|&e| e <= footer_start)
         .ok_or_else(|| format!("block at {off} runs past the data section"))?;
-    let header = &data[off..off + meta_len];
-    let (prefix, msg_len) = if header[..4] == [0xff; 4] {
-        (8, &header[4..8])
-    } else {
-        (4, &header[..4])
-    };
-    let msg_len = i32::from_le_bytes(msg_len.try_into().expect("4 bytes"));
-    if msg_len < 0 || prefix + msg_len as usize > meta_len {
-        return Err(format!(
-            "message length {msg_len} exceeds the block's metadata length {meta_len}"
-        ));
-    }
-    let message = arrow::ipc::root_as_message(&header[prefix..prefix + msg_len as usize])
-        .map_err(|e| format!("invalid message: {e}"))?;
+    let message = block_message(&data[off..off + meta_len])?;
     if message.bodyLength() as usize != body_len {
         return Err(format!(
             "message body length {} differs from the footer's {body_len}",

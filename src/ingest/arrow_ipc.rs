@@ -113,19 +113,7 @@ impl ArrowSource {
             check_block(block).map_err(bad)?;
             let (off, meta_len) = (block.offset(), block.metaDataLength());
             let header = read_at(off as u64, meta_len as usize)?;
-            let (prefix, n) = if header[..4] == [0xff; 4] {
-                (8, &header[4..8])
-            } else {
-                (4, &header[..4])
-            };
-            let n = i32::from_le_bytes(n.try_into().expect("4 bytes"));
-            if n < 0 || prefix + n as usize > header.len() {
-                return Err(bad(format!(
-                    "message length {n} exceeds the block's metadata length {meta_len}"
-                )));
-            }
-            let message = arrow::ipc::root_as_message(&header[prefix..prefix + n as usize])
-                .map_err(|e| bad(format!("invalid message: {e}")))?;
+            let message = crate::segment::block_message(&header).map_err(bad)?;
             let batch = message
                 .header_as_record_batch()
                 .ok_or_else(|| bad("message is not a record batch".into()))?;
@@ -135,14 +123,7 @@ impl ArrowSource {
             rows.push(batch.length() as u64);
             blocks.push(*block);
         }
-        let fb_schema = footer
-            .schema()
-            .ok_or_else(|| corrupt("footer has no schema".into()))?;
-        // `fb_to_schema` panics on some malformed schemas in arrow 59.
-        let schema = catch_unwind(AssertUnwindSafe(|| {
-            arrow::ipc::convert::fb_to_schema(fb_schema)
-        }))
-        .map_err(|_| corrupt("unreadable schema in footer".into()))?;
+        let schema = crate::segment::footer_schema(&footer).map_err(corrupt)?;
         let version = footer.version();
         Ok(ArrowSource {
             path: path.to_path_buf(),
@@ -179,16 +160,13 @@ impl Source for ArrowSource {
     }
 
     fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
-        let mut base = 0u64;
-        self.rows
-            .iter()
-            .enumerate()
-            .filter(|&(_, &rows)| rows > 0)
-            .map(|(unit, &rows)| {
-                base += rows;
-                (unit, base - rows, rows)
-            })
-            .collect()
+        super::units_of(
+            self.rows
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|&(_, n)| n > 0),
+        )
     }
 
     fn parallel(&self) -> bool {
