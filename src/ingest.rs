@@ -372,34 +372,26 @@ pub fn ingest(
     opts: &IngestOptions,
     writer_opts: WriterOptions,
 ) -> Result<IngestReport> {
+    if format == InputFormat::Arrow && arrow_ipc::is_stream_file(input)? {
+        let file = File::open(input).map_err(|e| Error::io(input, e))?;
+        let name = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
+        return ingest_stream(
+            file,
+            &name,
+            dataset,
+            opts,
+            writer_opts,
+            CommitPolicy::default(),
+        );
+    }
     let started = Instant::now();
     let source = open_source(input, format, opts)?;
     let source = source.as_ref();
     let mut plan = Plan::build(source, opts)?;
-    let existed = dataset.exists();
-    let fresh = !existed || is_empty_dir(dataset)?;
-    let (ds, created) = if fresh {
-        match Dataset::create(dataset, &plan.schema) {
-            Ok(ds) => (ds, true),
-            // Someone else's non-empty directory: never remove it.
-            Err(e @ Error::InvalidArgument(_)) => return Err(e),
-            Err(e) => {
-                remove_created(dataset, existed);
-                return Err(e);
-            }
-        }
-    } else {
-        if !dataset.is_dir() {
-            return Err(Error::InvalidArgument(format!(
-                "{} exists and is not a dataset directory",
-                dataset.display()
-            )));
-        }
-        (Dataset::open(dataset)?, false)
-    };
+    let target = Target::open(dataset, &plan.schema)?;
     let result = (|| {
-        let mut writer = ds.writer(writer_opts)?;
-        if !created {
+        let mut writer = target.ds.writer(writer_opts)?;
+        if !target.created {
             plan.adopt(writer.schema(), input, dataset)?;
         }
         let (rows, episodes) = stream(source, &plan, opts, &mut writer)?;
@@ -415,10 +407,188 @@ pub fn ingest(
             boundaries: plan.boundaries(),
         })
     })();
-    if result.is_err() && created {
-        remove_created(dataset, existed);
+    if result.is_err() {
+        target.discard();
     }
     result
+}
+
+/// The dataset an ingest writes to: opened, or created (and then removed again if the ingest
+/// fails before committing anything).
+struct Target {
+    ds: Dataset,
+    path: PathBuf,
+    created: bool,
+    existed: bool,
+}
+
+impl Target {
+    fn open(dataset: &Path, schema: &TransitionSchema) -> Result<Self> {
+        let existed = dataset.exists();
+        let fresh = !existed || is_empty_dir(dataset)?;
+        let (ds, created) = if fresh {
+            match Dataset::create(dataset, schema) {
+                Ok(ds) => (ds, true),
+                // Someone else's non-empty directory: never remove it.
+                Err(e @ Error::InvalidArgument(_)) => return Err(e),
+                Err(e) => {
+                    remove_created(dataset, existed);
+                    return Err(e);
+                }
+            }
+        } else {
+            if !dataset.is_dir() {
+                return Err(Error::InvalidArgument(format!(
+                    "{} exists and is not a dataset directory",
+                    dataset.display()
+                )));
+            }
+            (Dataset::open(dataset)?, false)
+        };
+        Ok(Target {
+            ds,
+            path: dataset.to_path_buf(),
+            created,
+            existed,
+        })
+    }
+
+    /// Removes the dataset if this ingest created it.
+    fn discard(&self) {
+        if self.created {
+            remove_created(&self.path, self.existed);
+        }
+    }
+}
+
+/// Whether `path` is a file in the Arrow IPC stream format (which [`ingest`] reads in order,
+/// through [`ingest_stream`]).
+pub fn is_arrow_stream(path: &Path) -> Result<bool> {
+    arrow_ipc::is_stream_file(path)
+}
+
+/// When [`ingest_stream`] commits while its stream is still open, so that readers see episodes
+/// as they arrive (each commit holds whole episodes only). The default commits once, at the end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitPolicy {
+    /// Commit after this many new episodes.
+    pub episodes: Option<u64>,
+    /// Commit when this much time has passed since the last commit and there are new episodes
+    /// (checked as record batches arrive).
+    pub interval: Option<std::time::Duration>,
+}
+
+impl CommitPolicy {
+    fn due(&self, new_episodes: u64, since: std::time::Duration) -> bool {
+        new_episodes > 0
+            && (self.episodes.is_some_and(|n| new_episodes >= n)
+                || self.interval.is_some_and(|t| since >= t))
+    }
+}
+
+/// Ingests an Arrow IPC **stream** read from `reader` (a file in the stream format, or a live
+/// collector's pipe: `pa.ipc.new_stream(sys.stdout.buffer, schema)`), with the same options,
+/// conversions and checks as [`ingest`]. Record batches are converted as they arrive (memory
+/// holds one batch plus the episode in progress), and `policy` commits whole episodes while the
+/// stream is open. At the end of the stream the last episode is closed (truncated unless its
+/// last row is terminated) and committed. `name` names the input in messages and in the
+/// dataset's `source` property.
+///
+/// On an error (bad data, a broken stream) what was committed before it stays committed (a new
+/// dataset with no commit yet is removed); the error says so.
+pub fn ingest_stream(
+    reader: impl std::io::Read,
+    name: &Path,
+    dataset: &Path,
+    opts: &IngestOptions,
+    writer_opts: WriterOptions,
+    policy: CommitPolicy,
+) -> Result<IngestReport> {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let started = Instant::now();
+    let bad = |what: String| Error::corrupt(name, what);
+    let guarded = |f: &mut dyn FnMut() -> Option<
+        std::result::Result<RecordBatch, arrow::error::ArrowError>,
+    >,
+                   row: u64| {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(Some(Ok(b))) => Ok(Some(b)),
+            Ok(None) => Ok(None),
+            Ok(Some(Err(e))) => Err(bad(format!("after row {row}: {e}"))),
+            Err(_) => Err(bad(format!("after row {row}: undecodable record batch"))),
+        }
+    };
+    let mut batches = catch_unwind(AssertUnwindSafe(|| {
+        arrow::ipc::reader::StreamReader::try_new(std::io::BufReader::new(reader), None)
+    }))
+    .map_err(|_| bad("undecodable Arrow IPC stream schema".into()))?
+    .map_err(|e| bad(format!("not an Arrow IPC stream: {e}")))?;
+    // The first batch is read before planning: list lengths come from its first row.
+    let first = guarded(&mut || batches.next(), 0)?;
+    let head = arrow_ipc::StreamHead::new(name, batches.schema(), first.clone());
+    let mut plan = Plan::build(&head, opts)?;
+    let target = Target::open(dataset, &plan.schema)?;
+    let pb = if opts.progress {
+        let pb = ProgressBar::new_spinner();
+        if let Ok(style) =
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {human_pos} rows, {per_sec}")
+        {
+            pb.set_style(style);
+        }
+        pb
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut committed: Option<(u64, u64)> = None;
+    let result = (|| {
+        let mut writer = target.ds.writer(writer_opts)?;
+        if !target.created {
+            plan.adopt(writer.schema(), name, dataset)?;
+        }
+        writer.set_property(SOURCE_PROPERTY, name.display().to_string());
+        let mut asm = Assembler::new(&mut writer, &plan);
+        let (mut at_commit, mut commit_time) = (0u64, Instant::now());
+        let mut next = first;
+        while let Some(batch) = next {
+            let batch = batch.project(&plan.projection)?;
+            let step = opts.batch_rows.max(1);
+            for off in (0..batch.num_rows()).step_by(step) {
+                let part = batch.slice(off, step.min(batch.num_rows() - off));
+                let chunk = convert(&plan, &part, asm.rows)?;
+                asm.push(chunk)?;
+            }
+            pb.inc(batch.num_rows() as u64);
+            if policy.due(asm.episodes - at_commit, commit_time.elapsed()) {
+                let v = asm.writer.commit()?;
+                committed = Some((v, asm.episodes));
+                (at_commit, commit_time) = (asm.episodes, Instant::now());
+            }
+            next = guarded(&mut || batches.next(), asm.rows)?;
+        }
+        asm.finish()?;
+        let (rows, episodes) = (asm.rows, asm.episodes);
+        let version = writer.commit()?;
+        Ok(IngestReport {
+            rows,
+            episodes,
+            version,
+            seconds: started.elapsed().as_secs_f64(),
+            columns: plan.mapping(),
+            boundaries: plan.boundaries(),
+        })
+    })();
+    pb.finish_and_clear();
+    match (result, committed) {
+        (Ok(r), _) => Ok(r),
+        (Err(e), None) => {
+            target.discard();
+            Err(e)
+        }
+        (Err(e), Some((v, episodes))) => Err(Error::InvalidData(format!(
+            "{e} (version {v}, committed before the error with {episodes} episodes of this \
+             stream, is kept)"
+        ))),
+    }
 }
 
 fn remove_created(dataset: &Path, existed_empty: bool) {
@@ -1662,7 +1832,21 @@ struct Assembler<'a> {
     rows: u64,
 }
 
-impl Assembler<'_> {
+impl<'a> Assembler<'a> {
+    fn new(writer: &'a mut DatasetWriter, plan: &'a Plan) -> Self {
+        Assembler {
+            writer,
+            plan,
+            pending: vec![],
+            current: None,
+            finished: HashSet::new(),
+            last_terminated: false,
+            last_truncated: false,
+            episodes: 0,
+            rows: 0,
+        }
+    }
+
     fn show_id(&self, bits: u64) -> String {
         match &self.plan.episode {
             Some(e) if e.signed => (bits as i64).to_string(),
@@ -1803,17 +1987,7 @@ fn stream(
     } else {
         1
     };
-    let mut asm = Assembler {
-        writer,
-        plan,
-        pending: vec![],
-        current: None,
-        finished: HashSet::new(),
-        last_terminated: false,
-        last_truncated: false,
-        episodes: 0,
-        rows: 0,
-    };
+    let mut asm = Assembler::new(writer, plan);
     let result = std::thread::scope(|s| -> Result<()> {
         let (tx, rx) = sync_channel::<Result<Vec<Chunk>>>(window);
         s.spawn(move || {

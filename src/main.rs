@@ -303,6 +303,14 @@ struct IngestArgs {
     /// Columns to leave out (other columns are kept as user columns).
     #[arg(long, value_delimiter = ',', value_name = "A,B,..")]
     drop_cols: Vec<String>,
+    /// Stream input (`-` or an Arrow IPC stream file): commit after every N new episodes, so
+    /// readers see them while the stream is still open.
+    #[arg(long, value_name = "N")]
+    commit_every: Option<u64>,
+    /// Stream input: commit when S seconds have passed since the last commit and new episodes
+    /// have arrived (checked as record batches arrive).
+    #[arg(long, value_name = "S")]
+    commit_secs: Option<f64>,
     #[command(flatten)]
     write: WriteArgs,
     /// Print a JSON summary instead of text.
@@ -543,10 +551,34 @@ fn demo(a: DemoArgs) -> Result<()> {
 
 fn ingest(a: IngestArgs) -> Result<()> {
     use trajstore::ingest::{IngestOptions, InputFormat};
+    let stdin = a.input.as_os_str() == "-";
     let format = match a.format {
         Some(f) => f.into(),
+        None if stdin => InputFormat::Arrow,
         None => InputFormat::detect(&a.input)?,
     };
+    if stdin && format != InputFormat::Arrow {
+        bail!("`-` reads an Arrow IPC stream from stdin; --format must be arrow");
+    }
+    let policy = trajstore::ingest::CommitPolicy {
+        episodes: a.commit_every,
+        interval: match a.commit_secs {
+            Some(s) if !(s.is_finite() && s > 0.0) => bail!("--commit-secs must be positive"),
+            s => s.map(std::time::Duration::from_secs_f64),
+        },
+    };
+    if a.commit_every == Some(0) {
+        bail!("--commit-every must be at least 1");
+    }
+    let streamed = stdin
+        || (format == InputFormat::Arrow
+            && trajstore::ingest::is_arrow_stream(&a.input).unwrap_or(false));
+    if policy != Default::default() && !streamed {
+        bail!(
+            "--commit-every and --commit-secs apply to streams (`-` or an Arrow IPC stream file); \
+             a file is committed once, whole"
+        );
+    }
     let mut o = IngestOptions::default();
     o.episode_col = a.episode_col;
     o.terminated_col = a.terminated_col;
@@ -560,7 +592,18 @@ fn ingest(a: IngestArgs) -> Result<()> {
     o.next_observation_col = a.next_observation_col;
     o.drop_cols = a.drop_cols;
     o.progress = !a.json;
-    let report = trajstore::ingest::ingest(&a.input, format, &a.dataset, &o, a.write.options())?;
+    let report = if streamed {
+        let (name, input): (PathBuf, Box<dyn std::io::Read>) = if stdin {
+            ("stdin".into(), Box::new(std::io::stdin().lock()))
+        } else {
+            let f = std::fs::File::open(&a.input)
+                .with_context(|| format!("cannot open {}", a.input.display()))?;
+            (a.input.clone(), Box::new(f))
+        };
+        trajstore::ingest::ingest_stream(input, &name, &a.dataset, &o, a.write.options(), policy)?
+    } else {
+        trajstore::ingest::ingest(&a.input, format, &a.dataset, &o, a.write.options())?
+    };
     if a.json {
         let columns: serde_json::Map<String, serde_json::Value> = report
             .columns

@@ -966,7 +966,7 @@ fn arrow_ipc_files_ingest_like_parquet() {
         assert_eq!(rewards(&a), rewards(&b), "episode {id}");
     }
 
-    // The stream format is named, with what to write instead.
+    // A file in the stream format is read in order, to the same dataset.
     let stream = dir.path().join("s.arrows");
     {
         let mut w = arrow::ipc::writer::StreamWriter::try_new(
@@ -974,16 +974,137 @@ fn arrow_ipc_files_ingest_like_parquet() {
             &batch.schema(),
         )
         .unwrap();
-        w.write(&batch).unwrap();
+        for off in (0..n).step_by(64) {
+            w.write(&batch.slice(off, 64.min(n - off))).unwrap();
+        }
         w.finish().unwrap();
     }
-    let err = ingest(
+    let out = dir.path().join("ds-stream");
+    let r = ingest(
         &stream,
         InputFormat::detect(&stream).unwrap(),
-        &dir.path().join("z"),
+        &out,
         &d4rl_options(),
         small_writer(),
     )
-    .unwrap_err();
-    assert!(err.to_string().contains("IPC stream"), "{err}");
+    .unwrap();
+    assert_eq!((r.rows, r.episodes), (n as u64, expected.len() as u64));
+    let got = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(ends(&got), ends(&want));
+    for id in 0..want.num_episodes() {
+        assert_eq!(got.episode(id), want.episode(id), "stream: episode {id}");
+    }
+}
+
+/// A live collector pipes an Arrow IPC stream into `trajstore ingest -`: with `--commit-every`,
+/// readers see its episodes while the pipe is still open; the end of the stream commits the
+/// rest; a broken stream keeps what was committed before it.
+#[test]
+fn a_live_arrow_stream_on_stdin_commits_as_it_goes() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, expected) = d4rl_batch();
+    let n = batch.num_rows();
+    // The first three episodes end at row 390.
+    assert_eq!(expected[3].0, 390);
+    let want = dir.path().join("from-parquet");
+    let pq = dir.path().join("d4rl.parquet");
+    write_parquet(&pq, &batch, 100);
+    ingest_parquet(&pq, &want, &d4rl_options(), small_writer()).unwrap();
+    let want = Dataset::open(&want).unwrap().snapshot().unwrap();
+    let collector = |out: &Path, commit_every: &str| {
+        Command::new(env!("CARGO_BIN_EXE_trajstore"))
+            .args([
+                "ingest",
+                "-",
+                out.to_str().unwrap(),
+                "--observation-col",
+                "observations",
+                "--action-col",
+                "actions",
+                "--reward-col",
+                "rewards",
+                "--terminated-col",
+                "terminals",
+                "--truncated-col",
+                "timeouts",
+                "--commit-every",
+                commit_every,
+                "--json",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Waits (up to a deadline, not a speed claim) until `out` has `episodes` committed.
+    let committed = |out: &Path, episodes: u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(snap) = Dataset::open(out).and_then(|d| d.snapshot())
+                && snap.num_episodes() >= episodes
+            {
+                return snap;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no commit of {episodes} episodes"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    let out = dir.path().join("live");
+    let mut child = collector(&out, "2");
+    let mut w =
+        arrow::ipc::writer::StreamWriter::try_new(child.stdin.take().unwrap(), &batch.schema())
+            .unwrap();
+    w.write(&batch.slice(0, 390)).unwrap();
+    w.flush().unwrap();
+    let live = committed(&out, 3);
+    assert_eq!(live.num_episodes(), 3, "whole episodes only");
+    for id in 0..3 {
+        assert_eq!(live.episode(id), want.episode(id));
+    }
+    w.write(&batch.slice(390, n - 390)).unwrap();
+    w.finish().unwrap();
+    drop(w);
+    let done = child.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(report["rows"], n as u64, "{report}");
+    let got = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(ends(&got), ends(&want));
+    for id in 0..want.num_episodes() {
+        assert_eq!(got.episode(id), want.episode(id), "episode {id}");
+    }
+
+    // Garbage after a commit: the ingest fails, says what it kept, and keeps it.
+    let out = dir.path().join("broken");
+    let mut child = collector(&out, "1");
+    // The stream's bytes so far (schema, then the batch), without its end-of-stream marker.
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema()).unwrap();
+    w.write(&batch.slice(0, 390)).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(w.get_ref()).unwrap();
+    stdin.flush().unwrap();
+    committed(&out, 3);
+    stdin
+        .write_all(b"\xff\xff\xff\xff\x20\x00\x00\x00not a flatbuffer message at all..")
+        .unwrap();
+    drop(stdin);
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(!done.status.success());
+    assert!(err.contains("stdin") && err.contains("is kept"), "{err}");
+    let kept = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(kept.num_episodes(), 3);
+    trajstore::verify::verify(&kept, |_| {}).unwrap();
 }

@@ -1,6 +1,7 @@
-//! Arrow IPC file input (`.arrow`, `.feather`, `.ipc`: pyarrow's `ipc.new_file` and
-//! `feather.write_feather`, Polars' `write_ipc`, DuckDB's and trajstore's own `--format arrow`
-//! output): one unit per record batch, read in parallel.
+//! Arrow IPC input. Files (`.arrow`, `.feather`, `.ipc`: pyarrow's `ipc.new_file` and
+//! `feather.write_feather`, Polars' `write_ipc`, trajstore's own `sql --format arrow` output):
+//! one unit per record batch, read in parallel. Streams (`.arrows`, or a collector's pipe) are
+//! read in order by `ingest_stream`, which needs only their [`StreamHead`] to plan.
 //!
 //! The footer and each record batch's message header are read and checked at open (a few
 //! hundred bytes per batch), so row counts are known without reading column data. A unit is then
@@ -28,6 +29,69 @@ const MAGIC: &[u8; 6] = b"ARROW1";
 /// Whether `head` (a file's first bytes) starts like an Arrow IPC stream rather than a file.
 pub(crate) fn is_stream(head: &[u8]) -> bool {
     head.starts_with(&[0xff, 0xff, 0xff, 0xff])
+}
+
+/// Whether the file at `path` is in the IPC stream format (by its first bytes).
+pub(crate) fn is_stream_file(path: &Path) -> Result<bool> {
+    let mut head = [0u8; 4];
+    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let n = std::io::Read::read(&mut f, &mut head).map_err(|e| Error::io(path, e))?;
+    Ok(is_stream(&head[..n]))
+}
+
+/// What planning an ingest of an IPC stream needs from it: its schema and first batch (for
+/// the lengths of list columns). Its batches are read by `ingest_stream` itself, in order.
+pub(crate) struct StreamHead {
+    path: PathBuf,
+    schema: SchemaRef,
+    first: Option<RecordBatch>,
+}
+
+impl StreamHead {
+    pub(crate) fn new(path: &Path, schema: SchemaRef, first: Option<RecordBatch>) -> Self {
+        StreamHead {
+            path: path.to_path_buf(),
+            schema,
+            first,
+        }
+    }
+}
+
+impl Source for StreamHead {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
+        vec![]
+    }
+
+    fn parallel(&self) -> bool {
+        false
+    }
+
+    fn read(&self, _: usize, _: &[usize], _: usize) -> Result<Vec<RecordBatch>> {
+        Err(Error::InvalidArgument(
+            "a stream is read in order by ingest_stream".into(),
+        ))
+    }
+
+    fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
+        match &self.first {
+            _ if cols.is_empty() => Ok(vec![]),
+            Some(b) if b.num_rows() > 0 => super::row0_list_lengths(b, cols),
+            _ => Err(Error::InvalidData(format!(
+                "{}: the stream's first record batch has no rows, so the length of list column \
+                 `{}` cannot be inferred",
+                self.path.display(),
+                cols[0]
+            ))),
+        }
+    }
 }
 
 pub(crate) struct ArrowSource {
@@ -61,9 +125,8 @@ impl ArrowSource {
         let head = read_at(0, 8)?;
         if is_stream(&head) {
             return Err(Error::InvalidArgument(format!(
-                "{} is an Arrow IPC stream; trajstore ingests the IPC file format (pyarrow: \
-                 `pa.ipc.new_file`, Polars: `write_ipc`), whose footer lets it read batches in \
-                 parallel",
+                "{} is an Arrow IPC stream: ingest it with `ingest` (which reads streams in \
+                 order) rather than as a file source",
                 path.display()
             )));
         }
