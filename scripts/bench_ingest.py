@@ -31,6 +31,9 @@ With --format arrow the input is the same table as an Arrow IPC file written by 
 writes by default), and the times are:
   pyarrow:   ipc.open_file(...).read_all() + ipc.new_file(...).write_table + sync (no episode logic)
   trajstore: trajstore ingest INPUT.arrow DATASET --episode-col episode ...; its peak RSS too
+With --format arrow --stream the input is in the IPC stream format and trajstore reads it from
+stdin (`trajstore ingest - DATASET ... < input.arrows`, as a live collector's pipe would feed it);
+the baseline reads the stream with ipc.open_stream instead.
 
 With --format npydir the input is a directory of .npy files with D4RL's keys, written in chunks
 through np.lib.format.open_memmap (so --n can exceed memory; episodes have the mean length but no
@@ -136,6 +139,7 @@ def main():
     p.add_argument("--dir", default=None)
     p.add_argument("--format", choices=["parquet", "npz", "torchrl", "npydir", "hdf5", "arrow"], default="parquet")
     p.add_argument("--compressed", action="store_true", help="npz: np.savez_compressed; hdf5: gzip; arrow: LZ4")
+    p.add_argument("--stream", action="store_true", help="arrow: the IPC stream format, ingested from stdin")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="trajstore-bench-", dir=a.dir)
     try:
@@ -270,36 +274,41 @@ def bench_arrow(a, work):
     episodes = make_parquet(tmp, a.n, a.obs_dim, a.act_dim, a.mean_len, 0)
     t = pq.read_table(tmp)
     os.remove(tmp)
-    src = os.path.join(work, "input.arrow")
+    src = os.path.join(work, "input.arrows" if a.stream else "input.arrow")
     opts = ipc.IpcWriteOptions(compression="lz4" if a.compressed else None)
-    with ipc.new_file(src, t.schema, options=opts) as w:
+    with (ipc.new_stream if a.stream else ipc.new_file)(src, t.schema, options=opts) as w:
         w.write_table(t, max_chunksize=1 << 20)
     del t
     out_ipc = os.path.join(work, "pyarrow.arrow")
 
     def pyarrow_convert():
-        with ipc.open_file(src) as r:
+        with (ipc.open_stream if a.stream else ipc.open_file)(src) as r:
             table = r.read_all()
         with ipc.new_file(out_ipc, table.schema) as w:
             w.write_table(table, max_chunksize=1 << 20)
         os.sync()
 
     ds = os.path.join(work, "ts.trajstore")
-    args = ["ingest", src, ds, "--episode-col", "episode", "--terminated-col", "terminated",
-            "--truncated-col", "truncated", "--json"]
+    args = ["ingest", "-" if a.stream else src, ds, "--episode-col", "episode", "--terminated-col",
+            "terminated", "--truncated-col", "truncated", "--json"]
+
+    def run(cmd, **kw):
+        if a.stream:
+            with open(src, "rb") as f:
+                return subprocess.run(cmd, stdin=f, check=True, **kw)
+        return subprocess.run(cmd, check=True, **kw)
 
     def trajstore_ingest():
         shutil.rmtree(ds, ignore_errors=True)
-        subprocess.run([a.bin] + args, check=True, stdout=subprocess.DEVNULL)
+        run([a.bin] + args, stdout=subprocess.DEVNULL)
 
     t_py = best(pyarrow_convert, a.repeat)
     t_ts = best(trajstore_ingest, a.repeat)
     shutil.rmtree(ds, ignore_errors=True)
-    timed = subprocess.run(["/usr/bin/time", "-f", "%M", a.bin] + args,
-                           check=True, capture_output=True, text=True)
+    timed = run(["/usr/bin/time", "-f", "%M", a.bin] + args, capture_output=True, text=True)
     rss = int(timed.stderr.strip().splitlines()[-1]) * 1024
     print(json.dumps({
-        "format": "arrow", "transitions": a.n, "episodes": episodes, "compressed": a.compressed,
+        "format": "arrow", "stream": a.stream, "transitions": a.n, "episodes": episodes, "compressed": a.compressed,
         "input_bytes": os.path.getsize(src),
         "pyarrow_ipc_to_ipc_s": round(t_py, 3),
         "trajstore_ingest_s": round(t_ts, 3),
