@@ -471,7 +471,8 @@ pub fn is_arrow_stream(path: &Path) -> Result<bool> {
 /// as they arrive (each commit holds whole episodes only). The default commits once, at the end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitPolicy {
-    /// Commit after this many new episodes.
+    /// Commit once at least this many new episodes have ended (checked after each record
+    /// batch, so a commit holds whole batches' worth of finished episodes).
     pub episodes: Option<u64>,
     /// Commit when this much time has passed since the last commit and there are new episodes
     /// (checked as record batches arrive).

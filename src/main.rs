@@ -303,8 +303,8 @@ struct IngestArgs {
     /// Columns to leave out (other columns are kept as user columns).
     #[arg(long, value_delimiter = ',', value_name = "A,B,..")]
     drop_cols: Vec<String>,
-    /// Stream input (`-` or an Arrow IPC stream file): commit after every N new episodes, so
-    /// readers see them while the stream is still open.
+    /// Stream input (`-` or an Arrow IPC stream file): commit once N new episodes have ended
+    /// (checked after each record batch), so readers see them while the stream is still open.
     #[arg(long, value_name = "N")]
     commit_every: Option<u64>,
     /// Stream input: commit when S seconds have passed since the last commit and new episodes
