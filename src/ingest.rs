@@ -398,14 +398,7 @@ pub fn ingest(
         let canonical = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
         writer.set_property(SOURCE_PROPERTY, canonical.display().to_string());
         let version = writer.commit()?;
-        Ok(IngestReport {
-            rows,
-            episodes,
-            version,
-            seconds: started.elapsed().as_secs_f64(),
-            columns: plan.mapping(),
-            boundaries: plan.boundaries(),
-        })
+        Ok(plan.report(rows, episodes, version, started))
     })();
     if result.is_err() {
         target.discard();
@@ -569,14 +562,7 @@ pub fn ingest_stream(
         asm.finish()?;
         let (rows, episodes) = (asm.rows, asm.episodes);
         let version = writer.commit()?;
-        Ok(IngestReport {
-            rows,
-            episodes,
-            version,
-            seconds: started.elapsed().as_secs_f64(),
-            columns: plan.mapping(),
-            boundaries: plan.boundaries(),
-        })
+        Ok(plan.report(rows, episodes, version, started))
     })();
     pb.finish_and_clear();
     match (result, committed) {
@@ -1101,6 +1087,18 @@ fn user_type(dt: &DataType) -> Option<DataType> {
 }
 
 impl Plan {
+    /// What an ingest that used this plan reports.
+    fn report(&self, rows: u64, episodes: u64, version: u64, started: Instant) -> IngestReport {
+        IngestReport {
+            rows,
+            episodes,
+            version,
+            seconds: started.elapsed().as_secs_f64(),
+            columns: self.mapping(),
+            boundaries: self.boundaries(),
+        }
+    }
+
     fn build(source: &dyn Source, opts: &IngestOptions) -> Result<Plan> {
         let input = source.path();
         let file_schema = source.schema();
