@@ -110,3 +110,84 @@ fn pyarrow_polars_duckdb_read_what_we_wrote() {
     assert!(stdout.contains("ok: pyarrow"), "{stdout}");
     eprintln!("{stdout}");
 }
+
+/// A Python collector (pyarrow) pipes finished episodes, one record batch each, into
+/// `trajstore ingest -` as an Arrow IPC stream, the way the README shows; the dataset holds
+/// exactly what it sent.
+#[test]
+fn a_pyarrow_collector_streams_episodes_into_trajstore_ingest() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("live.trajstore");
+    let script = r#"
+import subprocess, sys
+import numpy as np, pyarrow as pa
+binary, out = sys.argv[1], sys.argv[2]
+schema = pa.schema([("observation", pa.list_(pa.float32(), 4)), ("action", pa.int64()),
+                    ("reward", pa.float32()), ("terminated", pa.bool_()), ("truncated", pa.bool_())])
+proc = subprocess.Popen([binary, "ingest", "-", out, "--commit-every", "2", "--json"],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+row = 0
+with pa.ipc.new_stream(proc.stdin, schema) as w:
+    for ep in range(7):
+        n = 5 + 3 * ep
+        i = np.arange(row, row + n)
+        last = np.arange(n) == n - 1
+        w.write_batch(pa.record_batch([
+            pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(i, 4).astype(np.float32)), 4),
+            pa.array(i % 3),
+            pa.array((i * 0.5).astype(np.float32)),
+            pa.array(last & (ep % 2 == 0)),
+            pa.array(last & (ep % 2 == 1)),
+        ], schema=schema))
+        row += n
+out, _ = proc.communicate()  # closes stdin: the end of the stream
+sys.exit(proc.returncode)
+"#;
+    let status = Command::new(&py)
+        .args([
+            "-c",
+            script,
+            env!("CARGO_BIN_EXE_trajstore"),
+            out.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    let lengths: Vec<u64> = (0..7).map(|e| 5 + 3 * e).collect();
+    assert_eq!(snap.episodes().lengths(), lengths.as_slice());
+    assert!(
+        snap.version() >= 4,
+        "commits while streaming: version {}",
+        snap.version()
+    );
+    let mut row = 0u64;
+    for (ep, &n) in lengths.iter().enumerate() {
+        let b = snap.episode(ep as u64).unwrap();
+        let reward = b.column_by_name(col::REWARD).unwrap();
+        let want: Vec<f32> = (row..row + n).map(|i| i as f32 * 0.5).collect();
+        assert_eq!(reward.as_primitive::<Float32Type>().values(), &want[..]);
+        let action = b.column_by_name(col::ACTION).unwrap();
+        let want: Vec<i64> = (row..row + n).map(|i| (i % 3) as i64).collect();
+        assert_eq!(
+            action
+                .as_primitive::<arrow::datatypes::Int64Type>()
+                .values(),
+            &want[..],
+            "integer actions stay integers"
+        );
+        let flag = |name| {
+            b.column_by_name(name)
+                .unwrap()
+                .as_boolean()
+                .value(n as usize - 1)
+        };
+        assert_eq!(
+            (flag(col::TERMINATED), flag(col::TRUNCATED)),
+            (ep % 2 == 0, ep % 2 == 1),
+            "episode {ep}"
+        );
+        row += n;
+    }
+}
