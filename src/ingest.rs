@@ -341,6 +341,11 @@ pub fn infer_schema(
     format: InputFormat,
     opts: &IngestOptions,
 ) -> Result<TransitionSchema> {
+    if format == InputFormat::Arrow && arrow_ipc::is_stream_file(input)? {
+        let file = File::open(input).map_err(|e| Error::io(input, e))?;
+        let (_, head) = arrow_ipc::open_stream(file, input)?;
+        return Ok(Plan::build(&head, opts)?.schema);
+    }
     let source = open_source(input, format, opts)?;
     Ok(Plan::build(source.as_ref(), opts)?.schema)
 }
@@ -498,28 +503,9 @@ pub fn ingest_stream(
     writer_opts: WriterOptions,
     policy: CommitPolicy,
 ) -> Result<IngestReport> {
-    use std::panic::{AssertUnwindSafe, catch_unwind};
     let started = Instant::now();
-    let bad = |what: String| Error::corrupt(name, what);
-    let guarded = |f: &mut dyn FnMut() -> Option<
-        std::result::Result<RecordBatch, arrow::error::ArrowError>,
-    >,
-                   row: u64| {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(Some(Ok(b))) => Ok(Some(b)),
-            Ok(None) => Ok(None),
-            Ok(Some(Err(e))) => Err(bad(format!("after row {row}: {e}"))),
-            Err(_) => Err(bad(format!("after row {row}: undecodable record batch"))),
-        }
-    };
-    let mut batches = catch_unwind(AssertUnwindSafe(|| {
-        arrow::ipc::reader::StreamReader::try_new(std::io::BufReader::new(reader), None)
-    }))
-    .map_err(|_| bad("undecodable Arrow IPC stream schema".into()))?
-    .map_err(|e| bad(format!("not an Arrow IPC stream: {e}")))?;
-    // The first batch is read before planning: list lengths come from its first row.
-    let first = guarded(&mut || batches.next(), 0)?;
-    let head = arrow_ipc::StreamHead::new(name, batches.schema(), first.clone());
+    let (mut batches, head) = arrow_ipc::open_stream(reader, name)?;
+    let first = head.first().cloned();
     let mut plan = Plan::build(&head, opts)?;
     let target = Target::open(dataset, &plan.schema)?;
     let pb = if opts.progress {
@@ -557,7 +543,7 @@ pub fn ingest_stream(
                 committed = Some((v, asm.episodes));
                 (at_commit, commit_time) = (asm.episodes, Instant::now());
             }
-            next = guarded(&mut || batches.next(), asm.rows)?;
+            next = arrow_ipc::next_batch(&mut batches, name, asm.rows)?;
         }
         asm.finish()?;
         let (rows, episodes) = (asm.rows, asm.episodes);

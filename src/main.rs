@@ -598,7 +598,8 @@ fn ingest(a: IngestArgs) -> Result<()> {
         } else {
             let f = std::fs::File::open(&a.input)
                 .with_context(|| format!("cannot open {}", a.input.display()))?;
-            (a.input.clone(), Box::new(f))
+            let name = std::fs::canonicalize(&a.input).unwrap_or_else(|_| a.input.clone());
+            (name, Box::new(f))
         };
         trajstore::ingest::ingest_stream(input, &name, &a.dataset, &o, a.write.options(), policy)?
     } else {

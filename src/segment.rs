@@ -194,17 +194,9 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     // passed along keeps alive for as long as any buffer sliced from it exists.
     let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
     let data = map.as_slice();
-    if &data[..6] != MAGIC || &data[len - 6..] != MAGIC {
-        return Err(corrupt(
-            "missing ARROW1 magic (not an Arrow IPC file, or truncated)".into(),
-        ));
-    }
-    let footer_len = i32::from_le_bytes(data[len - 10..len - 6].try_into().expect("4 bytes"));
-    let footer_end = len - 10;
-    if footer_len <= 0 || footer_len as usize > footer_end - 8 {
-        return Err(corrupt(format!("footer length {footer_len} out of bounds")));
-    }
-    let footer_start = footer_end - footer_len as usize;
+    let (footer_start, footer_end) =
+        footer_span(&data[..8], &data[len - 10..], len as u64).map_err(corrupt)?;
+    let (footer_start, footer_end) = (footer_start as usize, footer_end as usize);
     let footer = arrow::ipc::root_as_footer(&data[footer_start..footer_end])
         .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
     if footer.version() != MetadataVersion::V5 {
@@ -256,6 +248,47 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
         map,
         mmap,
     })
+}
+
+/// Where an IPC file's footer lies, `(start, end)`, from the file's first 8 and last 10 bytes
+/// (magic, footer length, magic) and its length.
+pub(crate) fn footer_span(
+    head: &[u8],
+    tail: &[u8],
+    len: u64,
+) -> std::result::Result<(u64, u64), String> {
+    if len < MIN_FILE_LEN as u64 {
+        return Err(format!("{len} bytes is too short for an Arrow IPC file"));
+    }
+    if &head[..6] != MAGIC || &tail[4..10] != MAGIC {
+        return Err("missing ARROW1 magic (not an Arrow IPC file, or truncated)".into());
+    }
+    let footer_len = i32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
+    let footer_end = len - 10;
+    if footer_len <= 0 || footer_len as u64 > footer_end - 8 {
+        return Err(format!("footer length {footer_len} out of bounds"));
+    }
+    Ok((footer_end - footer_len as u64, footer_end))
+}
+
+/// A footer block's `(offset, metadata length, body length)`, checked to lie in the data
+/// section (before `footer_start`).
+pub(crate) fn block_span(
+    block: &Block,
+    footer_start: u64,
+) -> std::result::Result<(usize, usize, usize), String> {
+    let (off, meta_len, body_len) = (block.offset(), block.metaDataLength(), block.bodyLength());
+    if off < 8 || meta_len < 8 || body_len < 0 {
+        return Err(format!(
+            "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
+        ));
+    }
+    (off as u64)
+        .checked_add(meta_len as u64)
+        .and_then(|x| x.checked_add(body_len as u64))
+        .filter(|&e| e <= footer_start)
+        .ok_or_else(|| format!("block at {off} runs past the data section"))?;
+    Ok((off as usize, meta_len as usize, body_len as usize))
 }
 
 /// The schema in an IPC file's footer.
@@ -324,18 +357,8 @@ fn check_block(
     footer_start: usize,
     data: &[u8],
 ) -> std::result::Result<(usize, usize), String> {
-    let (off, meta_len, body_len) = (block.offset(), block.metaDataLength(), block.bodyLength());
-    if off < 8 || meta_len < 8 || body_len < 0 {
-        return Err(format!(
-            "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
-        ));
-    }
-    let (off, meta_len, body_len) = (off as usize, meta_len as usize, body_len as usize);
-    let end = off
-        .checked_add(meta_len)
-        .and_then(|x| x.checked_add(body_len))
-        .filter(|&e| e <= footer_start)
-        .ok_or_else(|| format!("block at {off} runs past the data section"))?;
+    let (off, meta_len, body_len) = block_span(block, footer_start as u64)?;
+    let end = off + meta_len + body_len;
     let message = block_message(&data[off..off + meta_len])?;
     if message.bodyLength() as usize != body_len {
         return Err(format!(

@@ -979,6 +979,9 @@ fn arrow_ipc_files_ingest_like_parquet() {
         }
         w.finish().unwrap();
     }
+    let inferred =
+        trajstore::ingest::infer_schema(&stream, InputFormat::Arrow, &d4rl_options()).unwrap();
+    assert_eq!(&inferred, want.schema(), "a stream's schema from its head");
     let out = dir.path().join("ds-stream");
     let r = ingest(
         &stream,

@@ -11,6 +11,7 @@
 //! program may change it while it is read.
 
 use std::fs::File;
+use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -18,13 +19,11 @@ use std::path::{Path, PathBuf};
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::reader::FileDecoder;
+use arrow::ipc::reader::{FileDecoder, StreamReader};
 use arrow::ipc::{Block, MetadataVersion};
 
 use super::Source;
 use crate::error::{Error, Result};
-
-const MAGIC: &[u8; 6] = b"ARROW1";
 
 /// Whether `head` (a file's first bytes) starts like an Arrow IPC stream rather than a file.
 pub(crate) fn is_stream(head: &[u8]) -> bool {
@@ -48,12 +47,46 @@ pub(crate) struct StreamHead {
 }
 
 impl StreamHead {
-    pub(crate) fn new(path: &Path, schema: SchemaRef, first: Option<RecordBatch>) -> Self {
-        StreamHead {
-            path: path.to_path_buf(),
-            schema,
-            first,
-        }
+    /// The stream's first record batch (`None` for a stream without batches).
+    pub(crate) fn first(&self) -> Option<&RecordBatch> {
+        self.first.as_ref()
+    }
+}
+
+/// An IPC stream reader over `reader`.
+pub(crate) type Batches<R> = StreamReader<BufReader<R>>;
+
+/// Opens the IPC stream `reader` (named `name` in errors): its schema and first batch, read
+/// for planning, and the reader positioned after that batch.
+pub(crate) fn open_stream<R: Read>(reader: R, name: &Path) -> Result<(Batches<R>, StreamHead)> {
+    let mut batches = catch_unwind(AssertUnwindSafe(|| {
+        StreamReader::try_new(BufReader::new(reader), None)
+    }))
+    .map_err(|_| Error::corrupt(name, "undecodable Arrow IPC stream schema"))?
+    .map_err(|e| Error::corrupt(name, format!("not an Arrow IPC stream: {e}")))?;
+    let first = next_batch(&mut batches, name, 0)?;
+    let head = StreamHead {
+        path: name.to_path_buf(),
+        schema: batches.schema(),
+        first,
+    };
+    Ok((batches, head))
+}
+
+/// The stream's next record batch (`None` at its end); `row` (rows read so far) locates errors.
+pub(crate) fn next_batch<R: Read>(
+    batches: &mut Batches<R>,
+    name: &Path,
+    row: u64,
+) -> Result<Option<RecordBatch>> {
+    match catch_unwind(AssertUnwindSafe(|| batches.next())) {
+        Ok(None) => Ok(None),
+        Ok(Some(Ok(b))) => Ok(Some(b)),
+        Ok(Some(Err(e))) => Err(Error::corrupt(name, format!("after row {row}: {e}"))),
+        Err(_) => Err(Error::corrupt(
+            name,
+            format!("after row {row}: undecodable record batch"),
+        )),
     }
 }
 
@@ -117,50 +150,21 @@ impl ArrowSource {
                 .map_err(|e| Error::io(path, e))?;
             Ok(buf)
         };
-        if len < 6 + 2 + 4 + 6 {
-            return Err(corrupt(format!(
-                "{len} bytes is too short for an Arrow IPC file"
-            )));
-        }
-        let head = read_at(0, 8)?;
+        let head = read_at(0, 8.min(len as usize))?;
         if is_stream(&head) {
             return Err(Error::InvalidArgument(format!(
-                "{} is an Arrow IPC stream: ingest it with `ingest` (which reads streams in \
-                 order) rather than as a file source",
+                "{} is an Arrow IPC stream, not a file: its batches are read in order (`ingest` \
+                 does so)",
                 path.display()
             )));
         }
-        let tail = read_at(len - 10, 10)?;
-        if &head[..6] != MAGIC || &tail[4..] != MAGIC {
-            return Err(corrupt(
-                "missing ARROW1 magic (not an Arrow IPC file, or truncated)".into(),
-            ));
-        }
-        let footer_len = i32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
-        let footer_end = len - 10;
-        if footer_len <= 0 || footer_len as u64 > footer_end - 8 {
-            return Err(corrupt(format!("footer length {footer_len} out of bounds")));
-        }
-        let footer_start = footer_end - footer_len as u64;
-        let footer_bytes = read_at(footer_start, footer_len as usize)?;
+        let tail = read_at(len.saturating_sub(10), 10.min(len as usize))?;
+        let (footer_start, footer_end) =
+            crate::segment::footer_span(&head, &tail, len).map_err(corrupt)?;
+        let footer_bytes = read_at(footer_start, (footer_end - footer_start) as usize)?;
         let footer = arrow::ipc::root_as_footer(&footer_bytes)
             .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
-        let check_block = |block: &Block| -> std::result::Result<(), String> {
-            let (off, meta_len, body_len) =
-                (block.offset(), block.metaDataLength(), block.bodyLength());
-            if off < 8 || meta_len < 8 || body_len < 0 {
-                return Err(format!(
-                    "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
-                ));
-            }
-            let end = (off as u64)
-                .checked_add(meta_len as u64)
-                .and_then(|x| x.checked_add(body_len as u64));
-            if end.is_none_or(|e| e > footer_start) {
-                return Err(format!("block at {off} runs past the data section"));
-            }
-            Ok(())
-        };
+        let check_block = |b: &Block| crate::segment::block_span(b, footer_start).map(|_| ());
         let dictionaries: Vec<Block> = footer
             .dictionaries()
             .into_iter()
