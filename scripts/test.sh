@@ -15,7 +15,7 @@ else
     echo "note: no Python venv with pyarrow and moto; the interop and S3 tests will be skipped" >&2
 fi
 echo "== cargo test (default features)" >&2
-cargo test "$@"
+cargo test --features fault-injection "$@"
 if [ "${TRAJSTORE_SKIP_TORCH:-}" = "1" ]; then
     echo "note: TRAJSTORE_SKIP_TORCH=1: the torch feature was not tested" >&2
     exit 0
@@ -30,4 +30,4 @@ else
     exit 0
 fi
 echo "== cargo test --features torch" >&2
-cargo test --features torch "$@"
+cargo test --features torch,fault-injection "$@"

@@ -31,9 +31,14 @@ pub enum Error {
         /// What this build reads.
         supported: String,
     },
-    /// Data does not match the dataset's schema.
-    #[error("schema mismatch: {0}")]
-    SchemaMismatch(String),
+    /// Data does not match the dataset's schema (or an input lacks a column it needs).
+    #[error("schema mismatch{}: {reason}", column.as_deref().map(|c| format!(" in column `{c}`")).unwrap_or_default())]
+    SchemaMismatch {
+        /// The column at fault, when one is.
+        column: Option<String>,
+        /// What was expected and what was found.
+        reason: String,
+    },
     /// Input data is inconsistent (a reappearing episode id, a null in a required column, ...).
     #[error("invalid data: {0}")]
     InvalidData(String),
@@ -97,6 +102,22 @@ impl Error {
             Error::NotFound { path }
         } else {
             Error::Io { path, source }
+        }
+    }
+
+    /// A [`Error::SchemaMismatch`] about column `column`.
+    pub fn schema(column: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::SchemaMismatch {
+            column: Some(column.into()),
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`Error::SchemaMismatch`] about the schema as a whole.
+    pub fn schema_mismatch(reason: impl Into<String>) -> Self {
+        Error::SchemaMismatch {
+            column: None,
+            reason: reason.into(),
         }
     }
 

@@ -1,12 +1,25 @@
-//! Crash points for crash-consistency tests.
+//! Crash and pause points for crash-consistency and concurrency tests, compiled in only with the
+//! `fault-injection` feature (which `scripts/test.sh` turns on): in every other build, release
+//! binaries included, a point is an empty inline function and no environment variable is read.
 //!
-//! When the environment variable `TRAJSTORE_CRASH_AT` names a point, the process aborts there (as
-//! a power cut or `kill -9` would). The variable is read once; with it unset, a point costs one
-//! load of a cached value.
+//! With the feature, when the environment variable `TRAJSTORE_CRASH_AT` names a point, the
+//! process aborts there (as a power cut or `kill -9` would). The variable is read once.
 
+#[cfg(feature = "fault-injection")]
 use std::sync::OnceLock;
 
+/// Without `fault-injection`: nothing.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) fn point(_name: &str) {}
+
+/// Without `fault-injection`: nothing.
+#[cfg(all(feature = "remote", not(feature = "fault-injection")))]
+#[inline(always)]
+pub(crate) fn pause(_name: &str) {}
+
 /// Aborts the process if `TRAJSTORE_CRASH_AT` equals `name`.
+#[cfg(feature = "fault-injection")]
 pub(crate) fn point(name: &str) {
     static TARGET: OnceLock<Option<String>> = OnceLock::new();
     let target = TARGET.get_or_init(|| std::env::var("TRAJSTORE_CRASH_AT").ok());
@@ -20,7 +33,7 @@ pub(crate) fn point(name: &str) {
 /// `TRAJSTORE_PAUSE_AT` equals `name`: tests of concurrent writers use it to let another writer
 /// run at exactly this point. `<file>.reached` is created on arrival. With the variables unset, a
 /// point costs one load of a cached value.
-#[cfg(feature = "remote")]
+#[cfg(all(feature = "remote", feature = "fault-injection"))]
 pub(crate) fn pause(name: &str) {
     static TARGET: OnceLock<Option<(String, std::path::PathBuf)>> = OnceLock::new();
     let target = TARGET.get_or_init(|| {

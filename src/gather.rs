@@ -11,10 +11,10 @@ use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::datatypes::{DataType, Field, Schema};
 use rayon::prelude::*;
 
-use crate::dataset::Snapshot;
 use crate::error::{Error, Result};
-use crate::format::{col, ep};
-use crate::sample::SliceRef;
+use crate::format::col;
+use crate::index::SliceRef;
+use crate::store::Snapshot;
 
 /// One gathered column: `num_slices * slice_len` steps of `width` values of `data_type` each,
 /// row-major `[B, L, width]`, in a 64-byte aligned buffer.
@@ -190,7 +190,7 @@ fn elem_size(dt: &DataType) -> usize {
 
 /// Where a requested column's values come from.
 #[derive(Debug)]
-enum Source {
+enum ColumnSource {
     /// A stored column: per segment, per record batch, its values from row 0 (bytes), or the
     /// boolean array for bool columns.
     Stored(Vec<Vec<Buffer>>),
@@ -204,12 +204,12 @@ enum Source {
 }
 
 #[derive(Debug)]
-struct ColumnPlan {
+struct GatherColumn {
     name: String,
     data_type: DataType,
     shape: Vec<usize>,
     width: usize,
-    source: Source,
+    source: ColumnSource,
 }
 
 /// Gathers plans from one snapshot. Build once per snapshot and column set (O(segments ×
@@ -217,7 +217,7 @@ struct ColumnPlan {
 #[derive(Debug)]
 pub struct Gatherer {
     snap: Snapshot,
-    columns: Vec<ColumnPlan>,
+    columns: Vec<GatherColumn>,
     /// Per episode position: bit 0 terminated, bit 1 truncated.
     episode_flags: Vec<u8>,
     /// Per segment: position of its first episode in the episode index.
@@ -273,14 +273,14 @@ impl Gatherer {
                 DataType::FixedSizeList(..) => crate::schema::field_shape(&field)?,
                 _ => vec![],
             };
-            let per_batch = |colname: &str| -> Vec<Vec<Buffer>> {
+            let per_batch = |colname: &str| -> Result<Vec<Vec<Buffer>>> {
                 snap.segments()
                     .iter()
                     .map(|s| {
-                        s.batches()
+                        Ok(s.column(colname)?
                             .iter()
-                            .map(|b| values_from_row0(b.column_by_name(colname).expect("schema")).0)
-                            .collect()
+                            .map(|a| values_from_row0(a).0)
+                            .collect())
                     })
                     .collect()
             };
@@ -293,15 +293,17 @@ impl Gatherer {
                     .segments()
                     .iter()
                     .map(|s| {
-                        let a = s
-                            .episode_table()
-                            .column_by_name(ep::FINAL_OBSERVATION)
-                            .expect("derived next obs");
-                        (values_from_row0(a).0, a.nulls().cloned())
+                        let a = s.episode_table().final_observation().ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "segment {} derives next_observation but has no final_observation",
+                                s.entry().id
+                            ))
+                        })?;
+                        Ok((values_from_row0(a).0, a.nulls().cloned()))
                     })
-                    .collect();
-                Source::DerivedNext {
-                    obs: per_batch(col::OBSERVATION),
+                    .collect::<Result<_>>()?;
+                ColumnSource::DerivedNext {
+                    obs: per_batch(col::OBSERVATION)?,
                     finals,
                 }
             } else if data_type == DataType::Boolean {
@@ -310,23 +312,21 @@ impl Gatherer {
                         "column `{name}`: lists of bools are not gathered"
                     )));
                 }
-                Source::StoredBool(
+                ColumnSource::StoredBool(
                     snap.segments()
                         .iter()
                         .map(|s| {
-                            s.batches()
+                            Ok(s.column(name)?
                                 .iter()
-                                .map(|b| {
-                                    b.column_by_name(name).expect("schema").as_boolean().clone()
-                                })
-                                .collect()
+                                .map(|a| a.as_boolean().clone())
+                                .collect())
                         })
-                        .collect(),
+                        .collect::<Result<_>>()?,
                 )
             } else {
-                Source::Stored(per_batch(name))
+                ColumnSource::Stored(per_batch(name)?)
             };
-            plans.push(ColumnPlan {
+            plans.push(GatherColumn {
                 name: name.to_string(),
                 data_type,
                 shape,
@@ -339,15 +339,8 @@ impl Gatherer {
         for s in snap.segments() {
             segment_first_episode.push(episode_flags.len());
             let t = s.episode_table();
-            let term = t
-                .column_by_name(ep::TERMINATED)
-                .expect("schema")
-                .as_boolean();
-            let trunc = t
-                .column_by_name(ep::TRUNCATED)
-                .expect("schema")
-                .as_boolean();
-            for i in 0..t.num_rows() {
+            let (term, trunc) = (t.terminated(), t.truncated());
+            for i in 0..t.len() {
                 episode_flags.push(term.value(i) as u8 | (trunc.value(i) as u8) << 1);
             }
         }
@@ -542,8 +535,10 @@ impl Gatherer {
             let (bi, r) = seg.locate(loc.segment_row + a as u64);
             for c in &self.columns {
                 let bufs = match &c.source {
-                    Source::Stored(bufs) | Source::DerivedNext { obs: bufs, .. } => bufs,
-                    Source::StoredBool(_) => continue,
+                    ColumnSource::Stored(bufs) | ColumnSource::DerivedNext { obs: bufs, .. } => {
+                        bufs
+                    }
+                    ColumnSource::StoredBool(_) => continue,
                 };
                 let step = c.width * elem_size(&c.data_type);
                 let src = bufs[loc.segment][bi].as_slice();
@@ -579,13 +574,15 @@ impl Gatherer {
             for c in &self.columns {
                 let step = c.width * elem_size(&c.data_type);
                 let bufs = match &c.source {
-                    Source::Stored(bufs) | Source::DerivedNext { obs: bufs, .. } => bufs,
-                    Source::StoredBool(_) => continue,
+                    ColumnSource::Stored(bufs) | ColumnSource::DerivedNext { obs: bufs, .. } => {
+                        bufs
+                    }
+                    ColumnSource::StoredBool(_) => continue,
                 };
                 let buf = &bufs[loc.segment][bi];
                 let from = (r * step).min(buf.len());
                 let n = ((b - a + 1) as usize * step).min(buf.len() - from);
-                seg.advise_willneed(buf.as_slice()[from..].as_ptr(), n);
+                seg.advise_willneed(&buf.as_slice()[from..from + n]);
             }
         }
     }
@@ -644,18 +641,18 @@ impl Gatherer {
                 }
                 let dst = &mut out[off * step..(off + n) * step];
                 match &c.source {
-                    Source::Stored(bufs) => {
+                    ColumnSource::Stored(bufs) => {
                         dst.copy_from_slice(
                             &bufs[loc.segment][bi].as_slice()[r * step..(r + n) * step],
                         );
                     }
-                    Source::StoredBool(arrays) => {
+                    ColumnSource::StoredBool(arrays) => {
                         let arr = &arrays[loc.segment][bi];
                         for (j, x) in dst.iter_mut().enumerate() {
                             *x = arr.value(r + j) as u8;
                         }
                     }
-                    Source::DerivedNext { obs, finals } => {
+                    ColumnSource::DerivedNext { obs, finals } => {
                         // o_{t+1} for t in [a, b): rows a+1 .. min(b, len - 1) + 1 of the episode,
                         // then the final observation if the window reaches the last step.
                         let inner = if b == len { n - 1 } else { n };

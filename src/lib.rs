@@ -51,40 +51,38 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod dataset;
+// The pipeline, in dependency order: each module uses only those above it (see ARCHITECTURE.md
+// and tests/layers.rs, which checks it).
 pub mod error;
-pub mod export;
 pub mod format;
 pub mod gather;
 pub mod index;
 pub mod ingest;
 pub mod loader;
-pub mod manifest;
 #[cfg(feature = "remote")]
 pub mod remote;
 pub mod sample;
 pub mod schema;
-pub mod segment;
 #[cfg(feature = "sql")]
 pub mod sql;
 pub mod stats;
+pub mod store;
 pub mod synth;
 #[cfg(feature = "torch")]
 pub mod torch;
-pub mod verify;
-pub mod writer;
 
 mod fault;
 
-pub use dataset::{Catalog, Dataset, Segment, Snapshot};
 pub use error::{Error, Result};
 pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};
-pub use index::{EpisodeIndex, EpisodeLocation};
+pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
 pub use loader::{Loader, LoaderOptions};
-pub use manifest::Manifest;
 pub use sample::{
-    BoundaryPolicy, EpisodeSampler, EpochSampler, Sampler, SliceIndex, SliceOptions, SliceRef,
-    SliceSampler, Weighting,
+    EpisodeSampler, EpochSampler, PrioritizedSampler, Sampler, SliceOptions, SliceSampler,
+    Weighting,
 };
 pub use schema::{ActionKind, TransitionSchema};
-pub use writer::{DatasetWriter, EpisodeEnd, Step, Values, WriterOptions};
+pub use store::{
+    Catalog, Dataset, DatasetWriter, EpisodeEnd, EpisodeTable, Manifest, Segment, Snapshot, Step,
+    Values, WriterOptions,
+};

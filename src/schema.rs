@@ -162,7 +162,7 @@ pub fn field_shape(field: &Field) -> Result<Vec<usize>> {
         return Ok(vec![n]);
     }
     let bad = |why: &str| {
-        Error::SchemaMismatch(format!(
+        Error::schema_mismatch(format!(
             "column `{}`: invalid {} metadata: {why}",
             field.name(),
             meta::FIXED_SHAPE_TENSOR
@@ -220,7 +220,7 @@ impl TransitionSchema {
         let mut fields: Vec<Field> = boundary_fields().into();
         for name in [col::OBSERVATION, col::ACTION, col::REWARD] {
             let f = payload.field_with_name(name).map_err(|_| {
-                Error::SchemaMismatch(format!(
+                Error::schema_mismatch(format!(
                     "required column `{name}` is missing (have: {})",
                     names(payload)
                 ))
@@ -232,7 +232,7 @@ impl TransitionSchema {
         }
         for f in payload.fields() {
             if col::BOUNDARY.contains(&f.name().as_str()) {
-                return Err(Error::SchemaMismatch(format!(
+                return Err(Error::schema_mismatch(format!(
                     "column `{}` is a boundary column computed by the writer; do not pass it",
                     f.name()
                 )));
@@ -253,7 +253,7 @@ impl TransitionSchema {
 
     /// Validates a full on-disk schema (boundary columns first, then the payload in canonical order).
     pub fn try_from_arrow(schema: &Schema) -> Result<Self> {
-        let mismatch = |m: String| Error::SchemaMismatch(m);
+        let mismatch = |m: String| Error::schema_mismatch(m);
         let fields = schema.fields();
         let expected = boundary_fields();
         if fields.len() < expected.len() + 3 {
@@ -476,7 +476,7 @@ impl TransitionSchema {
                         let f =
                             tensor_field(&c.name, child.data_type().clone(), shape, c.nullable)?;
                         if f.data_type() != &dt {
-                            return Err(Error::SchemaMismatch(format!(
+                            return Err(Error::schema_mismatch(format!(
                                 "column `{}`: shape {shape:?} does not match type {}",
                                 c.name, c.data_type
                             )));

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::format::col;
 use crate::schema::TransitionSchema;
-use crate::writer::{DatasetWriter, EpisodeEnd};
+use crate::store::writer::{DatasetWriter, EpisodeEnd};
 
 /// What to generate.
 #[derive(Debug, Clone, PartialEq)]

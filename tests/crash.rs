@@ -43,7 +43,7 @@ fn demo(dataset: &Path, seed: u64, append: bool, transitions: u64) -> Command {
 fn check_whole(dataset: &Path) -> (u64, u64) {
     let ds = Dataset::open(dataset).expect("dataset opens after a crash");
     let snap = ds.snapshot().expect("newest version maps");
-    trajstore::verify::verify(&snap, |_| {}).expect("newest version verifies");
+    trajstore::store::verify::verify(&snap, |_| {}).expect("newest version verifies");
     let idx = snap.episodes();
     assert_eq!(idx.num_rows(), snap.num_transitions());
     assert_eq!(
@@ -95,7 +95,7 @@ fn killed_writers_leave_a_whole_committed_version() {
         .versions()
         .unwrap()
         .iter()
-        .flat_map(|&v| trajstore::manifest::read(&d, v).unwrap().segments)
+        .flat_map(|&v| trajstore::store::manifest::read(&d, v).unwrap().segments)
         .flat_map(|s| [s.path, s.episodes_path])
         .collect();
     for e in std::fs::read_dir(d.join("segments")).unwrap() {

@@ -96,7 +96,7 @@ fn golden_v1_reads_exactly_at_every_version() {
     for v in versions {
         let snap = ds.snapshot_at(v).unwrap();
         check(&snap, &exp["versions"][v.to_string()]);
-        trajstore::verify::verify(&snap, |_| {}).unwrap();
+        trajstore::store::verify::verify(&snap, |_| {}).unwrap();
     }
 }
 
@@ -134,5 +134,5 @@ fn golden_v1_stays_writable() {
         assert_eq!(after.episode(id).unwrap(), before.episode(id).unwrap());
     }
     assert_eq!(after.episodes().lengths().last(), Some(&25));
-    trajstore::verify::verify(&after, |_| {}).unwrap();
+    trajstore::store::verify::verify(&after, |_| {}).unwrap();
 }

@@ -291,7 +291,9 @@ fn inconsistent_or_unsupported_arrays_are_clear_errors() {
     // One row short: named, with the way out.
     write_npy(&d.join("extra.npy"), "<f8", false, &[39], &[0; 39 * 8]);
     let e = fails(&d, &o, "`extra` has 39 rows");
-    assert!(matches!(e, Error::SchemaMismatch(_)) && e.to_string().contains("--drop-cols extra"));
+    assert!(
+        matches!(e, Error::SchemaMismatch { .. }) && e.to_string().contains("--drop-cols extra")
+    );
     // ... which works.
     let out = dir.path().join("ok");
     ingest(
@@ -442,7 +444,7 @@ fn an_export_ingests_back_unchanged() {
     drop(w);
     let a = ds.snapshot().unwrap();
     let pq = dir.path().join("a.parquet");
-    trajstore::export::export_parquet(&a, &pq, |_| {}).unwrap();
+    trajstore::store::export::export_parquet(&a, &pq, |_| {}).unwrap();
 
     let out = dir.path().join("b");
     let r = ingest(

@@ -12,11 +12,29 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Float32Type, Int64Type, UInt64Type};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
-use trajstore::ingest::{ParquetIngestOptions, infer_parquet_schema, ingest_parquet};
+use trajstore::ingest::{IngestOptions, IngestReport, InputFormat, infer_schema, ingest};
 use trajstore::{ActionKind, Dataset, Error, WriterOptions};
 
 mod common;
 use common::ends;
+
+/// Ingests the Parquet input `input` into `dataset`.
+fn ingest_parquet(
+    input: &Path,
+    dataset: &Path,
+    opts: &IngestOptions,
+    writer: WriterOptions,
+) -> trajstore::Result<IngestReport> {
+    ingest(input, InputFormat::Parquet, dataset, opts, writer)
+}
+
+/// The schema ingesting the Parquet input `input` would produce.
+fn infer_parquet(
+    input: &Path,
+    opts: &IngestOptions,
+) -> trajstore::Result<trajstore::TransitionSchema> {
+    infer_schema(input, InputFormat::Parquet, opts)
+}
 
 /// Writes `batch` as Parquet with row groups of `group_rows` rows.
 fn write_parquet(path: &Path, batch: &RecordBatch, group_rows: usize) {
@@ -114,8 +132,8 @@ fn d4rl_batch() -> (RecordBatch, Vec<(usize, usize, bool, bool)>) {
     (batch, expected)
 }
 
-fn d4rl_options() -> ParquetIngestOptions {
-    ParquetIngestOptions::default()
+fn d4rl_options() -> IngestOptions {
+    IngestOptions::default()
         .with_observation_col("observations")
         .with_action_col("actions")
         .with_reward_col("rewards")
@@ -133,7 +151,7 @@ fn flag_mode_round_trips_across_row_groups() {
     let out = dir.path().join("ds");
 
     let opts = d4rl_options();
-    let inferred = infer_parquet_schema(&input, &opts).unwrap();
+    let inferred = infer_parquet(&input, &opts).unwrap();
     let report = ingest_parquet(&input, &out, &opts, small_writer()).unwrap();
     assert_eq!(report.rows, batch.num_rows() as u64);
     assert_eq!(report.episodes, expected.len() as u64);
@@ -233,7 +251,7 @@ fn episode_id_mode_converts_lists_and_keeps_user_columns() {
     .unwrap();
     write_parquet(&input, &batch, 100);
     let out = dir.path().join("ds");
-    let opts = ParquetIngestOptions::default()
+    let opts = IngestOptions::default()
         .with_episode_col("episode")
         .with_batch_rows(33);
     let report = ingest_parquet(&input, &out, &opts, small_writer()).unwrap();
@@ -326,7 +344,7 @@ fn observation_cols_are_combined_and_scalar_float_action_is_continuous() {
     .unwrap();
     write_parquet(&input, &batch, 64);
     let out = dir.path().join("ds");
-    let opts = ParquetIngestOptions::default()
+    let opts = IngestOptions::default()
         .with_observation_cols(["x", "y", "z"])
         .with_action_col("torque")
         .with_reward_col("r")
@@ -384,7 +402,7 @@ fn peer_layout_with_episode_and_flag_columns() {
     .unwrap();
     write_parquet(&input, &batch, 100);
     let out = dir.path().join("ds");
-    let opts = ParquetIngestOptions::default()
+    let opts = IngestOptions::default()
         .with_episode_col("episode")
         .with_terminated_col("terminated")
         .with_truncated_col("truncated");
@@ -409,6 +427,23 @@ fn peer_layout_with_episode_and_flag_columns() {
         ends(&snap),
         vec![(true, false), (false, true), (true, false), (false, true)]
     );
+    // Giving the episode column alone keeps the canonical `terminated`/`truncated` columns as
+    // the flags (not user columns with reserved names), with the same episodes and ends.
+    let only_ep = dir.path().join("ds_episode_only");
+    let opts_ep = IngestOptions::default().with_episode_col("episode");
+    let report = ingest_parquet(&input, &only_ep, &opts_ep, small_writer()).unwrap();
+    assert_eq!((report.rows, report.episodes), (n as u64, 4));
+    let snap_ep = Dataset::open(&only_ep).unwrap().snapshot().unwrap();
+    assert_eq!(snap_ep.episodes().lengths(), &[120, 75, 210, 33]);
+    assert_eq!(ends(&snap_ep), ends(&snap));
+    // So does giving one flag: the other canonical one is still read.
+    let only_term = dir.path().join("ds_terminated_only");
+    let opts_term = IngestOptions::default()
+        .with_episode_col("episode")
+        .with_terminated_col("terminated");
+    ingest_parquet(&input, &only_term, &opts_term, small_writer()).unwrap();
+    let snap_term = Dataset::open(&only_term).unwrap().snapshot().unwrap();
+    assert_eq!(ends(&snap_term), ends(&snap));
     let mut start = 0;
     for (id, &(len, ..)) in eps.iter().enumerate() {
         let e = snap.episode(id as u64).unwrap();
@@ -477,8 +512,8 @@ fn simple_ids() -> Vec<u64> {
     (0..400u64).map(|i| i / 80).collect()
 }
 
-fn ep_opts() -> ParquetIngestOptions {
-    ParquetIngestOptions::default().with_episode_col("ep")
+fn ep_opts() -> IngestOptions {
+    IngestOptions::default().with_episode_col("ep")
 }
 
 #[test]
@@ -511,7 +546,7 @@ fn appends_to_an_existing_dataset() {
     let (d4rl, _) = d4rl_batch();
     write_parquet(&other, &d4rl, 100);
     let err = ingest_parquet(&other, &out, &d4rl_options(), WriterOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::SchemaMismatch(_)), "{err}");
+    assert!(matches!(err, Error::SchemaMismatch { .. }), "{err}");
     assert_eq!(
         Dataset::open(&out).unwrap().snapshot().unwrap().version(),
         3
@@ -625,7 +660,7 @@ fn string_column_suggests_drop_cols() {
     write_parquet(&input, &batch, 100);
     let out = dir.path().join("ds");
     let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::SchemaMismatch(_)), "{err}");
+    assert!(matches!(err, Error::SchemaMismatch { .. }), "{err}");
     assert!(err.to_string().contains("--drop-cols note"), "{err}");
     assert!(!out.exists());
     // Dropping it works.
@@ -644,16 +679,12 @@ fn needs_a_way_to_find_episodes() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("a.parquet");
     write_parquet(&input, &simple_batch(simple_ids()), 100);
-    let err = infer_parquet_schema(
-        &input,
-        &ParquetIngestOptions::default().with_drop_cols(["ep"]),
-    )
-    .unwrap_err();
+    let err = infer_parquet(&input, &IngestOptions::default().with_drop_cols(["ep"])).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert!(
         err.to_string().contains("--episode-col") && err.to_string().contains("--terminated-col")
     );
-    let missing = infer_parquet_schema(&dir.path().join("nope.parquet"), &ep_opts()).unwrap_err();
+    let missing = infer_parquet(&dir.path().join("nope.parquet"), &ep_opts()).unwrap_err();
     assert!(matches!(missing, Error::NotFound { .. }), "{missing}");
 }
 
@@ -672,7 +703,7 @@ fn a_lerobot_dataset_directory_ingests_without_options() {
         &input,
         format,
         &out,
-        &ParquetIngestOptions::default(),
+        &IngestOptions::default(),
         small_writer(),
     )
     .unwrap();
@@ -767,7 +798,7 @@ fn a_directory_of_shards_is_one_input() {
         small_writer(),
     )
     .unwrap_err();
-    assert!(matches!(err, Error::SchemaMismatch(_)), "{err}");
+    assert!(matches!(err, Error::SchemaMismatch { .. }), "{err}");
     assert!(err.to_string().contains("e.parquet"), "{err}");
     assert!(!dir.path().join("bad").exists());
 }
@@ -779,7 +810,7 @@ fn data_without_rewards_needs_no_reward() {
     use trajstore::ingest::{InputFormat, ingest};
     let dir = tempfile::tempdir().unwrap();
     let input = fixture_path("lerobot", "");
-    let opts = ParquetIngestOptions::default().with_drop_cols(["next.reward"]);
+    let opts = IngestOptions::default().with_drop_cols(["next.reward"]);
     let err = ingest(
         &input,
         InputFormat::Parquet,
@@ -1109,5 +1140,5 @@ fn a_live_arrow_stream_on_stdin_commits_as_it_goes() {
     assert!(err.contains("stdin") && err.contains("is kept"), "{err}");
     let kept = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!(kept.num_episodes(), 3);
-    trajstore::verify::verify(&kept, |_| {}).unwrap();
+    trajstore::store::verify::verify(&kept, |_| {}).unwrap();
 }

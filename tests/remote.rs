@@ -221,7 +221,7 @@ fn assert_same_data(a: &Dataset, b: &Dataset) {
         assert_eq!(x.batches(), y.batches(), "segment {}", x.entry().id);
         assert_eq!(x.episode_table(), y.episode_table());
     }
-    let report = trajstore::verify::verify(&sb, |_| {}).unwrap();
+    let report = trajstore::store::verify::verify(&sb, |_| {}).unwrap();
     assert_eq!(report.transitions, sb.num_transitions());
 }
 
@@ -459,7 +459,7 @@ fn pushes_only_fast_forward_and_a_lost_race_leaves_the_winner() {
     let other = make(&dir.path().join("other"), &spec(4, 9));
     let before = s3.keys("races", "ds");
     let e = remote.push(&other).unwrap_err();
-    assert!(matches!(e, Error::SchemaMismatch(_)), "{e}");
+    assert!(matches!(e, Error::SchemaMismatch { .. }), "{e}");
     assert_eq!(s3.keys("races", "ds"), before);
 
     // A mirror that is brought up to date and appended to fast-forwards.

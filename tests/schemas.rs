@@ -12,8 +12,8 @@ use trajstore::format::{
     self, FORMAT_NAME, FORMAT_VERSION, ID_DIGITS, IPC_ALIGNMENT, col, ep, meta, parse_type,
     type_name,
 };
-use trajstore::manifest::Manifest;
 use trajstore::schema::{fsl, tensor_field};
+use trajstore::store::manifest::Manifest;
 use trajstore::{Dataset, EpisodeEnd, TransitionSchema, WriterOptions};
 
 fn schemas_dir() -> PathBuf {
@@ -775,7 +775,7 @@ fn manifests_written_by_the_code_match_manifest_schema() {
             "schema message at offset 64"
         );
         assert_eq!(&data[data.len() - 6..], b"ARROW1");
-        let ipc = trajstore::segment::open_ipc(&path, expected).unwrap();
+        let ipc = trajstore::store::segment::open_ipc(&path, expected).unwrap();
         let keys: BTreeSet<String> = ipc.metadata.keys().cloned().collect();
         assert_eq!(keys, footer_keys, "{rel}");
         assert_eq!(
@@ -789,7 +789,7 @@ fn manifests_written_by_the_code_match_manifest_schema() {
         );
         assert!(matches_pattern("^crc32c:[0-9a-f]{8}$", checksum));
         assert_eq!(
-            &trajstore::segment::checksum_string(crc32c_of(&data)),
+            &trajstore::store::segment::checksum_string(crc32c_of(&data)),
             checksum
         );
     }

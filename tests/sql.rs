@@ -203,7 +203,7 @@ fn filters_and_joins_match_rust() {
         .unwrap());
     let mut terminated = vec![];
     for seg in snap.segments() {
-        let t = seg.episode_table();
+        let t = seg.episode_table().batch();
         let ids = t
             .column_by_name(ep::EPISODE_ID)
             .unwrap()
@@ -401,7 +401,7 @@ fn sql_subsets_restrict_samplers() {
     // The same top 10 from the episode tables.
     let mut by_return: Vec<(f64, u64)> = vec![];
     for seg in snap.segments() {
-        let t = seg.episode_table();
+        let t = seg.episode_table().batch();
         let id = t
             .column_by_name(ep::EPISODE_ID)
             .unwrap()

@@ -102,7 +102,7 @@ fn check_round_trip(ds: &Dataset, written: &[(RecordBatch, EpisodeEnd)]) {
             k += 1;
         }
     }
-    trajstore::verify::verify(&snap, |_| {}).unwrap();
+    trajstore::store::verify::verify(&snap, |_| {}).unwrap();
 }
 
 proptest! {
@@ -127,7 +127,7 @@ proptest! {
         let snap = ds.snapshot().unwrap();
         let row_bytes = snap.schema().row_bytes();
         for seg in snap.segments() {
-            let t = seg.episode_table();
+            let t = seg.episode_table().batch();
             let lens = t.column_by_name(ep::LENGTH).unwrap().as_primitive::<UInt64Type>();
             if lens.len() > 1 {
                 prop_assert!(seg.entry().rows as f64 * row_bytes <= segment_bytes as f64 + 1.0);
@@ -246,7 +246,8 @@ fn snapshots_are_isolated_and_refresh_extends_the_index() {
     assert_eq!(snap.num_episodes(), 25);
     // Segments already mapped are reused, and the extended index equals a rebuilt one.
     assert!(Arc::ptr_eq(&snap.segments()[0], &old.segments()[0]));
-    let rebuilt = EpisodeIndex::from_tables(0, snap.segments().iter().map(|s| s.episode_table()));
+    let rebuilt =
+        EpisodeIndex::from_segments(0, snap.segments().iter().map(|s| s.episode_table().spans()));
     assert_eq!(snap.episodes().as_ref(), &rebuilt);
     // Time travel: the old version is still readable.
     assert_eq!(ds.snapshot_at(v2).unwrap().num_episodes(), 10);
@@ -271,9 +272,9 @@ fn retention_drops_oldest_segments_and_prunes_files() {
             w.commit().unwrap();
             assert!(snap.refresh().unwrap());
             assert!(snap.num_transitions() <= 100);
-            let rebuilt = EpisodeIndex::from_tables(
+            let rebuilt = EpisodeIndex::from_segments(
                 snap.episodes().first_id(),
-                snap.segments().iter().map(|s| s.episode_table()),
+                snap.segments().iter().map(|s| s.episode_table().spans()),
             );
             assert_eq!(
                 snap.episodes().as_ref(),
@@ -296,7 +297,7 @@ fn retention_drops_oldest_segments_and_prunes_files() {
         .unwrap()
         .count();
     assert_eq!(files, 2 * snap.segments().len());
-    trajstore::verify::verify(&snap, |_| {}).unwrap();
+    trajstore::store::verify::verify(&snap, |_| {}).unwrap();
 }
 
 fn fsl(values: Vec<f32>, n: i32) -> ArrayRef {
@@ -352,7 +353,7 @@ fn bad_episodes_are_clear_errors_and_change_nothing() {
     let err = w
         .append_episode(&wrong_width, EpisodeEnd::truncated())
         .unwrap_err();
-    assert!(matches!(err, Error::SchemaMismatch(_)), "{err}");
+    assert!(matches!(err, Error::SchemaMismatch { .. }), "{err}");
     let extra = RecordBatch::try_from_iter([
         (col::OBSERVATION, fsl(vec![0.0; 6], 2)),
         (col::ACTION, fsl(vec![0.0; 6], 2)),
@@ -406,7 +407,7 @@ fn damaged_files_are_corrupt_errors_naming_the_file() {
     flipped[good.len() / 2] ^= 0x10;
     std::fs::write(&seg, &flipped).unwrap();
     let snap = ds.snapshot().unwrap();
-    let err = trajstore::verify::verify(&snap, |_| {})
+    let err = trajstore::store::verify::verify(&snap, |_| {})
         .unwrap_err()
         .to_string();
     assert!(err.contains("checksum"), "{err}");

@@ -20,15 +20,19 @@
 //! # Ok(()) }
 //! ```
 
+mod layout;
 mod loader;
+mod options;
 mod resident;
+mod streaming;
 
 use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
 
-pub use loader::{TorchLoader, TorchLoaderOptions, Transform};
+pub use loader::TorchLoader;
+pub use options::{TorchLoaderOptions, Transform};
 pub use resident::resident_bytes;
 
 /// Parses `cpu`, `cuda` (device 0) or `cuda:N`. A CUDA device is checked against libtorch

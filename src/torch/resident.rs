@@ -8,13 +8,15 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
-use super::loader::{Layout, TorchLoaderOptions};
+use super::layout::Layout;
+use super::options::TorchLoaderOptions;
 use super::{FloatCast, TensorBatch, storage_kind, widen};
-use crate::dataset::Snapshot;
 use crate::error::{Error, Result};
 use crate::format::{col, ep};
 use crate::gather::{Gatherer, values_from_row0};
-use crate::sample::{Sampler, SliceRef};
+use crate::index::SliceRef;
+use crate::sample::Sampler;
+use crate::store::Snapshot;
 
 /// Host-to-device upload chunk.
 const CHUNK_BYTES: usize = 64 << 20;
@@ -23,7 +25,10 @@ const CHUNK_BYTES: usize = 64 << 20;
 /// column over all transitions, plus one final observation per episode when `next_observation`
 /// is derived. What [`TorchLoaderOptions::with_resident`]'s budget is compared with.
 pub fn resident_bytes(gatherer: &Gatherer, cast: FloatCast) -> Result<u64> {
-    Ok(plan_upload(gatherer, cast)?.iter().map(|u| u.bytes).sum())
+    Ok(resident_uploads(gatherer, cast)?
+        .iter()
+        .map(|u| u.bytes)
+        .sum())
 }
 
 /// One device tensor to upload.
@@ -39,7 +44,7 @@ struct Upload {
     bytes: u64,
 }
 
-fn plan_upload(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
+pub(crate) fn resident_uploads(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
     let snap = gatherer.snapshot();
     let schema = snap.schema().arrow_schema().clone();
     let (n, e) = (snap.num_transitions(), snap.num_episodes());
@@ -112,7 +117,7 @@ impl Resident {
                 "the snapshot has no transitions".into(),
             ));
         }
-        let uploads = plan_upload(gatherer, opts.cast)?;
+        let uploads = resident_uploads(gatherer, opts.cast)?;
         let need: u64 = uploads.iter().map(|u| u.bytes).sum();
         if need > budget {
             return Err(Error::InvalidArgument(format!(
@@ -343,8 +348,7 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     };
     let mut bools = Vec::new();
     for seg in snap.segments() {
-        for batch in seg.batches() {
-            let array = batch.column_by_name(&u.source).expect("schema");
+        for array in &seg.column(&u.source)? {
             if elem == DataType::Boolean {
                 let a = array.as_boolean();
                 bools.clear();
@@ -358,10 +362,12 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     }
     if u.with_finals {
         for seg in snap.segments() {
-            let a = seg
-                .episode_table()
-                .column_by_name(ep::FINAL_OBSERVATION)
-                .expect("derived next observation has final observations");
+            let a = seg.episode_table().final_observation().ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "segment {} derives next_observation but has no final_observation",
+                    seg.entry().id
+                ))
+            })?;
             let (values, _, _) = values_from_row0(a);
             let mut bytes = values.as_slice()[..a.len() * step_bytes].to_vec();
             if let Some(nulls) = a.nulls() {

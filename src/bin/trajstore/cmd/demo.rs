@@ -1,0 +1,137 @@
+//! `trajstore demo`: a seeded synthetic dataset.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{HumanBytes, HumanCount, ProgressBar};
+use serde_json::json;
+use trajstore::Dataset;
+use trajstore::synth::SynthSpec;
+
+use super::info::*;
+use super::sample::*;
+use super::*;
+use crate::output::*;
+
+#[derive(Args)]
+pub(crate) struct DemoArgs {
+    /// Dataset directory to write (an existing dataset there is replaced unless --append).
+    #[arg(default_value = "demo.trajstore")]
+    dataset: PathBuf,
+    /// Number of transitions.
+    #[arg(long, default_value_t = 1_000_000)]
+    transitions: u64,
+    /// Observation dimension.
+    #[arg(long, default_value_t = 17)]
+    obs_dim: usize,
+    /// Action dimension (number of actions with --discrete).
+    #[arg(long, default_value_t = 6)]
+    act_dim: usize,
+    /// Discrete actions (int64) instead of continuous ones.
+    #[arg(long)]
+    discrete: bool,
+    /// Mean episode length (lengths are exponential, clamped to [10, 4 * mean]).
+    #[arg(long, default_value_t = 1000.0)]
+    mean_episode_len: f64,
+    /// Seed: the same arguments always produce the same bytes.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Append to an existing dataset instead of replacing it.
+    #[arg(long)]
+    append: bool,
+    /// Commit every N episodes, as a live collector would (default: once at the end).
+    #[arg(long, value_name = "N")]
+    commit_every: Option<usize>,
+    #[command(flatten)]
+    write: WriteArgs,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(a: DemoArgs) -> Result<()> {
+    let spec = SynthSpec {
+        transitions: a.transitions,
+        obs_dim: a.obs_dim,
+        act_dim: a.act_dim,
+        discrete_actions: a.discrete,
+        mean_episode_len: a.mean_episode_len,
+        seed: a.seed,
+    };
+    if a.transitions == 0 || a.obs_dim == 0 || a.act_dim == 0 {
+        bail!("--transitions, --obs-dim and --act-dim must be positive");
+    }
+    let schema = spec.schema()?;
+    let ds = if a.dataset.exists() && a.append {
+        Dataset::open(&a.dataset)?
+    } else {
+        if a.dataset.exists() {
+            if !a.dataset.join(trajstore::format::VERSIONS_DIR).is_dir() {
+                bail!(
+                    "{} exists and is not a trajstore dataset; refusing to replace it",
+                    a.dataset.display()
+                );
+            }
+            std::fs::remove_dir_all(&a.dataset)
+                .with_context(|| format!("cannot replace {}", a.dataset.display()))?;
+        }
+        Dataset::create(&a.dataset, &schema)?
+    };
+    let start = Instant::now();
+    let mut writer = ds.writer(a.write.options())?;
+    if writer.schema() != &schema {
+        bail!(
+            "--append: the dataset's schema differs from the demo's (check --obs-dim/--act-dim/--discrete)"
+        );
+    }
+    writer.set_property("source", format!("trajstore demo (seed {})", a.seed));
+    let pb = if a.json {
+        ProgressBar::hidden()
+    } else {
+        progress(a.transitions, "writing")
+    };
+    let version = spec.write(&mut writer, a.commit_every, |n| pb.inc(n))?;
+    drop(writer);
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    let snap = ds.snapshot()?;
+    if a.json {
+        let mut v = info_json(&snap.catalog(), &a.dataset.display().to_string());
+        v["write_seconds"] = json!(secs);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        outln!(
+            "wrote {} transitions in {:.2} s ({}/s, {}/s) -> version {version}\n",
+            HumanCount(a.transitions),
+            secs,
+            HumanCount((a.transitions as f64 / secs) as u64),
+            HumanBytes(
+                (snap.bytes_on_disk() as f64 * a.transitions as f64
+                    / snap.num_transitions().max(1) as f64
+                    / secs) as u64
+            ),
+        );
+        emit(&render_info(
+            &snap.catalog(),
+            &a.dataset.display().to_string(),
+            12,
+        ));
+        if let Ok(text) = demo_sample(&snap) {
+            emit(&text);
+        }
+        let d = a.dataset.display();
+        let sql = if cfg!(feature = "sql") {
+            format!(
+                "\n  trajstore sql {d} \"SELECT episode_id, length, episode_return FROM episodes ORDER BY episode_return DESC LIMIT 5\""
+            )
+        } else {
+            String::new()
+        };
+        outln!(
+            "\nnext:\n  trajstore sample {d} --slice-len 64 --num-slices 8\n  trajstore bench {d}{sql}\n  trajstore verify {d}"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,34 @@
+//! `trajstore export`: every transition to Parquet.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use indicatif::HumanCount;
+
+use crate::open::*;
+use crate::output::*;
+
+#[derive(Args)]
+pub(crate) struct ExportArgs {
+    /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
+    dataset: PathBuf,
+    /// Output Parquet file.
+    output: PathBuf,
+    /// Export this version instead of the newest.
+    #[arg(long)]
+    version: Option<u64>,
+}
+
+pub(crate) fn run(a: ExportArgs) -> Result<()> {
+    let snap = open_snapshot(&a.dataset, a.version)?;
+    let pb = progress(snap.num_transitions(), "exporting");
+    let rows = trajstore::store::export::export_parquet(&snap, &a.output, |n| pb.inc(n))?;
+    pb.finish_and_clear();
+    outln!(
+        "exported {} transitions to {}",
+        HumanCount(rows),
+        a.output.display()
+    );
+    Ok(())
+}

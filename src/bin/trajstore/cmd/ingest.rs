@@ -1,0 +1,176 @@
+//! `trajstore ingest`: an offline-RL dataset or a live Arrow IPC stream into a dataset.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::HumanCount;
+use serde_json::json;
+
+use super::*;
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum IngestFormat {
+    Parquet,
+    Numpy,
+    Torchrl,
+    Hdf5,
+    Arrow,
+}
+
+impl From<IngestFormat> for trajstore::ingest::InputFormat {
+    fn from(f: IngestFormat) -> Self {
+        match f {
+            IngestFormat::Parquet => Self::Parquet,
+            IngestFormat::Numpy => Self::Numpy,
+            IngestFormat::Torchrl => Self::TorchRl,
+            IngestFormat::Hdf5 => Self::Hdf5,
+            IngestFormat::Arrow => Self::Arrow,
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct IngestArgs {
+    /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive or a directory
+    /// of .npy files, a D4RL HDF5 file or Minari dataset directory, an Arrow IPC file (.arrow,
+    /// .feather), or a TorchRL replay buffer directory written by rb.dumps().
+    input: PathBuf,
+    /// Input format (default: from the extension, else the file's first bytes).
+    #[arg(long, value_enum)]
+    format: Option<IngestFormat>,
+    /// Dataset directory (created if it does not exist, appended to otherwise).
+    dataset: PathBuf,
+    /// Column holding episode ids (rows of one episode must be contiguous).
+    #[arg(long, value_name = "NAME")]
+    episode_col: Option<String>,
+    /// Per-row terminal flag; an episode ends where terminated or truncated is set (D4RL).
+    #[arg(long, value_name = "NAME")]
+    terminated_col: Option<String>,
+    /// Per-row time-limit flag (D4RL `timeouts`).
+    #[arg(long, value_name = "NAME")]
+    truncated_col: Option<String>,
+    /// Observation column (fixed-size list or list of numbers).
+    #[arg(long, default_value = "observation", value_name = "NAME")]
+    observation_col: String,
+    /// Build the observation from several scalar columns instead, e.g. `x,y,vx,vy`.
+    #[arg(long, value_delimiter = ',', value_name = "A,B,..")]
+    observation_cols: Vec<String>,
+    /// Action column (list of floats, or an integer column for discrete actions).
+    #[arg(long, default_value = "action", value_name = "NAME")]
+    action_col: String,
+    /// Build the action from several scalar columns instead.
+    #[arg(long, value_delimiter = ',', value_name = "A,B,..")]
+    action_cols: Vec<String>,
+    /// Reward column (cast to float32).
+    #[arg(long, default_value = "reward", value_name = "NAME")]
+    reward_col: String,
+    /// The data has no reward (demonstrations): store 0.0 for every transition.
+    #[arg(long, conflicts_with = "reward_col")]
+    no_reward: bool,
+    /// Store this column as next_observation (default: derived from the next row).
+    #[arg(long, value_name = "NAME")]
+    next_observation_col: Option<String>,
+    /// Columns to leave out (other columns are kept as user columns).
+    #[arg(long, value_delimiter = ',', value_name = "A,B,..")]
+    drop_cols: Vec<String>,
+    /// Stream input (`-` or an Arrow IPC stream file): commit once N new episodes have ended
+    /// (checked after each record batch), so readers see them while the stream is still open.
+    #[arg(long, value_name = "N")]
+    commit_every: Option<u64>,
+    /// Stream input: commit when S seconds have passed since the last commit and new episodes
+    /// have arrived (checked as record batches arrive).
+    #[arg(long, value_name = "S")]
+    commit_secs: Option<f64>,
+    #[command(flatten)]
+    write: WriteArgs,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(a: IngestArgs) -> Result<()> {
+    use trajstore::ingest::{IngestOptions, InputFormat};
+    let stdin = a.input.as_os_str() == "-";
+    let format = match a.format {
+        Some(f) => f.into(),
+        None if stdin => InputFormat::Arrow,
+        None => InputFormat::detect(&a.input)?,
+    };
+    if stdin && format != InputFormat::Arrow {
+        bail!("`-` reads an Arrow IPC stream from stdin; --format must be arrow");
+    }
+    let policy = trajstore::ingest::CommitPolicy {
+        episodes: a.commit_every,
+        interval: match a.commit_secs {
+            Some(s) if !(s.is_finite() && s > 0.0) => bail!("--commit-secs must be positive"),
+            s => s.map(std::time::Duration::from_secs_f64),
+        },
+    };
+    if a.commit_every == Some(0) {
+        bail!("--commit-every must be at least 1");
+    }
+    let streamed = stdin
+        || (format == InputFormat::Arrow
+            && trajstore::ingest::is_arrow_stream(&a.input).unwrap_or(false));
+    if policy != Default::default() && !streamed {
+        bail!(
+            "--commit-every and --commit-secs apply to streams (`-` or an Arrow IPC stream file); \
+             a file is committed once, whole"
+        );
+    }
+    let mut o = IngestOptions::default();
+    o.episode_col = a.episode_col;
+    o.terminated_col = a.terminated_col;
+    o.truncated_col = a.truncated_col;
+    o.observation_col = a.observation_col;
+    o.observation_cols = a.observation_cols;
+    o.action_col = a.action_col;
+    o.action_cols = a.action_cols;
+    o.reward_col = a.reward_col;
+    o.no_reward = a.no_reward;
+    o.next_observation_col = a.next_observation_col;
+    o.drop_cols = a.drop_cols;
+    o.progress = !a.json;
+    let report = if streamed {
+        let (name, input): (PathBuf, Box<dyn std::io::Read>) = if stdin {
+            ("stdin".into(), Box::new(std::io::stdin().lock()))
+        } else {
+            let f = std::fs::File::open(&a.input)
+                .with_context(|| format!("cannot open {}", a.input.display()))?;
+            let name = std::fs::canonicalize(&a.input).unwrap_or_else(|_| a.input.clone());
+            (name, Box::new(f))
+        };
+        trajstore::ingest::ingest_stream(input, &name, &a.dataset, &o, a.write.options(), policy)?
+    } else {
+        trajstore::ingest::ingest(&a.input, format, &a.dataset, &o, a.write.options())?
+    };
+    if a.json {
+        let columns: serde_json::Map<String, serde_json::Value> = report
+            .columns
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        outln!(
+            "{}",
+            json!({"rows": report.rows, "episodes": report.episodes, "version": report.version,
+                   "seconds": report.seconds, "rows_per_s": report.rows as f64 / report.seconds,
+                   "columns": columns, "boundaries": report.boundaries})
+        );
+    } else {
+        outln!("episodes from {}", report.boundaries);
+        for (stored, input) in &report.columns {
+            outln!("  {stored} <- {input}");
+        }
+        outln!(
+            "ingested {} transitions in {} episodes in {:.2} s ({}/s) -> {} version {}",
+            HumanCount(report.rows),
+            HumanCount(report.episodes),
+            report.seconds,
+            HumanCount((report.rows as f64 / report.seconds.max(1e-9)) as u64),
+            a.dataset.display(),
+            report.version
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! One module per command, and the arguments several commands share.
+
+pub(crate) mod bench;
+pub(crate) mod demo;
+pub(crate) mod export;
+pub(crate) mod info;
+pub(crate) mod ingest;
+#[cfg(feature = "remote")]
+pub(crate) mod pull;
+#[cfg(feature = "remote")]
+pub(crate) mod push;
+pub(crate) mod sample;
+#[cfg(feature = "sql")]
+pub(crate) mod sql;
+pub(crate) mod verify;
+
+use std::path::PathBuf;
+
+use clap::Args;
+use trajstore::WriterOptions;
+
+use crate::output::*;
+
+#[derive(Args)]
+pub(crate) struct WriteArgs {
+    /// Target segment file size (e.g. 256MiB, 1GiB).
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    segment_size: u64,
+    /// Keep at most this many transitions, dropping the oldest segments (FIFO replay).
+    #[arg(long)]
+    max_transitions: Option<u64>,
+    /// Keep only the newest N versions and delete files no kept version uses.
+    #[arg(long, value_name = "N")]
+    keep_versions: Option<usize>,
+}
+
+impl WriteArgs {
+    fn options(&self) -> WriterOptions {
+        let mut o = WriterOptions::default().with_segment_bytes(self.segment_size);
+        o.batch_bytes = o.batch_bytes.min(self.segment_size);
+        if let Some(m) = self.max_transitions {
+            o = o.with_max_transitions(m);
+        }
+        if let Some(k) = self.keep_versions {
+            o = o.with_keep_versions(k);
+        }
+        o
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct VersionArgs {
+    /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
+    dataset: PathBuf,
+    /// Read this version instead of the newest.
+    #[arg(long)]
+    version: Option<u64>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct SliceArgs {
+    /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
+    dataset: PathBuf,
+    /// Steps per slice.
+    #[arg(long, default_value_t = 64)]
+    slice_len: u32,
+    /// Slices per batch.
+    #[arg(long, default_value_t = 256)]
+    num_slices: usize,
+    /// strict (windows inside episodes), pad (may run past the end, masked) or span:LEFT:RIGHT.
+    #[arg(long, default_value = "strict")]
+    policy: String,
+    /// windows (uniform over windows) or episodes (uniform over episodes, TorchRL's semantics).
+    #[arg(long, default_value = "windows")]
+    weighting: String,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Columns to gather.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "observation,action,reward"
+    )]
+    columns: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Restrict sampling to the episodes this SQL query returns (a query with an `episode_id`
+    /// column), e.g. "SELECT episode_id FROM episodes ORDER BY episode_return DESC LIMIT 10".
+    #[arg(long, value_name = "SQL")]
+    episodes: Option<String>,
+}

@@ -1,0 +1,225 @@
+//! Episode assembly: converted chunks, in input order, cut into episodes and appended to the
+//! writer (runs on the calling thread).
+
+use std::collections::HashSet;
+use std::sync::mpsc::sync_channel;
+
+use arrow::array::{BooleanArray, RecordBatch};
+use arrow::compute::concat_batches;
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+
+use super::*;
+use crate::error::{Error, Result};
+use crate::format::col;
+use crate::store::{DatasetWriter, EpisodeEnd};
+
+pub(crate) struct Assembler<'a> {
+    pub(crate) writer: &'a mut DatasetWriter,
+    mapping: &'a Mapping,
+    /// Converted rows of the episode in progress.
+    pending: Vec<RecordBatch>,
+    /// Episode-id mode: id of the episode in progress and ids of finished episodes.
+    current: Option<u64>,
+    finished: HashSet<u64>,
+    /// Flags of the last row added to `pending`.
+    last_terminated: bool,
+    last_truncated: bool,
+    pub(crate) episodes: u64,
+    pub(crate) rows: u64,
+}
+
+impl<'a> Assembler<'a> {
+    pub(crate) fn new(writer: &'a mut DatasetWriter, mapping: &'a Mapping) -> Self {
+        Assembler {
+            writer,
+            mapping,
+            pending: vec![],
+            current: None,
+            finished: HashSet::new(),
+            last_terminated: false,
+            last_truncated: false,
+            episodes: 0,
+            rows: 0,
+        }
+    }
+
+    fn show_id(&self, bits: u64) -> String {
+        match &self.mapping.episode {
+            Some(e) if e.signed => (bits as i64).to_string(),
+            _ => bits.to_string(),
+        }
+    }
+
+    fn take(&mut self, chunk: &Chunk, from: usize, to: usize) {
+        if to > from {
+            self.pending.push(chunk.payload.slice(from, to - from));
+        }
+    }
+
+    fn end_episode(&mut self, terminated: bool, truncated: bool) -> Result<()> {
+        let batch = match self.pending.len() {
+            0 => return Ok(()),
+            1 => self.pending.pop().expect("one batch"),
+            _ => concat_batches(self.mapping.schema.payload_schema(), &self.pending)?,
+        };
+        self.pending.clear();
+        let end = EpisodeEnd {
+            terminated,
+            truncated: truncated || !terminated,
+            ..Default::default()
+        };
+        self.writer.append_episode(&batch, end)?;
+        self.episodes += 1;
+        Ok(())
+    }
+
+    pub(crate) fn push(&mut self, chunk: Chunk) -> Result<()> {
+        let n = chunk.payload.num_rows();
+        let flag = |a: &Option<BooleanArray>, i: usize| a.as_ref().is_some_and(|a| a.value(i));
+        let mut from = 0;
+        if let Some(ids) = &chunk.ids {
+            for (i, &id) in ids.iter().enumerate() {
+                let row = chunk.base + i as u64;
+                match self.current {
+                    Some(c) if c == id => {
+                        if self.last_terminated {
+                            let name = self
+                                .mapping
+                                .terminated
+                                .as_deref()
+                                .unwrap_or(col::TERMINATED);
+                            return Err(Error::InvalidData(format!(
+                                "row {}: `{name}` is set, but row {row} continues episode {}; a terminated \
+                                 flag may only be set on the last row of an episode",
+                                row - 1,
+                                self.show_id(id)
+                            )));
+                        }
+                    }
+                    Some(c) => {
+                        self.take(&chunk, from, i);
+                        from = i;
+                        self.end_episode(self.last_terminated, self.last_truncated)?;
+                        self.finished.insert(c);
+                        if self.finished.contains(&id) {
+                            let name =
+                                &self.mapping.episode.as_ref().expect("episode-id mode").name;
+                            return Err(Error::InvalidData(format!(
+                                "row {row}: episode id {} (column `{name}`) reappears after other episodes; \
+                                 the rows of one episode must be contiguous (sort the file by episode, then step)",
+                                self.show_id(id)
+                            )));
+                        }
+                        self.current = Some(id);
+                    }
+                    None => self.current = Some(id),
+                }
+                self.last_terminated = flag(&chunk.terminated, i);
+                self.last_truncated = flag(&chunk.truncated, i);
+            }
+        } else {
+            for i in 0..n {
+                let (t, tr) = (flag(&chunk.terminated, i), flag(&chunk.truncated, i));
+                if t || tr {
+                    self.take(&chunk, from, i + 1);
+                    from = i + 1;
+                    self.end_episode(t, tr)?;
+                }
+            }
+            self.last_terminated = false;
+            self.last_truncated = false;
+        }
+        self.take(&chunk, from, n);
+        self.rows += n as u64;
+        Ok(())
+    }
+
+    /// Ends the last episode: its last row's flags decide, and without a terminated flag it is
+    /// truncated (end of data).
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        self.end_episode(self.last_terminated, self.last_truncated)
+    }
+}
+
+pub(crate) fn progress_bar(show: bool, total: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} rows, {per_sec}, ETA {eta}",
+    ) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// Reads and converts one unit.
+pub(crate) fn decode_unit(
+    source: &dyn Source,
+    mapping: &Mapping,
+    unit: usize,
+    base: u64,
+    batch_rows: usize,
+) -> Result<Vec<Chunk>> {
+    let mut row = base;
+    let mut out = vec![];
+    for batch in source.read(unit, &mapping.projection, batch_rows)? {
+        out.push(convert(mapping, &batch, row)?);
+        row += batch.num_rows() as u64;
+    }
+    Ok(out)
+}
+
+/// Decodes units (in parallel windows where the source allows) on a producer thread and
+/// assembles episodes in order on this one. Returns (rows, episodes).
+pub(crate) fn stream(
+    source: &dyn Source,
+    mapping: &Mapping,
+    opts: &IngestOptions,
+    writer: &mut DatasetWriter,
+) -> Result<(u64, u64)> {
+    let batch_rows = opts.batch_rows;
+    let units = source.units(batch_rows);
+    let total = units.last().map_or(0, |&(_, base, rows)| base + rows);
+    let pb = progress_bar(opts.progress, total);
+    let window = if source.parallel() {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    };
+    let mut asm = Assembler::new(writer, mapping);
+    let result = std::thread::scope(|s| -> Result<()> {
+        let (tx, rx) = sync_channel::<Result<Vec<Chunk>>>(window);
+        s.spawn(move || {
+            for win in units.chunks(window) {
+                let decoded: Vec<Result<Vec<Chunk>>> = win
+                    .par_iter()
+                    .map(|&(unit, base, _)| decode_unit(source, mapping, unit, base, batch_rows))
+                    .collect();
+                for r in decoded {
+                    let failed = r.is_err();
+                    // A closed channel means the consumer stopped (on an error): stop decoding.
+                    if tx.send(r).is_err() || failed {
+                        return;
+                    }
+                }
+            }
+        });
+        for group in rx {
+            for chunk in group? {
+                let n = chunk.payload.num_rows() as u64;
+                asm.push(chunk)?;
+                pb.inc(n);
+            }
+        }
+        asm.finish()
+    });
+    match &result {
+        Ok(()) => pb.finish_and_clear(),
+        Err(_) => pb.abandon(),
+    }
+    result?;
+    Ok((asm.rows, asm.episodes))
+}

@@ -1,0 +1,758 @@
+//! How an input's columns become a dataset's: the [`Mapping`] of observations, actions, rewards,
+//! episode boundaries and user columns, resolved from the options and the input's schema.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
+
+use super::*;
+use crate::error::{Error, Result};
+use crate::format::{self, col};
+use crate::schema::{TransitionSchema, field_shape, fsl, tensor_field};
+
+/// The length of row 0 of each list column `cols` of `batch` (which must have a row).
+pub(crate) fn row0_list_lengths(
+    batch: &RecordBatch,
+    cols: &[&str],
+) -> Result<Vec<(String, usize)>> {
+    cols.iter()
+        .map(|&c| {
+            let a = column(batch, c)?;
+            if a.is_null(0) {
+                return Err(null_at(c, 0));
+            }
+            let n = match a.data_type() {
+                DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
+                _ => a.as_list::<i64>().value_length(0) as usize,
+            };
+            if n == 0 {
+                return Err(Error::InvalidData(format!(
+                    "row 0: column `{c}` is an empty list"
+                )));
+            }
+            Ok((c.to_string(), n))
+        })
+        .collect()
+}
+
+/// Fills in what `opts` leaves at its defaults from the input's column names, so that common
+/// layouts ingest without flags:
+///
+/// - `observations`, `actions`, `rewards`, `next_observations` (D4RL, Minari, most NumPy dumps),
+///   TorchRL's `next/reward`, LeRobot's `observation.state` and `next.reward`, when the input has
+///   no `observation`, `action`, `reward` column;
+///   `next_observation(s)` and TorchRL's `next/observation` are stored as `next_observation`;
+/// - episode boundaries, when no boundary option is given: flags `terminals`/`timeouts` (D4RL),
+///   `terminated`/`truncated` (Gymnasium), `terminations`/`truncations` (Minari),
+///   `next/terminated`/`next/truncated` (TorchRL; `next/done` is then dropped), else an episode
+///   id column `episode_index` (LeRobot), `episode_id`, `episode`, `collector/traj_ids` or
+///   `traj_ids` (TorchRL), else TorchRL's `next/done` alone as the terminated flag; a file written by
+///   `trajstore export` (it has `episode_id, step, is_first, is_last`) takes its episode ids and
+///   flags, and its computed `step, is_first, is_last` are dropped (the store recomputes them).
+///
+/// Columns named in `drop_cols` are never picked.
+pub(crate) fn resolve_conventions(
+    opts: &IngestOptions,
+    schema: &Schema,
+    source_episodes: Option<&str>,
+) -> IngestOptions {
+    let mut o = opts.clone();
+    let has =
+        |name: &str| schema.field_with_name(name).is_ok() && !o.drop_cols.iter().any(|d| d == name);
+    let plural = |default: &str, set: &str, others: &[&str]| {
+        if set != default || has(default) {
+            return None;
+        }
+        others.iter().find(|n| has(n)).map(|n| n.to_string())
+    };
+    if o.observation_cols.is_empty()
+        && let Some(p) = plural(
+            col::OBSERVATION,
+            &o.observation_col,
+            &["observations", "observation.state"],
+        )
+    {
+        o.observation_col = p;
+    }
+    if o.action_cols.is_empty()
+        && let Some(p) = plural(col::ACTION, &o.action_col, &["actions"])
+    {
+        o.action_col = p;
+    }
+    if let Some(p) = plural(
+        col::REWARD,
+        &o.reward_col,
+        &["rewards", "next/reward", "next.reward"],
+    ) {
+        o.reward_col = p;
+    }
+    if o.next_observation_col.is_none() {
+        o.next_observation_col = ["next_observation", "next_observations", "next/observation"]
+            .into_iter()
+            .find(|n| has(n))
+            .map(String::from);
+    }
+    let computed = [col::STEP, col::IS_FIRST, col::IS_LAST];
+    let no_boundaries =
+        o.episode_col.is_none() && o.terminated_col.is_none() && o.truncated_col.is_none();
+    if let Some(id) = source_episodes.filter(|_| no_boundaries) {
+        // The input's own episodes (Minari's groups), with its flags read on each last row.
+        o.episode_col = Some(id.to_string());
+        o.terminated_col = has("terminations").then(|| "terminations".to_string());
+        o.truncated_col = has("truncations").then(|| "truncations".to_string());
+        return o;
+    }
+    if !no_boundaries {
+        // Giving one role explicitly does not switch off the others: the canonical flag names
+        // are the flags, and the computed boundary columns of a trajstore export are recomputed.
+        let taken = |o: &IngestOptions, n: &str| {
+            [&o.episode_col, &o.terminated_col, &o.truncated_col]
+                .iter()
+                .any(|c| c.as_deref() == Some(n))
+        };
+        if o.terminated_col.is_none() && has(col::TERMINATED) && !taken(&o, col::TERMINATED) {
+            o.terminated_col = Some(col::TERMINATED.to_string());
+        }
+        if o.truncated_col.is_none() && has(col::TRUNCATED) && !taken(&o, col::TRUNCATED) {
+            o.truncated_col = Some(col::TRUNCATED.to_string());
+        }
+        if o.episode_col.is_some() && computed.iter().all(|c| has(c)) {
+            o.drop_cols.extend(computed.iter().map(|c| c.to_string()));
+        }
+        return o;
+    }
+    {
+        if has(col::EPISODE_ID) && computed.iter().all(|c| has(c)) {
+            // A trajstore export: its own ids and flags; the computed columns are recomputed.
+            o.episode_col = Some(col::EPISODE_ID.to_string());
+            o.terminated_col = has(col::TERMINATED).then(|| col::TERMINATED.to_string());
+            o.truncated_col = has(col::TRUNCATED).then(|| col::TRUNCATED.to_string());
+            o.drop_cols.extend(computed.iter().map(|c| c.to_string()));
+            return o;
+        }
+        let flags = [
+            ("terminals", "timeouts"),
+            (col::TERMINATED, col::TRUNCATED),
+            ("terminations", "truncations"),
+            ("next/terminated", "next/truncated"),
+        ];
+        if let Some((t, tr)) = flags.into_iter().find(|(t, tr)| has(t) || has(tr)) {
+            o.terminated_col = has(t).then(|| t.to_string());
+            o.truncated_col = has(tr).then(|| tr.to_string());
+            // TorchRL's done is terminated OR truncated: nothing to keep.
+            if t == "next/terminated" && has("next/done") {
+                o.drop_cols.push("next/done".into());
+            }
+        } else if let Some(id) = [
+            "episode_index",
+            col::EPISODE_ID,
+            "episode",
+            "collector/traj_ids",
+            "traj_ids",
+        ]
+        .into_iter()
+        .find(|n| has(n))
+        {
+            o.episode_col = Some(id.into());
+        } else if has("next/done") {
+            // Older TorchRL data: done alone, read as terminated (the pre-truncation convention).
+            o.terminated_col = Some("next/done".into());
+        }
+    }
+    o
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan: which input column becomes which stored column, and how.
+// ---------------------------------------------------------------------------------------------
+
+/// A tensor column (observation, continuous action, next observation) built from one or more
+/// input columns, concatenated per row.
+#[derive(Debug, Clone)]
+pub(crate) struct TensorSpec {
+    /// Input column and its number of values per row.
+    pub(crate) sources: Vec<(String, usize)>,
+    /// Element type after conversion.
+    pub(crate) elem: DataType,
+    /// Tensor shape (product = sum of the widths).
+    shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    pub(crate) fn width(&self) -> usize {
+        self.sources.iter().map(|s| s.1).sum()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum ActionSpec {
+    Discrete(String),
+    Continuous(TensorSpec),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct EpisodeCol {
+    pub(crate) name: String,
+    pub(crate) signed: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Mapping {
+    pub(crate) schema: TransitionSchema,
+    /// Root column indices to decode.
+    pub(crate) projection: Vec<usize>,
+    pub(crate) observation: TensorSpec,
+    pub(crate) action: ActionSpec,
+    /// `None`: no reward in the input, 0.0 is stored.
+    pub(crate) reward: Option<String>,
+    pub(crate) next_observation: Option<TensorSpec>,
+    pub(crate) episode: Option<EpisodeCol>,
+    pub(crate) terminated: Option<String>,
+    pub(crate) truncated: Option<String>,
+}
+
+/// The shape of one input column.
+#[derive(Debug, Clone)]
+pub(crate) enum Kind {
+    /// One number per row.
+    Scalar(DataType),
+    /// A (possibly nested) fixed-size list of numbers: element type, shape.
+    Fixed(DataType, Vec<usize>),
+    /// A variable-size list of numbers.
+    List(DataType),
+}
+
+impl Kind {
+    fn elem(&self) -> &DataType {
+        match self {
+            Kind::Scalar(e) | Kind::Fixed(e, _) | Kind::List(e) => e,
+        }
+    }
+}
+
+pub(crate) fn is_numeric(dt: &DataType) -> bool {
+    dt.is_integer() || dt.is_floating()
+}
+
+/// Classifies a column as a numeric scalar, fixed-size list or list; `None` otherwise.
+pub(crate) fn kind_of(field: &Field) -> Option<Kind> {
+    match field.data_type() {
+        dt if is_numeric(dt) => Some(Kind::Scalar(dt.clone())),
+        DataType::FixedSizeList(child, n) => {
+            let n = usize::try_from(*n).ok().filter(|&n| n > 0)?;
+            match kind_of(child)? {
+                Kind::Scalar(e) => {
+                    // A flat list may carry `arrow.fixed_shape_tensor` metadata (e.g. our export).
+                    let shape = field_shape(field).unwrap_or_else(|_| vec![n]);
+                    Some(Kind::Fixed(e, shape))
+                }
+                Kind::Fixed(e, inner) => {
+                    let mut shape = vec![n];
+                    shape.extend(inner);
+                    Some(Kind::Fixed(e, shape))
+                }
+                Kind::List(_) => None,
+            }
+        }
+        DataType::List(child) | DataType::LargeList(child) if is_numeric(child.data_type()) => {
+            Some(Kind::List(child.data_type().clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Reserved names a leftover input column may not take.
+pub(crate) fn reserved(name: &str) -> bool {
+    col::BOUNDARY.contains(&name)
+        || [
+            col::OBSERVATION,
+            col::ACTION,
+            col::REWARD,
+            col::NEXT_OBSERVATION,
+        ]
+        .contains(&name)
+}
+
+/// Why a leftover column with a reserved name cannot be kept, and what to do instead.
+pub(crate) fn reserved_error(name: &str) -> Error {
+    let role = match name {
+        col::TERMINATED | col::TRUNCATED | col::OBSERVATION | col::ACTION | col::REWARD => name,
+        col::NEXT_OBSERVATION => "next-observation",
+        _ => "",
+    };
+    let fix = if role.is_empty() {
+        format!(
+            "the store computes `{name}` itself; pass --drop-cols {name} (or --episode-col {name} if it holds episode ids)"
+        )
+    } else {
+        format!("use it with --{role}-col {name}, or pass --drop-cols {name}")
+    };
+    Error::schema_mismatch(format!(
+        "column `{name}` would be kept as a user column, but its name is reserved for a stored column; {fix}"
+    ))
+}
+
+/// The user-column type of an input column, if it is fixed-width: fixed-size list children are
+/// renamed to a non-nullable `item`.
+pub(crate) fn user_type(dt: &DataType) -> Option<DataType> {
+    let out = match dt {
+        DataType::FixedSizeList(child, n) => DataType::FixedSizeList(
+            Field::new("item", child.data_type().clone(), false).into(),
+            *n,
+        ),
+        other => other.clone(),
+    };
+    // Only types that survive the manifest round trip.
+    format::parse_type(&format::type_name(&out)?).ok()?;
+    Some(out)
+}
+
+impl Mapping {
+    /// What an ingest that used this plan reports.
+    pub(crate) fn report(
+        &self,
+        rows: u64,
+        episodes: u64,
+        version: u64,
+        started: Instant,
+    ) -> IngestReport {
+        IngestReport {
+            rows,
+            episodes,
+            version,
+            seconds: started.elapsed().as_secs_f64(),
+            columns: self.mapping(),
+            boundaries: self.boundaries(),
+        }
+    }
+
+    pub(crate) fn build(source: &dyn Source, opts: &IngestOptions) -> Result<Mapping> {
+        let input = source.path();
+        let file_schema = source.schema();
+        let opts = &resolve_conventions(opts, &file_schema, source.episode_column());
+        if opts.batch_rows == 0 {
+            return Err(Error::InvalidArgument(
+                "batch_rows must be at least 1".into(),
+            ));
+        }
+        if opts.episode_col.is_none()
+            && opts.terminated_col.is_none()
+            && opts.truncated_col.is_none()
+        {
+            return Err(Error::InvalidArgument(
+                "no way to find episode boundaries: give an episode id column (--episode-col NAME; an \
+                 episode is a run of equal ids, optional flag columns are read on its last row), or \
+                 flag columns (--terminated-col NAME and/or --truncated-col NAME; an episode ends at a \
+                 row where either is set)"
+                    .into(),
+            ));
+        }
+        let mut seen = HashSet::new();
+        for f in file_schema.fields() {
+            if !seen.insert(f.name().as_str()) {
+                return Err(Error::schema_mismatch(format!(
+                    "{} has two columns named `{}`",
+                    input.display(),
+                    f.name()
+                )));
+            }
+        }
+        let all_names = || {
+            file_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        // Every input column used, with the role it plays (to reject double use).
+        let mut used: Vec<(String, &'static str)> = vec![];
+        let mut take = |name: &str, role: &'static str, flag: &str| -> Result<FieldRef> {
+            if let Some((_, other)) = used.iter().find(|(n, _)| n == name) {
+                return Err(Error::InvalidArgument(format!(
+                    "column `{name}` is used both as {other} and as {role}"
+                )));
+            }
+            if opts.drop_cols.iter().any(|d| d == name) {
+                return Err(Error::InvalidArgument(format!(
+                    "column `{name}` is used as {role} and also listed in --drop-cols"
+                )));
+            }
+            let field = file_schema.field_with_name(name).map_err(|_| {
+                Error::schema_mismatch(format!(
+                    "{} has no column `{name}` for the {role} (set it with {flag}); columns: {}",
+                    input.display(),
+                    all_names()
+                ))
+            })?;
+            used.push((name.to_string(), role));
+            Ok(Arc::new(field.clone()))
+        };
+
+        // Episode boundaries.
+        let episode = match &opts.episode_col {
+            Some(name) => {
+                let f = take(name, "episode id", "--episode-col")?;
+                if !f.data_type().is_integer() {
+                    return Err(Error::schema_mismatch(format!(
+                        "episode id column `{name}` must hold integers, found {}",
+                        f.data_type()
+                    )));
+                }
+                Some(EpisodeCol {
+                    name: name.clone(),
+                    signed: f.data_type().is_signed_integer(),
+                })
+            }
+            None => None,
+        };
+        let mut flag = |name: &Option<String>,
+                        role: &'static str,
+                        opt: &str|
+         -> Result<Option<String>> {
+            let Some(name) = name else { return Ok(None) };
+            let f = take(name, role, opt)?;
+            let dt = f.data_type();
+            if !(dt == &DataType::Boolean || is_numeric(dt)) {
+                return Err(Error::schema_mismatch(format!(
+                    "{role} column `{name}` must be bool or numeric (non-zero = set), found {dt}"
+                )));
+            }
+            Ok(Some(name.clone()))
+        };
+        let terminated = flag(&opts.terminated_col, "terminated flag", "--terminated-col")?;
+        let truncated = flag(&opts.truncated_col, "truncated flag", "--truncated-col")?;
+
+        // Tensors: collect their kinds first; lengths of variable-size lists come from row 0.
+        let mut tensor_kinds = |names: Vec<String>,
+                                role: &'static str,
+                                opt: &str|
+         -> Result<Vec<(String, Kind)>> {
+            names
+                .into_iter()
+                .map(|name| {
+                    let f = take(&name, role, opt)?;
+                    let kind = kind_of(&f).ok_or_else(|| {
+                        Error::schema_mismatch(format!(
+                            "{role} column `{name}` must be numbers or (fixed-size) lists of numbers, found {}",
+                            f.data_type()
+                        ))
+                    })?;
+                    Ok((name, kind))
+                })
+                .collect()
+        };
+        let obs_names = if opts.observation_cols.is_empty() {
+            vec![opts.observation_col.clone()]
+        } else {
+            opts.observation_cols.clone()
+        };
+        let obs_opt = if opts.observation_cols.is_empty() {
+            "--observation-col"
+        } else {
+            "--observation-cols"
+        };
+        let obs_kinds = tensor_kinds(obs_names, "observation", obs_opt)?;
+        let act_names = if opts.action_cols.is_empty() {
+            vec![opts.action_col.clone()]
+        } else {
+            opts.action_cols.clone()
+        };
+        let act_opt = if opts.action_cols.is_empty() {
+            "--action-col"
+        } else {
+            "--action-cols"
+        };
+        let act_kinds = tensor_kinds(act_names, "action", act_opt)?;
+        let next_kinds = match &opts.next_observation_col {
+            Some(n) => Some(tensor_kinds(
+                vec![n.clone()],
+                "next observation",
+                "--next-observation-col",
+            )?),
+            None => None,
+        };
+        let reward = if opts.no_reward {
+            None
+        } else {
+            if file_schema.field_with_name(&opts.reward_col).is_err() {
+                return Err(Error::schema_mismatch(format!(
+                    "{} has no column `{}` for the reward (set it with --reward-col, or pass \
+                     --no-reward if the data has none, e.g. demonstrations); columns: {}",
+                    input.display(),
+                    opts.reward_col,
+                    all_names()
+                )));
+            }
+            let reward_field = take(&opts.reward_col, "reward", "--reward-col")?;
+            if !is_numeric(reward_field.data_type()) {
+                return Err(Error::schema_mismatch(format!(
+                    "reward column `{}` must be a number, found {}",
+                    opts.reward_col,
+                    reward_field.data_type()
+                )));
+            }
+            Some(opts.reward_col.clone())
+        };
+
+        let list_cols: Vec<&str> = obs_kinds
+            .iter()
+            .chain(&act_kinds)
+            .chain(next_kinds.iter().flatten())
+            .filter(|(_, k)| matches!(k, Kind::List(_)))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let lengths = source.first_row_lengths(&list_cols)?;
+        let width_of = |name: &str, kind: &Kind| -> usize {
+            match kind {
+                Kind::Scalar(_) => 1,
+                Kind::Fixed(_, shape) => shape.iter().product(),
+                Kind::List(_) => lengths.iter().find(|(n, _)| n == name).map_or(0, |l| l.1),
+            }
+        };
+        let tensor = |kinds: &[(String, Kind)], force_float: bool| -> TensorSpec {
+            let sources: Vec<(String, usize)> = kinds
+                .iter()
+                .map(|(n, k)| (n.clone(), width_of(n, k)))
+                .collect();
+            let first = kinds[0].1.elem().clone();
+            let mut elem = if kinds.iter().all(|(_, k)| k.elem() == &first) {
+                first
+            } else {
+                DataType::Float32
+            };
+            if force_float && !elem.is_floating() {
+                elem = DataType::Float32;
+            }
+            let width = sources.iter().map(|s| s.1).sum();
+            let shape = match kinds {
+                [(_, Kind::Fixed(_, shape))] => shape.clone(),
+                _ => vec![width],
+            };
+            TensorSpec {
+                sources,
+                elem,
+                shape,
+            }
+        };
+
+        let observation = tensor(&obs_kinds, false);
+        let action = match act_kinds.as_slice() {
+            [(name, Kind::Scalar(dt))] if dt.is_integer() => ActionSpec::Discrete(name.clone()),
+            kinds => {
+                let mut spec = tensor(kinds, true);
+                spec.shape = vec![spec.width()];
+                ActionSpec::Continuous(spec)
+            }
+        };
+        let next_observation = match next_kinds {
+            Some(kinds) => {
+                let mut spec = tensor(&kinds, false);
+                if spec.elem != observation.elem || spec.width() != observation.width() {
+                    return Err(Error::schema_mismatch(format!(
+                        "next observation column `{}` holds {} values of {} per row, the observation {} of {}",
+                        spec.sources[0].0,
+                        spec.width(),
+                        spec.elem,
+                        observation.width(),
+                        observation.elem
+                    )));
+                }
+                spec.shape = observation.shape.clone();
+                Some(spec)
+            }
+            None => None,
+        };
+
+        // Payload fields in canonical order; `source_episode` leads the user columns.
+        let mut fields = vec![
+            tensor_field(
+                col::OBSERVATION,
+                observation.elem.clone(),
+                &observation.shape,
+                false,
+            )?,
+            match &action {
+                ActionSpec::Discrete(_) => Field::new(col::ACTION, DataType::Int64, false),
+                ActionSpec::Continuous(spec) => {
+                    Field::new(col::ACTION, fsl(spec.elem.clone(), spec.width())?, false)
+                }
+            },
+            Field::new(col::REWARD, DataType::Float32, false),
+        ];
+        if next_observation.is_some() {
+            fields.push(tensor_field(
+                col::NEXT_OBSERVATION,
+                observation.elem.clone(),
+                &observation.shape,
+                false,
+            )?);
+        }
+        if let Some(e) = &episode {
+            let dt = if e.signed {
+                DataType::Int64
+            } else {
+                DataType::UInt64
+            };
+            fields.push(Field::new(SOURCE_EPISODE, dt, false));
+        }
+
+        // Everything else is kept as a user column, or dropped.
+        for d in &opts.drop_cols {
+            if file_schema.field_with_name(d).is_err() {
+                return Err(Error::InvalidArgument(format!(
+                    "--drop-cols names `{d}`, which {} does not have; columns: {}",
+                    input.display(),
+                    all_names()
+                )));
+            }
+        }
+        let mut projection = vec![];
+        for (i, f) in file_schema.fields().iter().enumerate() {
+            let name = f.name().as_str();
+            if opts.drop_cols.iter().any(|d| d == name) {
+                continue;
+            }
+            projection.push(i);
+            if used.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            if reserved(name) || (episode.is_some() && name == SOURCE_EPISODE) {
+                return Err(reserved_error(name));
+            }
+            let dt = user_type(f.data_type()).ok_or_else(|| {
+                Error::schema_mismatch(format!(
+                    "column `{name}` has type {}, but only fixed-width columns (bool, ints, floats and \
+                     fixed-size lists of numbers) can be stored; pass --drop-cols {name} to ignore it",
+                    f.data_type()
+                ))
+            })?;
+            fields.push(Field::new(name, dt, f.is_nullable()));
+        }
+        let schema = TransitionSchema::from_payload(&Schema::new(fields))?;
+        Ok(Mapping {
+            schema,
+            projection,
+            observation,
+            action,
+            reward,
+            next_observation,
+            episode,
+            terminated,
+            truncated,
+        })
+    }
+
+    /// Stored column ← input column(s), where the names differ.
+    fn mapping(&self) -> Vec<(String, String)> {
+        let sources = |t: &TensorSpec| {
+            t.sources
+                .iter()
+                .map(|s| s.0.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut out = vec![(col::OBSERVATION.to_string(), sources(&self.observation))];
+        out.push((
+            col::ACTION.to_string(),
+            match &self.action {
+                ActionSpec::Discrete(name) => name.clone(),
+                ActionSpec::Continuous(t) => sources(t),
+            },
+        ));
+        out.push((
+            col::REWARD.to_string(),
+            self.reward.clone().unwrap_or_else(|| "none (0.0)".into()),
+        ));
+        if let Some(t) = &self.next_observation {
+            out.push((col::NEXT_OBSERVATION.to_string(), sources(t)));
+        }
+        if let Some(e) = &self.episode {
+            out.push((SOURCE_EPISODE.to_string(), e.name.clone()));
+        }
+        out.retain(|(a, b)| a != b);
+        out
+    }
+
+    /// Where episode boundaries come from, in words.
+    fn boundaries(&self) -> String {
+        let flags: Vec<&str> = [&self.terminated, &self.truncated]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        match &self.episode {
+            Some(e) if flags.is_empty() => format!("episode ids in `{}`", e.name),
+            Some(e) => format!(
+                "episode ids in `{}` (flags {} on each episode's last row)",
+                e.name,
+                flags.join(", ")
+            ),
+            None => format!("flags {}", flags.join(", ")),
+        }
+    }
+
+    /// Appending: the dataset's schema must match the inferred one (nullability of user columns
+    /// aside: the dataset's wins, and nulls are checked row by row). The dataset's schema is then
+    /// the one converted batches take.
+    pub(crate) fn adopt(
+        &mut self,
+        existing: &TransitionSchema,
+        input: &Path,
+        dataset: &Path,
+    ) -> Result<()> {
+        let mismatch = |why: String| {
+            Error::schema_mismatch(format!(
+                "cannot append {} to {}: {why}",
+                input.display(),
+                dataset.display()
+            ))
+        };
+        let a = existing.payload_schema();
+        let b = self.schema.payload_schema();
+        let names = |s: &SchemaRef| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if a.fields().len() != b.fields().len() {
+            return Err(mismatch(format!(
+                "the file gives columns [{}], the dataset has [{}]",
+                names(b),
+                names(a)
+            )));
+        }
+        for (x, y) in a.fields().iter().zip(b.fields()) {
+            if x.name() != y.name() || x.data_type() != y.data_type() {
+                return Err(mismatch(format!(
+                    "the file gives `{}: {}` where the dataset has `{}: {}`",
+                    y.name(),
+                    type_label(y.data_type()),
+                    x.name(),
+                    type_label(x.data_type())
+                )));
+            }
+        }
+        let (mine, theirs) = (
+            self.schema.observation_shape(),
+            existing.observation_shape(),
+        );
+        if mine.len() > 1 && mine != theirs {
+            return Err(mismatch(format!(
+                "observation shape {mine:?}, the dataset stores {theirs:?}"
+            )));
+        }
+        self.schema = existing.clone();
+        Ok(())
+    }
+}
+
+pub(crate) fn type_label(dt: &DataType) -> String {
+    format::type_name(dt).unwrap_or_else(|| dt.to_string())
+}

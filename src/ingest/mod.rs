@@ -1,0 +1,540 @@
+//! Ingest: turns a file of transitions (one row per transition) into trajstore episodes. Four
+//! input formats, read by one pipeline:
+//!
+//! - **Parquet** (D4RL/Minari/LeRobot style exports, pandas/Polars dumps);
+//! - **NumPy**: a `.npz` archive (`np.savez` / `np.savez_compressed`, e.g. D4RL's
+//!   `env.get_dataset()` dict saved as is) or a directory of `.npy` files, one column per array
+//!   (module `numpy`);
+//! - **TorchRL** replay buffers saved with `rb.dumps(DIR)`: one column per tensor of the stored
+//!   TensorDict, oldest row first (module `torchrl`);
+//! - **HDF5** (module `hdf5`, pure Rust, no libhdf5): D4RL's layout, one column per
+//!   per-transition dataset, and Minari's, one group per episode.
+//!
+//! Common layouts need no options: D4RL's `observations, actions, rewards, terminals, timeouts,
+//! next_observations`, Gymnasium's `terminated/truncated`, Minari's `terminations/truncations`
+//! and LeRobot's `episode_index` are recognised when the caller leaves the corresponding option
+//! at its default ([`IngestReport::columns`] and [`IngestReport::boundaries`] say what was used).
+//!
+//! Episode boundaries come from one of two places:
+//!
+//! - an **episode id column** ([`IngestOptions::episode_col`]): an episode is a maximal run
+//!   of equal ids, the rows of one episode must be contiguous, and optional flag columns are read
+//!   on each episode's last row. The original id is kept as the user column `source_episode`
+//!   (ids are reassigned densely by the writer);
+//! - **flag columns** ([`IngestOptions::terminated_col`],
+//!   [`IngestOptions::truncated_col`]): an episode ends at a row where either flag is set
+//!   (D4RL semantics); the rows after the last flag form a final episode marked truncated.
+//!
+//! Observations and actions may be fixed-size lists, variable-size lists of constant length, or
+//! several scalar columns combined into one vector. Other fixed-width columns are kept as user
+//! columns.
+//!
+//! Ingest streams: units (Parquet row groups, row ranges of NumPy arrays) are decoded in parallel
+//! (a window of up to [`rayon::current_num_threads`] units; one by one for compressed `.npz`) and
+//! fed in order to one [`DatasetWriter`]. Memory is bounded by the window of decoded units, plus
+//! the longest episode (an episode that spans units is carried across them), plus the writer's
+//! batch buffer. The ingest commits once at the end; on any error nothing is committed, and a dataset
+//! directory that the ingest created is removed again.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::{Error, Result};
+use crate::format::col;
+use crate::schema::TransitionSchema;
+use crate::store::Dataset;
+use crate::store::writer::WriterOptions;
+
+mod assemble;
+mod convert;
+mod mapping;
+mod source;
+
+use assemble::*;
+use convert::*;
+use mapping::*;
+use source::*;
+
+/// Name of the user column that keeps the input's episode id in episode-id mode.
+pub const SOURCE_EPISODE: &str = "source_episode";
+
+/// Property set on the dataset to the (canonical) path of the ingested file.
+pub const SOURCE_PROPERTY: &str = "source";
+
+/// Batches of `batch_rows` rows per unit of a source that chooses its units (NumPy arrays, Minari
+/// episodes): enough to amortise a unit, few enough to bound the window of decoded units.
+pub(crate) const UNIT_BATCHES: usize = 4;
+
+/// Default [`IngestOptions::batch_rows`].
+pub const DEFAULT_BATCH_ROWS: usize = 64 * 1024;
+
+/// How to read an input file of transitions. Construct with `IngestOptions::default()` and the
+/// `with_*` methods (or assign the public fields); new options get defaults.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct IngestOptions {
+    /// Episodes from an id column (integers; the rows of one episode must be contiguous).
+    pub episode_col: Option<String>,
+    /// Per-row terminated flag (bool, or numbers where non-zero means set).
+    pub terminated_col: Option<String>,
+    /// Per-row truncated flag (bool, or numbers where non-zero means set).
+    pub truncated_col: Option<String>,
+    /// The observation column (default `observation`); ignored when
+    /// [`IngestOptions::observation_cols`] is non-empty.
+    pub observation_col: String,
+    /// Several numeric columns (scalars or lists) concatenated, in this order, into the
+    /// observation vector.
+    pub observation_cols: Vec<String>,
+    /// The action column (default `action`); ignored when
+    /// [`IngestOptions::action_cols`] is non-empty. A scalar integer column is a
+    /// discrete action stored as `int64`; a scalar float column a continuous action of
+    /// dimension 1; a list of floats a continuous action (lists of integers are cast to
+    /// `float32`).
+    pub action_col: String,
+    /// Several numeric columns concatenated into one continuous action vector.
+    pub action_cols: Vec<String>,
+    /// The reward column (default `reward`), cast to `float32`.
+    pub reward_col: String,
+    /// The input has no reward (demonstrations for imitation learning): every transition is
+    /// stored with reward 0.0, and [`IngestOptions::reward_col`] is not read.
+    pub no_reward: bool,
+    /// A column holding o_{t+1}, converted like the observation and stored as `next_observation`.
+    pub next_observation_col: Option<String>,
+    /// Columns to ignore.
+    pub drop_cols: Vec<String>,
+    /// Rows per decoded record batch (default 64Ki).
+    pub batch_rows: usize,
+    /// Show a progress bar on stderr (it hides itself when stderr is not a terminal).
+    pub progress: bool,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        Self {
+            episode_col: None,
+            terminated_col: None,
+            truncated_col: None,
+            observation_col: col::OBSERVATION.into(),
+            observation_cols: vec![],
+            action_col: col::ACTION.into(),
+            action_cols: vec![],
+            reward_col: col::REWARD.into(),
+            no_reward: false,
+            next_observation_col: None,
+            drop_cols: vec![],
+            batch_rows: DEFAULT_BATCH_ROWS,
+            progress: false,
+        }
+    }
+}
+
+pub(crate) fn strings<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Vec<String> {
+    names.into_iter().map(Into::into).collect()
+}
+
+impl IngestOptions {
+    /// Sets [`IngestOptions::episode_col`].
+    pub fn with_episode_col(mut self, name: impl Into<String>) -> Self {
+        self.episode_col = Some(name.into());
+        self
+    }
+    /// Sets [`IngestOptions::terminated_col`].
+    pub fn with_terminated_col(mut self, name: impl Into<String>) -> Self {
+        self.terminated_col = Some(name.into());
+        self
+    }
+    /// Sets [`IngestOptions::truncated_col`].
+    pub fn with_truncated_col(mut self, name: impl Into<String>) -> Self {
+        self.truncated_col = Some(name.into());
+        self
+    }
+    /// Sets [`IngestOptions::observation_col`].
+    pub fn with_observation_col(mut self, name: impl Into<String>) -> Self {
+        self.observation_col = name.into();
+        self
+    }
+    /// Sets [`IngestOptions::observation_cols`].
+    pub fn with_observation_cols<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        names: I,
+    ) -> Self {
+        self.observation_cols = strings(names);
+        self
+    }
+    /// Sets [`IngestOptions::action_col`].
+    pub fn with_action_col(mut self, name: impl Into<String>) -> Self {
+        self.action_col = name.into();
+        self
+    }
+    /// Sets [`IngestOptions::action_cols`].
+    pub fn with_action_cols<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        names: I,
+    ) -> Self {
+        self.action_cols = strings(names);
+        self
+    }
+    /// Sets [`IngestOptions::reward_col`].
+    pub fn with_reward_col(mut self, name: impl Into<String>) -> Self {
+        self.reward_col = name.into();
+        self
+    }
+    /// Sets [`IngestOptions::no_reward`].
+    pub fn with_no_reward(mut self) -> Self {
+        self.no_reward = true;
+        self
+    }
+    /// Sets [`IngestOptions::next_observation_col`].
+    pub fn with_next_observation_col(mut self, name: impl Into<String>) -> Self {
+        self.next_observation_col = Some(name.into());
+        self
+    }
+    /// Sets [`IngestOptions::drop_cols`].
+    pub fn with_drop_cols<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
+        self.drop_cols = strings(names);
+        self
+    }
+    /// Sets [`IngestOptions::batch_rows`].
+    pub fn with_batch_rows(mut self, rows: usize) -> Self {
+        self.batch_rows = rows;
+        self
+    }
+    /// Sets [`IngestOptions::progress`].
+    pub fn with_progress(mut self, progress: bool) -> Self {
+        self.progress = progress;
+        self
+    }
+}
+
+/// What an ingest did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IngestReport {
+    /// Transitions ingested.
+    pub rows: u64,
+    /// Episodes ingested.
+    pub episodes: u64,
+    /// The dataset version after the commit.
+    pub version: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Stored column ← input column(s), for the columns the input does not give by their stored
+    /// name (`observation ← observations`, `source_episode ← ep`, ...).
+    pub columns: Vec<(String, String)>,
+    /// Where the episode boundaries came from, e.g. "flags terminals, timeouts".
+    pub boundaries: String,
+}
+
+/// The kinds of input [`ingest`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// A Parquet file (`.parquet`, `.pq`), or a directory of them read in path order (a sharded
+    /// dataset; a LeRobot dataset's `data/chunk-*/episode_*.parquet`), all with the same columns.
+    Parquet,
+    /// A NumPy `.npz` archive (`np.savez` or `np.savez_compressed`) or a directory of `.npy`
+    /// files: one column per array, named after its key.
+    Numpy,
+    /// A TorchRL replay buffer saved with `rb.dumps(DIR)` (a `TensorDict` in a
+    /// `LazyMemmapStorage` or `LazyTensorStorage`): one column per tensor, nested keys joined with
+    /// `/` (`next/reward`), oldest row first.
+    TorchRl,
+    /// An HDF5 file (`.hdf5`, `.h5`) in D4RL's layout (one column per per-transition dataset, at
+    /// any depth: `infos/qpos`; scalars and strings such as `metadata/` are not columns), or a
+    /// Minari dataset (its directory, or its `data/main_data.hdf5`: one group per episode).
+    Hdf5,
+    /// An Arrow IPC file (`.arrow`, `.feather`, `.ipc`; Feather v2): one unit per record batch.
+    Arrow,
+}
+
+impl InputFormat {
+    /// The format of `input`: a directory is a TorchRL dump when it has a `meta.json` (or
+    /// `storage/meta.json`), NumPy when it holds `.npy` files, else Parquet when it holds
+    /// `.parquet` files (at any depth: sharded datasets, LeRobot); a file goes by its extension,
+    /// else by its first bytes.
+    pub fn detect(input: &Path) -> Result<InputFormat> {
+        if input.is_dir() {
+            if hdf5::minari_file(input).is_file() {
+                return Ok(InputFormat::Hdf5);
+            }
+            if torchrl::is_torchrl(input) {
+                return Ok(InputFormat::TorchRl);
+            }
+            let has_npy = std::fs::read_dir(input)
+                .map_err(|e| Error::io(input, e))?
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().extension().is_some_and(|x| x == "npy"));
+            if !has_npy && !source::parquet::parquet_files(input)?.is_empty() {
+                return Ok(InputFormat::Parquet);
+            }
+            return Ok(InputFormat::Numpy);
+        }
+        let ext = input
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        match ext.as_str() {
+            "parquet" | "pq" => return Ok(InputFormat::Parquet),
+            "npz" | "npy" => return Ok(InputFormat::Numpy),
+            "hdf5" | "h5" => return Ok(InputFormat::Hdf5),
+            "arrow" | "feather" | "ipc" | "arrows" => return Ok(InputFormat::Arrow),
+            _ => {}
+        }
+        let mut magic = [0u8; 8];
+        let n = File::open(input)
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
+            .map_err(|e| Error::io(input, e))?;
+        match &magic[..n] {
+            [b'P', b'A', b'R', b'1', ..] => Ok(InputFormat::Parquet),
+            b"\x89HDF\r\n\x1a\n" => Ok(InputFormat::Hdf5),
+            [b'P', b'K', ..] | [0x93, b'N', ..] => Ok(InputFormat::Numpy),
+            [b'A', b'R', b'R', b'O', b'W', b'1', ..] => Ok(InputFormat::Arrow),
+            head if arrow_ipc::is_stream(head) => Ok(InputFormat::Arrow),
+            _ => Err(Error::InvalidArgument(format!(
+                "{}: unknown input format; trajstore ingests Parquet (.parquet), NumPy (.npz, or a \
+                 directory of .npy files), HDF5 in D4RL's layout (.hdf5), Arrow IPC files \
+                 (.arrow, .feather) and TorchRL replay buffers (a directory written by rb.dumps)",
+                input.display()
+            ))),
+        }
+    }
+}
+
+/// The [`TransitionSchema`] that ingesting `input` (of `format`, e.g. from
+/// [`InputFormat::detect`]) with `opts` would produce. Reads headers only (and the first row of
+/// variable-size list columns).
+pub fn infer_schema(
+    input: &Path,
+    format: InputFormat,
+    opts: &IngestOptions,
+) -> Result<TransitionSchema> {
+    if format == InputFormat::Arrow && arrow_ipc::is_stream_file(input)? {
+        let file = File::open(input).map_err(|e| Error::io(input, e))?;
+        let (_, head) = arrow_ipc::open_stream(file, input)?;
+        return Ok(Mapping::build(&head, opts)?.schema);
+    }
+    let source = open_source(input, format, opts)?;
+    Ok(Mapping::build(source.as_ref(), opts)?.schema)
+}
+
+/// Ingests `input` (of `format`; [`InputFormat::detect`] guesses it) into `dataset` (a path):
+/// creates the dataset, with the schema of [`infer_schema`], if it does not exist (or is an empty
+/// directory), otherwise appends to it (the schemas must match). Commits once at the end and sets
+/// the dataset property `source` to the input's path. On any error nothing is committed, and a
+/// dataset directory this call created is removed.
+///
+/// Cost: one pass over the input; memory is bounded by a window of
+/// [`rayon::current_num_threads`] decoded units (Parquet row groups, or 4 × `batch_rows` rows of
+/// NumPy arrays), the longest episode and the writer's batch buffer
+/// ([`WriterOptions::batch_bytes`]).
+pub fn ingest(
+    input: &Path,
+    format: InputFormat,
+    dataset: &Path,
+    opts: &IngestOptions,
+    writer_opts: WriterOptions,
+) -> Result<IngestReport> {
+    if format == InputFormat::Arrow && arrow_ipc::is_stream_file(input)? {
+        let file = File::open(input).map_err(|e| Error::io(input, e))?;
+        let name = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
+        return ingest_stream(
+            file,
+            &name,
+            dataset,
+            opts,
+            writer_opts,
+            CommitPolicy::default(),
+        );
+    }
+    let started = Instant::now();
+    let source = open_source(input, format, opts)?;
+    let source = source.as_ref();
+    let mut plan = Mapping::build(source, opts)?;
+    let target = Target::open(dataset, &plan.schema)?;
+    let result = (|| {
+        let mut writer = target.ds.writer(writer_opts)?;
+        if !target.created {
+            plan.adopt(writer.schema(), input, dataset)?;
+        }
+        let (rows, episodes) = stream(source, &plan, opts, &mut writer)?;
+        let canonical = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
+        writer.set_property(SOURCE_PROPERTY, canonical.display().to_string());
+        let version = writer.commit()?;
+        Ok(plan.report(rows, episodes, version, started))
+    })();
+    if result.is_err() {
+        target.discard();
+    }
+    result
+}
+
+/// The dataset an ingest writes to: opened, or created (and then removed again if the ingest
+/// fails before committing anything).
+pub(crate) struct Target {
+    ds: Dataset,
+    path: PathBuf,
+    created: bool,
+    existed: bool,
+}
+
+impl Target {
+    fn open(dataset: &Path, schema: &TransitionSchema) -> Result<Self> {
+        let existed = dataset.exists();
+        let fresh = !existed || is_empty_dir(dataset)?;
+        let (ds, created) = if fresh {
+            match Dataset::create(dataset, schema) {
+                Ok(ds) => (ds, true),
+                // Someone else's non-empty directory: never remove it.
+                Err(e @ Error::InvalidArgument(_)) => return Err(e),
+                Err(e) => {
+                    remove_created(dataset, existed);
+                    return Err(e);
+                }
+            }
+        } else {
+            if !dataset.is_dir() {
+                return Err(Error::InvalidArgument(format!(
+                    "{} exists and is not a dataset directory",
+                    dataset.display()
+                )));
+            }
+            (Dataset::open(dataset)?, false)
+        };
+        Ok(Target {
+            ds,
+            path: dataset.to_path_buf(),
+            created,
+            existed,
+        })
+    }
+
+    /// Removes the dataset if this ingest created it.
+    fn discard(&self) {
+        if self.created {
+            remove_created(&self.path, self.existed);
+        }
+    }
+}
+
+/// Whether `path` is a file in the Arrow IPC stream format (which [`ingest`] reads in order,
+/// through [`ingest_stream`]).
+pub fn is_arrow_stream(path: &Path) -> Result<bool> {
+    arrow_ipc::is_stream_file(path)
+}
+
+/// When [`ingest_stream`] commits while its stream is still open, so that readers see episodes
+/// as they arrive (each commit holds whole episodes only). The default commits once, at the end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitPolicy {
+    /// Commit once at least this many new episodes have ended (checked after each record
+    /// batch, so a commit holds whole batches' worth of finished episodes).
+    pub episodes: Option<u64>,
+    /// Commit when this much time has passed since the last commit and there are new episodes
+    /// (checked as record batches arrive).
+    pub interval: Option<std::time::Duration>,
+}
+
+impl CommitPolicy {
+    fn due(&self, new_episodes: u64, since: std::time::Duration) -> bool {
+        new_episodes > 0
+            && (self.episodes.is_some_and(|n| new_episodes >= n)
+                || self.interval.is_some_and(|t| since >= t))
+    }
+}
+
+/// Ingests an Arrow IPC **stream** read from `reader` (a file in the stream format, or a live
+/// collector's pipe: `pa.ipc.new_stream(sys.stdout.buffer, schema)`), with the same options,
+/// conversions and checks as [`ingest`]. Record batches are converted as they arrive (memory
+/// holds one batch plus the episode in progress), and `policy` commits whole episodes while the
+/// stream is open. At the end of the stream the last episode is closed (truncated unless its
+/// last row is terminated) and committed. `name` names the input in messages and in the
+/// dataset's `source` property.
+///
+/// On an error (bad data, a broken stream) what was committed before it stays committed (a new
+/// dataset with no commit yet is removed); the error says so.
+pub fn ingest_stream(
+    reader: impl std::io::Read,
+    name: &Path,
+    dataset: &Path,
+    opts: &IngestOptions,
+    writer_opts: WriterOptions,
+    policy: CommitPolicy,
+) -> Result<IngestReport> {
+    let started = Instant::now();
+    let (mut batches, head) = arrow_ipc::open_stream(reader, name)?;
+    let first = head.first().cloned();
+    let mut plan = Mapping::build(&head, opts)?;
+    let target = Target::open(dataset, &plan.schema)?;
+    let pb = if opts.progress {
+        let pb = ProgressBar::new_spinner();
+        if let Ok(style) =
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {human_pos} rows, {per_sec}")
+        {
+            pb.set_style(style);
+        }
+        pb
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut committed: Option<(u64, u64)> = None;
+    let result = (|| {
+        let mut writer = target.ds.writer(writer_opts)?;
+        if !target.created {
+            plan.adopt(writer.schema(), name, dataset)?;
+        }
+        writer.set_property(SOURCE_PROPERTY, name.display().to_string());
+        let mut asm = Assembler::new(&mut writer, &plan);
+        let (mut at_commit, mut commit_time) = (0u64, Instant::now());
+        let mut next = first;
+        while let Some(batch) = next {
+            let batch = batch.project(&plan.projection)?;
+            let step = opts.batch_rows.max(1);
+            for off in (0..batch.num_rows()).step_by(step) {
+                let part = batch.slice(off, step.min(batch.num_rows() - off));
+                let chunk = convert(&plan, &part, asm.rows)?;
+                asm.push(chunk)?;
+            }
+            pb.inc(batch.num_rows() as u64);
+            if policy.due(asm.episodes - at_commit, commit_time.elapsed()) {
+                let v = asm.writer.commit()?;
+                committed = Some((v, asm.episodes));
+                (at_commit, commit_time) = (asm.episodes, Instant::now());
+            }
+            next = arrow_ipc::next_batch(&mut batches, name, asm.rows)?;
+        }
+        asm.finish()?;
+        let (rows, episodes) = (asm.rows, asm.episodes);
+        let version = writer.commit()?;
+        Ok(plan.report(rows, episodes, version, started))
+    })();
+    pb.finish_and_clear();
+    match (result, committed) {
+        (Ok(r), _) => Ok(r),
+        (Err(e), None) => {
+            target.discard();
+            Err(e)
+        }
+        (Err(e), Some((v, episodes))) => Err(Error::InvalidData(format!(
+            "{e} (version {v}, committed before the error with {episodes} episodes of this \
+             stream, is kept)"
+        ))),
+    }
+}
+
+pub(crate) fn remove_created(dataset: &Path, existed_empty: bool) {
+    // Best effort: the original error is the one to report.
+    let _ = std::fs::remove_dir_all(dataset);
+    if existed_empty {
+        let _ = std::fs::create_dir(dataset);
+    }
+}
+
+pub(crate) fn is_empty_dir(path: &Path) -> Result<bool> {
+    if !path.is_dir() {
+        return Ok(false);
+    }
+    let mut entries = std::fs::read_dir(path).map_err(|e| Error::io(path, e))?;
+    Ok(entries.next().is_none())
+}

@@ -1,0 +1,407 @@
+//! Array inputs (NumPy `.npz`/`.npy`, TorchRL memmaps, HDF5 datasets) as one ingest source:
+//! [`ArraySource`] reads named arrays whose first dimension is the transition.
+//!
+//! NumPy input: `.npz` archives (`np.savez`, `np.savez_compressed`; D4RL's `get_dataset()` dict
+//! saved as is) and directories of `.npy` files. Every array is one column, named after its key
+//! (the member or file name without `.npy`); its first dimension is the transition, the others
+//! the shape of one row.
+//!
+//! Arrays are read with positioned reads (`pread`), not memory maps: an ingest reads each byte
+//! once, so a map would only make the process's resident size grow with the input, and a file
+//! truncated while being read would be a SIGBUS instead of an error. Stored (uncompressed)
+//! members are read in parallel units; deflated members are inflated in one pass, in order, so
+//! memory stays bounded whatever the size of the archive. The zip reader is this module's own
+//! (stored and deflate members, zip64) and checks every member's CRC-32 and every bound against
+//! the file: a truncated or corrupt archive is an error, never a panic.
+
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{
+    ArrayData, ArrayRef, BooleanArray, FixedSizeListArray, RecordBatch, make_array,
+};
+use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use flate2::read::DeflateDecoder;
+
+use super::npy::*;
+use super::zip::*;
+use super::{Source, UNIT_BATCHES};
+use crate::error::{Error, Result};
+use crate::schema::tensor_field;
+
+/// Where an array's bytes are.
+#[derive(Debug, Clone)]
+pub(super) enum Data {
+    /// Raw bytes of the data at `offset` in the input.
+    Stored { input: Arc<Input>, offset: u64 },
+    /// A deflate stream at `offset..offset + len` of the input that inflates to the whole `.npy`
+    /// (header included), whose CRC-32 is `crc`.
+    Deflated {
+        input: Arc<Input>,
+        offset: u64,
+        len: u64,
+        crc: u32,
+    },
+    /// A dataset of an HDF5 file.
+    Hdf5(super::hdf5::H5Data),
+}
+
+/// One array: a column.
+#[derive(Debug, Clone)]
+pub(super) struct Array {
+    pub(super) name: String,
+    pub(super) header: Header,
+    pub(super) data: Data,
+}
+
+impl Array {
+    fn rows(&self) -> usize {
+        self.header.shape.first().copied().unwrap_or(0)
+    }
+    /// Values per row.
+    fn width(&self) -> usize {
+        self.header.shape.iter().skip(1).product()
+    }
+    fn row_bytes(&self) -> usize {
+        self.width() * self.header.dtype.size
+    }
+    fn field(&self) -> Result<Field> {
+        column_field(&self.name, &self.header)
+    }
+}
+
+/// An inflater positioned at `row` of a deflated array's data.
+pub(crate) struct Inflater {
+    row: u64,
+    decoder: DeflateDecoder<BufReader<Region>>,
+    /// CRC-32 of what was inflated so far, checked against the archive's when the last row is in.
+    crc: crc32fast::Hasher,
+}
+
+/// A `.npz` archive or a directory of `.npy` files, as an ingest [`Source`].
+pub(crate) struct ArraySource {
+    path: PathBuf,
+    schema: SchemaRef,
+    /// One per schema field; `None` for arrays the caller dropped.
+    arrays: Vec<Option<Array>>,
+    rows: u64,
+    /// Physical row of logical row 0 (non-zero for a ring buffer that wrapped).
+    first: u64,
+    /// Inflaters of deflated arrays, by field index.
+    inflaters: Mutex<Vec<Option<Inflater>>>,
+}
+
+impl ArraySource {
+    /// Opens `path`: a `.npz` archive or a directory of `.npy` files. Arrays named in `drop` are
+    /// listed (so that `--drop-cols` can name them) but never read or checked.
+    pub(crate) fn open(path: &Path, drop: &[String]) -> Result<ArraySource> {
+        let arrays = if path.is_dir() {
+            open_dir(path, drop)?
+        } else {
+            let input = Input::open(path)?;
+            let magic =
+                input.read_at(0, input.len().min(6) as usize, &path.display().to_string())?;
+            if magic.starts_with(b"\x93NUMPY") {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is a single .npy array, i.e. one column; save the dataset's arrays together \
+                     (np.savez(\"data.npz\", observations=..., actions=..., rewards=..., terminals=..., \
+                     timeouts=...)) or put the .npy files in one directory",
+                    path.display()
+                )));
+            }
+            open_zip(path, input, magic.starts_with(b"PK"), drop)?
+        };
+        if arrays.is_empty() {
+            return Err(Error::InvalidData(format!(
+                "{} holds no .npy arrays",
+                path.display()
+            )));
+        }
+        Self::from_arrays(path, arrays, None, 0)
+    }
+
+    /// A source over `arrays` (name, `None` when dropped), which must all have the same first
+    /// dimension (the capacity). `rows` (default: the capacity) are read, starting at physical
+    /// row `first` and wrapping around (a ring buffer's oldest row first).
+    pub(super) fn from_arrays(
+        path: &Path,
+        mut arrays: Vec<(String, Option<Array>)>,
+        rows: Option<u64>,
+        first: u64,
+    ) -> Result<ArraySource> {
+        // `[N, 1]` (TorchRL rewards and flags, many dumps) is one value per row.
+        for a in arrays.iter_mut().filter_map(|(_, a)| a.as_mut()) {
+            if a.header.shape.len() == 2 && a.header.shape[1] == 1 {
+                a.header.shape.pop();
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (name, _) in &arrays {
+            if !seen.insert(name.as_str()) {
+                return Err(Error::schema_mismatch(format!(
+                    "{} has two arrays named `{name}`",
+                    path.display()
+                )));
+            }
+        }
+        // Every kept array has one row per transition.
+        let kept: Vec<&Array> = arrays.iter().filter_map(|(_, a)| a.as_ref()).collect();
+        for a in &kept {
+            if a.header.shape.is_empty() {
+                return Err(Error::schema_mismatch(format!(
+                    "array `{}` of {} is a scalar, not one value per transition; pass --drop-cols {}",
+                    a.name,
+                    path.display(),
+                    a.name
+                )));
+            }
+            if a.width() == 0 {
+                return Err(Error::schema_mismatch(format!(
+                    "array `{}` of {} has shape {:?}: rows of zero values cannot be stored; pass --drop-cols {}",
+                    a.name,
+                    path.display(),
+                    a.header.shape,
+                    a.name
+                )));
+            }
+        }
+        let capacity = kept.first().map_or(0, |a| a.rows());
+        if let Some(a) = kept.iter().find(|a| a.rows() != capacity) {
+            return Err(Error::schema_mismatch(format!(
+                "{}: array `{}` has {} rows but `{}` has {rows}; every array must have one row per \
+                 transition (pass --drop-cols {} to leave it out)",
+                path.display(),
+                a.name,
+                a.rows(),
+                kept[0].name,
+                a.name,
+                rows = capacity
+            )));
+        }
+        let rows = rows.unwrap_or(capacity as u64);
+        if rows > capacity as u64 || (first > 0 && first >= capacity as u64) {
+            return Err(Error::InvalidData(format!(
+                "{}: {rows} rows from row {first} do not fit arrays of {capacity} rows",
+                path.display()
+            )));
+        }
+        let mut fields = vec![];
+        for (name, a) in &arrays {
+            fields.push(match a {
+                Some(a) => a.field()?,
+                None => Field::new(name, DataType::Null, true),
+            });
+        }
+        let n = arrays.len();
+        Ok(ArraySource {
+            path: path.to_path_buf(),
+            schema: Arc::new(Schema::new(fields)),
+            arrays: arrays.into_iter().map(|(_, a)| a).collect(),
+            rows,
+            first,
+            inflaters: Mutex::new((0..n).map(|_| None).collect()),
+        })
+    }
+
+    fn compressed(&self) -> bool {
+        self.arrays
+            .iter()
+            .flatten()
+            .any(|a| matches!(a.data, Data::Deflated { .. }))
+    }
+
+    /// Rows `start..start + n` of array `i` as an Arrow array.
+    fn read_rows(&self, i: usize, start: u64, n: usize) -> Result<ArrayRef> {
+        let a = self.arrays[i].as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!("array {} was dropped", self.schema.field(i).name()))
+        })?;
+        let what = || format!("{}: array `{}`", self.path.display(), a.name);
+        let row_bytes = a.row_bytes();
+        let len = n * row_bytes;
+        let mut buf;
+        match &a.data {
+            Data::Hdf5(d) => {
+                return fixed_rows(&a.header, d.read_rows(&a.header, start, n, &what())?);
+            }
+            Data::Stored { input, offset } => {
+                buf = MutableBuffer::from_len_zeroed(len);
+                // Logical rows start.. are physical rows (first + start).. modulo the capacity:
+                // at most two runs.
+                let capacity = a.rows();
+                let mut done = 0;
+                while done < n {
+                    let p = ((self.first + start) as usize + done) % capacity;
+                    let k = (n - done).min(capacity - p);
+                    input.read_into(
+                        offset + (p * row_bytes) as u64,
+                        &mut buf.as_slice_mut()[done * row_bytes..(done + k) * row_bytes],
+                        &what(),
+                    )?;
+                    done += k;
+                }
+            }
+            Data::Deflated {
+                input,
+                offset,
+                len: z,
+                crc,
+            } => {
+                buf = MutableBuffer::from_len_zeroed(len);
+                let mut inflaters = self.inflaters.lock().expect("inflater lock");
+                let slot = &mut inflaters[i];
+                if slot.as_ref().is_none_or(|f| f.row != start) {
+                    if start != 0 {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}: a compressed array is read in order only",
+                            what()
+                        )));
+                    }
+                    let mut decoder = inflater(input, *offset, *z);
+                    // Skip the header (parsed when the archive was opened).
+                    let mut skip = vec![0; a.header.data_offset];
+                    decoder.read_exact(&mut skip).map_err(|e| {
+                        Error::InvalidData(format!("{}: cannot inflate: {e}", what()))
+                    })?;
+                    let mut hasher = crc32fast::Hasher::new();
+                    hasher.update(&skip);
+                    *slot = Some(Inflater {
+                        row: 0,
+                        decoder,
+                        crc: hasher,
+                    });
+                }
+                let f = slot.as_mut().expect("inflater");
+                f.decoder.read_exact(buf.as_slice_mut()).map_err(|e| {
+                    Error::InvalidData(format!(
+                        "{}: cannot inflate rows {start}..{}: {e} (truncated or corrupt archive)",
+                        what(),
+                        start + n as u64
+                    ))
+                })?;
+                f.crc.update(buf.as_slice());
+                f.row = start + n as u64;
+                if f.row == a.rows() as u64 {
+                    let mut rest = vec![];
+                    f.decoder.read_to_end(&mut rest).map_err(|e| {
+                        Error::InvalidData(format!("{}: cannot inflate: {e}", what()))
+                    })?;
+                    f.crc.update(&rest);
+                    let got = std::mem::take(&mut f.crc).finalize();
+                    if got != *crc {
+                        return Err(Error::InvalidData(format!(
+                            "{}: CRC-32 mismatch (archive says {crc:08x}, data gives {got:08x}): the \
+                             archive is corrupt",
+                            what()
+                        )));
+                    }
+                }
+            }
+        }
+        let width = a.width();
+        let elem = &a.header.dtype.arrow;
+        let values: ArrayRef = if elem == &DataType::Boolean {
+            let bytes = buf.as_slice();
+            Arc::new(BooleanArray::new(
+                BooleanBuffer::collect_bool(n * width, |k| bytes[k] != 0),
+                None,
+            ))
+        } else {
+            let data = ArrayData::builder(elem.clone())
+                .len(n * width)
+                .add_buffer(Buffer::from(buf))
+                .build()?;
+            make_array(data)
+        };
+        fixed_rows(&a.header, values)
+    }
+}
+
+/// The column of an array with this header: one value per row, or a fixed-shape tensor.
+pub(super) fn column_field(name: &str, header: &Header) -> Result<Field> {
+    let elem = header.dtype.arrow.clone();
+    if header.shape.len() <= 1 {
+        Ok(Field::new(name, elem, false))
+    } else {
+        tensor_field(name, elem, &header.shape[1..], false)
+    }
+}
+
+/// `values` (rows × width, flat) as the column of `a`: itself for one value per row, else a
+/// fixed-size list of `width`.
+pub(super) fn fixed_rows(header: &Header, values: ArrayRef) -> Result<ArrayRef> {
+    if header.shape.len() <= 1 {
+        return Ok(values);
+    }
+    let item = Arc::new(Field::new("item", header.dtype.arrow.clone(), false));
+    let width: usize = header.shape[1..].iter().product();
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        item,
+        width as i32,
+        values,
+        None,
+    )?))
+}
+
+impl Source for ArraySource {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
+        let per = (batch_rows * UNIT_BATCHES) as u64;
+        (0..self.rows.div_ceil(per))
+            .map(|u| {
+                let start = u * per;
+                (u as usize, start, per.min(self.rows - start))
+            })
+            .collect()
+    }
+
+    fn parallel(&self) -> bool {
+        !self.compressed()
+    }
+
+    fn read(
+        &self,
+        unit: usize,
+        projection: &[usize],
+        batch_rows: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let per = (batch_rows * UNIT_BATCHES) as u64;
+        let start = unit as u64 * per;
+        let end = (start + per).min(self.rows);
+        let schema = Arc::new(self.schema.project(projection)?);
+        let mut out = vec![];
+        let mut row = start;
+        while row < end {
+            let n = (end - row).min(batch_rows as u64) as usize;
+            let columns = projection
+                .iter()
+                .map(|&i| self.read_rows(i, row, n))
+                .collect::<Result<Vec<_>>>()?;
+            out.push(RecordBatch::try_new(schema.clone(), columns)?);
+            row += n as u64;
+        }
+        Ok(out)
+    }
+}
+
+/// The data of a stored array must hold all its rows.
+pub(super) fn check_size(a: &Array, available: u64, what: &str) -> Result<()> {
+    let need = a.rows().checked_mul(a.row_bytes()).ok_or_else(|| {
+        Error::InvalidData(format!("{what}: shape {:?} overflows", a.header.shape))
+    })? as u64;
+    if available < need {
+        return Err(Error::InvalidData(format!(
+            "{what}: shape {:?} needs {need} bytes of data, the file has {available} (truncated?)",
+            a.header.shape
+        )));
+    }
+    Ok(())
+}

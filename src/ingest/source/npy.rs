@@ -1,0 +1,307 @@
+//! The `.npy` format: dtype and header parsing, positioned reads of an input file, and
+//! directories of `.npy` files.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::datatypes::DataType;
+use flate2::read::DeflateDecoder;
+
+use super::array::*;
+use crate::error::{Error, Result};
+
+/// An element type NumPy may store and Arrow can hold.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Dtype {
+    pub(super) arrow: DataType,
+    pub(super) size: usize,
+}
+
+/// Parses a NumPy `descr` such as `<f4`, `|b1` or `<i8`.
+pub(super) fn parse_descr(descr: &str, what: &str) -> Result<Dtype> {
+    let bad = |why: &str| {
+        Error::schema_mismatch(format!(
+            "{what}: NumPy dtype '{descr}' {why}; supported: bool, int8-64, uint8-64, float16/32/64"
+        ))
+    };
+    let mut chars = descr.chars();
+    let order = chars.next().ok_or_else(|| bad("is empty"))?;
+    let rest: String = chars.collect();
+    let (kind, size) = rest.split_at(rest.len().min(1));
+    let size: usize = size
+        .parse()
+        .map_err(|_| bad("is not a plain numeric dtype"))?;
+    let arrow = match (kind, size) {
+        ("b", 1) => DataType::Boolean,
+        ("i", 1) => DataType::Int8,
+        ("i", 2) => DataType::Int16,
+        ("i", 4) => DataType::Int32,
+        ("i", 8) => DataType::Int64,
+        ("u", 1) => DataType::UInt8,
+        ("u", 2) => DataType::UInt16,
+        ("u", 4) => DataType::UInt32,
+        ("u", 8) => DataType::UInt64,
+        ("f", 2) => DataType::Float16,
+        ("f", 4) => DataType::Float32,
+        ("f", 8) => DataType::Float64,
+        _ => return Err(bad("is not supported")),
+    };
+    let little = match order {
+        '<' | '|' => true,
+        '=' => cfg!(target_endian = "little"),
+        '>' => size == 1,
+        _ => return Err(bad("has no byte-order mark")),
+    };
+    if !little {
+        return Err(Error::schema_mismatch(format!(
+            "{what}: big-endian dtype '{descr}'; convert it first (arr.astype(arr.dtype.newbyteorder('<')))"
+        )));
+    }
+    Ok(Dtype { arrow, size })
+}
+
+/// The value of `'key':` in a NumPy header dict, as raw text up to the next top-level comma.
+pub(crate) fn header_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    let at = header
+        .find(&format!("'{key}'"))
+        .or_else(|| header.find(&format!("\"{key}\"")))?;
+    let rest = header[at + key.len() + 2..].trim_start();
+    let rest = rest.strip_prefix(':')?.trim_start();
+    let end = match rest.chars().next()? {
+        '(' => rest.find(')')? + 1,
+        '[' => rest.find(']')? + 1,
+        q @ ('\'' | '"') => rest[1..].find(q)? + 2,
+        _ => rest.find([',', '}']).unwrap_or(rest.len()),
+    };
+    Some(rest[..end].trim())
+}
+
+/// A parsed `.npy` header: dtype, shape and where the data starts.
+#[derive(Debug, Clone)]
+pub(super) struct Header {
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) data_offset: usize,
+}
+
+/// Length of the fixed preamble and of the header that follows: reads at most 12 bytes.
+pub(crate) fn preamble(bytes: &[u8], what: &str) -> Result<(usize, usize)> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(Error::InvalidData(format!(
+            "{what}: not a NumPy .npy array (no \\x93NUMPY magic, or truncated)"
+        )));
+    }
+    match bytes[6] {
+        1 => Ok((10, u16::from_le_bytes([bytes[8], bytes[9]]) as usize)),
+        2 | 3 if bytes.len() >= 12 => Ok((
+            12,
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+        )),
+        2 | 3 => Err(Error::InvalidData(format!("{what}: truncated .npy header"))),
+        v => Err(Error::InvalidData(format!(
+            "{what}: .npy format version {v} is not supported (1, 2 and 3 are)"
+        ))),
+    }
+}
+
+/// Parses the header text that follows the preamble.
+pub(crate) fn parse_header(text: &[u8], data_offset: usize, what: &str) -> Result<Header> {
+    let text = std::str::from_utf8(text)
+        .map_err(|_| Error::InvalidData(format!("{what}: .npy header is not text")))?;
+    let missing =
+        |key: &str| Error::InvalidData(format!("{what}: .npy header has no '{key}': {text}"));
+    let descr = header_value(text, "descr").ok_or_else(|| missing("descr"))?;
+    if descr.starts_with('[') {
+        return Err(Error::schema_mismatch(format!(
+            "{what}: structured (record) arrays are not supported; save each field as its own array"
+        )));
+    }
+    let dtype = parse_descr(descr.trim_matches(['\'', '"']), what)?;
+    let fortran = header_value(text, "fortran_order").ok_or_else(|| missing("fortran_order"))?;
+    let shape_text = header_value(text, "shape").ok_or_else(|| missing("shape"))?;
+    let shape = shape_text
+        .trim_matches(['(', ')'])
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse::<usize>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| Error::InvalidData(format!("{what}: bad .npy shape {shape_text}")))?;
+    if fortran == "True" && shape.iter().filter(|&&d| d > 1).count() > 1 {
+        return Err(Error::schema_mismatch(format!(
+            "{what}: Fortran-ordered array of shape {shape:?}; save it C-ordered (np.ascontiguousarray)"
+        )));
+    }
+    Ok(Header {
+        dtype,
+        shape,
+        data_offset,
+    })
+}
+
+/// An input file, shared by the arrays it holds.
+#[derive(Debug)]
+pub(super) struct Input {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl Input {
+    pub(super) fn open(path: &Path) -> Result<Arc<Input>> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        Ok(Arc::new(Input {
+            file,
+            path: path.to_path_buf(),
+            len,
+        }))
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Fills `buf` from `offset`; running past the end is a "truncated" error.
+    pub(crate) fn read_into(&self, offset: u64, buf: &mut [u8], what: &str) -> Result<()> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::InvalidData(format!(
+                    "{what}: {} is truncated (it ends before byte {})",
+                    self.path.display(),
+                    offset + buf.len() as u64
+                ))
+            } else {
+                Error::io(&self.path, e)
+            }
+        })
+    }
+
+    pub(crate) fn read_at(&self, offset: u64, len: usize, what: &str) -> Result<Vec<u8>> {
+        let mut buf = vec![0; len];
+        self.read_into(offset, &mut buf, what)?;
+        Ok(buf)
+    }
+
+    /// The `.npy` header that starts at `offset` (of a stored array; `avail` bytes from there).
+    pub(crate) fn header_at(&self, offset: u64, avail: u64, what: &str) -> Result<Header> {
+        let head = self.read_at(offset, avail.min(12) as usize, what)?;
+        let (pre, len) = preamble(&head, what)?;
+        if (pre + len) as u64 > avail {
+            return Err(Error::InvalidData(format!("{what}: truncated .npy header")));
+        }
+        let text = self.read_at(offset + pre as u64, len, what)?;
+        parse_header(&text, pre + len, what)
+    }
+}
+
+/// Reads `offset..end` of an input in order (for the inflater).
+pub(crate) struct Region {
+    input: Arc<Input>,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for Region {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.end - self.pos).min(buf.len() as u64) as usize;
+        let got = self.input.file.read_at(&mut buf[..n], self.pos)?;
+        self.pos += got as u64;
+        Ok(got)
+    }
+}
+
+pub(crate) fn inflater(
+    input: &Arc<Input>,
+    offset: u64,
+    len: u64,
+) -> DeflateDecoder<BufReader<Region>> {
+    let region = Region {
+        input: input.clone(),
+        pos: offset,
+        end: offset + len,
+    };
+    DeflateDecoder::new(BufReader::with_capacity(1 << 18, region))
+}
+
+/// The `.npy` files of a directory, sorted by name.
+pub(crate) fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Option<Array>)>> {
+    let mut paths = vec![];
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        if path.extension().is_some_and(|e| e == "npy") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if drop.contains(&name) {
+                return Ok((name, None));
+            }
+            let what = path.display().to_string();
+            let input = Input::open(&path)?;
+            let header = input.header_at(0, input.len(), &what)?;
+            let available = input.len() - header.data_offset as u64;
+            let array = Array {
+                name: name.clone(),
+                data: Data::Stored {
+                    input,
+                    offset: header.data_offset as u64,
+                },
+                header,
+            };
+            check_size(&array, available, &what)?;
+            Ok((name, Some(array)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_of_every_version_and_dtype() {
+        let h = |s: &str| parse_header(s.as_bytes(), 128, "t");
+        let x = h("{'descr': '<f4', 'fortran_order': False, 'shape': (1000, 17), }").unwrap();
+        assert_eq!(x.dtype.arrow, DataType::Float32);
+        assert_eq!(x.shape, vec![1000, 17]);
+        let x = h("{'descr': '|b1', 'fortran_order': False, 'shape': (5,), }").unwrap();
+        assert_eq!((x.dtype.arrow, x.shape), (DataType::Boolean, vec![5]));
+        let x = h("{'descr': '<i8', 'fortran_order': True, 'shape': (7,), }").unwrap();
+        assert_eq!(x.dtype.arrow, DataType::Int64);
+        let x = h("{'descr': '<u2', 'fortran_order': False, 'shape': (), }").unwrap();
+        assert!(x.shape.is_empty());
+        // Errors that say what to do.
+        let e = h("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }").unwrap_err();
+        assert!(e.to_string().contains("big-endian"), "{e}");
+        let e = h("{'descr': '<U7', 'fortran_order': False, 'shape': (3,), }").unwrap_err();
+        assert!(e.to_string().contains("not supported"), "{e}");
+        let e =
+            h("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }").unwrap_err();
+        assert!(e.to_string().contains("structured"), "{e}");
+        let e = h("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 2), }").unwrap_err();
+        assert!(e.to_string().contains("Fortran"), "{e}");
+        assert!(h("{'descr': '<f4', 'shape': (3,), }").is_err());
+    }
+
+    #[test]
+    fn preamble_rejects_garbage_and_truncation() {
+        assert!(preamble(b"hello world!", "t").is_err());
+        assert!(preamble(b"\x93NUMPY\x02\x00\x10", "t").is_err());
+        assert!(preamble(b"\x93NUMPY\x09\x00\x10\x00", "t").is_err());
+        assert_eq!(
+            preamble(b"\x93NUMPY\x01\x00\x76\x00", "t").unwrap(),
+            (10, 0x76)
+        );
+    }
+}

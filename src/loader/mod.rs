@@ -1,0 +1,148 @@
+//! The loader: background workers that sample and gather batches ahead of the training loop into
+//! a bounded queue, deterministic whatever the number of workers, sharded across ranks.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::Result;
+use crate::gather::{Batch, Gatherer};
+use crate::sample::Sampler;
+
+mod pipeline;
+
+pub(crate) use pipeline::{Pipeline, WorkerPlans, loader_end};
+
+/// Options of a [`Loader`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LoaderOptions {
+    /// Background worker threads (each samples and gathers whole batches). Default 2.
+    pub workers: usize,
+    /// Batches gathered ahead of the consumer (queue depth). Default 4.
+    pub prefetch: usize,
+    /// This process's rank among `world_size` data-parallel ranks; ranks draw disjoint streams.
+    pub rank: u64,
+    /// Number of data-parallel ranks.
+    pub world_size: u64,
+    /// Stop after this many batches (default: endless, or one epoch for epoch samplers).
+    pub max_batches: Option<u64>,
+    /// `madvise(WILLNEED)` the pages of the batch each worker gathers next, so that data not in
+    /// the page cache (datasets larger than RAM, cold starts) is read from disk while the current
+    /// batch is copied. Default off: on data already in the page cache the system calls cost more
+    /// than they save (see BENCHMARKS.md).
+    pub readahead: bool,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            prefetch: 4,
+            rank: 0,
+            world_size: 1,
+            max_batches: None,
+            readahead: false,
+        }
+    }
+}
+
+impl LoaderOptions {
+    /// Sets the worker count (at least 1).
+    pub fn with_workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
+        self
+    }
+    /// Sets the queue depth (at least 1).
+    pub fn with_prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n.max(1);
+        self
+    }
+    /// Sets rank and world size.
+    pub fn with_rank(mut self, rank: u64, world_size: u64) -> Self {
+        self.rank = rank;
+        self.world_size = world_size;
+        self
+    }
+    /// Turns read-ahead of upcoming slices on or off.
+    pub fn with_readahead(mut self, on: bool) -> Self {
+        self.readahead = on;
+        self
+    }
+    /// Stops after `n` batches.
+    pub fn with_max_batches(mut self, n: u64) -> Self {
+        self.max_batches = Some(n);
+        self
+    }
+}
+
+/// Yields gathered [`Batch`]es in order: batch `k` of rank `r` is the sampler's batch
+/// `k * world_size + r`, whatever the number of workers. Dropping the loader stops and joins its
+/// workers.
+pub struct Loader {
+    pipeline: Pipeline<Batch>,
+    pool: Arc<Mutex<Vec<Batch>>>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("next", &self.pipeline.next)
+            .field("workers", &self.pipeline.workers.len())
+            .finish()
+    }
+}
+
+impl Loader {
+    /// Starts the workers.
+    pub fn new(
+        sampler: Arc<dyn Sampler>,
+        gatherer: Arc<Gatherer>,
+        opts: LoaderOptions,
+    ) -> Result<Self> {
+        let end = loader_end(sampler.as_ref(), &opts)?;
+        let pool: Arc<Mutex<Vec<Batch>>> = Arc::new(Mutex::new(Vec::new()));
+        let pipeline = Pipeline::start(opts.workers, opts.prefetch, end, "loader", |lane| {
+            let (gatherer, pool) = (gatherer.clone(), pool.clone());
+            let mut planner = WorkerPlans::new(sampler.clone(), &opts);
+            move |k: u64| {
+                planner.plan(k, lane, &gatherer);
+                let mut batch = pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_default();
+                gatherer.gather(planner.current(), &mut batch);
+                batch
+            }
+        })?;
+        Ok(Self { pipeline, pool })
+    }
+
+    /// The next batch, blocking until it is ready; `None` at the end.
+    ///
+    /// # Panics
+    /// If a worker panicked (a bug in a sampler or the gather, never bad data) while producing
+    /// this batch, the panic is resumed here, in the consumer, rather than ending the stream early.
+    pub fn next_batch(&mut self) -> Option<Batch> {
+        self.pipeline.next_item()
+    }
+
+    /// The number of the batch [`Loader::next_batch`] returns next.
+    pub fn position(&self) -> u64 {
+        self.pipeline.position()
+    }
+
+    /// Hands a consumed batch back so a worker reuses its buffers (no allocation in steady state).
+    pub fn recycle(&self, batch: Batch) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < 16 {
+            pool.push(batch);
+        }
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Batch;
+    fn next(&mut self) -> Option<Batch> {
+        self.next_batch()
+    }
+}

@@ -1,0 +1,209 @@
+//! The worker machinery shared by [`super::Loader`] and the torch loader: which batch numbers a
+//! worker produces ([`Lane`]), its plans with optional read-ahead ([`WorkerPlans`]), and a pool of
+//! threads that produce numbered items into a bounded queue consumed in order ([`Pipeline`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+
+use super::LoaderOptions;
+use crate::error::{Error, Result};
+use crate::gather::Gatherer;
+use crate::index::SliceRef;
+use crate::sample::Sampler;
+
+/// The number of batches a loader over `sampler` yields: `max_batches`, else one epoch's share of
+/// this rank for epoch samplers, else endless.
+pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
+    if opts.world_size == 0 || opts.rank >= opts.world_size {
+        return Err(Error::InvalidArgument(format!(
+            "rank {} is not in 0..world_size {}",
+            opts.rank, opts.world_size
+        )));
+    }
+    Ok(opts.max_batches.or_else(|| {
+        sampler
+            .batches_per_epoch()
+            .map(|per| per.div_ceil(opts.world_size).max(1))
+    }))
+}
+
+/// One worker's plans: batch `k` of this rank is the sampler's batch `k * world_size + rank`;
+/// with read-ahead, the plan of the worker's next batch is made one batch early and its pages
+/// `madvise`d while the current one is gathered.
+pub(crate) struct WorkerPlans {
+    sampler: Arc<dyn Sampler>,
+    rank: u64,
+    world: u64,
+    readahead: bool,
+    plan: Vec<SliceRef>,
+    ahead: Vec<SliceRef>,
+    primed: bool,
+}
+
+impl WorkerPlans {
+    pub(crate) fn new(sampler: Arc<dyn Sampler>, opts: &LoaderOptions) -> Self {
+        Self {
+            sampler,
+            rank: opts.rank,
+            world: opts.world_size,
+            readahead: opts.readahead,
+            plan: Vec::new(),
+            ahead: Vec::new(),
+            primed: false,
+        }
+    }
+
+    /// Makes the plan of this worker's batch `k` (the worker produces the batches of `lane`),
+    /// then [`WorkerPlans::current`].
+    pub(crate) fn plan(&mut self, k: u64, lane: Lane, gatherer: &Gatherer) {
+        let global = |k: u64| k * self.world + self.rank;
+        if self.readahead {
+            if !self.primed {
+                self.sampler.plan(global(k), &mut self.ahead);
+                self.primed = true;
+            }
+            std::mem::swap(&mut self.plan, &mut self.ahead);
+            if let Some(next) = lane.after(k) {
+                self.sampler.plan(global(next), &mut self.ahead);
+                gatherer.advise(&self.ahead);
+            }
+        } else {
+            self.sampler.plan(global(k), &mut self.plan);
+        }
+    }
+
+    /// The plan [`WorkerPlans::plan`] made last.
+    pub(crate) fn current(&self) -> &[SliceRef] {
+        &self.plan
+    }
+}
+
+/// Which batch numbers one worker produces: `first, first + step, ...` below `end`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lane {
+    /// The worker's number (its first batch).
+    pub(crate) worker: usize,
+    step: u64,
+    end: Option<u64>,
+}
+
+impl Lane {
+    /// The batch this worker produces after `k`, if any.
+    pub(crate) fn after(&self, k: u64) -> Option<u64> {
+        let next = k + self.step;
+        self.end.is_none_or(|e| next < e).then_some(next)
+    }
+}
+
+pub(crate) type Produced<T> = (u64, std::thread::Result<T>);
+
+/// Background workers producing numbered items into a bounded queue, consumed in number order
+/// whatever the number of workers: the machinery shared by [`Loader`] and the torch loader.
+pub(crate) struct Pipeline<T> {
+    rx: Option<Receiver<Produced<T>>>,
+    pending: BTreeMap<u64, std::thread::Result<T>>,
+    pub(crate) next: u64,
+    end: Option<u64>,
+    stop: Arc<AtomicBool>,
+    pub(crate) workers: Vec<JoinHandle<()>>,
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    /// Starts `workers` threads; worker `w` produces items `w, w + workers, ...` (below `end`)
+    /// with the closure `make(lane)` returns, at most `prefetch` items ahead of the consumer.
+    pub(crate) fn start<F>(
+        workers: usize,
+        prefetch: usize,
+        end: Option<u64>,
+        name: &str,
+        make: impl Fn(Lane) -> F,
+    ) -> Result<Self>
+    where
+        F: FnMut(u64) -> T + Send + 'static,
+    {
+        let workers = workers.max(1);
+        let (tx, rx) = sync_channel(prefetch.max(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles = (0..workers)
+            .map(|w| {
+                let lane = Lane {
+                    worker: w,
+                    step: workers as u64,
+                    end,
+                };
+                let produce = make(lane);
+                let (tx, stop) = (tx.clone(), stop.clone());
+                std::thread::Builder::new()
+                    .name(format!("trajstore-{name}-{w}"))
+                    .spawn(move || run_lane(lane, produce, tx, stop))
+                    .map_err(|e| {
+                        Error::InvalidArgument(format!("cannot start a {name} thread: {e}"))
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            rx: Some(rx),
+            pending: BTreeMap::new(),
+            next: 0,
+            end,
+            stop,
+            workers: handles,
+        })
+    }
+
+    /// The next item in number order, blocking until it is ready; `None` at the end. A worker's
+    /// panic is resumed here, at the item it happened in.
+    pub(crate) fn next_item(&mut self) -> Option<T> {
+        if self.end.is_some_and(|e| self.next >= e) {
+            return None;
+        }
+        loop {
+            if let Some(b) = self.pending.remove(&self.next) {
+                self.next += 1;
+                return Some(b.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            }
+            let (k, b) = self.rx.as_ref()?.recv().ok()?;
+            self.pending.insert(k, b);
+        }
+    }
+
+    /// Number of the next item [`Pipeline::next_item`] returns.
+    pub(crate) fn position(&self) -> u64 {
+        self.next
+    }
+}
+
+impl<T> Drop for Pipeline<T> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Dropping the receiver (and the items waiting in it) wakes workers blocked on a full
+        // queue.
+        self.rx.take();
+        self.pending.clear();
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
+    lane: Lane,
+    mut produce: F,
+    tx: SyncSender<Produced<T>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut k = lane.worker as u64;
+    while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
+        let item = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(k)));
+        let failed = item.is_err();
+        // A panic (a bug in a sampler or the gather) goes to the consumer at the item it happened
+        // in, instead of ending the stream silently; the worker stops there.
+        if tx.send((k, item)).is_err() || failed {
+            return;
+        }
+        k += lane.step;
+    }
+}

@@ -1,0 +1,223 @@
+//! Samplers: turn a batch number into an index plan (which episode, which steps) using cached
+//! indexes, never scanning transitions.
+//!
+//! Every sampler is a pure function of `(seed, batch number)`: [`Sampler::plan`] takes `&self`,
+//! so any number of loader workers can share one sampler and the stream of batches is the same
+//! whatever the worker count. Slice samplers cost O(B) per batch (an alias table over episodes,
+//! then a uniform window inside the episode); window lookups by number are O(log E) binary
+//! searches over prefix sums. Nothing depends on the number of transitions.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{Error, Result};
+
+mod episode;
+mod epoch;
+mod prioritized;
+mod slice;
+
+pub use crate::index::{BoundaryPolicy, SliceRef};
+pub use episode::EpisodeSampler;
+pub use epoch::EpochSampler;
+pub use prioritized::PrioritizedSampler;
+pub use slice::{SliceSampler, transition_sampler};
+
+/// Something that turns batch numbers into plans.
+pub trait Sampler: Send + Sync {
+    /// Fills `out` with the slices of batch number `batch` (cleared first). Deterministic:
+    /// the same sampler and batch number always give the same plan.
+    fn plan(&self, batch: u64, out: &mut Vec<SliceRef>);
+    /// Steps per slice of the batches this sampler plans (the padded length for whole episodes).
+    fn slice_len(&self) -> u32;
+    /// Slices per batch (B); a plan never holds more, and holds fewer only at the end of an
+    /// epoch without `drop_last`.
+    fn num_slices(&self) -> usize;
+    /// Number of batches per epoch for samplers without replacement, `None` for endless ones.
+    fn batches_per_epoch(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// How a slice sampler picks episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Weighting {
+    /// Uniform over all valid windows: an episode is picked in proportion to its number of
+    /// windows (each transition-window equally likely). The default.
+    #[default]
+    Windows,
+    /// Uniform over episodes that have at least one window, then uniform over its windows
+    /// (TorchRL `SliceSampler` semantics).
+    Episodes,
+}
+
+/// Walker/Vose alias table: O(n) to build, O(1) per draw with one 64-bit random number and one
+/// 8-byte entry read (a single cache line), so drawing stays cheap when the table is larger than
+/// the CPU caches.
+#[derive(Debug, Clone)]
+pub(crate) struct AliasTable {
+    /// Per entry: keep-probability scaled to 2^32, and the alias.
+    entries: Vec<(u32, u32)>,
+    /// Positions the table's entries stand for (`None`: entry `i` is position `i`).
+    items: Option<Vec<u32>>,
+}
+
+impl AliasTable {
+    fn new(items: Option<Vec<u32>>, weights: &[f64]) -> Result<Self> {
+        let n = weights.len();
+        let total: f64 = weights.iter().sum();
+        if n == 0 || total <= 0.0 || !total.is_finite() || u32::try_from(n).is_err() {
+            return Err(Error::InvalidArgument(
+                "nothing to sample: every episode has zero weight or no valid window".into(),
+            ));
+        }
+        let mut prob: Vec<f64> = weights.iter().map(|w| w * n as f64 / total).collect();
+        let mut alias: Vec<u32> = (0..n as u32).collect();
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| prob[i] < 1.0);
+        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
+            alias[s] = l as u32;
+            prob[l] -= 1.0 - prob[s];
+            if prob[l] < 1.0 {
+                large.pop();
+                small.push(l);
+            }
+        }
+        for i in large.into_iter().chain(small) {
+            prob[i] = 1.0;
+        }
+        let scale = |p: f64| {
+            if p >= 1.0 {
+                u32::MAX
+            } else {
+                (p * 4_294_967_296.0) as u32
+            }
+        };
+        Ok(Self {
+            entries: prob
+                .iter()
+                .zip(&alias)
+                .map(|(&p, &a)| (scale(p), a))
+                .collect(),
+            items,
+        })
+    }
+
+    #[inline]
+    fn draw(&self, rng: &mut impl Rng) -> u32 {
+        let r: u64 = rng.random();
+        // Lemire's multiply-shift maps the high half to an entry; the low half is the coin.
+        let i = (((r >> 32) * self.entries.len() as u64) >> 32) as usize;
+        let (keep, alias) = self.entries[i];
+        let j = if (r as u32) < keep || keep == u32::MAX {
+            i as u32
+        } else {
+            alias
+        };
+        match &self.items {
+            Some(items) => items[j as usize],
+            None => j,
+        }
+    }
+}
+
+/// The per-batch random generator: a pure function of (seed, batch).
+pub fn batch_rng(seed: u64, batch: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(mix(seed ^ mix(batch.wrapping_add(0x632b_e59b_d9b4_e019))))
+}
+
+/// SplitMix64 finaliser.
+pub(crate) fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Options of a [`SliceSampler`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SliceOptions {
+    /// Steps per slice.
+    pub slice_len: u32,
+    /// Slices per batch.
+    pub num_slices: usize,
+    /// Boundary policy.
+    pub policy: BoundaryPolicy,
+    /// How episodes are picked.
+    pub weighting: Weighting,
+    /// Seed.
+    pub seed: u64,
+    /// Optional weight per episode position (multiplies the weighting); 0 excludes an episode.
+    pub episode_weights: Option<Vec<f64>>,
+    /// Optional restriction to these episode ids.
+    pub episode_ids: Option<Vec<u64>>,
+}
+
+impl SliceOptions {
+    /// `num_slices` slices of `slice_len` steps, strict policy, windows weighting, seed 0.
+    pub fn new(slice_len: u32, num_slices: usize) -> Self {
+        Self {
+            slice_len,
+            num_slices,
+            policy: BoundaryPolicy::Strict,
+            weighting: Weighting::Windows,
+            seed: 0,
+            episode_weights: None,
+            episode_ids: None,
+        }
+    }
+    /// From a total `batch_size` (transitions) and a slice length: `batch_size / slice_len` slices.
+    pub fn from_batch_size(batch_size: usize, slice_len: u32) -> Result<Self> {
+        if slice_len == 0 || !batch_size.is_multiple_of(slice_len as usize) {
+            return Err(Error::InvalidArgument(format!(
+                "batch size {batch_size} is not a multiple of the slice length {slice_len}"
+            )));
+        }
+        Ok(Self::new(slice_len, batch_size / slice_len as usize))
+    }
+    /// Sets the boundary policy.
+    pub fn with_policy(mut self, p: BoundaryPolicy) -> Self {
+        self.policy = p;
+        self
+    }
+    /// Sets the weighting.
+    pub fn with_weighting(mut self, w: Weighting) -> Self {
+        self.weighting = w;
+        self
+    }
+    /// Sets the seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// Weights episodes (by position in the episode index).
+    pub fn with_episode_weights(mut self, w: Vec<f64>) -> Self {
+        self.episode_weights = Some(w);
+        self
+    }
+    /// Restricts sampling to these episode ids.
+    pub fn with_episode_ids(mut self, ids: Vec<u64>) -> Self {
+        self.episode_ids = Some(ids);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alias_table_matches_weights() {
+        let t = AliasTable::new(Some(vec![10, 20, 30]), &[1.0, 2.0, 7.0]).unwrap();
+        let mut rng = batch_rng(0, 0);
+        let mut c = [0usize; 3];
+        for _ in 0..100_000 {
+            c[(t.draw(&mut rng) / 10 - 1) as usize] += 1;
+        }
+        for (got, p) in c.iter().zip([0.1, 0.2, 0.7]) {
+            assert!((*got as f64 / 1e5 - p).abs() < 0.01, "{c:?}");
+        }
+        assert!(AliasTable::new(None, &[]).is_err());
+        assert!(AliasTable::new(None, &[0.0, 0.0]).is_err());
+    }
+}

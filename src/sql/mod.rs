@@ -1,0 +1,326 @@
+//! SQL over a [`Snapshot`] through [DataFusion](https://datafusion.apache.org), and SQL-defined
+//! training subsets. This is the only module that imports datafusion.
+//!
+//! [`register`] adds two tables to a `SessionContext`:
+//!
+//! - `transitions`: every column of the segments. Scans read the memory-mapped record batches
+//!   **without copying** (cut into zero-copy slices of at most [`SCAN_BATCH_ROWS`] rows), one
+//!   partition per segment, with projection and limit pushdown, inexact filter pushdown on
+//!   `episode_id` and `step` (comparisons, `BETWEEN`, `IN`, `AND`/`OR` of them) that prunes whole
+//!   segments and slices, and exact row-count statistics.
+//! - `episodes`: one row per episode (`episode_id, length, episode_return, terminated, truncated`,
+//!   `final_observation` when the schema has it), zero-copy views of the episode tables.
+//!
+//! [`register_deferred`] (and [`SqlSession::deferred`]) does the same from a [`Catalog`] when the
+//! transitions are not local yet (a remote dataset): `transitions` is then opened by its first
+//! scan, so queries of `episodes` alone never fetch transition files.
+//!
+//! Both add the functions RL data needs for fixed-size-list (tensor) columns; DataFusion already has
+//! `col[i]` (1-based, via `array_element`), `array_distance`, `array_normalize`, `array_sum`:
+//!
+//! | function | kind | result |
+//! |---|---|---|
+//! | `fsl_get(col, i)` | scalar | element `i` (1-based, like `col[i]`) without converting the list |
+//! | `vec_norm(col)` | scalar | L2 norm as float64 |
+//! | `dim_mean(col)`, `dim_min`, `dim_max`, `dim_std` | aggregate | fixed-size list of float64, one value per dimension (`dim_std` is the sample standard deviation) |
+//! | `discounted_return(reward, step, gamma)` | aggregate | `sum(gamma^step * reward)`; order-independent |
+//!
+//! ```
+//! # fn main() -> trajstore::Result<()> {
+//! use trajstore::sql::SnapshotSql;
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let spec = trajstore::synth::SynthSpec { transitions: 5_000, mean_episode_len: 50.0, ..Default::default() };
+//! # let ds = trajstore::Dataset::create(dir.path().join("d"), &spec.schema()?)?;
+//! # spec.write(&mut ds.writer(Default::default())?, None, |_| ())?;
+//! let snap = ds.snapshot()?;
+//! let top = snap.episodes_where(
+//!     "SELECT episode_id FROM episodes ORDER BY episode_return DESC LIMIT 10",
+//! )?;
+//! assert_eq!(top.len(), 10);
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, SchemaRef, UInt64Type};
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::error::{Error, Result};
+use crate::format::col;
+use crate::store::{Catalog, Snapshot};
+
+mod episode_agg;
+mod functions;
+mod table;
+
+use episode_agg::{EpisodeGroupBy, SegmentScan};
+use functions::{DimAgg, DimKind, DiscountedReturn, FslGet, VecNorm};
+use table::episodes_table;
+pub use table::{DeferredTransitions, TransitionsTable};
+
+/// The name of the physical optimizer rule that runs `GROUP BY episode_id` over `transitions`
+/// as a pass over each segment's runs of equal ids (`EpisodeAggregateExec` in EXPLAIN). Remove
+/// it from a session's rules to get DataFusion's hash aggregation instead.
+pub const EPISODE_GROUP_BY_RULE: &str = episode_agg::RULE_NAME;
+/// Name of the transitions table.
+pub const TRANSITIONS: &str = "transitions";
+/// Name of the episodes table.
+pub const EPISODES: &str = "episodes";
+/// Scans hand operators zero-copy slices of at most this many rows.
+pub const SCAN_BATCH_ROWS: usize = 64 * 1024;
+
+/// Registers the `transitions` and `episodes` tables of `snap` and trajstore's functions in `ctx`.
+pub async fn register(ctx: &SessionContext, snap: &Snapshot) -> Result<()> {
+    ctx.register_table(TRANSITIONS, Arc::new(TransitionsTable::new(snap)))?;
+    ctx.register_table(EPISODES, Arc::new(episodes_table(&snap.catalog())?))?;
+    register_functions(ctx);
+    add_episode_group_by(ctx);
+    Ok(())
+}
+
+/// Registers the tables of `catalog`'s version and trajstore's functions in `ctx` when its
+/// transitions are not at hand yet (a remote dataset): `episodes` comes from the catalog, and
+/// `transitions` is a [`DeferredTransitions`] that calls `open` on its first scan. Queries that
+/// read only `episodes` never call it.
+pub async fn register_deferred(
+    ctx: &SessionContext,
+    catalog: &Catalog,
+    open: impl Fn() -> Result<Snapshot> + Send + Sync + 'static,
+) -> Result<()> {
+    ctx.register_table(
+        TRANSITIONS,
+        Arc::new(DeferredTransitions::new(catalog, open)),
+    )?;
+    ctx.register_table(EPISODES, Arc::new(episodes_table(catalog)?))?;
+    register_functions(ctx);
+    add_episode_group_by(ctx);
+    Ok(())
+}
+
+/// Adds the physical optimizer rule that runs `GROUP BY episode_id` over `transitions` as one
+/// pass over each segment's runs of equal ids instead of a hash aggregation (see
+/// [`EpisodeAggregateExec`](episode_agg)); it runs after DataFusion's own rules. Idempotent.
+fn add_episode_group_by(ctx: &SessionContext) {
+    let state = ctx.state_ref();
+    let mut state = state.write();
+    if state
+        .physical_optimizers()
+        .iter()
+        .any(|r| r.name() == episode_agg::RULE_NAME)
+    {
+        return;
+    }
+    *state = datafusion::execution::SessionStateBuilder::new_from_existing(state.clone())
+        .with_physical_optimizer_rule(Arc::new(EpisodeGroupBy))
+        .build();
+}
+
+/// Registers trajstore's scalar and aggregate functions (see the module docs) in `ctx`.
+pub fn register_functions(ctx: &SessionContext) {
+    ctx.register_udf(ScalarUDF::new_from_impl(FslGet::new()));
+    ctx.register_udf(ScalarUDF::new_from_impl(VecNorm::new()));
+    for kind in [DimKind::Mean, DimKind::Min, DimKind::Max, DimKind::Std] {
+        ctx.register_udaf(AggregateUDF::new_from_impl(DimAgg::new(kind)));
+    }
+    ctx.register_udaf(AggregateUDF::new_from_impl(DiscountedReturn::new()));
+}
+
+/// The session configuration trajstore uses: DataFusion's defaults with the information schema
+/// on (so `SHOW TABLES` and `information_schema.columns` work).
+pub fn default_config() -> SessionConfig {
+    SessionConfig::new().with_information_schema(true)
+}
+
+/// A session context with `config` and the tables and functions of `snap` registered.
+pub async fn context(snap: &Snapshot, config: SessionConfig) -> Result<SessionContext> {
+    let ctx = SessionContext::new_with_config(config);
+    register(&ctx, snap).await?;
+    Ok(ctx)
+}
+
+/// A query's result: its schema (also when there are no rows) and its batches.
+#[derive(Debug, Clone)]
+pub struct QueryResult {
+    /// The result schema.
+    pub schema: SchemaRef,
+    /// The result rows.
+    pub batches: Vec<RecordBatch>,
+}
+
+impl QueryResult {
+    /// Total rows.
+    pub fn num_rows(&self) -> usize {
+        self.batches.iter().map(|b| b.num_rows()).sum()
+    }
+}
+
+/// A SQL session over one snapshot for synchronous callers: a [`SessionContext`] with the tables
+/// registered and the tokio runtime that runs its queries (scans of different partitions run on
+/// different threads).
+pub struct SqlSession {
+    ctx: SessionContext,
+    rt: tokio::runtime::Runtime,
+}
+
+impl fmt::Debug for SqlSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlSession").finish_non_exhaustive()
+    }
+}
+
+impl SqlSession {
+    /// A session over `snap` with [`default_config`].
+    pub fn new(snap: &Snapshot) -> Result<Self> {
+        Self::with_config(snap, default_config())
+    }
+
+    /// A session over `snap` with `config` (e.g. `default_config().with_target_partitions(1)`).
+    pub fn with_config(snap: &Snapshot, config: SessionConfig) -> Result<Self> {
+        let rt = runtime()?;
+        let ctx = rt.block_on(context(snap, config))?;
+        Ok(Self { ctx, rt })
+    }
+
+    /// A session over `catalog`'s version whose `transitions` table calls `open` on its first
+    /// scan (see [`register_deferred`]): for a remote dataset, `open` pulls the transition files,
+    /// which queries of `episodes` alone never need.
+    pub fn deferred(
+        catalog: &Catalog,
+        open: impl Fn() -> Result<Snapshot> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        let rt = runtime()?;
+        let ctx = SessionContext::new_with_config(default_config());
+        rt.block_on(register_deferred(&ctx, catalog, open))?;
+        Ok(Self { ctx, rt })
+    }
+
+    /// The DataFusion context (to register more tables or functions).
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// Runs `sql` and collects its result.
+    pub fn query(&self, sql: &str) -> Result<QueryResult> {
+        self.rt.block_on(async {
+            let df = self.ctx.sql(sql).await?;
+            let schema = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.collect().await?;
+            Ok(QueryResult { schema, batches })
+        })
+    }
+
+    /// The physical plan of `sql`, indented, one operator a line; with `schemas`, each operator's
+    /// output schema too (which shows the columns a scan reads).
+    pub fn explain(&self, sql: &str, schemas: bool) -> Result<String> {
+        self.rt.block_on(async {
+            let plan = self.ctx.sql(sql).await?.create_physical_plan().await?;
+            Ok(displayable(plan.as_ref())
+                .set_show_schema(schemas)
+                .indent(true)
+                .to_string())
+        })
+    }
+
+    /// Names of the tables in the default schema, sorted.
+    pub fn table_names(&self) -> Vec<String> {
+        let mut names = self
+            .ctx
+            .catalog("datafusion")
+            .and_then(|c| c.schema("public"))
+            .map(|s| s.table_names())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The schema of table `name`.
+    pub fn table_schema(&self, name: &str) -> Result<SchemaRef> {
+        self.rt.block_on(async {
+            let df = self.ctx.table(name).await?;
+            Ok(Arc::new(df.schema().as_arrow().clone()))
+        })
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Sql(DataFusionError::External(Box::new(e))))
+}
+
+/// Runs `sql` over `snap` (a convenience for one-off queries: builds a session each call).
+pub fn query(snap: &Snapshot, sql: &str) -> Result<Vec<RecordBatch>> {
+    Ok(SqlSession::new(snap)?.query(sql)?.batches)
+}
+
+/// SQL on snapshots.
+pub trait SnapshotSql {
+    /// Runs `sql` over this snapshot's tables.
+    fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>>;
+    /// The episode ids returned by `sql` (a query with an `episode_id` column), sorted and
+    /// deduplicated, for [`crate::SliceOptions::with_episode_ids`]. Cached per (dataset, version,
+    /// query).
+    fn episodes_where(&self, sql: &str) -> Result<Vec<u64>>;
+}
+
+type SubsetKey = (PathBuf, u64, String);
+static SUBSETS: OnceLock<Mutex<HashMap<SubsetKey, Arc<Vec<u64>>>>> = OnceLock::new();
+const SUBSET_CACHE_ENTRIES: usize = 64;
+
+impl SnapshotSql for Snapshot {
+    fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>> {
+        query(self, sql)
+    }
+
+    fn episodes_where(&self, sql: &str) -> Result<Vec<u64>> {
+        let key = (self.path().to_path_buf(), self.version(), sql.to_string());
+        let cache = SUBSETS.get_or_init(Default::default);
+        if let Some(ids) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(ids.as_ref().clone());
+        }
+        let result = SqlSession::new(self)?.query(sql)?;
+        let idx = result.schema.index_of(col::EPISODE_ID).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "the subset query must return an `{}` column; it returns ({})",
+                col::EPISODE_ID,
+                result
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        let mut ids = Vec::with_capacity(result.num_rows());
+        for b in &result.batches {
+            let c = cast(b.column(idx), &DataType::UInt64).map_err(|e| {
+                Error::InvalidArgument(format!("`{}` is not an id column: {e}", col::EPISODE_ID))
+            })?;
+            if c.null_count() > 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "the subset query returned a null or negative `{}`",
+                    col::EPISODE_ID
+                )));
+            }
+            ids.extend_from_slice(c.as_primitive::<UInt64Type>().values());
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if c.len() >= SUBSET_CACHE_ENTRIES {
+            c.clear();
+        }
+        c.insert(key, Arc::new(ids.clone()));
+        Ok(ids)
+    }
+}

@@ -1,0 +1,386 @@
+//! Datasets on disk: creating and opening them, snapshots of one committed version, segments.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use arrow::array::{Array, RecordBatch};
+
+use crate::error::{Error, IoContext, Result};
+use crate::format::{self};
+use crate::index::EpisodeIndex;
+use crate::index::{BoundaryPolicy, SliceIndex};
+use crate::schema::TransitionSchema;
+use crate::store::manifest::{self, Manifest};
+use crate::store::segment::{EpisodeTable, Segment, open_episode_table};
+use crate::store::writer::{DatasetWriter, WriterOptions};
+
+/// A dataset directory. Cheap handle: it holds the path only; [`Dataset::snapshot`] reads.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    root: PathBuf,
+}
+
+impl Dataset {
+    /// Creates an empty dataset at `path` (which must not exist, or be an empty directory) and
+    /// commits version 1 with `schema` and no transitions.
+    pub fn create(path: impl AsRef<Path>, schema: &TransitionSchema) -> Result<Self> {
+        let root = path.as_ref().to_path_buf();
+        if root.exists() {
+            let mut entries = std::fs::read_dir(&root).at(&root)?;
+            if entries.next().is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "{} already exists and is not empty",
+                    root.display()
+                )));
+            }
+        }
+        std::fs::create_dir_all(root.join(format::SEGMENTS_DIR)).at(&root)?;
+        std::fs::create_dir_all(manifest::versions_dir(&root)).at(&root)?;
+        let m = Manifest {
+            format: format::FORMAT_NAME.into(),
+            format_version: format::FORMAT_VERSION,
+            version: 1,
+            created_unix_ms: manifest::now_ms(),
+            columns: schema.to_columns(),
+            transitions: 0,
+            episodes: 0,
+            next_episode_id: 0,
+            next_segment_id: 0,
+            next_row: 0,
+            segments: vec![],
+            properties: Default::default(),
+        };
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            manifest::sync_dir(parent)?;
+        }
+        manifest::sync_dir(&root)?;
+        m.publish(&root)?;
+        Ok(Dataset { root })
+    }
+
+    /// Opens an existing dataset: checks that it has a readable newest manifest.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let root = path.as_ref().to_path_buf();
+        if !root.is_dir() {
+            return Err(Error::NotFound { path: root });
+        }
+        manifest::read_latest(&root)?;
+        Ok(Dataset { root })
+    }
+
+    /// The dataset directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Committed versions, ascending.
+    pub fn versions(&self) -> Result<Vec<u64>> {
+        manifest::list_versions(&self.root)
+    }
+
+    /// The newest committed manifest.
+    pub fn latest_manifest(&self) -> Result<Manifest> {
+        manifest::read_latest(&self.root)
+    }
+
+    /// A snapshot of the newest committed version: maps every segment (zero-copy) and builds the
+    /// episode index. Cost O(segments + episodes); transitions are not read.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Snapshot::load(&self.root, manifest::read_latest(&self.root)?, None)
+    }
+
+    /// A snapshot of version `version`.
+    pub fn snapshot_at(&self, version: u64) -> Result<Snapshot> {
+        Snapshot::load(&self.root, manifest::read(&self.root, version)?, None)
+    }
+
+    /// The [`Catalog`] of the newest committed version: its manifest and episode tables only
+    /// (no transition file is opened). O(episodes).
+    pub fn catalog(&self) -> Result<Catalog> {
+        Catalog::load(&self.root, manifest::read_latest(&self.root)?)
+    }
+
+    /// The [`Catalog`] of version `version`.
+    pub fn catalog_at(&self, version: u64) -> Result<Catalog> {
+        Catalog::load(&self.root, manifest::read(&self.root, version)?)
+    }
+
+    /// Takes the single-writer lock and returns a writer that appends after the newest version.
+    /// Fails with [`Error::Locked`] if another writer (in any process) holds it.
+    pub fn writer(&self, options: WriterOptions) -> Result<DatasetWriter> {
+        DatasetWriter::open(&self.root, options)
+    }
+}
+
+/// The transition schema a manifest declares.
+fn manifest_schema(root: &Path, manifest: &Manifest) -> Result<TransitionSchema> {
+    TransitionSchema::from_columns(&manifest.columns).map_err(|e| {
+        Error::corrupt(
+            manifest::versions_dir(root).join(format::manifest_name(manifest.version)),
+            format!("invalid schema: {e}"),
+        )
+    })
+}
+
+/// A per-episode column (`episode_return`, `terminated`, ...) of each episode table.
+fn episode_column<'a>(
+    tables: impl Iterator<Item = &'a EpisodeTable>,
+    name: &str,
+) -> Result<Vec<Arc<dyn Array>>> {
+    tables
+        .map(|t| {
+            t.column(name)
+                .cloned()
+                .ok_or_else(|| Error::InvalidArgument(format!("no episode column `{name}`")))
+        })
+        .collect()
+}
+
+/// One committed version's metadata without its transitions: the manifest and every segment's
+/// episode table (ids, lengths, returns, end flags). Loading it reads only the episode files
+/// (O(episodes)), so it is all that `trajstore info` needs, and all that a remote dataset's
+/// mirror fetches for it ([`crate::remote::Remote::catalog`]).
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    root: PathBuf,
+    manifest: Arc<Manifest>,
+    schema: TransitionSchema,
+    tables: Vec<EpisodeTable>,
+}
+
+impl Catalog {
+    /// Opens and checks the episode tables `manifest` names under `root`.
+    pub(crate) fn load(root: &Path, manifest: Manifest) -> Result<Self> {
+        let schema = manifest_schema(root, &manifest)?;
+        let tables = manifest
+            .segments
+            .iter()
+            .map(|e| open_episode_table(root, e, &schema))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Catalog {
+            root: root.to_path_buf(),
+            manifest: Arc::new(manifest),
+            schema,
+            tables,
+        })
+    }
+    /// The dataset directory (for a remote dataset, its mirror).
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+    /// The version described.
+    pub fn version(&self) -> u64 {
+        self.manifest.version
+    }
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    /// The transition schema.
+    pub fn schema(&self) -> &TransitionSchema {
+        &self.schema
+    }
+    /// The episode tables, one per segment, in episode order.
+    pub fn episode_tables(&self) -> &[EpisodeTable] {
+        &self.tables
+    }
+    /// Total transitions.
+    pub fn num_transitions(&self) -> u64 {
+        self.manifest.transitions
+    }
+    /// Total episodes.
+    pub fn num_episodes(&self) -> u64 {
+        self.manifest.episodes
+    }
+    /// Bytes of all segment files and episode tables.
+    pub fn bytes_on_disk(&self) -> u64 {
+        self.manifest.bytes_on_disk()
+    }
+    /// A per-episode column (`episode_return`, `terminated`, ...) over all episode tables.
+    pub fn episode_column(&self, name: &str) -> Result<Vec<Arc<dyn Array>>> {
+        episode_column(self.tables.iter(), name)
+    }
+}
+
+/// One committed version, mapped and indexed. Readers hold a snapshot; commits after it are
+/// invisible until [`Snapshot::refresh`]. Cloning is cheap (segments are shared).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    root: PathBuf,
+    manifest: Arc<Manifest>,
+    schema: TransitionSchema,
+    segments: Vec<Arc<Segment>>,
+    index: Arc<EpisodeIndex>,
+    slice_indexes: Arc<Mutex<SliceCache>>,
+}
+
+type SliceCache = HashMap<(u32, BoundaryPolicy), Arc<SliceIndex>>;
+
+impl Snapshot {
+    fn load(root: &Path, manifest: Manifest, previous: Option<&Snapshot>) -> Result<Self> {
+        let schema = manifest_schema(root, &manifest)?;
+        let reuse: HashMap<u64, Arc<Segment>> = previous
+            .filter(|p| p.schema == schema)
+            .map(|p| {
+                p.segments
+                    .iter()
+                    .map(|s| (s.entry().id, s.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let segments = manifest
+            .segments
+            .iter()
+            .map(|e| match reuse.get(&e.id) {
+                Some(s) if s.entry() == e => Ok(s.clone()),
+                _ => Segment::open(root, e, &schema).map(Arc::new),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let first_id = manifest
+            .segments
+            .first()
+            .map_or(manifest.next_episode_id, |s| s.first_episode_id);
+        // Extend the previous indexes when this version only drops old segments and adds new ones.
+        let mut slice_indexes = SliceCache::new();
+        let index = match previous {
+            Some(p) if !p.segments.is_empty() => {
+                let dropped = p
+                    .segments
+                    .iter()
+                    .take_while(|s| s.entry().first_episode_id < first_id)
+                    .count();
+                let kept = &p.segments[dropped..];
+                // Extend only when some old segments survive; otherwise nothing is shared.
+                if !kept.is_empty()
+                    && segments.len() >= kept.len()
+                    && kept.iter().zip(&segments).all(|(a, b)| Arc::ptr_eq(a, b))
+                {
+                    let idx = p.index.extended(
+                        dropped,
+                        segments[kept.len()..]
+                            .iter()
+                            .map(|s| s.episode_table().spans()),
+                    );
+                    let dropped_episodes = (idx.first_id() - p.index.first_id()) as usize;
+                    let cache = p.slice_indexes.lock().unwrap_or_else(|e| e.into_inner());
+                    for (k, v) in cache.iter() {
+                        slice_indexes.insert(*k, Arc::new(v.extended(&idx, dropped_episodes)));
+                    }
+                    idx
+                } else {
+                    EpisodeIndex::from_segments(
+                        first_id,
+                        segments.iter().map(|s| s.episode_table().spans()),
+                    )
+                }
+            }
+            _ => EpisodeIndex::from_segments(
+                first_id,
+                segments.iter().map(|s| s.episode_table().spans()),
+            ),
+        };
+        Ok(Snapshot {
+            root: root.to_path_buf(),
+            manifest: Arc::new(manifest),
+            schema,
+            segments,
+            index: Arc::new(index),
+            slice_indexes: Arc::new(Mutex::new(slice_indexes)),
+        })
+    }
+
+    /// [`Segment::prefault`]s every segment, in parallel: for training runs that will touch the
+    /// whole dataset anyway and want steady-state speed from the first batch. O(bytes).
+    pub fn prefault(&self) {
+        use rayon::prelude::*;
+        self.segments.par_iter().for_each(|s| s.prefault());
+    }
+
+    /// The cached [`SliceIndex`] of `slice_len`-step windows under `policy`: built on first use
+    /// in O(episodes), shared by every sampler of this snapshot, and extended (not rebuilt) by
+    /// [`Snapshot::refresh`].
+    pub fn slice_index(&self, slice_len: u32, policy: BoundaryPolicy) -> Result<Arc<SliceIndex>> {
+        let mut cache = self.slice_indexes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = cache.get(&(slice_len, policy)) {
+            return Ok(i.clone());
+        }
+        let i = Arc::new(SliceIndex::build(&self.index, slice_len, policy)?);
+        cache.insert((slice_len, policy), i.clone());
+        Ok(i)
+    }
+
+    /// Moves to the newest committed version, reusing the segments that are still part of it.
+    /// Returns whether the version changed.
+    pub fn refresh(&mut self) -> Result<bool> {
+        let latest = manifest::list_versions(&self.root)?
+            .last()
+            .copied()
+            .unwrap_or(0);
+        if latest == self.manifest.version {
+            return Ok(false);
+        }
+        *self = Snapshot::load(&self.root, manifest::read(&self.root, latest)?, Some(self))?;
+        Ok(true)
+    }
+
+    /// The dataset directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+    /// This snapshot's version.
+    pub fn version(&self) -> u64 {
+        self.manifest.version
+    }
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    /// The transition schema.
+    pub fn schema(&self) -> &TransitionSchema {
+        &self.schema
+    }
+    /// The mapped segments, in episode order.
+    pub fn segments(&self) -> &[Arc<Segment>] {
+        &self.segments
+    }
+    /// The episode index.
+    pub fn episodes(&self) -> &Arc<EpisodeIndex> {
+        &self.index
+    }
+    /// Total transitions.
+    pub fn num_transitions(&self) -> u64 {
+        self.manifest.transitions
+    }
+    /// Total episodes.
+    pub fn num_episodes(&self) -> u64 {
+        self.manifest.episodes
+    }
+    /// Bytes of all segment files and episode tables.
+    pub fn bytes_on_disk(&self) -> u64 {
+        self.manifest.bytes_on_disk()
+    }
+    /// The transitions of the episode with id `id`, zero-copy.
+    pub fn episode(&self, id: u64) -> Option<RecordBatch> {
+        let loc = self.index.by_id(id)?;
+        Some(self.segments[loc.segment].slice(loc.segment_row, loc.length as usize))
+    }
+    /// A per-episode column (`episode_return`, `terminated`, ...) over all episode tables.
+    pub fn episode_column(&self, name: &str) -> Result<Vec<Arc<dyn Array>>> {
+        episode_column(self.segments.iter().map(|s| s.episode_table()), name)
+    }
+    /// This version's [`Catalog`] (manifest and episode tables), without any I/O.
+    pub fn catalog(&self) -> Catalog {
+        Catalog {
+            root: self.root.clone(),
+            manifest: self.manifest.clone(),
+            schema: self.schema.clone(),
+            tables: self
+                .segments
+                .iter()
+                .map(|s| s.episode_table().clone())
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! The store: datasets on disk. Immutable Arrow IPC segments holding whole episodes, each with
+//! an episode table; one JSON manifest per committed version; a single writer that appends
+//! episodes and commits atomically; snapshots that map one version zero-copy and own its cached
+//! indexes; checks and export.
+
+pub mod dataset;
+pub mod export;
+pub mod manifest;
+pub mod segment;
+pub mod verify;
+pub mod writer;
+
+pub use dataset::{Catalog, Dataset, Snapshot};
+pub use manifest::{Manifest, SegmentEntry};
+pub use segment::{EpisodeTable, Segment};
+pub use writer::{DatasetWriter, EpisodeEnd, Step, Values, WriterOptions};

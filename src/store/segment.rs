@@ -1,0 +1,808 @@
+//! Segments: writing one Arrow IPC file (crash-safely), opening one zero-copy from a memory map,
+//! and the mapped [`Segment`] with its typed [`EpisodeTable`].
+//!
+//! Both segment files (`<id>.arrow`) and episode tables (`<id>.episodes.arrow`) go through here.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use arrow::buffer::Buffer;
+use arrow::buffer::ScalarBuffer;
+use arrow::compute::concat_batches;
+use arrow::datatypes::{DataType, Float64Type, UInt64Type};
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::ipc::reader::FileDecoder;
+use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
+use arrow::ipc::{Block, MetadataVersion};
+
+use crate::error::{Error, IoContext, Result};
+use crate::format::{self, ep, meta};
+use crate::schema::TransitionSchema;
+use crate::store::manifest::SegmentEntry;
+
+const MAGIC: &[u8; 6] = b"ARROW1";
+/// Smallest possible IPC file: magic + padding, footer length, magic.
+const MIN_FILE_LEN: usize = 8 + 4 + 6;
+
+/// Size and checksum of a finished file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// CRC-32C (Castagnoli) of the whole file.
+    pub crc32c: u32,
+}
+
+/// Formats a checksum as written in manifests (`crc32c:` + 8 lowercase hex digits).
+pub fn checksum_string(crc: u32) -> String {
+    format!("crc32c:{crc:08x}")
+}
+
+/// A `Write` that counts bytes and computes CRC-32C of everything that passes through.
+struct HashingWriter<W> {
+    inner: W,
+    crc: u32,
+    bytes: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes one IPC file under a temporary name; [`IpcFileWriter::finish`] syncs it and renames it
+/// into place. Dropping it unfinished leaves only the temporary file, which no manifest names.
+pub struct IpcFileWriter {
+    writer: FileWriter<HashingWriter<BufWriter<File>>>,
+    tmp: PathBuf,
+    path: PathBuf,
+    rows: u64,
+}
+
+impl IpcFileWriter {
+    /// Creates `path` + `.tmp` with `schema`, 64-byte alignment, no compression, and footer
+    /// metadata `trajstore:kind = kind` and `trajstore:segment_id = segment_id`.
+    pub fn create(path: &Path, schema: &Schema, kind: &str, segment_id: u64) -> Result<Self> {
+        let tmp = tmp_path(path);
+        let file = File::create(&tmp).at(&tmp)?;
+        let sink = HashingWriter {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            crc: 0,
+            bytes: 0,
+        };
+        let options = IpcWriteOptions::try_new(format::IPC_ALIGNMENT, false, MetadataVersion::V5)?;
+        let mut writer = FileWriter::try_new_with_options(sink, schema, options)?;
+        writer.write_metadata(meta::FORMAT_VERSION, format::FORMAT_VERSION.to_string());
+        writer.write_metadata(meta::FILE_KIND, kind);
+        writer.write_metadata(meta::SEGMENT_ID, format::segment_name(segment_id));
+        Ok(Self {
+            writer,
+            tmp,
+            path: path.to_path_buf(),
+            rows: 0,
+        })
+    }
+
+    /// Appends one record batch (one IPC message; it becomes one zero-copy batch when read).
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.writer.write(batch).map_err(|e| self.io_or_arrow(e))?;
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far (approximately the final file size).
+    pub fn bytes_written(&self) -> u64 {
+        self.writer.get_ref().bytes
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Writes the footer, fsyncs, and renames the file to its final name. The caller fsyncs the
+    /// directory before publishing a manifest that names the file.
+    pub fn finish(mut self) -> Result<FileInfo> {
+        self.writer.finish().map_err(|e| self.io_or_arrow(e))?;
+        let mut sink = self.writer.into_inner().map_err(Error::Arrow)?;
+        sink.flush().at(&self.tmp)?;
+        let info = FileInfo {
+            bytes: sink.bytes,
+            crc32c: sink.crc,
+        };
+        let file = sink
+            .inner
+            .into_inner()
+            .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+        file.sync_all().at(&self.tmp)?;
+        drop(file);
+        crate::fault::point("segment-before-rename");
+        std::fs::rename(&self.tmp, &self.path).at(&self.path)?;
+        Ok(info)
+    }
+
+    fn io_or_arrow(&self, e: arrow::error::ArrowError) -> Error {
+        match e {
+            arrow::error::ArrowError::IoError(_, source) => Error::io(&self.tmp, source),
+            other => Error::Arrow(other),
+        }
+    }
+}
+
+/// The temporary name a file is written under before its rename.
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format::TMP_SUFFIX);
+    PathBuf::from(s)
+}
+
+/// An IPC file opened from a memory map. Its batches are zero-copy views of the map; the map
+/// lives as long as any of them.
+#[derive(Debug, Clone)]
+pub struct MappedIpc {
+    /// The record batches, in file order.
+    pub batches: Vec<RecordBatch>,
+    /// The footer's custom metadata.
+    pub metadata: HashMap<String, String>,
+    /// File size.
+    pub bytes: u64,
+    /// The whole mapped file.
+    pub map: Buffer,
+    /// The mapping itself (for `madvise`).
+    pub mmap: Arc<memmap2::Mmap>,
+}
+
+impl MappedIpc {
+    /// Total rows over all batches.
+    pub fn num_rows(&self) -> u64 {
+        self.batches.iter().map(|b| b.num_rows() as u64).sum()
+    }
+}
+
+/// Maps `path` read-only and decodes it without copying, after checking magic, footer, schema
+/// (names, types and nullability must equal `expected`), message bounds and buffer alignment.
+///
+/// Cost: O(record batches) plus the pages holding the footer and message headers; column data is
+/// not read. Every failed check is [`Error::Corrupt`] naming the path.
+pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
+    let file = File::open(path).at(path)?;
+    let len = file.metadata().at(path)?.len() as usize;
+    let corrupt = |reason: String| Error::corrupt(path, reason);
+    if len < MIN_FILE_LEN {
+        return Err(corrupt(format!(
+            "{len} bytes is too short for an Arrow IPC file"
+        )));
+    }
+    // SAFETY: the map is read-only and committed trajstore files are immutable: they are written
+    // under a temporary name and renamed into place, and never modified or truncated afterwards
+    // (a file replaced under the same name keeps the old inode alive for this map). Modifying a
+    // committed file from outside trajstore is outside the format's contract.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.at(path)?;
+    // Validation touches only the footer and one message header per record batch, scattered
+    // over the file: without this hint each touch of a cold file reads ahead ~128 KiB of column
+    // data (about 1.7 s to open 100M transitions from a cold page cache). Restored below.
+    let _ = mmap.advise(memmap2::Advice::Random);
+    let mmap = Arc::new(mmap);
+    let ptr = std::ptr::NonNull::new(mmap.as_ptr() as *mut u8).expect("a mapping is never null");
+    // SAFETY: `ptr` and `len` describe the whole read-only mapping, which the `Arc<Mmap>` owner
+    // passed along keeps alive for as long as any buffer sliced from it exists.
+    let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
+    let data = map.as_slice();
+    let (footer_start, footer_end) =
+        footer_span(&data[..8], &data[len - 10..], len as u64).map_err(corrupt)?;
+    let (footer_start, footer_end) = (footer_start as usize, footer_end as usize);
+    let footer = arrow::ipc::root_as_footer(&data[footer_start..footer_end])
+        .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
+    if footer.version() != MetadataVersion::V5 {
+        return Err(corrupt(format!(
+            "metadata version {:?}, expected V5",
+            footer.version()
+        )));
+    }
+    let schema = footer_schema(&footer).map_err(corrupt)?;
+    let mut metadata = HashMap::new();
+    if let Some(kv) = footer.custom_metadata() {
+        for e in kv {
+            if let (Some(k), Some(v)) = (e.key(), e.value()) {
+                metadata.insert(k.to_string(), v.to_string());
+            }
+        }
+    }
+    check_schema(expected, &schema).map_err(|m| corrupt(format!("schema mismatch: {m}")))?;
+    if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
+        return Err(corrupt(
+            "dictionary batches are not part of the format".into(),
+        ));
+    }
+    let schema: SchemaRef = Arc::new(schema);
+    let decoder =
+        FileDecoder::new(schema.clone(), MetadataVersion::V5).with_require_alignment(true);
+    let blocks = footer
+        .recordBatches()
+        .map(|b| b.iter().copied().collect::<Vec<_>>());
+    let mut batches = Vec::new();
+    for (i, block) in blocks.unwrap_or_default().iter().enumerate() {
+        let slice = check_block(block, footer_start, data)
+            .map_err(|m| corrupt(format!("record batch {i}: {m}")))?;
+        let block_data = map.slice_with_length(slice.0, slice.1);
+        let decoded = catch_unwind(AssertUnwindSafe(|| {
+            decoder.read_record_batch(block, &block_data)
+        }))
+        .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
+        .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
+        .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
+        batches.push(decoded);
+    }
+    // Scans (SQL, export, verify) read columns sequentially: give them the kernel's read-ahead.
+    let _ = mmap.advise(memmap2::Advice::Normal);
+    Ok(MappedIpc {
+        batches,
+        metadata,
+        bytes: len as u64,
+        map,
+        mmap,
+    })
+}
+
+/// Where an IPC file's footer lies, `(start, end)`, from the file's first 8 and last 10 bytes
+/// (magic, footer length, magic) and its length.
+pub(crate) fn footer_span(
+    head: &[u8],
+    tail: &[u8],
+    len: u64,
+) -> std::result::Result<(u64, u64), String> {
+    if len < MIN_FILE_LEN as u64 {
+        return Err(format!("{len} bytes is too short for an Arrow IPC file"));
+    }
+    if &head[..6] != MAGIC || &tail[4..10] != MAGIC {
+        return Err("missing ARROW1 magic (not an Arrow IPC file, or truncated)".into());
+    }
+    let footer_len = i32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
+    let footer_end = len - 10;
+    if footer_len <= 0 || footer_len as u64 > footer_end - 8 {
+        return Err(format!("footer length {footer_len} out of bounds"));
+    }
+    Ok((footer_end - footer_len as u64, footer_end))
+}
+
+/// A footer block's `(offset, metadata length, body length)`, checked to lie in the data
+/// section (before `footer_start`).
+pub(crate) fn block_span(
+    block: &Block,
+    footer_start: u64,
+) -> std::result::Result<(usize, usize, usize), String> {
+    let (off, meta_len, body_len) = (block.offset(), block.metaDataLength(), block.bodyLength());
+    if off < 8 || meta_len < 8 || body_len < 0 {
+        return Err(format!(
+            "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
+        ));
+    }
+    (off as u64)
+        .checked_add(meta_len as u64)
+        .and_then(|x| x.checked_add(body_len as u64))
+        .filter(|&e| e <= footer_start)
+        .ok_or_else(|| format!("block at {off} runs past the data section"))?;
+    Ok((off as usize, meta_len as usize, body_len as usize))
+}
+
+/// The schema in an IPC file's footer.
+pub(crate) fn footer_schema(footer: &arrow::ipc::Footer) -> std::result::Result<Schema, String> {
+    let fb_schema = footer
+        .schema()
+        .ok_or_else(|| "footer has no schema".to_string())?;
+    // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
+    catch_unwind(AssertUnwindSafe(|| {
+        arrow::ipc::convert::fb_to_schema(fb_schema)
+    }))
+    .map_err(|_| "unreadable schema in footer".to_string())
+}
+
+/// The message of an IPC block, from the block's metadata bytes (an optional continuation
+/// marker, the flatbuffer's length, the flatbuffer), checked to lie inside them.
+pub(crate) fn block_message(header: &[u8]) -> std::result::Result<arrow::ipc::Message<'_>, String> {
+    if header.len() < 8 {
+        return Err(format!("{} bytes of block metadata", header.len()));
+    }
+    let (prefix, len) = if header[..4] == [0xff; 4] {
+        (8, &header[4..8])
+    } else {
+        (4, &header[..4])
+    };
+    let len = i32::from_le_bytes(len.try_into().expect("4 bytes"));
+    if len < 0 || prefix + len as usize > header.len() {
+        return Err(format!(
+            "message length {len} exceeds the block's metadata length {}",
+            header.len()
+        ));
+    }
+    arrow::ipc::root_as_message(&header[prefix..prefix + len as usize])
+        .map_err(|e| format!("invalid message: {e}"))
+}
+
+fn check_schema(expected: &Schema, found: &Schema) -> std::result::Result<(), String> {
+    if expected.fields().len() != found.fields().len() {
+        return Err(format!(
+            "{} columns, expected {}",
+            found.fields().len(),
+            expected.fields().len()
+        ));
+    }
+    for (e, f) in expected.fields().iter().zip(found.fields()) {
+        if e.name() != f.name()
+            || e.data_type() != f.data_type()
+            || e.is_nullable() != f.is_nullable()
+        {
+            return Err(format!(
+                "column `{}: {}` where `{}: {}` was expected",
+                f.name(),
+                f.data_type(),
+                e.name(),
+                e.data_type()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a block and the buffers its message declares lie inside the file, so that decoding
+/// never indexes out of bounds. Returns the (offset, length) of the block.
+fn check_block(
+    block: &Block,
+    footer_start: usize,
+    data: &[u8],
+) -> std::result::Result<(usize, usize), String> {
+    let (off, meta_len, body_len) = block_span(block, footer_start as u64)?;
+    let end = off + meta_len + body_len;
+    let message = block_message(&data[off..off + meta_len])?;
+    if message.bodyLength() as usize != body_len {
+        return Err(format!(
+            "message body length {} differs from the footer's {body_len}",
+            message.bodyLength()
+        ));
+    }
+    let rb = message
+        .header_as_record_batch()
+        .ok_or_else(|| "message is not a record batch".to_string())?;
+    if rb.compression().is_some() {
+        return Err("compressed buffers are not part of the format".into());
+    }
+    for (j, b) in rb.buffers().into_iter().flatten().enumerate() {
+        let (bo, bl) = (b.offset(), b.length());
+        if bo < 0 || bl < 0 || (bo as u64).saturating_add(bl as u64) > body_len as u64 {
+            return Err(format!(
+                "buffer {j} ({bo}+{bl}) lies outside the message body ({body_len})"
+            ));
+        }
+    }
+    Ok((off, end - off))
+}
+
+/// One mapped segment: its transition batches and its episode table.
+#[derive(Debug)]
+pub struct Segment {
+    entry: SegmentEntry,
+    file: MappedIpc,
+    batch_starts: Vec<u64>,
+    episodes: EpisodeTable,
+}
+
+impl Segment {
+    /// Maps the segment `entry` names under `root` and opens its episode table, checking both
+    /// against the manifest entry and each other. O(record batches + episodes).
+    pub(crate) fn open(
+        root: &Path,
+        entry: &SegmentEntry,
+        schema: &TransitionSchema,
+    ) -> Result<Self> {
+        let path = root.join(&entry.path);
+        let file = open_ipc(&path, schema.arrow_schema())?;
+        check_file(
+            &path,
+            &file,
+            entry,
+            entry.bytes,
+            meta::KIND_TRANSITIONS,
+            entry.rows,
+        )?;
+        let episodes = open_episode_table(root, entry, schema)?;
+        let mut batch_starts = vec![0u64];
+        for b in &file.batches {
+            batch_starts.push(batch_starts.last().unwrap() + b.num_rows() as u64);
+        }
+        // No episode may span record batches (zero-copy slices of an episode need one batch).
+        let starts = episodes.row_starts();
+        for &b in &batch_starts[..batch_starts.len() - 1] {
+            if starts.binary_search(&b).is_err() {
+                return Err(Error::corrupt(
+                    root.join(&entry.episodes_path),
+                    format!("an episode spans record batches at row {b}"),
+                ));
+            }
+        }
+        Ok(Segment {
+            entry: entry.clone(),
+            file,
+            batch_starts,
+            episodes,
+        })
+    }
+
+    /// The manifest entry.
+    pub fn entry(&self) -> &SegmentEntry {
+        &self.entry
+    }
+    /// Number of transitions.
+    pub fn num_rows(&self) -> u64 {
+        self.entry.rows
+    }
+    /// The zero-copy record batches of transitions.
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.file.batches
+    }
+    /// Column `name` of every record batch of the segment, zero-copy. A column the snapshot's
+    /// schema lacks is [`Error::InvalidArgument`] (the segment's schema was checked on open).
+    pub fn column(&self, name: &str) -> Result<Vec<ArrayRef>> {
+        self.file
+            .batches
+            .iter()
+            .map(|b| {
+                b.column_by_name(name).cloned().ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "segment {} has no column `{name}`",
+                        self.entry.id
+                    ))
+                })
+            })
+            .collect()
+    }
+    /// The episode table (one row per episode).
+    pub fn episode_table(&self) -> &EpisodeTable {
+        &self.episodes
+    }
+    /// The batch holding segment row `row` and the row's offset inside it. O(log batches).
+    pub fn locate(&self, row: u64) -> (usize, usize) {
+        let b = self.batch_starts.partition_point(|&s| s <= row) - 1;
+        (b, (row - self.batch_starts[b]) as usize)
+    }
+    /// Rows `[row, row + len)` as a zero-copy batch. The range must lie inside one record batch,
+    /// which holds for any range inside one episode.
+    pub fn slice(&self, row: u64, len: usize) -> RecordBatch {
+        let (b, off) = self.locate(row);
+        self.file.batches[b].slice(off, len)
+    }
+    /// Asks the kernel to read ahead the mapped bytes `bytes` (a slice of this segment's
+    /// transitions, e.g. a column's values), if they lie in the mapping (for data not yet in the
+    /// page cache). Bytes outside the mapping are ignored, as are errors: it is only a hint.
+    pub fn advise_willneed(&self, bytes: &[u8]) {
+        let base = self.file.mmap.as_ptr() as usize;
+        let (p, len) = (bytes.as_ptr() as usize, bytes.len());
+        if p >= base && p + len <= base + self.file.mmap.len() {
+            let _ = self
+                .file
+                .mmap
+                .advise_range(memmap2::Advice::WillNeed, p - base, len);
+        }
+    }
+    /// Maps every page of this segment into the process's page tables now (reading it from disk
+    /// if needed: `MADV_POPULATE_READ` on Linux), so that later random reads take no page faults.
+    /// Costs time and page cache proportional to the segment's size; a no-op elsewhere.
+    pub fn prefault(&self) {
+        #[cfg(target_os = "linux")]
+        let _ = self.file.mmap.advise(memmap2::Advice::PopulateRead);
+    }
+    /// The whole mapped file (for checksums).
+    pub fn mapped_bytes(&self) -> &[u8] {
+        self.file.map.as_slice()
+    }
+}
+
+fn check_file(
+    path: &Path,
+    f: &MappedIpc,
+    entry: &SegmentEntry,
+    bytes: u64,
+    kind: &str,
+    rows: u64,
+) -> Result<()> {
+    let bad = |r: String| Err(Error::corrupt(path, r));
+    if f.bytes != bytes {
+        return bad(format!("{} bytes, manifest says {bytes}", f.bytes));
+    }
+    if f.metadata.get(meta::FILE_KIND).map(String::as_str) != Some(kind) {
+        return bad(format!("footer does not mark it as a `{kind}` file"));
+    }
+    if f.metadata.get(meta::SEGMENT_ID) != Some(&format::segment_name(entry.id)) {
+        return bad(format!("footer names another segment than {}", entry.id));
+    }
+    if f.num_rows() != rows {
+        return bad(format!("{} rows, manifest says {rows}", f.num_rows()));
+    }
+    Ok(())
+}
+
+/// Opens and checks a segment's episode table: the file's footer against the manifest entry,
+/// then ids consecutive and rows contiguous, covering the segment. O(episodes).
+pub(crate) fn open_episode_table(
+    root: &Path,
+    entry: &SegmentEntry,
+    schema: &TransitionSchema,
+) -> Result<EpisodeTable> {
+    let path = root.join(&entry.episodes_path);
+    let file = open_ipc(&path, schema.episode_schema())?;
+    check_file(
+        &path,
+        &file,
+        entry,
+        entry.episodes_bytes,
+        meta::KIND_EPISODES,
+        entry.episodes,
+    )?;
+    let t = match file.batches.len() {
+        1 => file.batches[0].clone(),
+        _ => concat_batches(schema.episode_schema(), &file.batches)?,
+    };
+    let t = EpisodeTable::try_new(t).map_err(|e| Error::corrupt(&path, e.to_string()))?;
+    let mut row = 0u64;
+    for i in 0..t.len() {
+        let (id, start, len) = (t.ids()[i], t.row_starts()[i], t.lengths()[i]);
+        if id != entry.first_episode_id + i as u64 || start != row || len == 0 {
+            return Err(Error::corrupt(
+                &path,
+                format!(
+                    "episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"
+                ),
+            ));
+        }
+        row += len;
+    }
+    if row != entry.rows {
+        return Err(Error::corrupt(
+            &path,
+            format!("episodes cover {row} rows, segment has {}", entry.rows),
+        ));
+    }
+    Ok(t)
+}
+
+/// A segment's episode table (one row per episode), with its required columns typed once when
+/// the segment opens: `episode_id`, `row_start`, `length`, `episode_return`, `terminated`,
+/// `truncated`, and `final_observation` when the dataset derives `next_observation`. Cloning is
+/// cheap (the columns are shared views of the mapped file).
+#[derive(Debug, Clone)]
+pub struct EpisodeTable {
+    batch: RecordBatch,
+    ids: ScalarBuffer<u64>,
+    row_starts: ScalarBuffer<u64>,
+    lengths: ScalarBuffer<u64>,
+    returns: ScalarBuffer<f64>,
+    terminated: BooleanArray,
+    truncated: BooleanArray,
+}
+
+impl PartialEq for EpisodeTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.batch == other.batch
+    }
+}
+
+impl EpisodeTable {
+    /// Types the required columns of `batch`; a missing column or one of another type is
+    /// [`Error::SchemaMismatch`]. O(1): the columns are not copied.
+    pub fn try_new(batch: RecordBatch) -> Result<Self> {
+        fn typed<'a, T: 'static>(
+            batch: &'a RecordBatch,
+            name: &str,
+            want: DataType,
+            cast: impl Fn(&'a ArrayRef) -> Option<&'a T>,
+        ) -> Result<&'a T> {
+            let a = batch.column_by_name(name).ok_or_else(|| {
+                Error::schema(name, format!("missing (an episode-table {want} column)"))
+            })?;
+            cast(a).ok_or_else(|| {
+                Error::schema(name, format!("expected {want}, found {}", a.data_type()))
+            })
+        }
+        let u64s = |name| {
+            typed(&batch, name, DataType::UInt64, |a| {
+                a.as_primitive_opt::<UInt64Type>()
+            })
+            .map(|a| a.values().clone())
+        };
+        let bools = |name| typed(&batch, name, DataType::Boolean, |a| a.as_boolean_opt()).cloned();
+        Ok(Self {
+            ids: u64s(ep::EPISODE_ID)?,
+            row_starts: u64s(ep::ROW_START)?,
+            lengths: u64s(ep::LENGTH)?,
+            returns: typed(&batch, ep::EPISODE_RETURN, DataType::Float64, |a| {
+                a.as_primitive_opt::<Float64Type>()
+            })?
+            .values()
+            .clone(),
+            terminated: bools(ep::TERMINATED)?,
+            truncated: bools(ep::TRUNCATED)?,
+            batch,
+        })
+    }
+    /// Number of episodes.
+    pub fn len(&self) -> usize {
+        self.batch.num_rows()
+    }
+    /// Whether the table holds no episode.
+    pub fn is_empty(&self) -> bool {
+        self.batch.num_rows() == 0
+    }
+    /// Episode ids (consecutive).
+    pub fn ids(&self) -> &[u64] {
+        &self.ids
+    }
+    /// First row of each episode within the segment.
+    pub fn row_starts(&self) -> &[u64] {
+        &self.row_starts
+    }
+    /// Number of transitions of each episode.
+    pub fn lengths(&self) -> &[u64] {
+        &self.lengths
+    }
+    /// `(row_starts, lengths)`: what [`crate::EpisodeIndex::from_segments`] takes.
+    pub fn spans(&self) -> (&[u64], &[u64]) {
+        (&self.row_starts, &self.lengths)
+    }
+    /// Sum of rewards of each episode.
+    pub fn returns(&self) -> &[f64] {
+        &self.returns
+    }
+    /// Whether each episode ended in a terminal state.
+    pub fn terminated(&self) -> &BooleanArray {
+        &self.terminated
+    }
+    /// Whether each episode was cut (time limit or end of data).
+    pub fn truncated(&self) -> &BooleanArray {
+        &self.truncated
+    }
+    /// `final_observation` (o_T after each episode's last step), present when the dataset does
+    /// not store `next_observation`.
+    pub fn final_observation(&self) -> Option<&ArrayRef> {
+        self.batch.column_by_name(ep::FINAL_OBSERVATION)
+    }
+    /// A column by name, including per-episode user metadata.
+    pub fn column(&self, name: &str) -> Option<&ArrayRef> {
+        self.batch.column_by_name(name)
+    }
+    /// The table as an Arrow record batch (what the file holds).
+    pub fn batch(&self) -> &RecordBatch {
+        &self.batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Float32Array, UInt64Array};
+    use arrow::datatypes::{DataType, Field};
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("a", DataType::UInt64, false),
+            Field::new("b", DataType::Float32, false),
+        ])
+    }
+
+    fn write_file(path: &Path, rows: usize) -> FileInfo {
+        let s = Arc::new(schema());
+        let batch = RecordBatch::try_new(
+            s.clone(),
+            vec![
+                Arc::new(UInt64Array::from_iter_values(0..rows as u64)),
+                Arc::new(Float32Array::from_iter_values(
+                    (0..rows).map(|i| i as f32 * 0.5),
+                )),
+            ],
+        )
+        .unwrap();
+        let mut w = IpcFileWriter::create(path, &s, meta::KIND_TRANSITIONS, 7).unwrap();
+        w.write(&batch).unwrap();
+        w.write(&batch.slice(0, 3)).unwrap();
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn write_then_map_is_zero_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.arrow");
+        let info = write_file(&p, 1000);
+        assert!(!tmp_path(&p).exists());
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(info.bytes, bytes.len() as u64);
+        assert_eq!(info.crc32c, crc32c::crc32c(&bytes));
+        let f = open_ipc(&p, &schema()).unwrap();
+        assert_eq!(f.batches.len(), 2);
+        assert_eq!(f.num_rows(), 1003);
+        assert_eq!(f.metadata[meta::FILE_KIND], meta::KIND_TRANSITIONS);
+        assert_eq!(f.metadata[meta::SEGMENT_ID], format::segment_name(7));
+        let map = f.map.as_slice().as_ptr_range();
+        for batch in &f.batches {
+            for c in batch.columns() {
+                let ptr = c.to_data().buffers()[0].as_ptr();
+                assert!(map.contains(&ptr), "column data must point into the mmap");
+                assert_eq!(ptr as usize % 64, 0, "buffers are 64-byte aligned");
+            }
+        }
+        let b = f.batches[0]
+            .column(1)
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .unwrap();
+        assert_eq!(b.value(999), 499.5);
+    }
+
+    #[test]
+    fn every_truncation_and_many_bit_flips_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.arrow");
+        write_file(&p, 100);
+        let good = std::fs::read(&p).unwrap();
+        let q = dir.path().join("bad.arrow");
+        for cut in 0..good.len() {
+            std::fs::write(&q, &good[..cut]).unwrap();
+            let err = open_ipc(&q, &schema()).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "cut {cut}: {err}");
+        }
+        // Flip every bit outside the column data: headers, metadata and footer. Each flip must
+        // be detected or harmless (a flipped value byte is only found by `verify`'s checksum).
+        let mut detected = 0;
+        let mut misaligned = 0;
+        for i in 0..good.len() {
+            for bit in [0u8, 3, 7] {
+                let mut bad = good.clone();
+                bad[i] ^= 1 << bit;
+                std::fs::write(&q, &bad).unwrap();
+                if let Err(e) = open_ipc(&q, &schema()) {
+                    assert!(
+                        matches!(e, Error::Corrupt { .. }),
+                        "byte {i} bit {bit}: {e}"
+                    );
+                    detected += 1;
+                    misaligned += e.to_string().contains("Misaligned") as usize;
+                }
+            }
+        }
+        assert!(detected > 100, "only {detected} flips detected");
+        // Flipping the low bit of a buffer offset misaligns it: rejected, never silently copied.
+        assert!(misaligned > 0);
+    }
+
+    #[test]
+    fn wrong_schema_and_foreign_files_are_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.arrow");
+        write_file(&p, 10);
+        let other = Schema::new(vec![Field::new("a", DataType::UInt64, false)]);
+        let err = open_ipc(&p, &other).unwrap_err().to_string();
+        assert!(
+            err.contains("schema mismatch") && err.contains("x.arrow"),
+            "{err}"
+        );
+        let q = dir.path().join("foreign.arrow");
+        std::fs::write(&q, b"PAR1 this is not arrow at all, just some bytes PAR1").unwrap();
+        assert!(matches!(
+            open_ipc(&q, &schema()),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            open_ipc(&dir.path().join("missing.arrow"), &schema()),
+            Err(Error::NotFound { .. })
+        ));
+    }
+}

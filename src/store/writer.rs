@@ -1,0 +1,831 @@
+//! The single writer: appends whole episodes, rolls segments at episode boundaries, commits
+//! atomically, applies retention.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::ArrayData;
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float64Array, RecordBatch,
+    UInt32Array, UInt64Array, make_array, new_null_array,
+};
+use arrow::buffer::Buffer;
+use arrow::compute::concat_batches;
+use arrow::datatypes::ToByteSlice;
+use arrow::datatypes::{DataType, Float32Type};
+
+use crate::error::{Error, IoContext, Result};
+use crate::format::{self, col, ep, meta};
+use crate::schema::TransitionSchema;
+use crate::store::manifest::{self, Manifest, SegmentEntry};
+use crate::store::segment::{IpcFileWriter, checksum_string};
+
+/// Options of a [`DatasetWriter`]. Construct with `WriterOptions::default()` and the `with_*`
+/// methods; new options get defaults, so callers do not break.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WriterOptions {
+    /// Target size of one segment file (default 256 MiB). Segments hold whole episodes; a single
+    /// episode larger than this gets a segment of its own.
+    pub segment_bytes: u64,
+    /// Target size of one record batch inside a segment (default 32 MiB). This bounds the
+    /// writer's memory: it buffers at most one batch plus one episode.
+    pub batch_bytes: u64,
+    /// FIFO retention: after each commit, drop the oldest segments while the dataset holds more
+    /// than this many transitions.
+    pub max_transitions: Option<u64>,
+    /// After each commit, delete manifests older than the newest `n` and the segment files no
+    /// remaining manifest names. `None` keeps every version (time travel to any commit).
+    pub keep_versions: Option<usize>,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        Self {
+            segment_bytes: format::DEFAULT_SEGMENT_BYTES,
+            batch_bytes: format::DEFAULT_BATCH_BYTES,
+            max_transitions: None,
+            keep_versions: None,
+        }
+    }
+}
+
+impl WriterOptions {
+    /// Sets [`WriterOptions::segment_bytes`].
+    pub fn with_segment_bytes(mut self, bytes: u64) -> Self {
+        self.segment_bytes = bytes.max(1);
+        self
+    }
+    /// Sets [`WriterOptions::batch_bytes`].
+    pub fn with_batch_bytes(mut self, bytes: u64) -> Self {
+        self.batch_bytes = bytes.max(1);
+        self
+    }
+    /// Sets [`WriterOptions::max_transitions`].
+    pub fn with_max_transitions(mut self, n: u64) -> Self {
+        self.max_transitions = Some(n);
+        self
+    }
+    /// Sets [`WriterOptions::keep_versions`] (at least 1).
+    pub fn with_keep_versions(mut self, n: usize) -> Self {
+        self.keep_versions = Some(n.max(1));
+        self
+    }
+}
+
+/// How an episode ended.
+#[derive(Debug, Clone, Default)]
+pub struct EpisodeEnd {
+    /// Ended in a terminal state (no bootstrapping past the last step).
+    pub terminated: bool,
+    /// Cut by a time limit or the end of the data.
+    pub truncated: bool,
+    /// o_T after the last step, a one-row array of the observation type. Kept in the episode
+    /// table when the dataset derives `next_observation`; ignored when it stores it.
+    pub final_observation: Option<ArrayRef>,
+}
+
+impl EpisodeEnd {
+    /// The episode reached a terminal state.
+    pub fn terminated() -> Self {
+        Self {
+            terminated: true,
+            ..Self::default()
+        }
+    }
+    /// The episode was cut (time limit, end of data).
+    pub fn truncated() -> Self {
+        Self {
+            truncated: true,
+            ..Self::default()
+        }
+    }
+    /// Adds the final observation.
+    pub fn with_final_observation(mut self, obs: ArrayRef) -> Self {
+        self.final_observation = Some(obs);
+        self
+    }
+}
+
+/// Typed values of one column for one step (the step-by-step API of live collectors).
+#[derive(Debug, Clone, Copy)]
+pub enum Values<'a> {
+    /// `float32` values.
+    F32(&'a [f32]),
+    /// `float64` values.
+    F64(&'a [f64]),
+    /// `uint8` values (images).
+    U8(&'a [u8]),
+    /// `int8` values.
+    I8(&'a [i8]),
+    /// `int16` values.
+    I16(&'a [i16]),
+    /// `int32` values.
+    I32(&'a [i32]),
+    /// `int64` values (discrete actions).
+    I64(&'a [i64]),
+    /// `uint16` values.
+    U16(&'a [u16]),
+    /// `uint32` values.
+    U32(&'a [u32]),
+    /// `uint64` values.
+    U64(&'a [u64]),
+    /// `bool` values.
+    Bool(&'a [bool]),
+}
+
+impl Values<'_> {
+    fn data_type(&self) -> DataType {
+        match self {
+            Values::F32(_) => DataType::Float32,
+            Values::F64(_) => DataType::Float64,
+            Values::U8(_) => DataType::UInt8,
+            Values::I8(_) => DataType::Int8,
+            Values::I16(_) => DataType::Int16,
+            Values::I32(_) => DataType::Int32,
+            Values::I64(_) => DataType::Int64,
+            Values::U16(_) => DataType::UInt16,
+            Values::U32(_) => DataType::UInt32,
+            Values::U64(_) => DataType::UInt64,
+            Values::Bool(_) => DataType::Boolean,
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::F64(v) => v.len(),
+            Values::U8(v) => v.len(),
+            Values::I8(v) => v.len(),
+            Values::I16(v) => v.len(),
+            Values::I32(v) => v.len(),
+            Values::I64(v) => v.len(),
+            Values::U16(v) => v.len(),
+            Values::U32(v) => v.len(),
+            Values::U64(v) => v.len(),
+            Values::Bool(v) => v.len(),
+        }
+    }
+    fn extend_into(&self, out: &mut ColumnBuf) {
+        match self {
+            Values::F32(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::F64(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::U8(v) => out.bytes.extend_from_slice(v),
+            Values::I8(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::I16(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::I32(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::I64(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::U16(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::U32(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::U64(v) => out.bytes.extend_from_slice(v.to_byte_slice()),
+            Values::Bool(v) => out.bools.extend_from_slice(v),
+        }
+    }
+}
+
+/// One transition for [`DatasetWriter::append_step`].
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a> {
+    /// o_t, flattened row-major.
+    pub observation: Values<'a>,
+    /// a_t: the action values (one `I64` value for discrete actions).
+    pub action: Values<'a>,
+    /// r_{t+1}.
+    pub reward: f32,
+    /// o_{t+1}, required exactly when the dataset stores `next_observation`.
+    pub next_observation: Option<Values<'a>>,
+    /// Values of the user columns, in schema order.
+    pub columns: &'a [Values<'a>],
+}
+
+/// Accumulates one column of the episode in progress.
+#[derive(Debug)]
+struct ColumnBuf {
+    field: arrow::datatypes::FieldRef,
+    elem: DataType,
+    width: usize,
+    bytes: Vec<u8>,
+    bools: Vec<bool>,
+}
+
+impl ColumnBuf {
+    fn new(field: &arrow::datatypes::FieldRef) -> Self {
+        let (elem, width) = match field.data_type() {
+            DataType::FixedSizeList(c, n) => (c.data_type().clone(), *n as usize),
+            other => (other.clone(), 1),
+        };
+        Self {
+            field: field.clone(),
+            elem,
+            width,
+            bytes: vec![],
+            bools: vec![],
+        }
+    }
+    fn push(&mut self, v: &Values<'_>) -> Result<()> {
+        if v.data_type() != self.elem || v.len() != self.width {
+            return Err(Error::InvalidArgument(format!(
+                "column `{}` takes {} values of {} per step, got {} of {}",
+                self.field.name(),
+                self.width,
+                self.elem,
+                v.len(),
+                v.data_type()
+            )));
+        }
+        v.extend_into(self);
+        Ok(())
+    }
+    fn finish(&mut self, rows: usize) -> Result<ArrayRef> {
+        let values: ArrayRef = if self.elem == DataType::Boolean {
+            Arc::new(BooleanArray::from(std::mem::take(&mut self.bools)))
+        } else {
+            let buf = Buffer::from_vec(std::mem::take(&mut self.bytes));
+            make_array(
+                ArrayData::builder(self.elem.clone())
+                    .len(rows * self.width)
+                    .add_buffer(buf)
+                    .build()?,
+            )
+        };
+        Ok(match self.field.data_type() {
+            DataType::FixedSizeList(c, n) => {
+                Arc::new(FixedSizeListArray::try_new(c.clone(), *n, values, None)?)
+            }
+            _ => values,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct EpisodeRows {
+    ids: Vec<u64>,
+    starts: Vec<u64>,
+    lengths: Vec<u64>,
+    returns: Vec<f64>,
+    terminated: Vec<bool>,
+    truncated: Vec<bool>,
+    finals: Vec<Option<ArrayRef>>,
+}
+
+struct OpenSegment {
+    id: u64,
+    writer: IpcFileWriter,
+    episodes: EpisodeRows,
+    first_episode_id: u64,
+    first_row: u64,
+}
+
+/// Appends episodes to a dataset. Holds the dataset's lock until dropped.
+///
+/// Nothing appended is visible to readers until [`DatasetWriter::commit`]; dropping the writer
+/// without committing discards everything since the last commit (the next writer removes the
+/// leftover files).
+pub struct DatasetWriter {
+    root: PathBuf,
+    _lock: File,
+    options: WriterOptions,
+    schema: TransitionSchema,
+    base: Manifest,
+    new_segments: Vec<SegmentEntry>,
+    open: Option<OpenSegment>,
+    pending: Vec<RecordBatch>,
+    pending_rows: u64,
+    next_episode_id: u64,
+    next_segment_id: u64,
+    next_row: u64,
+    step: Option<Vec<ColumnBuf>>,
+    step_rows: usize,
+}
+
+impl std::fmt::Debug for DatasetWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetWriter")
+            .field("root", &self.root)
+            .field("version", &self.base.version)
+            .field("next_episode_id", &self.next_episode_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens (creating it if needed) a file used only for its advisory lock.
+pub(crate) fn lock_file(path: &Path) -> Result<File> {
+    File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .at(path)
+}
+
+impl DatasetWriter {
+    pub(crate) fn open(root: &Path, options: WriterOptions) -> Result<Self> {
+        let lock_path = root.join(format::LOCK_FILE);
+        let lock = lock_file(&lock_path)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    dataset: root.to_path_buf(),
+                    lock: lock_path,
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
+        }
+        let base = manifest::read_latest(root)?;
+        let schema = TransitionSchema::from_columns(&base.columns)?;
+        remove_leftovers(root, base.next_segment_id)?;
+        Ok(Self {
+            root: root.to_path_buf(),
+            _lock: lock,
+            options,
+            next_episode_id: base.next_episode_id,
+            next_segment_id: base.next_segment_id,
+            next_row: base.next_row,
+            schema,
+            base,
+            new_segments: vec![],
+            open: None,
+            pending: vec![],
+            pending_rows: 0,
+            step: None,
+            step_rows: 0,
+        })
+    }
+
+    /// The dataset's schema.
+    pub fn schema(&self) -> &TransitionSchema {
+        &self.schema
+    }
+
+    /// The version this writer's next commit builds on.
+    pub fn base_version(&self) -> u64 {
+        self.base.version
+    }
+
+    /// Id the next appended episode gets.
+    pub fn next_episode_id(&self) -> u64 {
+        self.next_episode_id
+    }
+
+    /// Appends one whole episode. `batch` holds the payload columns (observation, action, reward,
+    /// optional next_observation, user columns) by name, in any order, one row per transition;
+    /// the writer adds the boundary columns. Returns the episode's id.
+    ///
+    /// Memory: the batch is buffered until the current record batch reaches its target size.
+    pub fn append_episode(&mut self, batch: &RecordBatch, end: EpisodeEnd) -> Result<u64> {
+        if self.step.is_some() && self.step_rows > 0 {
+            return Err(Error::InvalidArgument(
+                "a step-by-step episode is in progress; call end_episode first".into(),
+            ));
+        }
+        let n = batch.num_rows();
+        if n == 0 {
+            return Err(Error::InvalidData(
+                "an episode must have at least one transition".into(),
+            ));
+        }
+        if u32::try_from(n).is_err() {
+            return Err(Error::InvalidData(format!(
+                "episode of {n} steps exceeds u32 steps"
+            )));
+        }
+        if !end.terminated && !end.truncated {
+            return Err(Error::InvalidData(
+                "an episode must end terminated or truncated (use truncated for time limits and the end of data)".into(),
+            ));
+        }
+        let payload = self.schema.payload_schema().clone();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(6 + payload.fields().len());
+        let id = self.next_episode_id;
+        columns.push(Arc::new(UInt64Array::from_value(id, n)));
+        columns.push(Arc::new(UInt32Array::from_iter_values(0..n as u32)));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(i == 0)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(i + 1 == n)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(end.terminated && i + 1 == n)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(end.truncated && i + 1 == n)),
+        )));
+        for field in payload.fields() {
+            let array = batch.column_by_name(field.name()).ok_or_else(|| {
+                Error::schema_mismatch(format!("episode batch has no column `{}`", field.name()))
+            })?;
+            columns.push(conform(field, array)?);
+        }
+        if batch.num_columns() != payload.fields().len() {
+            let extra: Vec<_> = batch
+                .schema()
+                .fields()
+                .iter()
+                .filter(|f| payload.field_with_name(f.name()).is_err())
+                .map(|f| f.name().clone())
+                .collect();
+            return Err(Error::schema_mismatch(format!(
+                "episode batch has columns the dataset does not: {}",
+                extra.join(", ")
+            )));
+        }
+        let ret: f64 = columns[6 + 2]
+            .as_primitive::<Float32Type>()
+            .values()
+            .iter()
+            .map(|&r| r as f64)
+            .sum();
+        let final_obs = match (self.schema.has_next_observation(), end.final_observation) {
+            (false, Some(obs)) => {
+                let field = self.schema.observation_field();
+                if obs.len() != 1 {
+                    return Err(Error::InvalidArgument(format!(
+                        "final_observation must have one row, got {}",
+                        obs.len()
+                    )));
+                }
+                Some(conform(&Arc::new(field.clone()), &obs)?)
+            }
+            _ => None,
+        };
+        let full = RecordBatch::try_new(self.schema.arrow_schema().clone(), columns)?;
+        self.add(full, ret, end.terminated, end.truncated, final_obs)?;
+        Ok(id)
+    }
+
+    fn add(
+        &mut self,
+        batch: RecordBatch,
+        ret: f64,
+        terminated: bool,
+        truncated: bool,
+        final_obs: Option<ArrayRef>,
+    ) -> Result<()> {
+        let rows = batch.num_rows() as u64;
+        let row_bytes = self.schema.row_bytes().max(1.0);
+        let bytes = |r: u64| (r as f64 * row_bytes) as u64;
+        // Roll the segment first if this episode would push it past its target.
+        if let Some(open) = &self.open
+            && open.writer.bytes_written() + bytes(self.pending_rows + rows)
+                > self.options.segment_bytes
+        {
+            self.finish_segment()?;
+        }
+        if !self.pending.is_empty() && bytes(self.pending_rows + rows) > self.options.batch_bytes {
+            self.flush_pending()?;
+        }
+        if self.open.is_none() {
+            let id = self.next_segment_id;
+            self.next_segment_id += 1;
+            let path = self.root.join(segment_path(id));
+            self.open = Some(OpenSegment {
+                id,
+                writer: IpcFileWriter::create(
+                    &path,
+                    self.schema.arrow_schema(),
+                    meta::KIND_TRANSITIONS,
+                    id,
+                )?,
+                episodes: EpisodeRows::default(),
+                first_episode_id: self.next_episode_id,
+                first_row: self.next_row,
+            });
+        }
+        let open = self.open.as_mut().expect("opened above");
+        let e = &mut open.episodes;
+        e.ids.push(self.next_episode_id);
+        e.starts.push(open.writer.rows() + self.pending_rows);
+        e.lengths.push(rows);
+        e.returns.push(ret);
+        e.terminated.push(terminated);
+        e.truncated.push(truncated);
+        e.finals.push(final_obs);
+        self.next_episode_id += 1;
+        self.next_row += rows;
+        self.pending_rows += rows;
+        self.pending.push(batch);
+        if bytes(self.pending_rows) >= self.options.batch_bytes {
+            self.flush_pending()?;
+        }
+        Ok(())
+    }
+
+    fn flush_pending(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = match self.pending.len() {
+            1 => self.pending.pop().expect("one"),
+            _ => concat_batches(self.schema.arrow_schema(), &self.pending)?,
+        };
+        self.pending.clear();
+        self.pending_rows = 0;
+        self.open
+            .as_mut()
+            .expect("pending rows belong to an open segment")
+            .writer
+            .write(&batch)
+    }
+
+    fn finish_segment(&mut self) -> Result<()> {
+        self.flush_pending()?;
+        let Some(open) = self.open.take() else {
+            return Ok(());
+        };
+        let rows = open.writer.rows();
+        let info = open.writer.finish()?;
+        let e = open.episodes;
+        let n = e.ids.len();
+        let mut cols: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from(e.ids)),
+            Arc::new(UInt64Array::from(e.starts)),
+            Arc::new(UInt64Array::from(e.lengths)),
+            Arc::new(Float64Array::from(e.returns)),
+            Arc::new(BooleanArray::from(e.terminated)),
+            Arc::new(BooleanArray::from(e.truncated)),
+        ];
+        let ep_schema = self.schema.episode_schema().clone();
+        if let Ok(field) = ep_schema.field_with_name(ep::FINAL_OBSERVATION) {
+            let null = new_null_array(field.data_type(), 1);
+            let parts: Vec<&dyn Array> = e
+                .finals
+                .iter()
+                .map(|f| f.as_deref().unwrap_or(null.as_ref()))
+                .collect();
+            cols.push(arrow::compute::concat(&parts)?);
+        }
+        let table = RecordBatch::try_new(ep_schema.clone(), cols)?;
+        let ep_path = self.root.join(episodes_path(open.id));
+        let mut w = IpcFileWriter::create(&ep_path, &ep_schema, meta::KIND_EPISODES, open.id)?;
+        w.write(&table)?;
+        let ep_info = w.finish()?;
+        self.new_segments.push(SegmentEntry {
+            id: open.id,
+            path: segment_path(open.id),
+            episodes_path: episodes_path(open.id),
+            rows,
+            episodes: n as u64,
+            first_episode_id: open.first_episode_id,
+            first_row: open.first_row,
+            bytes: info.bytes,
+            checksum: checksum_string(info.crc32c),
+            episodes_bytes: ep_info.bytes,
+            episodes_checksum: checksum_string(ep_info.crc32c),
+        });
+        Ok(())
+    }
+
+    /// Appends one transition to the episode in progress (for live collectors).
+    pub fn append_step(&mut self, step: Step<'_>) -> Result<()> {
+        let payload = self.schema.payload_schema().clone();
+        let bufs = self
+            .step
+            .get_or_insert_with(|| payload.fields().iter().map(ColumnBuf::new).collect());
+        let has_next = payload.column_with_name(col::NEXT_OBSERVATION).is_some();
+        let fixed = 3 + has_next as usize;
+        if step.next_observation.is_some() != has_next {
+            return Err(Error::InvalidArgument(format!(
+                "this dataset {} next_observation",
+                if has_next {
+                    "stores, so each step needs,"
+                } else {
+                    "derives, so steps must not pass,"
+                }
+            )));
+        }
+        if step.columns.len() != bufs.len() - fixed {
+            return Err(Error::InvalidArgument(format!(
+                "expected {} user column values per step, got {}",
+                bufs.len() - fixed,
+                step.columns.len()
+            )));
+        }
+        // Check every column before touching any buffer, so a bad step changes nothing.
+        let reward = [step.reward];
+        let mut values = vec![step.observation, step.action, Values::F32(&reward)];
+        values.extend(step.next_observation);
+        values.extend_from_slice(step.columns);
+        for (b, v) in bufs.iter().zip(&values) {
+            if v.data_type() != b.elem || v.len() != b.width {
+                return ColumnBuf::push(&mut ColumnBuf::new(&b.field), v);
+            }
+        }
+        for (b, v) in bufs.iter_mut().zip(&values) {
+            b.push(v)?;
+        }
+        self.step_rows += 1;
+        Ok(())
+    }
+
+    /// Ends the episode built with [`DatasetWriter::append_step`] and appends it. Returns its id.
+    pub fn end_episode(&mut self, end: EpisodeEnd) -> Result<u64> {
+        let rows = std::mem::take(&mut self.step_rows);
+        let Some(bufs) = self.step.as_mut().filter(|_| rows > 0) else {
+            return Err(Error::InvalidArgument(
+                "end_episode called with no steps appended".into(),
+            ));
+        };
+        let columns = bufs
+            .iter_mut()
+            .map(|b| b.finish(rows))
+            .collect::<Result<Vec<_>>>()?;
+        let batch = RecordBatch::try_new(self.schema.payload_schema().clone(), columns)?;
+        self.append_episode(&batch, end)
+    }
+
+    /// Makes everything appended so far durable and visible as a new version, atomically: segment
+    /// files are already synced and renamed; the new manifest is written to a temporary file,
+    /// synced, renamed, and the directory synced. A crash at any point leaves the previous version
+    /// intact. An episode in progress (step API) is not part of the commit. Returns the version
+    /// (unchanged if there was nothing to commit).
+    pub fn commit(&mut self) -> Result<u64> {
+        self.finish_segment()?;
+        let mut segments = self.base.segments.clone();
+        segments.append(&mut self.new_segments);
+        if let Some(max) = self.options.max_transitions {
+            let mut total: u64 = segments.iter().map(|s| s.rows).sum();
+            let drop = segments
+                .iter()
+                .take_while(|s| {
+                    let over = total > max;
+                    if over {
+                        total -= s.rows;
+                    }
+                    over
+                })
+                .count();
+            segments.drain(..drop);
+        }
+        if segments == self.base.segments {
+            return Ok(self.base.version);
+        }
+        manifest::sync_dir(&self.root.join(format::SEGMENTS_DIR))?;
+        crate::fault::point("commit-before-manifest");
+        let m = Manifest {
+            format: format::FORMAT_NAME.into(),
+            format_version: format::FORMAT_VERSION,
+            version: self.base.version + 1,
+            created_unix_ms: manifest::now_ms(),
+            columns: self.base.columns.clone(),
+            transitions: segments.iter().map(|s| s.rows).sum(),
+            episodes: segments.iter().map(|s| s.episodes).sum(),
+            next_episode_id: self.next_episode_id,
+            next_segment_id: self.next_segment_id,
+            next_row: self.next_row,
+            segments,
+            properties: self.base.properties.clone(),
+        };
+        m.publish(&self.root)?;
+        self.base = m;
+        if let Some(keep) = self.options.keep_versions {
+            self.prune_versions(keep)?;
+        }
+        Ok(self.base.version)
+    }
+
+    /// Sets a dataset property, recorded in the next commit's manifest.
+    pub fn set_property(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        self.base.properties.insert(key.into(), value.into());
+    }
+
+    /// Commits and releases the lock. Returns the final version.
+    pub fn finish(mut self) -> Result<u64> {
+        self.commit()
+    }
+
+    fn prune_versions(&self, keep: usize) -> Result<()> {
+        let versions = manifest::list_versions(&self.root)?;
+        let cut = versions.len().saturating_sub(keep.max(1));
+        let mut referenced = std::collections::HashSet::new();
+        for &v in &versions[cut..] {
+            for s in manifest::read(&self.root, v)?.segments {
+                referenced.insert(s.id);
+            }
+        }
+        let dir = manifest::versions_dir(&self.root);
+        for &v in &versions[..cut] {
+            let p = dir.join(format::manifest_name(v));
+            std::fs::remove_file(&p).at(&p)?;
+        }
+        for id in segment_files(&self.root)? {
+            if !referenced.contains(&id) && id < self.next_segment_id {
+                remove_segment(&self.root, id)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Relative path of segment `id`'s transition file.
+pub fn segment_path(id: u64) -> String {
+    format!(
+        "{}/{}{}",
+        format::SEGMENTS_DIR,
+        format::segment_name(id),
+        format::SEGMENT_SUFFIX
+    )
+}
+
+/// Relative path of segment `id`'s episode table.
+pub fn episodes_path(id: u64) -> String {
+    format!(
+        "{}/{}{}",
+        format::SEGMENTS_DIR,
+        format::segment_name(id),
+        format::EPISODES_SUFFIX
+    )
+}
+
+/// Ids of the segment files present in `segments/`.
+fn segment_files(root: &Path) -> Result<Vec<u64>> {
+    let dir = root.join(format::SEGMENTS_DIR);
+    let mut ids = vec![];
+    for entry in std::fs::read_dir(&dir).at(&dir)? {
+        let name = entry.at(&dir)?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let stem = name
+            .strip_suffix(format::EPISODES_SUFFIX)
+            .or_else(|| name.strip_suffix(format::SEGMENT_SUFFIX));
+        if let Some(stem) = stem
+            && stem.len() == format::ID_DIGITS
+            && let Ok(id) = stem.parse()
+        {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+fn remove_segment(root: &Path, id: u64) -> Result<()> {
+    for rel in [segment_path(id), episodes_path(id)] {
+        let p = root.join(rel);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&p, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Removes what a crashed writer left: temporary files and segments no commit published.
+fn remove_leftovers(root: &Path, next_segment_id: u64) -> Result<()> {
+    for dir in [
+        root.join(format::SEGMENTS_DIR),
+        manifest::versions_dir(root),
+    ] {
+        for entry in std::fs::read_dir(&dir).at(&dir)? {
+            let path = entry.at(&dir)?.path();
+            if path
+                .to_str()
+                .is_some_and(|p| p.ends_with(format::TMP_SUFFIX))
+            {
+                std::fs::remove_file(&path).at(&path)?;
+            }
+        }
+    }
+    for id in segment_files(root)? {
+        if id >= next_segment_id {
+            remove_segment(root, id)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks `array` against `field` (type, nulls) and rebuilds fixed-size lists with the field's
+/// child so that list item names from other writers (`item`, `element`) do not matter.
+fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<ArrayRef> {
+    let name = field.name();
+    if !field.is_nullable() && array.null_count() > 0 {
+        let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
+        return Err(Error::InvalidData(format!(
+            "column `{name}` has a null at row {row} of the episode"
+        )));
+    }
+    match (field.data_type(), array.data_type()) {
+        (a, b) if a == b => Ok(array.clone()),
+        (DataType::FixedSizeList(want, n), DataType::FixedSizeList(got, m))
+            if want.data_type() == got.data_type() && n == m =>
+        {
+            let list = array.as_fixed_size_list();
+            if list.values().null_count() > 0 {
+                return Err(Error::InvalidData(format!(
+                    "column `{name}` has null list items"
+                )));
+            }
+            Ok(Arc::new(FixedSizeListArray::try_new(
+                want.clone(),
+                *n,
+                list.values().clone(),
+                list.nulls().cloned(),
+            )?))
+        }
+        (want, got) => Err(Error::schema_mismatch(format!(
+            "column `{name}` is {got}, the dataset stores {want}"
+        ))),
+    }
+}

@@ -1,0 +1,176 @@
+//! Shapes and kinds of one batch's host tensors, and the host slot a batch is gathered into.
+
+use arrow::datatypes::DataType;
+use tch::{Device, Kind, Tensor};
+
+use super::{FloatCast, TensorBatch, storage_kind, widen};
+use crate::error::{Error, Result};
+use crate::gather::{GatherInto, Gatherer};
+use crate::index::SliceRef;
+
+/// Shapes and kinds of one batch's host tensors.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    pub(crate) b: usize,
+    pub(crate) l: usize,
+    /// Per column: name, storage kind, full shape `[B, L, ...]`.
+    pub(crate) columns: Vec<(String, Kind, Vec<i64>)>,
+    /// Per column: its Arrow element type.
+    pub(crate) types: Vec<DataType>,
+}
+
+impl Layout {
+    pub(crate) fn new(gatherer: &Gatherer, b: usize, l: usize) -> Result<Self> {
+        let columns = gatherer
+            .columns()
+            .map(|(name, dt, shape)| {
+                let mut full = vec![b as i64, l as i64];
+                full.extend(shape.iter().map(|&d| d as i64));
+                Ok((name.to_string(), storage_kind(dt)?, full))
+            })
+            .collect::<Result<_>>()?;
+        let types = gatherer.columns().map(|(_, dt, _)| dt.clone()).collect();
+        Ok(Self {
+            b,
+            l,
+            columns,
+            types,
+        })
+    }
+
+    /// Whether some column is widened after the gather (unsigned 16/32-bit integers).
+    fn widens(&self) -> bool {
+        self.types
+            .iter()
+            .any(|t| matches!(t, DataType::UInt16 | DataType::UInt32))
+    }
+}
+
+/// Host tensors one batch is gathered into: one per column, a `[6, B, L]` flag tensor and a
+/// `[2, B]` metadata tensor, all contiguous.
+pub(crate) struct Slot {
+    columns: Vec<Tensor>,
+    flags: Tensor,
+    meta: Tensor,
+}
+
+impl Slot {
+    fn alloc(layout: &Layout, pin: Option<Device>) -> Result<Self> {
+        let (b, l) = (layout.b as i64, layout.l as i64);
+        let make = |shape: &[i64], kind: Kind| -> Result<Tensor> {
+            let t = Tensor::f_empty(shape, (kind, Device::Cpu))?;
+            Ok(match pin {
+                Some(d) => t.f_pin_memory(d)?,
+                None => t,
+            })
+        };
+        Ok(Slot {
+            columns: layout
+                .columns
+                .iter()
+                .map(|(_, k, shape)| make(shape, *k))
+                .collect::<Result<_>>()?,
+            flags: make(&[6, b, l], Kind::Bool)?,
+            meta: make(&[2, b], Kind::Int64)?,
+        })
+    }
+
+    /// Takes the tensors of a recycled batch back if they still have the layout's shapes and
+    /// kinds (a transform may have replaced them).
+    fn reclaim(batch: TensorBatch, layout: &Layout) -> Option<Self> {
+        let ok = |t: &Tensor, kind: Kind, shape: &[i64]| {
+            t.device() == Device::Cpu && t.kind() == kind && t.size() == shape && t.is_contiguous()
+        };
+        if batch.base_columns.len() != layout.columns.len() {
+            return None;
+        }
+        let mut columns = Vec::with_capacity(layout.columns.len());
+        for (t, (_, kind, shape)) in batch.base_columns.into_iter().zip(&layout.columns) {
+            if !ok(&t, *kind, shape) {
+                return None;
+            }
+            columns.push(t);
+        }
+        Some(Slot {
+            columns,
+            flags: batch.flag_base?,
+            meta: batch.meta_base?,
+        })
+    }
+
+    /// Gathers `plan` into the slot.
+    fn fill(&mut self, gatherer: &Gatherer, plan: &[SliceRef], layout: &Layout) -> Result<()> {
+        let (b, l) = (layout.b, layout.l);
+        // SAFETY: every tensor of the slot is a contiguous CPU tensor this worker owns and that no
+        // other thread reads or writes while it is filled (a slot is filled only when none of its
+        // copies is pending and it was not handed out); the byte lengths are the tensors' own.
+        let bytes = |t: &Tensor| unsafe {
+            std::slice::from_raw_parts_mut(
+                t.data_ptr() as *mut u8,
+                t.numel() * t.kind().elt_size_in_bytes(),
+            )
+        };
+        let columns = self.columns.iter().map(bytes).collect();
+        let mut planes = bytes(&self.flags).chunks_exact_mut(b * l);
+        let flags = std::array::from_fn(|_| planes.next().expect("a [6, B, L] flag tensor"));
+        let meta = bytes(&self.meta);
+        // SAFETY: the metadata tensor is Int64 [2, B]: 16 * B bytes, 8-byte aligned.
+        let meta: &mut [i64] =
+            unsafe { std::slice::from_raw_parts_mut(meta.as_mut_ptr() as *mut i64, 2 * b) };
+        let (ids, starts) = meta.split_at_mut(b);
+        // SAFETY: u64 and i64 have the same size and alignment; ids are below 2^63.
+        let ids: &mut [u64] =
+            unsafe { std::slice::from_raw_parts_mut(ids.as_mut_ptr() as *mut u64, b) };
+        // Plans shorter than B (the end of an epoch with drop_last off) leave trailing slices as
+        // padding.
+        let n = plan.len().min(b);
+        let dest = GatherInto {
+            columns,
+            flags,
+            episode_id: ids,
+            start_step: starts,
+        };
+        gatherer.gather_into(&plan[..n], l, dest)?;
+        if n < b {
+            self.pad_tail(n)?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes slices `n..` (a short last batch of an epoch).
+    fn pad_tail(&mut self, n: usize) -> Result<()> {
+        for t in &mut self.columns {
+            let b = t.size()[0];
+            let _ = t.f_narrow(0, n as i64, b - n as i64)?.f_zero_()?;
+        }
+        let b = self.flags.size()[1];
+        let _ = self.flags.f_narrow(1, n as i64, b - n as i64)?.f_zero_()?;
+        let _ = self.meta.f_narrow(1, n as i64, b - n as i64)?.f_fill_(-1)?;
+        Ok(())
+    }
+
+    /// A batch of views of the slot's tensors (sharing their memory).
+    fn view(&self, layout: &Layout) -> Result<TensorBatch> {
+        let flag = |i: i64| self.flags.f_select(0, i);
+        Ok(TensorBatch {
+            columns: layout
+                .columns
+                .iter()
+                .zip(&layout.types)
+                .zip(&self.columns)
+                .map(|(((n, _, _), dt), t)| Ok((n.clone(), widen(t.shallow_clone(), dt)?)))
+                .collect::<Result<_>>()?,
+            mask: flag(0)?,
+            is_first: flag(1)?,
+            is_last: flag(2)?,
+            terminated: flag(3)?,
+            truncated: flag(4)?,
+            slice_end: flag(5)?,
+            episode_id: self.meta.f_select(0, 0)?,
+            start_step: self.meta.f_select(0, 1)?,
+            flag_base: Some(self.flags.shallow_clone()),
+            meta_base: Some(self.meta.shallow_clone()),
+            base_columns: self.columns.iter().map(Tensor::shallow_clone).collect(),
+        })
+    }
+}

@@ -1,0 +1,99 @@
+//! Options of a [`super::TorchLoader`] and the user transform type.
+
+use std::sync::Arc;
+
+use tch::Device;
+
+use super::{FloatCast, TensorBatch};
+use crate::error::{Error, Result};
+use crate::loader::LoaderOptions;
+
+/// A user transform, run by the workers on each host batch before its transfer to the device.
+/// It may change tensors in place or replace them ([`TensorBatch::insert`]); on CUDA, whatever it
+/// returns is pinned again before the copy, so pinned transfers survive every transform.
+pub type Transform = Arc<dyn Fn(&mut TensorBatch) -> Result<()> + Send + Sync>;
+
+/// Options of a [`TorchLoader`].
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct TorchLoaderOptions {
+    /// Target device. Default CPU.
+    pub device: Device,
+    /// Workers, queue depth, rank/world size, number of batches, read-ahead.
+    pub loader: LoaderOptions,
+    /// Pinned staging slots per worker on CUDA (a slot is reused only after its copy finished).
+    /// Default 4.
+    pub staging_slots: usize,
+    /// Floating-point cast applied on the device.
+    pub cast: FloatCast,
+    /// On a CPU target, hand out pinned host tensors (for training code that does its own
+    /// transfers). Needs CUDA. Default off: a CPU run makes no CUDA call.
+    pub pin_output: bool,
+    /// GPU-resident mode: upload the gathered columns once if they fit this many bytes of device
+    /// memory, and sample on the device. Default off (streaming).
+    pub resident_budget: Option<u64>,
+    /// Transform run on each host batch before the transfer.
+    pub transform: Option<Transform>,
+}
+
+impl std::fmt::Debug for TorchLoaderOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TorchLoaderOptions")
+            .field("device", &self.device)
+            .field("loader", &self.loader)
+            .field("staging_slots", &self.staging_slots)
+            .field("cast", &self.cast)
+            .field("pin_output", &self.pin_output)
+            .field("resident_budget", &self.resident_budget)
+            .field("transform", &self.transform.is_some())
+            .finish()
+    }
+}
+
+impl TorchLoaderOptions {
+    /// Streaming to `device` with default loader options.
+    pub fn new(device: Device) -> Self {
+        Self {
+            device,
+            loader: LoaderOptions::default(),
+            staging_slots: 4,
+            cast: FloatCast::None,
+            pin_output: false,
+            resident_budget: None,
+            transform: None,
+        }
+    }
+    /// Sets workers, queue depth, sharding and batch count.
+    pub fn with_loader(mut self, loader: LoaderOptions) -> Self {
+        self.loader = loader;
+        self
+    }
+    /// Sets the pinned staging slots per worker (at least 2).
+    pub fn with_staging_slots(mut self, n: usize) -> Self {
+        self.staging_slots = n.max(2);
+        self
+    }
+    /// Casts floating columns on the device.
+    pub fn with_cast(mut self, cast: FloatCast) -> Self {
+        self.cast = cast;
+        self
+    }
+    /// Pinned host tensors on a CPU target.
+    pub fn with_pinned_output(mut self, on: bool) -> Self {
+        self.pin_output = on;
+        self
+    }
+    /// GPU-resident mode within `budget` bytes of device memory.
+    pub fn with_resident(mut self, budget: u64) -> Self {
+        self.resident_budget = Some(budget);
+        self
+    }
+    /// A transform run on each host batch before its transfer.
+    pub fn with_transform(
+        mut self,
+        f: impl Fn(&mut TensorBatch) -> Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.transform = Some(Arc::new(f));
+        self
+    }
+}

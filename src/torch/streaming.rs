@@ -1,0 +1,123 @@
+//! The streaming mode: workers gather into host slots (pinned on CUDA) and copy batches to the
+//! device without blocking.
+
+use std::sync::{Arc, Mutex};
+
+use tch::{Device, Kind, Tensor};
+
+use super::layout::{Layout, Slot};
+use super::options::Transform;
+use super::{FloatCast, TensorBatch};
+use crate::error::{Error, Result};
+use crate::gather::Gatherer;
+use crate::loader::{Lane, WorkerPlans};
+
+pub(crate) struct StreamWorker {
+    gatherer: Arc<Gatherer>,
+    layout: Layout,
+    device: Device,
+    /// The device whose pinned memory staging uses (None: pageable host memory).
+    pin: Option<Device>,
+    cast: FloatCast,
+    transform: Option<Transform>,
+    pool: Arc<Mutex<Vec<TensorBatch>>>,
+    planner: WorkerPlans,
+    /// The ring of pinned staging slots (CUDA).
+    slots: Vec<Slot>,
+    max_slots: usize,
+    next_slot: usize,
+    /// Per slot: a copy out of it may still be running.
+    pending: Vec<bool>,
+}
+
+impl StreamWorker {
+    fn produce(&mut self, k: u64, lane: Lane) -> Result<TensorBatch> {
+        self.planner.plan(k, lane, &self.gatherer);
+        let n = self.planner.current().len();
+        if n > self.layout.b {
+            return Err(Error::InvalidArgument(format!(
+                "the sampler planned {n} slices for a batch of {}",
+                self.layout.b
+            )));
+        }
+        match self.device {
+            Device::Cuda(index) => self.produce_cuda(index),
+            _ => self.produce_host(),
+        }
+    }
+
+    /// CPU target: gather into the batch's own tensors (recycled or new).
+    fn produce_host(&mut self) -> Result<TensorBatch> {
+        let recycled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut slot = match recycled.and_then(|b| Slot::reclaim(b, &self.layout)) {
+            Some(s) => s,
+            None => Slot::alloc(&self.layout, self.pin)?,
+        };
+        slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
+        let mut batch = slot.view(&self.layout)?;
+        if let Some(f) = &self.transform {
+            f(&mut batch)?;
+        }
+        if let Some(d) = self.pin
+            && (self.transform.is_some() || self.layout.widens())
+        {
+            batch = repin(batch, d)?;
+        }
+        if self.cast != FloatCast::None {
+            let cast = self.cast;
+            batch = batch.try_map(|t| Ok(t.f_to_kind(cast.apply(t.kind()))?))?;
+        }
+        Ok(batch)
+    }
+
+    /// CUDA target: gather into the next pinned slot, transform, copy without blocking.
+    fn produce_cuda(&mut self, index: usize) -> Result<TensorBatch> {
+        let i = self.next_slot;
+        self.next_slot = (i + 1) % self.max_slots;
+        if i == self.slots.len() {
+            self.slots.push(Slot::alloc(&self.layout, self.pin)?);
+            self.pending.push(false);
+        }
+        if self.pending[i] {
+            // The copy out of this slot was issued a ring ago: wait for it (and everything queued
+            // before it) before overwriting the slot.
+            tch::Cuda::synchronize(index as i64);
+            self.pending.iter_mut().for_each(|p| *p = false);
+        }
+        let slot = &mut self.slots[i];
+        slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
+        let mut host = slot.view(&self.layout)?;
+        if let Some(f) = &self.transform {
+            f(&mut host)?;
+        }
+        if self.transform.is_some() || self.layout.widens() {
+            host = repin(host, self.device)?;
+        }
+        let (device, cast) = (self.device, self.cast);
+        let out = host.try_map(|t| {
+            let d = t.f_to_device_(device, t.kind(), true, false)?;
+            let k = cast.apply(t.kind());
+            Ok(if k == t.kind() { d } else { d.f_to_kind(k)? })
+        })?;
+        self.pending[i] = true;
+        Ok(out)
+    }
+}
+
+/// Pins every tensor of `batch` that is not pinned (a transform's new tensors) so that the
+/// transfer stays a pinned, non-blocking one. Tensors already pinned are kept as they are.
+pub(crate) fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
+    batch.try_map(|t| {
+        if t.device() != Device::Cpu {
+            return Err(Error::InvalidArgument(format!(
+                "the transform returned a tensor on {:?}; transforms run on host batches",
+                t.device()
+            )));
+        }
+        Ok(if t.is_pinned(device) {
+            t.shallow_clone()
+        } else {
+            t.f_pin_memory(device)?
+        })
+    })
+}
