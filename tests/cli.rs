@@ -86,7 +86,7 @@ fn demo_info_verify_export() {
 }
 
 #[test]
-fn errors_are_one_line_with_exit_code_1() {
+fn errors_are_one_line_with_exit_code_1_and_usage_errors_2() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing");
     for args in [
@@ -106,8 +106,10 @@ fn errors_are_one_line_with_exit_code_1() {
     let (code, out, _) = run(&["--help"]);
     assert_eq!(code, 0);
     assert!(out.contains("Examples:"));
+    // A usage error keeps clap's exit code 2 (other failures are 1), and says what was wrong.
     let (code, _, err) = run(&["demo", "--no-such-flag"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--no-such-flag"), "{err}");
 }
 
 /// `bench --device`: the torch loader's figures in a `torch` build (batches were really produced,

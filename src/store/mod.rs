@@ -4,6 +4,7 @@
 //! indexes; checks and export.
 
 pub mod dataset;
+mod episode;
 pub mod export;
 pub mod manifest;
 pub mod segment;

@@ -7,8 +7,6 @@ macro_rules! outln {
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::*;
-
 /// Writes to stdout; a closed pipe (`trajstore info d | head`) ends the program quietly.
 pub(crate) fn emit(text: &str) {
     use std::io::Write;

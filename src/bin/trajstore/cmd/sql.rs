@@ -66,10 +66,7 @@ pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
 /// A session over a URL: `episodes` from the catalog (only the episode tables are fetched);
 /// the transition files are pulled when a query first scans `transitions`.
 #[cfg(feature = "remote")]
-pub(crate) fn remote_session(
-    url: &str,
-    version: Option<u64>,
-) -> Result<trajstore::sql::SqlSession> {
+fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
     let catalog = open_remote_catalog(url, version)?;
     let (url, version) = (url.to_string(), catalog.version());
     let open = move || {
@@ -81,17 +78,14 @@ pub(crate) fn remote_session(
 }
 
 #[cfg(not(feature = "remote"))]
-pub(crate) fn remote_session(
-    url: &str,
-    version: Option<u64>,
-) -> Result<trajstore::sql::SqlSession> {
+fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
     Ok(trajstore::sql::SqlSession::new(&open_snapshot(
         std::path::Path::new(url),
         version,
     )?)?)
 }
 
-pub(crate) fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs) -> Result<()> {
+fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs) -> Result<()> {
     if a.explain {
         emit(&session.explain(q, false).map_err(one_line)?);
         return Ok(());
@@ -124,7 +118,7 @@ pub(crate) fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs
     Ok(())
 }
 
-pub(crate) fn write_query_result(result: &trajstore::sql::QueryResult, a: &SqlArgs) -> Result<()> {
+fn write_query_result(result: &trajstore::sql::QueryResult, a: &SqlArgs) -> Result<()> {
     match &a.output {
         Some(path) => {
             let tmp = path.with_extension("tmp");
@@ -153,7 +147,7 @@ pub(crate) fn write_query_result(result: &trajstore::sql::QueryResult, a: &SqlAr
     Ok(())
 }
 
-pub(crate) fn write_result<W: std::io::Write + Send>(
+fn write_result<W: std::io::Write + Send>(
     r: &trajstore::sql::QueryResult,
     format: SqlFormat,
     mut w: W,
@@ -243,7 +237,7 @@ pub(crate) fn write_result<W: std::io::Write + Send>(
 
 /// Where the interactive prompt keeps its history: `$TRAJSTORE_HISTORY`, else
 /// `$XDG_STATE_HOME/trajstore/sql_history`, else `~/.local/state/trajstore/sql_history`.
-pub(crate) fn history_path() -> Option<PathBuf> {
+fn history_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TRAJSTORE_HISTORY") {
         return Some(PathBuf::from(p));
     }
@@ -309,7 +303,7 @@ impl ShellInput {
     }
 }
 
-pub(crate) fn sql_shell(session: &trajstore::sql::SqlSession, a: &mut SqlArgs) -> Result<()> {
+fn sql_shell(session: &trajstore::sql::SqlSession, a: &mut SqlArgs) -> Result<()> {
     let mut input = ShellInput::new();
     let interactive = input.interactive();
     if interactive {
