@@ -3,8 +3,8 @@
 use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
-use super::{FloatCast, TensorBatch, storage_kind, widen};
-use crate::error::{Error, Result};
+use super::{TensorBatch, storage_kind, widen};
+use crate::error::Result;
 use crate::gather::{GatherInto, Gatherer};
 use crate::index::SliceRef;
 
@@ -39,7 +39,7 @@ impl Layout {
     }
 
     /// Whether some column is widened after the gather (unsigned 16/32-bit integers).
-    fn widens(&self) -> bool {
+    pub(crate) fn widens(&self) -> bool {
         self.types
             .iter()
             .any(|t| matches!(t, DataType::UInt16 | DataType::UInt32))
@@ -49,13 +49,13 @@ impl Layout {
 /// Host tensors one batch is gathered into: one per column, a `[6, B, L]` flag tensor and a
 /// `[2, B]` metadata tensor, all contiguous.
 pub(crate) struct Slot {
-    columns: Vec<Tensor>,
-    flags: Tensor,
-    meta: Tensor,
+    pub(crate) columns: Vec<Tensor>,
+    pub(crate) flags: Tensor,
+    pub(crate) meta: Tensor,
 }
 
 impl Slot {
-    fn alloc(layout: &Layout, pin: Option<Device>) -> Result<Self> {
+    pub(crate) fn alloc(layout: &Layout, pin: Option<Device>) -> Result<Self> {
         let (b, l) = (layout.b as i64, layout.l as i64);
         let make = |shape: &[i64], kind: Kind| -> Result<Tensor> {
             let t = Tensor::f_empty(shape, (kind, Device::Cpu))?;
@@ -77,7 +77,7 @@ impl Slot {
 
     /// Takes the tensors of a recycled batch back if they still have the layout's shapes and
     /// kinds (a transform may have replaced them).
-    fn reclaim(batch: TensorBatch, layout: &Layout) -> Option<Self> {
+    pub(crate) fn reclaim(batch: TensorBatch, layout: &Layout) -> Option<Self> {
         let ok = |t: &Tensor, kind: Kind, shape: &[i64]| {
             t.device() == Device::Cpu && t.kind() == kind && t.size() == shape && t.is_contiguous()
         };
@@ -99,7 +99,12 @@ impl Slot {
     }
 
     /// Gathers `plan` into the slot.
-    fn fill(&mut self, gatherer: &Gatherer, plan: &[SliceRef], layout: &Layout) -> Result<()> {
+    pub(crate) fn fill(
+        &mut self,
+        gatherer: &Gatherer,
+        plan: &[SliceRef],
+        layout: &Layout,
+    ) -> Result<()> {
         let (b, l) = (layout.b, layout.l);
         // SAFETY: every tensor of the slot is a contiguous CPU tensor this worker owns and that no
         // other thread reads or writes while it is filled (a slot is filled only when none of its
@@ -138,7 +143,7 @@ impl Slot {
     }
 
     /// Zeroes slices `n..` (a short last batch of an epoch).
-    fn pad_tail(&mut self, n: usize) -> Result<()> {
+    pub(crate) fn pad_tail(&mut self, n: usize) -> Result<()> {
         for t in &mut self.columns {
             let b = t.size()[0];
             let _ = t.f_narrow(0, n as i64, b - n as i64)?.f_zero_()?;
@@ -150,7 +155,7 @@ impl Slot {
     }
 
     /// A batch of views of the slot's tensors (sharing their memory).
-    fn view(&self, layout: &Layout) -> Result<TensorBatch> {
+    pub(crate) fn view(&self, layout: &Layout) -> Result<TensorBatch> {
         let flag = |i: i64| self.flags.f_select(0, i);
         Ok(TensorBatch {
             columns: layout

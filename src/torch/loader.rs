@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tch::{Device, Kind, Tensor};
+use tch::Device;
 
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;

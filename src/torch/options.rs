@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tch::Device;
 
 use super::{FloatCast, TensorBatch};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::loader::LoaderOptions;
 
 /// A user transform, run by the workers on each host batch before its transfer to the device.

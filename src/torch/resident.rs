@@ -12,7 +12,7 @@ use super::layout::Layout;
 use super::options::TorchLoaderOptions;
 use super::{FloatCast, TensorBatch, storage_kind, widen};
 use crate::error::{Error, Result};
-use crate::format::{col, ep};
+use crate::format::col;
 use crate::gather::{Gatherer, values_from_row0};
 use crate::index::SliceRef;
 use crate::sample::Sampler;

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tch::{Device, Kind, Tensor};
+use tch::Device;
 
 use super::layout::{Layout, Slot};
 use super::options::Transform;
@@ -13,25 +13,25 @@ use crate::gather::Gatherer;
 use crate::loader::{Lane, WorkerPlans};
 
 pub(crate) struct StreamWorker {
-    gatherer: Arc<Gatherer>,
-    layout: Layout,
-    device: Device,
+    pub(crate) gatherer: Arc<Gatherer>,
+    pub(crate) layout: Layout,
+    pub(crate) device: Device,
     /// The device whose pinned memory staging uses (None: pageable host memory).
-    pin: Option<Device>,
-    cast: FloatCast,
-    transform: Option<Transform>,
-    pool: Arc<Mutex<Vec<TensorBatch>>>,
-    planner: WorkerPlans,
+    pub(crate) pin: Option<Device>,
+    pub(crate) cast: FloatCast,
+    pub(crate) transform: Option<Transform>,
+    pub(crate) pool: Arc<Mutex<Vec<TensorBatch>>>,
+    pub(crate) planner: WorkerPlans,
     /// The ring of pinned staging slots (CUDA).
-    slots: Vec<Slot>,
-    max_slots: usize,
-    next_slot: usize,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) max_slots: usize,
+    pub(crate) next_slot: usize,
     /// Per slot: a copy out of it may still be running.
-    pending: Vec<bool>,
+    pub(crate) pending: Vec<bool>,
 }
 
 impl StreamWorker {
-    fn produce(&mut self, k: u64, lane: Lane) -> Result<TensorBatch> {
+    pub(crate) fn produce(&mut self, k: u64, lane: Lane) -> Result<TensorBatch> {
         self.planner.plan(k, lane, &self.gatherer);
         let n = self.planner.current().len();
         if n > self.layout.b {
