@@ -608,7 +608,7 @@ impl Gatherer {
         let n = (b - a) as usize;
         // A window holding no step of its episode is all padding.
         let off = if n == 0 { 0 } else { (a - s.start) as usize };
-        // SAFETY (all writes below): see the caller's contract.
+        // SAFETY: every write below stays in slice `i`'s part of the buffers; see the caller's contract.
         unsafe {
             *(meta.0.0 as *mut u64).add(i) = loc.episode_id;
             *(meta.1.0 as *mut i64).add(i) = s.start;
