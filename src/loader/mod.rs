@@ -9,6 +9,8 @@ use crate::sample::Sampler;
 
 mod pipeline;
 
+#[cfg(feature = "torch")]
+pub(crate) use pipeline::Lane;
 pub(crate) use pipeline::{Pipeline, WorkerPlans, loader_end};
 
 /// Options of a [`Loader`].

@@ -44,7 +44,7 @@ struct Upload {
     bytes: u64,
 }
 
-pub(crate) fn resident_uploads(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
+fn resident_uploads(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>> {
     let snap = gatherer.snapshot();
     let schema = snap.schema().arrow_schema().clone();
     let (n, e) = (snap.num_transitions(), snap.num_episodes());

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Args;
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::json;
@@ -74,7 +74,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     }
     #[cfg(not(feature = "torch"))]
     if a.device.is_some() {
-        bail!(NO_TORCH);
+        anyhow::bail!(NO_TORCH);
     }
     let t0 = Instant::now();
     let snap = open_snapshot(&a.s.dataset, None)?;
@@ -310,7 +310,7 @@ pub(crate) fn torch_bench(
     _gatherer: std::sync::Arc<trajstore::Gatherer>,
     _batch_bytes: usize,
 ) -> Result<serde_json::Value> {
-    bail!(NO_TORCH)
+    anyhow::bail!(NO_TORCH)
 }
 
 pub(crate) fn print_torch_bench(t: &serde_json::Value) {
