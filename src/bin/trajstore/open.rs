@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use indicatif::HumanBytes;
 use trajstore::{Catalog, Dataset, Snapshot};
 
 pub(crate) fn open_snapshot(path: &Path, version: Option<u64>) -> Result<Snapshot> {
@@ -60,9 +59,9 @@ pub(crate) fn report_fetch(what: &str, r: &trajstore::remote::PullReport) {
             r.version,
             r.url,
             r.files_downloaded,
-            HumanBytes(r.bytes_downloaded),
+            indicatif::HumanBytes(r.bytes_downloaded),
             r.files_cached,
-            HumanBytes(r.bytes_cached),
+            indicatif::HumanBytes(r.bytes_cached),
             r.mirror.display()
         );
     }

@@ -10,7 +10,6 @@ use trajstore::Snapshot;
 
 use super::*;
 use crate::open::*;
-use crate::output::*;
 
 #[derive(Args)]
 pub(crate) struct SampleArgs {
@@ -36,7 +35,7 @@ pub(crate) fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore:
         #[cfg(feature = "sql")]
         Some(q) => {
             use trajstore::sql::SnapshotSql;
-            let ids = snap.episodes_where(q).map_err(one_line)?;
+            let ids = snap.episodes_where(q).map_err(crate::output::one_line)?;
             if ids.is_empty() {
                 bail!("--episodes: the query returned no episode");
             }
