@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup-libtorch.sh)"
-flags=(--release --no-default-features --features torch)
+flags=(--release --no-default-features --features cli,torch)
 cargo build "${flags[@]}" --bin trajstore
 tests=$(cargo test "${flags[@]}" --test torch --test torch_cpu_only --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys

@@ -100,6 +100,22 @@ pub mod meta {
     pub const KIND_EPISODES: &str = "episodes";
 }
 
+/// A size in binary units, as the messages and the CLI print it: `512 B`, `1.50 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
 /// Whether `s` names a dataset in object storage (`scheme://...`, e.g. `s3://bucket/prefix`)
 /// rather than a local directory.
 pub fn is_url(s: &str) -> bool {
@@ -165,7 +181,7 @@ pub fn type_name(dt: &DataType) -> Option<String> {
 
 /// Parses the grammar of [`type_name`]. List children are named `item` and non-nullable.
 pub fn parse_type(s: &str) -> Result<DataType> {
-    let bad = || Error::InvalidArgument(format!("unsupported column type `{s}`"));
+    let bad = || Error::invalid_argument(format!("unsupported column type `{s}`"));
     Ok(match s {
         "bool" => DataType::Boolean,
         "int8" => DataType::Int8,

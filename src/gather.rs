@@ -258,7 +258,7 @@ impl Gatherer {
                 (Some(f), _) => f.clone(),
                 (None, true) => schema.field_with_name(col::OBSERVATION)?.clone(),
                 (None, false) => {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "no column `{name}` (have: {})",
                         schema
                             .fields()
@@ -294,7 +294,7 @@ impl Gatherer {
                     .iter()
                     .map(|s| {
                         let a = s.episode_table().final_observation().ok_or_else(|| {
-                            Error::InvalidArgument(format!(
+                            Error::invalid_argument(format!(
                                 "segment {} derives next_observation but has no final_observation",
                                 s.entry().id
                             ))
@@ -308,7 +308,7 @@ impl Gatherer {
                 }
             } else if data_type == DataType::Boolean {
                 if width != 1 {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "column `{name}`: lists of bools are not gathered"
                     )));
                 }
@@ -449,13 +449,13 @@ impl Gatherer {
     ) -> Result<()> {
         let (b, l) = (plan.len(), slice_len);
         if let Some(s) = plan.iter().find(|s| s.len as usize > l) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "a slice of {} steps does not fit a batch of {l}-step slices",
                 s.len
             )));
         }
         if dest.columns.len() != self.columns.len() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{} destination columns for {} gathered columns",
                 dest.columns.len(),
                 self.columns.len()
@@ -464,7 +464,7 @@ impl Gatherer {
         for (c, d) in self.columns.iter().zip(&dest.columns) {
             let need = b * l * c.width * elem_size(&c.data_type);
             if d.len() < need {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "destination of `{}` holds {} bytes, the batch needs {need}",
                     c.name,
                     d.len()
@@ -475,7 +475,7 @@ impl Gatherer {
             || dest.episode_id.len() < b
             || dest.start_step.len() < b
         {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "flag or per-slice destinations smaller than a batch of {b} x {l}"
             )));
         }

@@ -59,6 +59,7 @@ pub mod gather;
 pub mod index;
 pub mod ingest;
 pub mod loader;
+pub mod progress;
 #[cfg(feature = "remote")]
 pub mod remote;
 pub mod sample;
@@ -73,10 +74,11 @@ pub mod torch;
 
 mod fault;
 
-pub use error::{Error, Result};
+pub use error::{ConflictKind, Error, Result};
 pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};
 pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
 pub use loader::{Loader, LoaderOptions};
+pub use progress::{Progress, ProgressSink};
 pub use sample::{
     EpisodeSampler, EpochSampler, PrioritizedSampler, Sampler, SliceOptions, SliceSampler,
     Weighting,

@@ -91,7 +91,7 @@ impl TransitionSchemaBuilder {
     pub fn build(self) -> Result<TransitionSchema> {
         let n: usize = self.obs_shape.iter().product();
         if self.obs_shape.is_empty() || n == 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "observation shape {:?} must be non-empty with no zero dimension",
                 self.obs_shape
             )));
@@ -105,8 +105,8 @@ impl TransitionSchemaBuilder {
         let action = match self.action {
             ActionKind::Continuous { dim } => {
                 if dim == 0 {
-                    return Err(Error::InvalidArgument(
-                        "action dimension must be > 0".into(),
+                    return Err(Error::invalid_argument(
+                        "action dimension must be > 0",
                     ));
                 }
                 Field::new(col::ACTION, fsl(self.action_type, dim)?, false)
@@ -129,7 +129,7 @@ impl TransitionSchemaBuilder {
 /// A non-nullable `FixedSizeList<elem>[n]` type with a non-nullable `item` child.
 pub fn fsl(elem: DataType, n: usize) -> Result<DataType> {
     let n =
-        i32::try_from(n).map_err(|_| Error::InvalidArgument(format!("list size {n} too large")))?;
+        i32::try_from(n).map_err(|_| Error::invalid_argument(format!("list size {n} too large")))?;
     Ok(DataType::FixedSizeList(
         Field::new("item", elem, false).into(),
         n,

@@ -65,8 +65,8 @@ impl SynthSpec {
     /// Episode lengths, in order, summing to `transitions`.
     pub fn episode_lengths(&self) -> Result<Vec<u64>> {
         if self.mean_episode_len < 1.0 || !self.mean_episode_len.is_finite() {
-            return Err(Error::InvalidArgument(
-                "mean episode length must be at least 1".into(),
+            return Err(Error::invalid_argument(
+                "mean episode length must be at least 1",
             ));
         }
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);

@@ -3,10 +3,13 @@
 //! (`tests/python/golden_expected.py`). Every later version must keep reading it exactly, and keep
 //! appending to it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use arrow::array::AsArray;
 use arrow::datatypes::{Float32Type, Float64Type};
+use common::TestData;
 use serde_json::Value;
 use trajstore::format::{col, ep};
 use trajstore::{Dataset, Snapshot, WriterOptions};
@@ -114,14 +117,11 @@ fn golden_v1_stays_writable() {
     let ds = Dataset::open(&copy).unwrap();
     let before = ds.snapshot().unwrap();
     let mut w = ds.writer(WriterOptions::default()).unwrap();
-    let spec = trajstore::synth::SynthSpec {
-        transitions: 100,
-        obs_dim: 3,
-        act_dim: 2,
-        discrete_actions: false,
-        mean_episode_len: 60.0,
-        seed: 1,
-    };
+    let spec = TestData::new()
+        .obs_dim(3)
+        .mean_episode_len(60.0)
+        .seed(1)
+        .spec();
     let (b, e) = spec.episode(0, 25);
     assert_eq!(w.append_episode(&b, e).unwrap(), before.num_episodes());
     w.commit().unwrap();

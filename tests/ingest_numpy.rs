@@ -13,7 +13,7 @@ use trajstore::{ActionKind, Dataset, Error, Snapshot, WriterOptions};
 
 mod common;
 use common::{
-    check_fixture_episodes, check_fixture_values, ends, fixture_episodes, fixture_path,
+    TestData, check_fixture_episodes, check_fixture_values, ends, fixture_episodes, fixture_path,
     fixture_truncated as timeout, payload_names, small_batches, small_segments,
 };
 
@@ -430,19 +430,12 @@ fn corrupt_archives_are_errors_never_wrong_data() {
 #[test]
 fn an_export_ingests_back_unchanged() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = trajstore::synth::SynthSpec {
-        transitions: 3000,
-        obs_dim: 4,
-        act_dim: 2,
-        discrete_actions: false,
-        mean_episode_len: 50.0,
-        seed: 5,
-    };
-    let ds = Dataset::create(dir.path().join("a"), &spec.schema().unwrap()).unwrap();
-    let mut w = ds.writer(WriterOptions::default()).unwrap();
-    spec.write(&mut w, None, |_| {}).unwrap();
-    drop(w);
-    let a = ds.snapshot().unwrap();
+    let a = TestData::new()
+        .transitions(3000)
+        .obs_dim(4)
+        .mean_episode_len(50.0)
+        .seed(5)
+        .snapshot(&dir.path().join("a"));
     let pq = dir.path().join("a.parquet");
     trajstore::store::export::export_parquet(&a, &pq, |_| {}).unwrap();
 

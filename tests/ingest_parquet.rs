@@ -467,7 +467,7 @@ fn peer_layout_with_episode_and_flag_columns() {
         WriterOptions::default(),
     )
     .unwrap_err();
-    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    assert!(matches!(err, Error::InvalidData { .. }), "{err}");
     assert!(err.to_string().contains("row 50"), "{err}");
     assert!(!dir.path().join("ds2").exists());
 }
@@ -562,7 +562,7 @@ fn reappearing_episode_id_names_the_row() {
     write_parquet(&input, &simple_batch(ids), 100);
     let out = dir.path().join("ds");
     let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    assert!(matches!(err, Error::InvalidData { .. }), "{err}");
     assert!(err.to_string().contains("row 333"), "{err}");
     assert!(
         !out.exists(),
@@ -614,7 +614,7 @@ fn list_of_wrong_length_names_the_row() {
     write_parquet(&input, &batch, 100);
     let out = dir.path().join("ds");
     let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    assert!(matches!(err, Error::InvalidData { .. }), "{err}");
     let msg = err.to_string();
     assert!(
         msg.contains("row 257") && msg.contains("length 3") && msg.contains("expected 4"),
@@ -632,7 +632,7 @@ fn null_reward_names_the_row() {
     write_parquet(&input, &batch, 100);
     let out = dir.path().join("ds");
     let err = ingest_parquet(&input, &out, &ep_opts(), WriterOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::InvalidData(_)), "{err}");
+    assert!(matches!(err, Error::InvalidData { .. }), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("row 123") && msg.contains("reward"), "{msg}");
     assert!(!out.exists());
@@ -680,7 +680,7 @@ fn needs_a_way_to_find_episodes() {
     let input = dir.path().join("a.parquet");
     write_parquet(&input, &simple_batch(simple_ids()), 100);
     let err = infer_parquet(&input, &IngestOptions::default().with_drop_cols(["ep"])).unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
     assert!(
         err.to_string().contains("--episode-col") && err.to_string().contains("--terminated-col")
     );
@@ -1137,7 +1137,10 @@ fn a_live_arrow_stream_on_stdin_commits_as_it_goes() {
     let done = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&done.stderr);
     assert!(!done.status.success());
-    assert!(err.contains("stdin") && err.contains("is kept"), "{err}");
+    assert!(
+        err.contains("stdin") && err.contains("with 3 of its episodes (kept)"),
+        "{err}"
+    );
     let kept = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!(kept.num_episodes(), 3);
     trajstore::store::verify::verify(&kept, |_| {}).unwrap();

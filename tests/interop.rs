@@ -8,10 +8,10 @@ use std::process::Command;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
+use common::TestData;
 use serde_json::json;
+use trajstore::Dataset;
 use trajstore::format::col;
-use trajstore::synth::SynthSpec;
-use trajstore::{Dataset, WriterOptions};
 
 fn python() -> Option<String> {
     common::python_with("pyarrow, numpy", "the interop test")
@@ -21,22 +21,16 @@ fn python() -> Option<String> {
 fn pyarrow_polars_duckdb_read_what_we_wrote() {
     let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let spec = SynthSpec {
-        transitions: 20_000,
-        obs_dim: 5,
-        act_dim: 3,
-        discrete_actions: false,
-        mean_episode_len: 80.0,
-        seed: 11,
-    };
     let root = dir.path().join("interop.trajstore");
-    let ds = Dataset::create(&root, &spec.schema().unwrap()).unwrap();
-    let mut w = ds
-        .writer(WriterOptions::default().with_segment_bytes(300_000))
-        .unwrap();
-    spec.write(&mut w, Some(50), |_| {}).unwrap();
-    drop(w);
-    let snap = ds.snapshot().unwrap();
+    let snap = TestData::new()
+        .transitions(20_000)
+        .obs_dim(5)
+        .act_dim(3)
+        .mean_episode_len(80.0)
+        .seed(11)
+        .segment_bytes(300_000)
+        .commit_every(50)
+        .snapshot(&root);
     assert!(snap.segments().len() > 3, "several segments");
 
     // What the Rust side holds, flattened in row order.

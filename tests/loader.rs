@@ -2,13 +2,15 @@
 //! depth, buffer recycling or read-ahead; ranks shard it; epoch samplers stop after one epoch;
 //! dropping a loader mid-stream returns; bad rank/world sizes are errors.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::TestData;
 use trajstore::format::col;
-use trajstore::synth::SynthSpec;
 use trajstore::{
     Batch, BoundaryPolicy, Dataset, EpochSampler, Gatherer, Loader, LoaderOptions, Sampler,
     SliceIndex, SliceOptions, SliceSampler, Snapshot, Weighting, WriterOptions,
@@ -23,25 +25,14 @@ const COLUMNS: [&str; 5] = [
 ];
 
 fn dataset(dir: &std::path::Path) -> Snapshot {
-    let s = SynthSpec {
-        transitions: 0,
-        obs_dim: 32,
-        act_dim: 3,
-        discrete_actions: false,
-        mean_episode_len: 30.0,
-        seed: 77,
-    };
-    let ds = Dataset::create(dir.join("d"), &s.schema().unwrap()).unwrap();
-    let opts = WriterOptions::default()
-        .with_segment_bytes(60_000)
-        .with_batch_bytes(20_000);
-    let mut w = ds.writer(opts).unwrap();
-    for i in 0..50u64 {
-        let (b, e) = s.episode(i, 2 + i * 37 % 90);
-        w.append_episode(&b, e).unwrap();
-    }
-    w.commit().unwrap();
-    let snap = ds.snapshot().unwrap();
+    let snap = TestData::new()
+        .obs_dim(32)
+        .act_dim(3)
+        .seed(77)
+        .episodes((0..50u64).map(|i| 2 + i * 37 % 90))
+        .segment_bytes(60_000)
+        .batch_bytes(20_000)
+        .snapshot(&dir.join("d"));
     assert!(snap.segments().len() > 2);
     snap
 }

@@ -2,40 +2,31 @@
 //! written data, the pushdowns visible in EXPLAIN, the functions, SQL-defined sampling subsets
 //! and the `trajstore sql` command.
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::process::Command;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, UInt32Type, UInt64Type};
+use common::TestData;
 use trajstore::format::{col, ep};
 use trajstore::sql::{QueryResult, SnapshotSql, SqlSession, default_config};
-use trajstore::synth::SynthSpec;
 use trajstore::{Dataset, Sampler, SliceOptions, SliceSampler, Snapshot, WriterOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_trajstore");
 
 /// 20k transitions in episodes of ~40 steps, in many small segments.
 fn dataset(dir: &std::path::Path) -> Snapshot {
-    let spec = SynthSpec {
-        transitions: 20_000,
-        obs_dim: 3,
-        act_dim: 2,
-        discrete_actions: false,
-        mean_episode_len: 40.0,
-        seed: 7,
-    };
-    let ds = Dataset::create(dir.join("d.trajstore"), &spec.schema().unwrap()).unwrap();
-    let mut w = ds
-        .writer(
-            WriterOptions::default()
-                .with_segment_bytes(64 << 10)
-                .with_batch_bytes(16 << 10),
-        )
-        .unwrap();
-    spec.write(&mut w, None, |_| ()).unwrap();
-    drop(w);
-    let snap = ds.snapshot().unwrap();
+    let snap = TestData::new()
+        .transitions(20_000)
+        .obs_dim(3)
+        .mean_episode_len(40.0)
+        .seed(7)
+        .segment_bytes(64 << 10)
+        .batch_bytes(16 << 10)
+        .snapshot(&dir.join("d.trajstore"));
     assert!(
         snap.segments().len() >= 8,
         "{} segments",
@@ -594,7 +585,7 @@ fn sql_prompt_on_a_terminal_keeps_history() {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
     if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: no `script` (util-linux) to give the prompt a terminal");
+        common::skipped("no `script` (util-linux) to give the prompt a terminal");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -843,7 +834,7 @@ fn deferred_transitions_open_on_the_first_scan_only() {
     // An open that fails is an error of the query, retried by the next one; a snapshot of
     // another version is refused.
     let fails = SqlSession::deferred(&ds.catalog().unwrap(), || {
-        Err(trajstore::Error::InvalidArgument("no network".into()))
+        Err(trajstore::Error::invalid_argument("no network"))
     })
     .unwrap();
     assert_eq!(

@@ -1,48 +1,15 @@
 //! Write → commit → reopen round trips, the step API, locking, retention, refresh and bad input.
 
+mod common;
+
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float32Type, UInt32Type, UInt64Type};
+use common::{TestData, fsl};
 use proptest::prelude::*;
 use trajstore::format::{col, ep};
-use trajstore::synth::SynthSpec;
 use trajstore::{Dataset, EpisodeEnd, EpisodeIndex, Error, Step, Values, WriterOptions};
-
-fn spec(obs_dim: usize, seed: u64) -> SynthSpec {
-    SynthSpec {
-        transitions: 0,
-        obs_dim,
-        act_dim: 2,
-        discrete_actions: false,
-        mean_episode_len: 20.0,
-        seed,
-    }
-}
-
-/// Writes `lens` episodes with commits after the episodes listed in `commits`; returns what was
-/// appended, in order.
-fn write_episodes(
-    ds: &Dataset,
-    s: &SynthSpec,
-    lens: &[u64],
-    commits: &[usize],
-    opts: WriterOptions,
-) -> Vec<(RecordBatch, EpisodeEnd)> {
-    let mut w = ds.writer(opts).unwrap();
-    let mut out = vec![];
-    for (i, &l) in lens.iter().enumerate() {
-        let (b, e) = s.episode(i as u64, l);
-        let id = w.append_episode(&b, e.clone()).unwrap();
-        assert_eq!(id, i as u64);
-        out.push((b, e));
-        if commits.contains(&i) {
-            w.commit().unwrap();
-        }
-    }
-    w.commit().unwrap();
-    out
-}
 
 fn check_round_trip(ds: &Dataset, written: &[(RecordBatch, EpisodeEnd)]) {
     let snap = ds.snapshot().unwrap();
@@ -118,11 +85,15 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let s = spec(obs_dim, seed);
-        let ds = Dataset::create(dir.path().join("d"), &s.schema().unwrap()).unwrap();
-        let opts = WriterOptions::default().with_segment_bytes(segment_bytes).with_batch_bytes(batch_bytes);
-        let written = write_episodes(&ds, &s, &lens, &commits, opts);
-        check_round_trip(&ds, &written);
+        let data = TestData::new()
+            .obs_dim(obs_dim)
+            .seed(seed)
+            .episodes(&lens)
+            .commit_after(commits)
+            .segment_bytes(segment_bytes)
+            .batch_bytes(batch_bytes);
+        let ds = data.write(&dir.path().join("d"));
+        check_round_trip(&ds, &data.episode_data());
         // Every segment holds whole episodes and respects its target unless one episode is larger.
         let snap = ds.snapshot().unwrap();
         let row_bytes = snap.schema().row_bytes();
@@ -142,7 +113,7 @@ proptest! {
 #[test]
 fn step_api_matches_batch_api() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec(3, 7);
+    let s = TestData::new().obs_dim(3).seed(7).spec();
     let a = Dataset::create(dir.path().join("a"), &s.schema().unwrap()).unwrap();
     let b = Dataset::create(dir.path().join("b"), &s.schema().unwrap()).unwrap();
     let mut wa = a.writer(WriterOptions::default()).unwrap();
@@ -209,7 +180,7 @@ fn step_api_matches_batch_api() {
 #[test]
 fn second_writer_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = Dataset::create(dir.path().join("d"), &spec(2, 0).schema().unwrap()).unwrap();
+    let ds = Dataset::create(dir.path().join("d"), &TestData::new().schema()).unwrap();
     let w = ds.writer(WriterOptions::default()).unwrap();
     let err = ds.writer(WriterOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Locked { .. }), "{err}");
@@ -221,7 +192,7 @@ fn second_writer_gets_a_clear_error() {
 #[test]
 fn snapshots_are_isolated_and_refresh_extends_the_index() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec(2, 3);
+    let s = TestData::new().obs_dim(2).seed(3).spec();
     let ds = Dataset::create(dir.path().join("d"), &s.schema().unwrap()).unwrap();
     let opts = WriterOptions::default().with_segment_bytes(500);
     let mut w = ds.writer(opts).unwrap();
@@ -257,7 +228,7 @@ fn snapshots_are_isolated_and_refresh_extends_the_index() {
 #[test]
 fn retention_drops_oldest_segments_and_prunes_files() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec(2, 5);
+    let s = TestData::new().obs_dim(2).seed(5).spec();
     let ds = Dataset::create(dir.path().join("d"), &s.schema().unwrap()).unwrap();
     let opts = WriterOptions::default()
         .with_segment_bytes(400)
@@ -300,20 +271,10 @@ fn retention_drops_oldest_segments_and_prunes_files() {
     trajstore::store::verify::verify(&snap, |_| {}).unwrap();
 }
 
-fn fsl(values: Vec<f32>, n: i32) -> ArrayRef {
-    let item = Arc::new(Field::new("item", DataType::Float32, false));
-    Arc::new(FixedSizeListArray::new(
-        item,
-        n,
-        Arc::new(Float32Array::from(values)),
-        None,
-    ))
-}
-
 #[test]
 fn bad_episodes_are_clear_errors_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec(2, 1);
+    let s = TestData::new().obs_dim(2).seed(1).spec();
     let ds = Dataset::create(dir.path().join("d"), &s.schema().unwrap()).unwrap();
     let mut w = ds.writer(WriterOptions::default()).unwrap();
     let (good, _) = s.episode(0, 3);
@@ -383,10 +344,12 @@ fn bad_episodes_are_clear_errors_and_change_nothing() {
 #[test]
 fn damaged_files_are_corrupt_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec(2, 9);
     let root = dir.path().join("d");
-    let ds = Dataset::create(&root, &s.schema().unwrap()).unwrap();
-    write_episodes(&ds, &s, &[30, 40, 50], &[], WriterOptions::default());
+    let ds = TestData::new()
+        .obs_dim(2)
+        .seed(9)
+        .episodes([30, 40, 50])
+        .write(&root);
     let snap = ds.snapshot().unwrap();
     let seg = root.join(&snap.manifest().segments[0].path);
     let good = std::fs::read(&seg).unwrap();
@@ -442,16 +405,13 @@ fn damaged_files_are_corrupt_errors_naming_the_file() {
 #[test]
 fn a_catalog_reads_the_episode_tables_only_and_checks_them() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec(3, 4);
     let root = dir.path().join("d");
-    let ds = Dataset::create(&root, &s.schema().unwrap()).unwrap();
-    write_episodes(
-        &ds,
-        &s,
-        &[30, 40, 50, 20, 25],
-        &[2],
-        WriterOptions::default(),
-    );
+    let ds = TestData::new()
+        .obs_dim(3)
+        .seed(4)
+        .episodes([30, 40, 50, 20, 25])
+        .commit_after([2])
+        .write(&root);
     let snap = ds.snapshot().unwrap();
     assert_eq!(snap.segments().len(), 2, "a commit seals its segment");
     let cat = ds.catalog().unwrap();

@@ -5,10 +5,12 @@
 //! that need CUDA report themselves skipped on machines without it.
 #![cfg(feature = "torch")]
 
+mod common;
+
 use std::sync::Arc;
 
+use common::TestData;
 use tch::{Device, Kind, Tensor};
-use trajstore::synth::SynthSpec;
 use trajstore::torch::{
     FloatCast, TensorBatch, TorchLoader, TorchLoaderOptions, parse_device, resident_bytes,
 };
@@ -18,25 +20,15 @@ use trajstore::{
 };
 
 fn dataset(dir: &std::path::Path, discrete: bool) -> Snapshot {
-    let s = SynthSpec {
-        transitions: 0,
-        obs_dim: 5,
-        act_dim: 3,
-        discrete_actions: discrete,
-        mean_episode_len: 30.0,
-        seed: 11,
-    };
-    let ds = Dataset::create(dir.join("d"), &s.schema().unwrap()).unwrap();
-    let opts = WriterOptions::default()
-        .with_segment_bytes(20_000)
-        .with_batch_bytes(8_000);
-    let mut w = ds.writer(opts).unwrap();
-    for i in 0..60u64 {
-        let (b, e) = s.episode(i, 1 + i * 29 % 70);
-        w.append_episode(&b, e).unwrap();
-    }
-    w.commit().unwrap();
-    let snap = ds.snapshot().unwrap();
+    let snap = TestData::new()
+        .obs_dim(5)
+        .act_dim(3)
+        .discrete_actions(discrete)
+        .seed(11)
+        .episodes((0..60u64).map(|i| 1 + i * 29 % 70))
+        .segment_bytes(20_000)
+        .batch_bytes(8_000)
+        .snapshot(&dir.join("d"));
     assert!(snap.segments().len() > 2, "several segments");
     snap
 }
@@ -298,7 +290,7 @@ fn a_failing_transform_is_an_error_at_its_batch() {
     let snap = dataset(dir.path(), false);
     let s = sampler(&snap, BoundaryPolicy::Strict, 4);
     let opts = cpu(1, 2).with_transform(|_b: &mut TensorBatch| {
-        Err(Error::InvalidArgument("transform refused the batch".into()))
+        Err(Error::invalid_argument("transform refused the batch"))
     });
     let mut l = loader(&snap, s, &["observation"], opts);
     let e = l.next_batch().unwrap().unwrap_err();
@@ -343,7 +335,7 @@ fn resident_budget_too_small_is_a_clear_error() {
     assert_eq!(resident_bytes(&g, FloatCast::Half).unwrap(), rows * 5 * 2);
     let s = sampler(&snap, BoundaryPolicy::Strict, 1);
     let e = TorchLoader::new(s, g, cpu(1, 1).with_resident(need - 1)).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(e.to_string().contains("budget"), "{e}");
 }
 
@@ -373,7 +365,7 @@ fn dropping_a_loader_mid_stream_stops_its_workers() {
 fn bad_devices_are_clear_errors() {
     for bad in ["tpu", "cuda:x", "cuda:-1", ""] {
         let e = parse_device(bad).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e}");
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{bad}: {e}");
         assert!(e.to_string().contains("cpu, cuda or cuda:N"), "{bad}: {e}");
     }
     assert_eq!(parse_device("CPU").unwrap(), Device::Cpu);
@@ -397,7 +389,7 @@ fn cuda() -> Option<Device> {
     if tch::Cuda::is_available() {
         Some(Device::Cuda(0))
     } else {
-        eprintln!("skipped: no CUDA device");
+        common::skipped("no CUDA device");
         None
     }
 }

@@ -5,27 +5,23 @@
 //! a driver it holds trivially.
 #![cfg(feature = "torch")]
 
+mod common;
+
 use std::sync::Arc;
 
+use common::TestData;
 use tch::Device;
-use trajstore::synth::SynthSpec;
 use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
 use trajstore::{BoundaryPolicy, Dataset, Gatherer, LoaderOptions, SliceOptions, SliceSampler};
 
 #[test]
 fn a_cpu_run_never_loads_the_cuda_driver() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = SynthSpec {
-        transitions: 20_000,
-        obs_dim: 4,
-        act_dim: 2,
-        mean_episode_len: 50.0,
-        ..SynthSpec::default()
-    };
-    let ds = Dataset::create(dir.path().join("d"), &spec.schema().unwrap()).unwrap();
-    spec.write(&mut ds.writer(Default::default()).unwrap(), None, |_| {})
-        .unwrap();
-    let snap = ds.snapshot().unwrap();
+    let snap = TestData::new()
+        .transitions(20_000)
+        .obs_dim(4)
+        .mean_episode_len(50.0)
+        .snapshot(&dir.path().join("d"));
     let device = parse_device("cpu").unwrap();
     let index = snap.slice_index(8, BoundaryPolicy::Pad).unwrap();
     let sampler = Arc::new(

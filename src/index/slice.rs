@@ -39,6 +39,18 @@ impl BoundaryPolicy {
     }
 }
 
+impl std::fmt::Display for BoundaryPolicy {
+    /// The form [`BoundaryPolicy::from_str`](std::str::FromStr) reads: `strict`, `pad`,
+    /// `span:LEFT:RIGHT`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Strict => f.write_str("strict"),
+            Self::Pad => f.write_str("pad"),
+            Self::Span { left, right } => write!(f, "span:{left}:{right}"),
+        }
+    }
+}
+
 impl std::str::FromStr for BoundaryPolicy {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -47,7 +59,7 @@ impl std::str::FromStr for BoundaryPolicy {
             "pad" => Ok(Self::Pad),
             _ => {
                 let bad = || {
-                    Error::InvalidArgument(format!(
+                    Error::invalid_argument(format!(
                         "boundary policy `{s}`: use strict, pad or span:LEFT:RIGHT"
                     ))
                 };
@@ -78,8 +90,8 @@ impl SliceIndex {
     /// Builds the index of `slice_len`-step windows under `policy`. O(episodes).
     pub fn build(episodes: &EpisodeIndex, slice_len: u32, policy: BoundaryPolicy) -> Result<Self> {
         if slice_len == 0 {
-            return Err(Error::InvalidArgument(
-                "slice length must be at least 1".into(),
+            return Err(Error::invalid_argument(
+                "slice length must be at least 1",
             ));
         }
         let (left, right) = policy.overhang(slice_len);

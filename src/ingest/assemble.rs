@@ -6,12 +6,12 @@ use std::sync::mpsc::sync_channel;
 
 use arrow::array::{BooleanArray, RecordBatch};
 use arrow::compute::concat_batches;
-use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 
 use super::*;
 use crate::error::{Error, Result};
 use crate::format::col;
+use crate::progress::Unit;
 use crate::store::{DatasetWriter, EpisodeEnd};
 
 pub(crate) struct Assembler<'a> {
@@ -89,7 +89,7 @@ impl<'a> Assembler<'a> {
                                 .terminated
                                 .as_deref()
                                 .unwrap_or(col::TERMINATED);
-                            return Err(Error::InvalidData(format!(
+                            return Err(Error::invalid_data(format!(
                                 "row {}: `{name}` is set, but row {row} continues episode {}; a terminated \
                                  flag may only be set on the last row of an episode",
                                 row - 1,
@@ -105,7 +105,7 @@ impl<'a> Assembler<'a> {
                         if self.finished.contains(&id) {
                             let name =
                                 &self.mapping.episode.as_ref().expect("episode-id mode").name;
-                            return Err(Error::InvalidData(format!(
+                            return Err(Error::invalid_data(format!(
                                 "row {row}: episode id {} (column `{name}`) reappears after other episodes; \
                                  the rows of one episode must be contiguous (sort the file by episode, then step)",
                                 self.show_id(id)
@@ -142,19 +142,6 @@ impl<'a> Assembler<'a> {
     }
 }
 
-pub(crate) fn progress_bar(show: bool, total: u64) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} rows, {per_sec}, ETA {eta}",
-    ) {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb
-}
-
 /// Reads and converts one unit.
 pub(crate) fn decode_unit(
     source: &dyn Source,
@@ -183,7 +170,8 @@ pub(crate) fn stream(
     let batch_rows = opts.batch_rows;
     let units = source.units(batch_rows);
     let total = units.last().map_or(0, |&(_, base, rows)| base + rows);
-    let pb = progress_bar(opts.progress, total);
+    let pb = &opts.progress;
+    pb.start("ingest", Unit::Rows, Some(total));
     let window = if source.parallel() {
         rayon::current_num_threads().max(1)
     } else {
@@ -211,15 +199,12 @@ pub(crate) fn stream(
             for chunk in group? {
                 let n = chunk.payload.num_rows() as u64;
                 asm.push(chunk)?;
-                pb.inc(n);
+                pb.advance(n);
             }
         }
         asm.finish()
     });
-    match &result {
-        Ok(()) => pb.finish_and_clear(),
-        Err(_) => pb.abandon(),
-    }
+    pb.finish(result.is_ok());
     result?;
     Ok((asm.rows, asm.episodes))
 }

@@ -35,7 +35,7 @@ pub(crate) fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a Array
 }
 
 pub(crate) fn null_at(name: &str, row: u64) -> Error {
-    Error::InvalidData(format!("row {row}: column `{name}` is null"))
+    Error::invalid_data(format!("row {row}: column `{name}` is null"))
 }
 
 pub(crate) fn check_no_nulls(a: &dyn Array, name: &str, base: u64) -> Result<()> {
@@ -56,7 +56,7 @@ pub(crate) fn cast_to(a: &ArrayRef, dt: &DataType, name: &str) -> Result<ArrayRe
         ..Default::default()
     };
     cast_with_options(a, dt, &opts)
-        .map_err(|e| Error::InvalidData(format!("column `{name}`: cannot convert to {dt}: {e}")))
+        .map_err(|e| Error::invalid_data(format!("column `{name}`: cannot convert to {dt}: {e}")))
 }
 
 /// The values of `a` flattened to `width` per row (scalar, nested fixed-size list, or list of
@@ -74,7 +74,7 @@ pub(crate) fn flatten(a: &ArrayRef, name: &str, width: usize, base: u64) -> Resu
                 if next.null_count() > 0
                     && let Some(i) = (0..next.len()).find(|&i| next.is_null(i))
                 {
-                    return Err(Error::InvalidData(format!(
+                    return Err(Error::invalid_data(format!(
                         "row {}: column `{name}` has a null list item",
                         base + (i / per_row) as u64
                     )));
@@ -88,7 +88,7 @@ pub(crate) fn flatten(a: &ArrayRef, name: &str, width: usize, base: u64) -> Resu
         _ => a.clone(),
     };
     if values.len() != rows * width {
-        return Err(Error::InvalidData(format!(
+        return Err(Error::invalid_data(format!(
             "column `{name}` has {} values for {rows} rows, expected {width} per row",
             values.len()
         )));
@@ -107,7 +107,7 @@ pub(crate) fn list_values<O: OffsetSizeTrait>(
     for (i, w) in offsets.windows(2).enumerate() {
         let n = (w[1] - w[0]).as_usize();
         if n != width {
-            return Err(Error::InvalidData(format!(
+            return Err(Error::invalid_data(format!(
                 "row {}: column `{name}` has a list of length {n}, expected {width} (the length of the \
                  first row; every row must have the same length)",
                 base + i as u64
@@ -121,7 +121,7 @@ pub(crate) fn list_values<O: OffsetSizeTrait>(
     if values.null_count() > 0
         && let Some(i) = (0..values.len()).find(|&i| values.is_null(i))
     {
-        return Err(Error::InvalidData(format!(
+        return Err(Error::invalid_data(format!(
             "row {}: column `{name}` has a null list item",
             base + (i / width) as u64
         )));
@@ -217,7 +217,7 @@ pub(crate) fn convert_user(field: &Field, a: &ArrayRef, base: u64) -> Result<Arr
                 && let Some(i) =
                     (0..values.len()).find(|&i| values.is_null(i) && list.is_valid(i / width))
             {
-                return Err(Error::InvalidData(format!(
+                return Err(Error::invalid_data(format!(
                     "row {}: column `{name}` has a null list item",
                     base + (i / width) as u64
                 )));

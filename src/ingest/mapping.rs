@@ -30,7 +30,7 @@ pub(crate) fn row0_list_lengths(
                 _ => a.as_list::<i64>().value_length(0) as usize,
             };
             if n == 0 {
-                return Err(Error::InvalidData(format!(
+                return Err(Error::invalid_data(format!(
                     "row 0: column `{c}` is an empty list"
                 )));
             }
@@ -335,20 +335,19 @@ impl Mapping {
         let file_schema = source.schema();
         let opts = &resolve_conventions(opts, &file_schema, source.episode_column());
         if opts.batch_rows == 0 {
-            return Err(Error::InvalidArgument(
-                "batch_rows must be at least 1".into(),
+            return Err(Error::invalid_argument(
+                "batch_rows must be at least 1",
             ));
         }
         if opts.episode_col.is_none()
             && opts.terminated_col.is_none()
             && opts.truncated_col.is_none()
         {
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid_argument(
                 "no way to find episode boundaries: give an episode id column (--episode-col NAME; an \
                  episode is a run of equal ids, optional flag columns are read on its last row), or \
                  flag columns (--terminated-col NAME and/or --truncated-col NAME; an episode ends at a \
-                 row where either is set)"
-                    .into(),
+                 row where either is set)",
             ));
         }
         let mut seen = HashSet::new();
@@ -373,12 +372,12 @@ impl Mapping {
         let mut used: Vec<(String, &'static str)> = vec![];
         let mut take = |name: &str, role: &'static str, flag: &str| -> Result<FieldRef> {
             if let Some((_, other)) = used.iter().find(|(n, _)| n == name) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "column `{name}` is used both as {other} and as {role}"
                 )));
             }
             if opts.drop_cols.iter().any(|d| d == name) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "column `{name}` is used as {role} and also listed in --drop-cols"
                 )));
             }
@@ -604,7 +603,7 @@ impl Mapping {
         // Everything else is kept as a user column, or dropped.
         for d in &opts.drop_cols {
             if file_schema.field_with_name(d).is_err() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "--drop-cols names `{d}`, which {} does not have; columns: {}",
                     input.display(),
                     all_names()

@@ -40,10 +40,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::{Error, Result};
 use crate::format::col;
+use crate::progress::{Progress, ProgressSink, Unit};
 use crate::schema::TransitionSchema;
 use crate::store::Dataset;
 use crate::store::writer::WriterOptions;
@@ -107,8 +107,8 @@ pub struct IngestOptions {
     pub drop_cols: Vec<String>,
     /// Rows per decoded record batch (default 64Ki).
     pub batch_rows: usize,
-    /// Show a progress bar on stderr (it hides itself when stderr is not a terminal).
-    pub progress: bool,
+    /// Where to report progress (rows converted); nothing by default.
+    pub progress: ProgressSink,
 }
 
 impl Default for IngestOptions {
@@ -126,7 +126,7 @@ impl Default for IngestOptions {
             next_observation_col: None,
             drop_cols: vec![],
             batch_rows: DEFAULT_BATCH_ROWS,
-            progress: false,
+            progress: ProgressSink::default(),
         }
     }
 }
@@ -202,9 +202,9 @@ impl IngestOptions {
         self.batch_rows = rows;
         self
     }
-    /// Sets [`IngestOptions::progress`].
-    pub fn with_progress(mut self, progress: bool) -> Self {
-        self.progress = progress;
+    /// Reports progress to `progress` ([`IngestOptions::progress`]).
+    pub fn with_progress(mut self, progress: impl Progress + 'static) -> Self {
+        self.progress = ProgressSink::new(progress);
         self
     }
 }
@@ -292,7 +292,7 @@ impl InputFormat {
             [b'P', b'K', ..] | [0x93, b'N', ..] => Ok(InputFormat::Numpy),
             [b'A', b'R', b'R', b'O', b'W', b'1', ..] => Ok(InputFormat::Arrow),
             head if arrow_ipc::is_stream(head) => Ok(InputFormat::Arrow),
-            _ => Err(Error::InvalidArgument(format!(
+            _ => Err(Error::invalid_argument(format!(
                 "{}: unknown input format; trajstore ingests Parquet (.parquet), NumPy (.npz, or a \
                  directory of .npy files), HDF5 in D4RL's layout (.hdf5), Arrow IPC files \
                  (.arrow, .feather) and TorchRL replay buffers (a directory written by rb.dumps)",
@@ -387,7 +387,7 @@ impl Target {
             match Dataset::create(dataset, schema) {
                 Ok(ds) => (ds, true),
                 // Someone else's non-empty directory: never remove it.
-                Err(e @ Error::InvalidArgument(_)) => return Err(e),
+                Err(e @ Error::InvalidArgument { .. }) => return Err(e),
                 Err(e) => {
                     remove_created(dataset, existed);
                     return Err(e);
@@ -395,7 +395,7 @@ impl Target {
             }
         } else {
             if !dataset.is_dir() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{} exists and is not a dataset directory",
                     dataset.display()
                 )));
@@ -453,7 +453,8 @@ impl CommitPolicy {
 /// dataset's `source` property.
 ///
 /// On an error (bad data, a broken stream) what was committed before it stays committed (a new
-/// dataset with no commit yet is removed); the error says so.
+/// dataset with no commit yet is removed) and the error is [`Error::StreamBroken`], which carries
+/// the kept version and how many of the stream's episodes it holds.
 pub fn ingest_stream(
     reader: impl std::io::Read,
     name: &Path,
@@ -467,17 +468,8 @@ pub fn ingest_stream(
     let first = head.first().cloned();
     let mut plan = Mapping::build(&head, opts)?;
     let target = Target::open(dataset, &plan.schema)?;
-    let pb = if opts.progress {
-        let pb = ProgressBar::new_spinner();
-        if let Ok(style) =
-            ProgressStyle::with_template("{spinner} {elapsed_precise} {human_pos} rows, {per_sec}")
-        {
-            pb.set_style(style);
-        }
-        pb
-    } else {
-        ProgressBar::hidden()
-    };
+    let pb = &opts.progress;
+    pb.start("ingest", Unit::Rows, None);
     let mut committed: Option<(u64, u64)> = None;
     let result = (|| {
         let mut writer = target.ds.writer(writer_opts)?;
@@ -496,7 +488,7 @@ pub fn ingest_stream(
                 let chunk = convert(&plan, &part, asm.rows)?;
                 asm.push(chunk)?;
             }
-            pb.inc(batch.num_rows() as u64);
+            pb.advance(batch.num_rows() as u64);
             if policy.due(asm.episodes - at_commit, commit_time.elapsed()) {
                 let v = asm.writer.commit()?;
                 committed = Some((v, asm.episodes));
@@ -509,17 +501,18 @@ pub fn ingest_stream(
         let version = writer.commit()?;
         Ok(plan.report(rows, episodes, version, started))
     })();
-    pb.finish_and_clear();
+    pb.finish(result.is_ok());
     match (result, committed) {
         (Ok(r), _) => Ok(r),
         (Err(e), None) => {
             target.discard();
             Err(e)
         }
-        (Err(e), Some((v, episodes))) => Err(Error::InvalidData(format!(
-            "{e} (version {v}, committed before the error with {episodes} episodes of this \
-             stream, is kept)"
-        ))),
+        (Err(e), Some((v, episodes))) => Err(Error::StreamBroken {
+            kept_version: v,
+            episodes_kept: episodes,
+            source: Box::new(e),
+        }),
     }
 }
 

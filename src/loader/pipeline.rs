@@ -18,7 +18,7 @@ use crate::sample::Sampler;
 /// this rank for epoch samplers, else endless.
 pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
     if opts.world_size == 0 || opts.rank >= opts.world_size {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "rank {} is not in 0..world_size {}",
             opts.rank, opts.world_size
         )));
@@ -140,7 +140,7 @@ impl<T: Send + 'static> Pipeline<T> {
                     .name(format!("trajstore-{name}-{w}"))
                     .spawn(move || run_lane(lane, produce, tx, stop))
                     .map_err(|e| {
-                        Error::InvalidArgument(format!("cannot start a {name} thread: {e}"))
+                        Error::invalid_argument(format!("cannot start a {name} thread: {e}"))
                     })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -26,13 +26,13 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::format;
+use crate::progress::{Progress, ProgressSink, Unit};
 use crate::store::manifest::Manifest;
 
 /// Files up to this size are uploaded with one PUT; larger ones in parts of this size (S3's
@@ -64,8 +64,8 @@ pub struct RemoteOptions {
     pub config: BTreeMap<String, String>,
     /// Files transferred at once.
     pub concurrency: usize,
-    /// Show a progress bar (bytes) on stderr; it hides itself when stderr is not a terminal.
-    pub progress: bool,
+    /// Where to report progress (bytes transferred); nothing by default.
+    pub progress: ProgressSink,
 }
 
 impl Default for RemoteOptions {
@@ -73,7 +73,7 @@ impl Default for RemoteOptions {
         RemoteOptions {
             config: BTreeMap::new(),
             concurrency: 8,
-            progress: false,
+            progress: ProgressSink::default(),
         }
     }
 }
@@ -85,9 +85,9 @@ impl RemoteOptions {
         self
     }
 
-    /// Sets [`RemoteOptions::progress`].
-    pub fn with_progress(mut self, progress: bool) -> Self {
-        self.progress = progress;
+    /// Reports progress to `progress` ([`RemoteOptions::progress`]).
+    pub fn with_progress(mut self, progress: impl Progress + 'static) -> Self {
+        self.progress = ProgressSink::new(progress);
         self
     }
 }
@@ -163,37 +163,37 @@ impl Remote {
     /// `options.config`.
     pub fn open(url: &str, options: RemoteOptions) -> Result<Self> {
         let parsed = url::Url::parse(url)
-            .map_err(|e| Error::InvalidArgument(format!("`{url}` is not a valid URL: {e}")))?;
+            .map_err(|e| Error::invalid_argument(format!("`{url}` is not a valid URL: {e}")))?;
         let mut local_root = None;
         let (store, prefix): (Arc<dyn ObjectStore>, ObjectPath) = match parsed.scheme() {
             "s3" | "s3a" => {
                 let bucket = parsed.host_str().unwrap_or_default();
                 if bucket.is_empty() {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "`{url}` names no bucket (expected s3://BUCKET/PREFIX)"
                     )));
                 }
                 let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url);
                 for (k, v) in &options.config {
                     let key = k.to_ascii_lowercase().parse().map_err(|e| {
-                        Error::InvalidArgument(format!("unknown S3 setting `{k}`: {e}"))
+                        Error::invalid_argument(format!("unknown S3 setting `{k}`: {e}"))
                     })?;
                     builder = builder.with_config(key, v);
                 }
                 let store = builder.build().map_err(|e| remote_err(url, e))?;
                 let prefix = ObjectPath::from_url_path(parsed.path())
-                    .map_err(|e| Error::InvalidArgument(format!("`{url}`: {e}")))?;
+                    .map_err(|e| Error::invalid_argument(format!("`{url}`: {e}")))?;
                 (Arc::new(store), prefix)
             }
             "file" => {
                 let dir = parsed.to_file_path().map_err(|()| {
-                    Error::InvalidArgument(format!(
+                    Error::invalid_argument(format!(
                         "`{url}` is not an absolute file URL (expected file:///PATH)"
                     ))
                 })?;
                 // Directories are created by the first write, not by opening.
                 let prefix = ObjectPath::from_absolute_path(&dir)
-                    .map_err(|e| Error::InvalidArgument(format!("`{url}`: {e}")))?;
+                    .map_err(|e| Error::invalid_argument(format!("`{url}`: {e}")))?;
                 local_root = Some(dir);
                 (
                     Arc::new(object_store::local::LocalFileSystem::new()),
@@ -201,7 +201,7 @@ impl Remote {
                 )
             }
             other => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "unsupported storage scheme `{other}://` in `{url}`: this build reads s3:// \
                      (AWS and S3-compatible servers, through AWS_ENDPOINT_URL) and file://"
                 )));
@@ -307,19 +307,6 @@ pub(crate) fn temp_name(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-pub(crate) fn bytes_bar(show: bool, total: u64, what: &str) -> ProgressBar {
-    if !show || total == 0 {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template(&format!(
-        "{what} {{spinner}} [{{wide_bar}}] {{bytes}}/{{total_bytes}}, {{binary_bytes_per_sec}}, ETA {{eta}}"
-    )) {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb
-}
-
 /// An object_store error with the URL it concerns; "not found" becomes [`Error::NotFound`].
 pub(crate) fn remote_err(url: &str, e: object_store::Error) -> Error {
     match e {
@@ -329,6 +316,7 @@ pub(crate) fn remote_err(url: &str, e: object_store::Error) -> Error {
         other => Error::Remote {
             url: url.to_string(),
             message: explain(&other.to_string()),
+            source: Some(Box::new(other)),
         },
     }
 }

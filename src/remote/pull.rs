@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
-use indicatif::ProgressBar;
 use object_store::ObjectStoreExt;
 
 use crate::error::{Error, IoContext, Result};
@@ -131,16 +130,17 @@ impl Remote {
             }
         }
         let total: u64 = missing.iter().map(|f| f.2).sum();
-        let pb = bytes_bar(self.options.progress, total, "pull");
+        let pb = &self.options.progress;
+        pb.start("pull", Unit::Bytes, Some(total));
         let done = self.rt.block_on(async {
             futures::stream::iter(missing.iter().map(|(rel, dest, bytes, checksum)| {
-                self.download(rel, dest, *bytes, checksum, &pb)
+                self.download(rel, dest, *bytes, checksum, pb)
             }))
             .buffer_unordered(self.options.concurrency.max(1))
             .try_fold(0u64, |n, _| async move { Ok(n + 1) })
             .await
         });
-        pb.finish_and_clear();
+        pb.finish(done.is_ok());
         let files_downloaded = done?;
         manifest::sync_dir(&seg_dir)?;
         let report = PullReport {
@@ -167,7 +167,7 @@ impl Remote {
         let marker = mirror.join(MIRROR_MARKER);
         match std::fs::read_to_string(&marker) {
             Ok(u) if u.trim() == self.url => Ok(()),
-            Ok(u) => Err(Error::InvalidArgument(format!(
+            Ok(u) => Err(Error::invalid_argument(format!(
                 "{} is the mirror of {}, not of {}; pull into another directory",
                 mirror.display(),
                 u.trim(),
@@ -182,7 +182,7 @@ impl Remote {
                 if empty {
                     Ok(())
                 } else {
-                    Err(Error::InvalidArgument(format!(
+                    Err(Error::invalid_argument(format!(
                         "{} exists and is not a mirror of {} (no `{MIRROR_MARKER}` file); a pull \
                          writes only into a new or empty directory or a mirror of the same URL",
                         mirror.display(),
@@ -201,7 +201,7 @@ impl Remote {
         dest: &Path,
         bytes: u64,
         checksum: &str,
-        pb: &ProgressBar,
+        pb: &ProgressSink,
     ) -> Result<()> {
         let url = self.url_of(rel);
         // Removed on every way out (an error here, or this future dropped because another
@@ -239,14 +239,15 @@ impl Remote {
                         crc = crc32c::crc32c_append(crc, &buf[..n]);
                         seen += n as u64;
                         out.write_all(&buf[..n]).at(&t)?;
-                        p.inc(n as u64);
+                        p.advance(n as u64);
                     }
                     Ok((out, crc, seen))
                 })
                 .await
                 .map_err(|e| Error::Remote {
                     url: url.clone(),
-                    message: format!("copy task failed: {e}"),
+                    message: "copy task failed".into(),
+                    source: Some(Box::new(e)),
                 })??;
                 (out, crc, seen) = copied;
             }
@@ -259,7 +260,7 @@ impl Remote {
                     }
                     crc = crc32c::crc32c_append(crc, &chunk);
                     out.write_all(&chunk).at(&tmp)?;
-                    pb.inc(chunk.len() as u64);
+                    pb.advance(chunk.len() as u64);
                 }
             }
         }
@@ -279,7 +280,8 @@ impl Remote {
             .await
             .map_err(|e| Error::Remote {
                 url: url.clone(),
-                message: format!("sync task failed: {e}"),
+                message: "sync task failed".into(),
+                source: Some(Box::new(e)),
             })??;
         std::fs::rename(&tmp, dest).at(dest)
     }

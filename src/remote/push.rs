@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
-use indicatif::ProgressBar;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{ConflictKind, Error, IoContext, Result};
 use crate::format;
 use crate::store::Dataset;
 use crate::store::manifest::{self, Manifest, SegmentEntry};
@@ -73,12 +72,17 @@ impl Remote {
                     bytes_present += f.2;
                 }
                 Some(&size) => {
-                    return Err(Error::Conflict(format!(
-                        "{} exists with {size} bytes, but this dataset's file of the same id and \
-                         checksum has {}; remove that object or push to another prefix",
-                        self.url_of(&f.1),
-                        f.2
-                    )));
+                    let object = self.url_of(&f.1);
+                    return Err(Error::Conflict {
+                        dataset: self.url.clone(),
+                        reason: format!(
+                            "{object} exists with {size} bytes, but this dataset's file of the \
+                             same id and checksum has {}; remove that object or push to another \
+                             prefix",
+                            f.2
+                        ),
+                        kind: ConflictKind::ObjectDiffers { object },
+                    });
                 }
                 None => to_send.push(f),
             }
@@ -87,16 +91,17 @@ impl Remote {
         let concurrency = self.options.concurrency.max(1);
         let large = to_send.iter().filter(|f| f.2 as usize > PART_BYTES).count();
         let parts = (PARTS_IN_FLIGHT / large.clamp(1, concurrency)).max(2);
-        let pb = bytes_bar(self.options.progress, total, "push");
+        let pb = &self.options.progress;
+        pb.start("push", Unit::Bytes, Some(total));
         let uploaded = self.rt.block_on(async {
             futures::stream::iter(to_send.iter().map(|(src, rel, bytes, checksum)| {
-                self.upload(src, rel, *bytes, checksum, parts, &pb)
+                self.upload(src, rel, *bytes, checksum, parts, pb)
             }))
             .buffer_unordered(self.options.concurrency.max(1))
             .try_fold(0u64, |n, _| async move { Ok(n + 1) })
             .await
         });
-        pb.finish_and_clear();
+        pb.finish(uploaded.is_ok());
         let files_uploaded = uploaded?;
         if let Some(root) = &self.local_root {
             for (_, rel, _, _) in &to_send {
@@ -134,12 +139,18 @@ impl Remote {
             Err(object_store::Error::AlreadyExists { .. }) => {
                 let theirs = self.manifest(target.version)?;
                 if !same_content(&theirs, &target) {
-                    return Err(Error::Conflict(format!(
-                        "another writer committed version {} to {} while this push ran; the \
-                         remote keeps its version (the files this push uploaded are unused). \
-                         Pull it, or push to another prefix",
-                        target.version, self.url
-                    )));
+                    return Err(Error::Conflict {
+                        dataset: self.url.clone(),
+                        kind: ConflictKind::VersionTaken {
+                            version: target.version,
+                        },
+                        reason: format!(
+                            "another writer committed version {} while this push ran; the remote \
+                             keeps its version (the files this push uploaded are unused). Pull \
+                             it, or push to another prefix",
+                            target.version
+                        ),
+                    });
                 }
             }
             Err(e) => return Err(remote_err(&self.url_of(&rel), e)),
@@ -183,7 +194,7 @@ impl Remote {
         bytes: u64,
         checksum: &str,
         parts_in_flight: usize,
-        pb: &ProgressBar,
+        pb: &ProgressSink,
     ) -> Result<()> {
         let key = self.key(rel);
         let mut file = File::open(src).at(src)?;
@@ -216,7 +227,7 @@ impl Remote {
                 Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
                 Err(e) => return Err(remote_err(&self.url_of(rel), e)),
             }
-            pb.inc(bytes);
+            pb.advance(bytes);
             return Ok(());
         }
         let upload = self
@@ -242,7 +253,7 @@ impl Remote {
                 return Err(remote_err(&self.url_of(rel), e));
             }
             writer.write(&buf[..n]);
-            pb.inc(n as u64);
+            pb.advance(n as u64);
         }
         if seen != bytes || crate::store::segment::checksum_string(crc) != checksum {
             let _ = writer.abort().await;
@@ -263,7 +274,7 @@ pub(crate) fn canonical_paths(s: &mut SegmentEntry) -> Result<()> {
             Some(h) if h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()) => {
                 Ok(h.to_ascii_lowercase())
             }
-            _ => Err(Error::InvalidData(format!(
+            _ => Err(Error::invalid_data(format!(
                 "segment {} has checksum `{c}`, expected crc32c:XXXXXXXX",
                 s.id
             ))),
@@ -315,13 +326,20 @@ pub(crate) fn check_fast_forward(
         )));
     }
     let diverged = |why: String| {
-        Err(Error::Conflict(format!(
-            "{url} (version {}) is not an ancestor of {} (version {}): {why}. Push to another \
-             prefix, or pull the remote and append to that",
-            r.version,
-            local_path.display(),
-            l.version
-        )))
+        Err(Error::Conflict {
+            dataset: url.to_string(),
+            kind: ConflictKind::Diverged {
+                remote: r.version,
+                local: l.version,
+            },
+            reason: format!(
+                "its version {} is not an ancestor of {} (version {}): {why}. Push to another \
+                 prefix, or pull the remote and append to that",
+                r.version,
+                local_path.display(),
+                l.version
+            ),
+        })
     };
     if r.version >= l.version {
         return diverged(format!(

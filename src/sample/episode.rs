@@ -24,7 +24,7 @@ impl EpisodeSampler {
         seed: u64,
     ) -> Result<Self> {
         if episodes.is_empty() || num_episodes == 0 || max_len == 0 {
-            return Err(Error::InvalidArgument("nothing to sample".into()));
+            return Err(Error::invalid_argument("nothing to sample"));
         }
         Ok(Self {
             eligible: (0..episodes.len() as u32).collect(),

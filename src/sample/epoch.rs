@@ -97,8 +97,8 @@ impl EpochSampler {
 
     fn check(index: &SliceIndex, num_slices: usize) -> Result<()> {
         if num_slices == 0 || index.num_windows() == 0 {
-            return Err(Error::InvalidArgument(
-                "nothing to sample (no window, or num_slices = 0)".into(),
+            return Err(Error::invalid_argument(
+                "nothing to sample (no window, or num_slices = 0)",
             ));
         }
         Ok(())
@@ -106,7 +106,7 @@ impl EpochSampler {
 
     fn checked(self) -> Result<Self> {
         if self.batches_per_epoch() == Some(0) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "drop_last with {} items and batches of {}: an epoch has no full batch",
                 self.items(),
                 self.num_slices

@@ -51,6 +51,30 @@ pub enum Weighting {
     Episodes,
 }
 
+impl std::str::FromStr for Weighting {
+    type Err = Error;
+    /// `windows` or `episodes` (the names `--weighting` and the Python package take).
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "windows" => Ok(Self::Windows),
+            "episodes" => Ok(Self::Episodes),
+            other => Err(Error::argument(
+                "weighting",
+                format!("`{other}`: use windows or episodes"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Weighting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Windows => "windows",
+            Self::Episodes => "episodes",
+        })
+    }
+}
+
 /// Walker/Vose alias table: O(n) to build, O(1) per draw with one 64-bit random number and one
 /// 8-byte entry read (a single cache line), so drawing stays cheap when the table is larger than
 /// the CPU caches.
@@ -67,8 +91,8 @@ impl AliasTable {
         let n = weights.len();
         let total: f64 = weights.iter().sum();
         if n == 0 || total <= 0.0 || !total.is_finite() || u32::try_from(n).is_err() {
-            return Err(Error::InvalidArgument(
-                "nothing to sample: every episode has zero weight or no valid window".into(),
+            return Err(Error::invalid_argument(
+                "nothing to sample: every episode has zero weight or no valid window",
             ));
         }
         let mut prob: Vec<f64> = weights.iter().map(|w| w * n as f64 / total).collect();
@@ -169,7 +193,7 @@ impl SliceOptions {
     /// From a total `batch_size` (transitions) and a slice length: `batch_size / slice_len` slices.
     pub fn from_batch_size(batch_size: usize, slice_len: u32) -> Result<Self> {
         if slice_len == 0 || !batch_size.is_multiple_of(slice_len as usize) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "batch size {batch_size} is not a multiple of the slice length {slice_len}"
             )));
         }

@@ -72,17 +72,17 @@ impl PrioritizedSampler {
     /// All windows start with priority 1.
     pub fn new(index: Arc<SliceIndex>, num_slices: usize, alpha: f64, seed: u64) -> Result<Self> {
         if index.num_windows() == 0 || num_slices == 0 {
-            return Err(Error::InvalidArgument(
-                "nothing to sample (no window, or num_slices = 0)".into(),
+            return Err(Error::invalid_argument(
+                "nothing to sample (no window, or num_slices = 0)",
             ));
         }
         if !(alpha >= 0.0 && alpha.is_finite()) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "alpha {alpha} must be a finite number >= 0"
             )));
         }
         let n = usize::try_from(index.num_windows())
-            .map_err(|_| Error::InvalidArgument("too many windows for a sum tree".into()))?;
+            .map_err(|_| Error::invalid_argument("too many windows for a sum tree"))?;
         Ok(Self {
             tree: std::sync::RwLock::new(SumTree::new(n, 1.0)),
             index,
@@ -101,8 +101,8 @@ impl PrioritizedSampler {
     /// Sets the priorities (e.g. TD errors, made positive) of `windows`.
     pub fn update_priorities(&self, windows: &[u64], priorities: &[f64]) -> Result<()> {
         if windows.len() != priorities.len() {
-            return Err(Error::InvalidArgument(
-                "as many priorities as windows are needed".into(),
+            return Err(Error::invalid_argument(
+                "as many priorities as windows are needed",
             ));
         }
         if let Some((w, p)) = windows
@@ -110,7 +110,7 @@ impl PrioritizedSampler {
             .zip(priorities)
             .find(|&(&w, &p)| w >= self.index.num_windows() || !(p >= 0.0 && p.is_finite()))
         {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "window {w} / priority {p} out of range"
             )));
         }

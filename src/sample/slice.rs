@@ -35,13 +35,13 @@ impl SliceSampler {
         opts: &SliceOptions,
     ) -> Result<Self> {
         if opts.num_slices == 0 {
-            return Err(Error::InvalidArgument(
-                "num_slices must be at least 1".into(),
+            return Err(Error::invalid_argument(
+                "num_slices must be at least 1",
             ));
         }
         if index.slice_len != opts.slice_len || index.policy != opts.policy {
-            return Err(Error::InvalidArgument(
-                "slice index does not match the options".into(),
+            return Err(Error::invalid_argument(
+                "slice index does not match the options",
             ));
         }
         let n = index.num_episodes();
@@ -56,7 +56,7 @@ impl SliceSampler {
                 match pos {
                     Some(p) => a[p] = true,
                     None => {
-                        return Err(Error::InvalidArgument(format!(
+                        return Err(Error::invalid_argument(format!(
                             "episode id {id} is not in this snapshot"
                         )));
                     }
@@ -67,7 +67,7 @@ impl SliceSampler {
         if let Some(w) = &opts.episode_weights
             && w.len() != n
         {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{} episode weights for {n} episodes",
                 w.len()
             )));
@@ -77,7 +77,7 @@ impl SliceSampler {
             && allowed.is_none();
         let pick = if plain {
             if index.num_windows() == 0 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "no episode has a window of {} steps under {:?}",
                     opts.slice_len, opts.policy
                 )));
@@ -98,7 +98,7 @@ impl SliceSampler {
                 };
                 let w = opts.episode_weights.as_ref().map_or(1.0, |w| w[e]);
                 if !(w >= 0.0 && w.is_finite()) {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "episode weight {w} at position {e}"
                     )));
                 }
@@ -156,8 +156,8 @@ pub fn transition_sampler(
     seed: u64,
 ) -> Result<SliceSampler> {
     if index.slice_len != 1 {
-        return Err(Error::InvalidArgument(
-            "transition sampling needs a slice index of length 1".into(),
+        return Err(Error::invalid_argument(
+            "transition sampling needs a slice index of length 1",
         ));
     }
     SliceSampler::new(

@@ -289,7 +289,7 @@ impl SnapshotSql for Snapshot {
         }
         let result = SqlSession::new(self)?.query(sql)?;
         let idx = result.schema.index_of(col::EPISODE_ID).map_err(|_| {
-            Error::InvalidArgument(format!(
+            Error::invalid_argument(format!(
                 "the subset query must return an `{}` column; it returns ({})",
                 col::EPISODE_ID,
                 result
@@ -304,10 +304,10 @@ impl SnapshotSql for Snapshot {
         let mut ids = Vec::with_capacity(result.num_rows());
         for b in &result.batches {
             let c = cast(b.column(idx), &DataType::UInt64).map_err(|e| {
-                Error::InvalidArgument(format!("`{}` is not an id column: {e}", col::EPISODE_ID))
+                Error::invalid_argument(format!("`{}` is not an id column: {e}", col::EPISODE_ID))
             })?;
             if c.null_count() > 0 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "the subset query returned a null or negative `{}`",
                     col::EPISODE_ID
                 )));

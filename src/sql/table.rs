@@ -231,7 +231,7 @@ impl DeferredTransitions {
             }
             let snap = (state.open)()?;
             if snap.version() != version {
-                return Err(Error::InvalidData(format!(
+                return Err(Error::invalid_data(format!(
                     "the transitions opened are of version {}, the catalog's of version {version}",
                     snap.version()
                 )));

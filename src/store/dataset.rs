@@ -30,7 +30,7 @@ impl Dataset {
         if root.exists() {
             let mut entries = std::fs::read_dir(&root).at(&root)?;
             if entries.next().is_some() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{} already exists and is not empty",
                     root.display()
                 )));
@@ -133,7 +133,7 @@ fn episode_column<'a>(
         .map(|t| {
             t.column(name)
                 .cloned()
-                .ok_or_else(|| Error::InvalidArgument(format!("no episode column `{name}`")))
+                .ok_or_else(|| Error::invalid_argument(format!("no episode column `{name}`")))
         })
         .collect()
 }

@@ -161,7 +161,7 @@ impl ColumnBuf {
     }
     pub(crate) fn push(&mut self, v: &Values<'_>) -> Result<()> {
         if v.data_type() != self.elem || v.len() != self.width {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "column `{}` takes {} values of {} per step, got {} of {}",
                 self.field.name(),
                 self.width,

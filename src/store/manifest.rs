@@ -205,7 +205,7 @@ impl Manifest {
         let dir = versions_dir(root);
         let path = dir.join(format::manifest_name(self.version));
         if path.exists() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "version {} already exists at {}",
                 self.version,
                 path.display()

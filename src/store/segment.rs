@@ -459,7 +459,7 @@ impl Segment {
             .iter()
             .map(|b| {
                 b.column_by_name(name).cloned().ok_or_else(|| {
-                    Error::InvalidArgument(format!(
+                    Error::invalid_argument(format!(
                         "segment {} has no column `{name}`",
                         self.entry.id
                     ))

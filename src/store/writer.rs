@@ -180,24 +180,24 @@ impl DatasetWriter {
     /// Memory: the batch is buffered until the current record batch reaches its target size.
     pub fn append_episode(&mut self, batch: &RecordBatch, end: EpisodeEnd) -> Result<u64> {
         if self.step.is_some() && self.step_rows > 0 {
-            return Err(Error::InvalidArgument(
-                "a step-by-step episode is in progress; call end_episode first".into(),
+            return Err(Error::invalid_argument(
+                "a step-by-step episode is in progress; call end_episode first",
             ));
         }
         let n = batch.num_rows();
         if n == 0 {
-            return Err(Error::InvalidData(
-                "an episode must have at least one transition".into(),
+            return Err(Error::invalid_data(
+                "an episode must have at least one transition",
             ));
         }
         if u32::try_from(n).is_err() {
-            return Err(Error::InvalidData(format!(
+            return Err(Error::invalid_data(format!(
                 "episode of {n} steps exceeds u32 steps"
             )));
         }
         if !end.terminated && !end.truncated {
-            return Err(Error::InvalidData(
-                "an episode must end terminated or truncated (use truncated for time limits and the end of data)".into(),
+            return Err(Error::invalid_data(
+                "an episode must end terminated or truncated (use truncated for time limits and the end of data)",
             ));
         }
         let payload = self.schema.payload_schema().clone();
@@ -246,7 +246,7 @@ impl DatasetWriter {
             (false, Some(obs)) => {
                 let field = self.schema.observation_field();
                 if obs.len() != 1 {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "final_observation must have one row, got {}",
                         obs.len()
                     )));
@@ -391,7 +391,7 @@ impl DatasetWriter {
         let has_next = payload.column_with_name(col::NEXT_OBSERVATION).is_some();
         let fixed = 3 + has_next as usize;
         if step.next_observation.is_some() != has_next {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "this dataset {} next_observation",
                 if has_next {
                     "stores, so each step needs,"
@@ -401,7 +401,7 @@ impl DatasetWriter {
             )));
         }
         if step.columns.len() != bufs.len() - fixed {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "expected {} user column values per step, got {}",
                 bufs.len() - fixed,
                 step.columns.len()
@@ -428,8 +428,8 @@ impl DatasetWriter {
     pub fn end_episode(&mut self, end: EpisodeEnd) -> Result<u64> {
         let rows = std::mem::take(&mut self.step_rows);
         let Some(bufs) = self.step.as_mut().filter(|_| rows > 0) else {
-            return Err(Error::InvalidArgument(
-                "end_episode called with no steps appended".into(),
+            return Err(Error::invalid_argument(
+                "end_episode called with no steps appended",
             ));
         };
         let columns = bufs
@@ -607,7 +607,7 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
     let name = field.name();
     if !field.is_nullable() && array.null_count() > 0 {
         let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
-        return Err(Error::InvalidData(format!(
+        return Err(Error::invalid_data(format!(
             "column `{name}` has a null at row {row} of the episode"
         )));
     }
@@ -618,7 +618,7 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
         {
             let list = array.as_fixed_size_list();
             if list.values().null_count() > 0 {
-                return Err(Error::InvalidData(format!(
+                return Err(Error::invalid_data(format!(
                     "column `{name}` has null list items"
                 )));
             }

@@ -45,7 +45,7 @@ pub fn parse_device(s: &str) -> Result<Device> {
         _ => match t.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => Device::Cuda(n),
             _ => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "device `{s}`: use cpu, cuda or cuda:N"
                 )));
             }
@@ -62,20 +62,20 @@ pub fn check_device(device: Device) -> Result<()> {
         Device::Cpu => Ok(()),
         Device::Cuda(n) => {
             if !tch::Cuda::is_available() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "device cuda:{n} requested, but libtorch sees no CUDA device (no GPU or \
                      driver, or a libtorch without CUDA); use --device cpu"
                 )));
             }
             let count = tch::Cuda::device_count();
             if n as i64 >= count {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "device cuda:{n} requested, but this machine has {count} CUDA device(s)"
                 )));
             }
             Ok(())
         }
-        other => Err(Error::InvalidArgument(format!(
+        other => Err(Error::invalid_argument(format!(
             "device {other:?} is not supported: use cpu or cuda"
         ))),
     }
@@ -119,7 +119,7 @@ pub(crate) fn storage_kind(dt: &DataType) -> Result<Kind> {
         DataType::UInt64 => Kind::Int64,
         DataType::Boolean => Kind::Bool,
         other => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "columns of type {other} have no torch dtype; leave the column out"
             )));
         }
@@ -154,6 +154,17 @@ impl FloatCast {
     }
 }
 
+impl std::fmt::Display for FloatCast {
+    /// The form [`FloatCast::from_str`](std::str::FromStr) reads: `none`, `bf16`, `f16`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FloatCast::None => "none",
+            FloatCast::BFloat16 => "bf16",
+            FloatCast::Half => "f16",
+        })
+    }
+}
+
 impl std::str::FromStr for FloatCast {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -161,7 +172,7 @@ impl std::str::FromStr for FloatCast {
             "none" | "" => Ok(FloatCast::None),
             "bf16" | "bfloat16" => Ok(FloatCast::BFloat16),
             "f16" | "fp16" | "half" | "float16" => Ok(FloatCast::Half),
-            other => Err(Error::InvalidArgument(format!(
+            other => Err(Error::invalid_argument(format!(
                 "cast `{other}`: use none, bf16 or f16"
             ))),
         }
@@ -309,8 +320,8 @@ impl TensorBatch {
 /// `iters`). Needs CUDA.
 pub fn pinned_copy_bandwidth(bytes: usize, device: Device, iters: usize) -> Result<f64> {
     let Device::Cuda(n) = device else {
-        return Err(Error::InvalidArgument(
-            "the pinned copy baseline needs a CUDA device".into(),
+        return Err(Error::invalid_argument(
+            "the pinned copy baseline needs a CUDA device",
         ));
     };
     check_device(device)?;

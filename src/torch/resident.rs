@@ -113,25 +113,25 @@ impl Resident {
     ) -> Result<Self> {
         let snap = gatherer.snapshot().clone();
         if snap.num_transitions() == 0 {
-            return Err(Error::InvalidArgument(
-                "the snapshot has no transitions".into(),
+            return Err(Error::invalid_argument(
+                "the snapshot has no transitions",
             ));
         }
         let uploads = resident_uploads(gatherer, opts.cast)?;
         let need: u64 = uploads.iter().map(|u| u.bytes).sum();
         if need > budget {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "resident mode needs {} of device memory for {} (with cast {:?}), more than the \
                  budget of {}; raise the budget, cast floats to bf16, request fewer columns, or \
                  stream instead",
-                indicatif::HumanBytes(need),
+                crate::format::human_bytes(need),
                 uploads
                     .iter()
                     .map(|u| u.source.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
                 opts.cast,
-                indicatif::HumanBytes(budget)
+                crate::format::human_bytes(budget)
             )));
         }
         let device = opts.device;
@@ -191,7 +191,7 @@ impl Resident {
             .plan(k * self.world + self.rank, &mut self.plan);
         let (b, l) = (self.layout.b, self.layout.l);
         if self.plan.len() > b {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "the sampler planned {} slices for a batch of {b}",
                 self.plan.len()
             )));
@@ -363,7 +363,7 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     if u.with_finals {
         for seg in snap.segments() {
             let a = seg.episode_table().final_observation().ok_or_else(|| {
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(format!(
                     "segment {} derives next_observation but has no final_observation",
                     seg.entry().id
                 ))

@@ -35,7 +35,7 @@ impl StreamWorker {
         self.planner.plan(k, lane, &self.gatherer);
         let n = self.planner.current().len();
         if n > self.layout.b {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "the sampler planned {n} slices for a batch of {}",
                 self.layout.b
             )));
@@ -109,7 +109,7 @@ impl StreamWorker {
 pub(crate) fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
     batch.try_map(|t| {
         if t.device() != Device::Cpu {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "the transform returned a tensor on {:?}; transforms run on host batches",
                 t.device()
             )));

@@ -1,9 +1,16 @@
 //! Helpers shared by the integration tests (each test binary uses some of them).
 #![allow(dead_code)]
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float32Type};
-use trajstore::Snapshot;
+pub mod sampling;
+
+use std::borrow::Borrow;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, AsArray, FixedSizeListArray, Float32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Float32Type};
+use trajstore::synth::SynthSpec;
+use trajstore::{Dataset, EpisodeEnd, Snapshot, TransitionSchema, WriterOptions};
 
 /// (terminated, truncated) of every episode, read from the boundary columns of its last row.
 pub fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
@@ -29,6 +36,17 @@ pub fn f32_values(batch: &RecordBatch, name: &str) -> Vec<f32> {
             .to_vec(),
         _ => a.as_primitive::<Float32Type>().values().to_vec(),
     }
+}
+
+/// A float32 fixed-size-list column of `width` values per row (non-nullable items).
+pub fn fsl(values: Vec<f32>, width: usize) -> ArrayRef {
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    Arc::new(FixedSizeListArray::new(
+        item,
+        width as i32,
+        Arc::new(Float32Array::from(values)),
+        None,
+    ))
 }
 
 /// The terminal flag of transition `i` in the NumPy and TorchRL fixtures.
@@ -122,7 +140,7 @@ pub fn check_fixture_episodes(snap: &Snapshot, want: &[(usize, usize, bool, bool
 }
 
 /// A Python that can `import {modules}` (`TRAJSTORE_PYTHON`, else `python3`), or `None` with a
-/// SKIPPED line for `what`. Under `CI=true` a missing module is a failure: `scripts/test.sh`
+/// `note: skipped:` line for `what` (see [`skipped`]). Under `CI=true` a missing module is a failure: `scripts/test.sh`
 /// installs them through `scripts/setup-python.sh`.
 pub fn python_with(modules: &str, what: &str) -> Option<String> {
     let py = std::env::var("TRAJSTORE_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -137,6 +155,214 @@ pub fn python_with(modules: &str, what: &str) -> Option<String> {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("CI=true but `{py}` cannot import {modules}; scripts/setup-python.sh installs them");
     }
-    eprintln!("SKIPPED: {what} needs Python with {modules} (set TRAJSTORE_PYTHON)");
+    skipped(&format!(
+        "{what} needs Python with {modules}, which `{py}` cannot import (set TRAJSTORE_PYTHON, \
+         or run scripts/setup-python.sh)"
+    ));
     None
+}
+
+/// Says on stderr that the running test returns early without checking anything, and why:
+/// `note: skipped: <test>: <why>` (cargo shows it with `--nocapture`, and for failing tests).
+pub fn skipped(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("<unnamed test>");
+    eprintln!("note: skipped: {test}: {why}");
+}
+
+/// The error of `result`, which must be one (for results whose value is not `Debug`, such as
+/// the samplers, where `unwrap_err` does not compile).
+pub fn err_of<T>(result: trajstore::Result<T>) -> trajstore::Error {
+    match result {
+        Ok(_) => panic!("expected an error, got a value"),
+        Err(e) => e,
+    }
+}
+
+/// Synthetic datasets for tests: the one builder every test binary uses, with named setters so
+/// that no argument order can be confused. Defaults: 2-d observations, 2-d continuous actions,
+/// mean episode length 20, seed 0, no episodes, default writer options, one commit at the end.
+///
+/// Episodes come either from [`TestData::episodes`] (one episode per given length, generated
+/// by [`SynthSpec::episode`] with indices 0, 1, ...) or from [`TestData::transitions`] (lengths
+/// drawn by the generator, written by [`SynthSpec::write`]); the last one set wins.
+///
+/// ```ignore
+/// let snap = TestData::new().obs_dim(4).seed(7).episodes([10, 20]).snapshot(&dir.join("d"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct TestData {
+    spec: SynthSpec,
+    lengths: Option<Vec<u64>>,
+    writer: WriterOptions,
+    commit_every: Option<usize>,
+    commit_after: Vec<usize>,
+}
+
+impl Default for TestData {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestData {
+    /// The defaults above.
+    pub fn new() -> Self {
+        Self {
+            spec: SynthSpec {
+                transitions: 0,
+                obs_dim: 2,
+                act_dim: 2,
+                discrete_actions: false,
+                mean_episode_len: 20.0,
+                seed: 0,
+            },
+            lengths: Some(vec![]),
+            writer: WriterOptions::default(),
+            commit_every: None,
+            commit_after: vec![],
+        }
+    }
+
+    /// Observation dimension.
+    pub fn obs_dim(mut self, dim: usize) -> Self {
+        self.spec.obs_dim = dim;
+        self
+    }
+
+    /// Action dimension (the number of discrete actions with [`TestData::discrete_actions`]).
+    pub fn act_dim(mut self, dim: usize) -> Self {
+        self.spec.act_dim = dim;
+        self
+    }
+
+    /// Discrete (int64) actions instead of continuous ones.
+    pub fn discrete_actions(mut self, discrete: bool) -> Self {
+        self.spec.discrete_actions = discrete;
+        self
+    }
+
+    /// Mean episode length of [`TestData::transitions`].
+    pub fn mean_episode_len(mut self, mean: f64) -> Self {
+        self.spec.mean_episode_len = mean;
+        self
+    }
+
+    /// Seed of every random draw.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.spec.seed = seed;
+        self
+    }
+
+    /// `n` transitions in episodes of random lengths (mean [`TestData::mean_episode_len`]).
+    pub fn transitions(mut self, n: u64) -> Self {
+        self.spec.transitions = n;
+        self.lengths = None;
+        self
+    }
+
+    /// One episode per entry of `lengths`, in order.
+    pub fn episodes<B: Borrow<u64>>(mut self, lengths: impl IntoIterator<Item = B>) -> Self {
+        self.lengths = Some(lengths.into_iter().map(|l| *l.borrow()).collect());
+        self.spec.transitions = 0;
+        self
+    }
+
+    /// The writer options (replaces any set by [`TestData::segment_bytes`] and co. before).
+    pub fn writer_options(mut self, options: WriterOptions) -> Self {
+        self.writer = options;
+        self
+    }
+
+    /// [`WriterOptions::segment_bytes`].
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.writer = self.writer.with_segment_bytes(bytes);
+        self
+    }
+
+    /// [`WriterOptions::batch_bytes`].
+    pub fn batch_bytes(mut self, bytes: u64) -> Self {
+        self.writer = self.writer.with_batch_bytes(bytes);
+        self
+    }
+
+    /// Commits after every `n` episodes too (as a live collector would).
+    pub fn commit_every(mut self, n: usize) -> Self {
+        self.commit_every = Some(n.max(1));
+        self
+    }
+
+    /// Commits right after the episodes at these positions too (explicit episodes only).
+    pub fn commit_after(mut self, positions: impl IntoIterator<Item = usize>) -> Self {
+        self.commit_after = positions.into_iter().collect();
+        self
+    }
+
+    /// The generator's spec, e.g. for [`SynthSpec::episode`] in tests that append by hand.
+    pub fn spec(&self) -> SynthSpec {
+        self.spec.clone()
+    }
+
+    /// The schema of the data.
+    pub fn schema(&self) -> TransitionSchema {
+        self.spec.schema().unwrap()
+    }
+
+    /// The lengths of the episodes, in order.
+    pub fn lengths(&self) -> Vec<u64> {
+        match &self.lengths {
+            Some(l) => l.clone(),
+            None => self.spec.episode_lengths().unwrap(),
+        }
+    }
+
+    /// Every episode [`TestData::append_to`] writes, in order.
+    pub fn episode_data(&self) -> Vec<(RecordBatch, EpisodeEnd)> {
+        self.lengths()
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| self.spec.episode(i as u64, l))
+            .collect()
+    }
+
+    /// An empty dataset at `path` with this schema.
+    pub fn create(&self, path: &Path) -> Dataset {
+        Dataset::create(path, &self.schema()).unwrap()
+    }
+
+    /// Appends the episodes to `ds` (ids consecutive from the dataset's next id) and commits;
+    /// returns the version committed last.
+    pub fn append_to(&self, ds: &Dataset) -> u64 {
+        let mut w = ds.writer(self.writer.clone()).unwrap();
+        let Some(lengths) = &self.lengths else {
+            assert!(
+                self.commit_after.is_empty(),
+                "commit_after needs explicit episodes"
+            );
+            return self.spec.write(&mut w, self.commit_every, |_| {}).unwrap();
+        };
+        let first = w.next_episode_id();
+        for (i, &l) in lengths.iter().enumerate() {
+            let (b, e) = self.spec.episode(i as u64, l);
+            let id = w.append_episode(&b, e).unwrap();
+            assert_eq!(id, first + i as u64, "episode ids are consecutive");
+            if self.commit_after.contains(&i) || self.commit_every.is_some_and(|n| (i + 1) % n == 0)
+            {
+                w.commit().unwrap();
+            }
+        }
+        w.finish().unwrap()
+    }
+
+    /// A new dataset at `path` holding the episodes.
+    pub fn write(&self, path: &Path) -> Dataset {
+        let ds = self.create(path);
+        self.append_to(&ds);
+        ds
+    }
+
+    /// [`TestData::write`], then a snapshot of its latest version.
+    pub fn snapshot(&self, path: &Path) -> Snapshot {
+        self.write(path).snapshot().unwrap()
+    }
 }

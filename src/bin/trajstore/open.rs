@@ -74,12 +74,10 @@ pub(crate) fn open_remote_snapshot(url: &str, _version: Option<u64>) -> Result<S
 
 #[cfg(feature = "remote")]
 pub(crate) fn remote_options(concurrency: usize) -> Result<trajstore::remote::RemoteOptions> {
-    use std::io::IsTerminal;
     if concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }
-    let mut o =
-        trajstore::remote::RemoteOptions::default().with_progress(std::io::stderr().is_terminal());
+    let mut o = reader_remote_options();
     o.concurrency = concurrency;
     Ok(o)
 }
@@ -87,6 +85,9 @@ pub(crate) fn remote_options(concurrency: usize) -> Result<trajstore::remote::Re
 /// What a reading command uses for a URL: the default concurrency, a progress bar on a terminal.
 #[cfg(feature = "remote")]
 pub(crate) fn reader_remote_options() -> trajstore::remote::RemoteOptions {
-    use std::io::IsTerminal;
-    trajstore::remote::RemoteOptions::default().with_progress(std::io::stderr().is_terminal())
+    let o = trajstore::remote::RemoteOptions::default();
+    match crate::output::TerminalBar::on_terminal(true) {
+        Some(bar) => o.with_progress(bar),
+        None => o,
+    }
 }

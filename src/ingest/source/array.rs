@@ -104,7 +104,7 @@ impl ArraySource {
             let magic =
                 input.read_at(0, input.len().min(6) as usize, &path.display().to_string())?;
             if magic.starts_with(b"\x93NUMPY") {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid_argument(format!(
                     "{} is a single .npy array, i.e. one column; save the dataset's arrays together \
                      (np.savez(\"data.npz\", observations=..., actions=..., rewards=..., terminals=..., \
                      timeouts=...)) or put the .npy files in one directory",
@@ -114,7 +114,7 @@ impl ArraySource {
             open_zip(path, input, magic.starts_with(b"PK"), drop)?
         };
         if arrays.is_empty() {
-            return Err(Error::InvalidData(format!(
+            return Err(Error::invalid_data(format!(
                 "{} holds no .npy arrays",
                 path.display()
             )));
@@ -182,7 +182,7 @@ impl ArraySource {
         }
         let rows = rows.unwrap_or(capacity as u64);
         if rows > capacity as u64 || (first > 0 && first >= capacity as u64) {
-            return Err(Error::InvalidData(format!(
+            return Err(Error::invalid_data(format!(
                 "{}: {rows} rows from row {first} do not fit arrays of {capacity} rows",
                 path.display()
             )));
@@ -215,7 +215,7 @@ impl ArraySource {
     /// Rows `start..start + n` of array `i` as an Arrow array.
     fn read_rows(&self, i: usize, start: u64, n: usize) -> Result<ArrayRef> {
         let a = self.arrays[i].as_ref().ok_or_else(|| {
-            Error::InvalidArgument(format!("array {} was dropped", self.schema.field(i).name()))
+            Error::invalid_argument(format!("array {} was dropped", self.schema.field(i).name()))
         })?;
         let what = || format!("{}: array `{}`", self.path.display(), a.name);
         let row_bytes = a.row_bytes();
@@ -253,7 +253,7 @@ impl ArraySource {
                 let slot = &mut inflaters[i];
                 if slot.as_ref().is_none_or(|f| f.row != start) {
                     if start != 0 {
-                        return Err(Error::InvalidArgument(format!(
+                        return Err(Error::invalid_argument(format!(
                             "{}: a compressed array is read in order only",
                             what()
                         )));
@@ -262,7 +262,7 @@ impl ArraySource {
                     // Skip the header (parsed when the archive was opened).
                     let mut skip = vec![0; a.header.data_offset];
                     decoder.read_exact(&mut skip).map_err(|e| {
-                        Error::InvalidData(format!("{}: cannot inflate: {e}", what()))
+                        Error::invalid_data(format!("{}: cannot inflate: {e}", what()))
                     })?;
                     let mut hasher = crc32fast::Hasher::new();
                     hasher.update(&skip);
@@ -274,7 +274,7 @@ impl ArraySource {
                 }
                 let f = slot.as_mut().expect("inflater");
                 f.decoder.read_exact(buf.as_slice_mut()).map_err(|e| {
-                    Error::InvalidData(format!(
+                    Error::invalid_data(format!(
                         "{}: cannot inflate rows {start}..{}: {e} (truncated or corrupt archive)",
                         what(),
                         start + n as u64
@@ -285,12 +285,12 @@ impl ArraySource {
                 if f.row == a.rows() as u64 {
                     let mut rest = vec![];
                     f.decoder.read_to_end(&mut rest).map_err(|e| {
-                        Error::InvalidData(format!("{}: cannot inflate: {e}", what()))
+                        Error::invalid_data(format!("{}: cannot inflate: {e}", what()))
                     })?;
                     f.crc.update(&rest);
                     let got = std::mem::take(&mut f.crc).finalize();
                     if got != *crc {
-                        return Err(Error::InvalidData(format!(
+                        return Err(Error::invalid_data(format!(
                             "{}: CRC-32 mismatch (archive says {crc:08x}, data gives {got:08x}): the \
                              archive is corrupt",
                             what()
@@ -395,10 +395,10 @@ impl Source for ArraySource {
 /// The data of a stored array must hold all its rows.
 pub(super) fn check_size(a: &Array, available: u64, what: &str) -> Result<()> {
     let need = a.rows().checked_mul(a.row_bytes()).ok_or_else(|| {
-        Error::InvalidData(format!("{what}: shape {:?} overflows", a.header.shape))
+        Error::invalid_data(format!("{what}: shape {:?} overflows", a.header.shape))
     })? as u64;
     if available < need {
-        return Err(Error::InvalidData(format!(
+        return Err(Error::invalid_data(format!(
             "{what}: shape {:?} needs {need} bytes of data, the file has {available} (truncated?)",
             a.header.shape
         )));

@@ -108,8 +108,8 @@ impl Source for StreamHead {
     }
 
     fn read(&self, _: usize, _: &[usize], _: usize) -> Result<Vec<RecordBatch>> {
-        Err(Error::InvalidArgument(
-            "a stream is read in order by ingest_stream".into(),
+        Err(Error::invalid_argument(
+            "a stream is read in order by ingest_stream",
         ))
     }
 
@@ -117,7 +117,7 @@ impl Source for StreamHead {
         match &self.first {
             _ if cols.is_empty() => Ok(vec![]),
             Some(b) if b.num_rows() > 0 => super::row0_list_lengths(b, cols),
-            _ => Err(Error::InvalidData(format!(
+            _ => Err(Error::invalid_data(format!(
                 "{}: the stream's first record batch has no rows, so the length of list column \
                  `{}` cannot be inferred",
                 self.path.display(),
@@ -152,7 +152,7 @@ impl ArrowSource {
         };
         let head = read_at(0, 8.min(len as usize))?;
         if is_stream(&head) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{} is an Arrow IPC stream, not a file: its batches are read in order (`ingest` \
                  does so)",
                 path.display()
@@ -302,7 +302,7 @@ impl Source for ArrowSource {
             return Ok(vec![]);
         }
         let Some(&(unit, _, _)) = self.units(1).first() else {
-            return Err(Error::InvalidData(format!(
+            return Err(Error::invalid_data(format!(
                 "{} has no rows, so the length of list column `{}` cannot be inferred",
                 self.path.display(),
                 cols[0]

@@ -64,7 +64,7 @@ impl H5Type for Flag {
 }
 
 fn h5_error(what: &str, e: impl fmt::Display) -> Error {
-    Error::InvalidData(format!("{what}: {e}"))
+    Error::invalid_data(format!("{what}: {e}"))
 }
 
 /// Rows `start..start + n` of a dataset as `T`s, flat.
@@ -261,7 +261,7 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
     }
     let file = Arc::new(
         Hdf5File::open(&file_path)
-            .map_err(|e| Error::InvalidData(format!("{what}: not a readable HDF5 file: {e}")))?,
+            .map_err(|e| Error::invalid_data(format!("{what}: not a readable HDF5 file: {e}")))?,
     );
     let root = file.root_group().map_err(|e| h5_error(&what, e))?;
     let (groups, _) = root.member_names().map_err(|e| h5_error(&what, e))?;
@@ -271,7 +271,7 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
     let mut arrays = vec![];
     walk(&file, &root, "", drop, path, &mut arrays)?;
     if arrays.iter().all(|(_, a)| a.is_none()) {
-        return Err(Error::InvalidData(format!(
+        return Err(Error::invalid_data(format!(
             "{what} holds no per-transition datasets"
         )));
     }
@@ -316,7 +316,7 @@ impl MinariSource {
         let mut episodes = vec![];
         for g in groups {
             let id: u64 = g["episode_".len()..].parse().map_err(|_| {
-                Error::InvalidData(format!("{what}: group `{g}` is not `episode_<number>`"))
+                Error::invalid_data(format!("{what}: group `{g}` is not `episode_<number>`"))
             })?;
             let steps_of = |name: &str| -> Option<u64> {
                 file.dataset(&format!("{g}/{name}"))

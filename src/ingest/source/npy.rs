@@ -90,7 +90,7 @@ pub(super) struct Header {
 /// Length of the fixed preamble and of the header that follows: reads at most 12 bytes.
 pub(crate) fn preamble(bytes: &[u8], what: &str) -> Result<(usize, usize)> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err(Error::InvalidData(format!(
+        return Err(Error::invalid_data(format!(
             "{what}: not a NumPy .npy array (no \\x93NUMPY magic, or truncated)"
         )));
     }
@@ -100,8 +100,8 @@ pub(crate) fn preamble(bytes: &[u8], what: &str) -> Result<(usize, usize)> {
             12,
             u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
         )),
-        2 | 3 => Err(Error::InvalidData(format!("{what}: truncated .npy header"))),
-        v => Err(Error::InvalidData(format!(
+        2 | 3 => Err(Error::invalid_data(format!("{what}: truncated .npy header"))),
+        v => Err(Error::invalid_data(format!(
             "{what}: .npy format version {v} is not supported (1, 2 and 3 are)"
         ))),
     }
@@ -110,9 +110,9 @@ pub(crate) fn preamble(bytes: &[u8], what: &str) -> Result<(usize, usize)> {
 /// Parses the header text that follows the preamble.
 pub(crate) fn parse_header(text: &[u8], data_offset: usize, what: &str) -> Result<Header> {
     let text = std::str::from_utf8(text)
-        .map_err(|_| Error::InvalidData(format!("{what}: .npy header is not text")))?;
+        .map_err(|_| Error::invalid_data(format!("{what}: .npy header is not text")))?;
     let missing =
-        |key: &str| Error::InvalidData(format!("{what}: .npy header has no '{key}': {text}"));
+        |key: &str| Error::invalid_data(format!("{what}: .npy header has no '{key}': {text}"));
     let descr = header_value(text, "descr").ok_or_else(|| missing("descr"))?;
     if descr.starts_with('[') {
         return Err(Error::schema_mismatch(format!(
@@ -129,7 +129,7 @@ pub(crate) fn parse_header(text: &[u8], data_offset: usize, what: &str) -> Resul
         .filter(|s| !s.is_empty())
         .map(|s| s.trim_end_matches('L').parse::<usize>())
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|_| Error::InvalidData(format!("{what}: bad .npy shape {shape_text}")))?;
+        .map_err(|_| Error::invalid_data(format!("{what}: bad .npy shape {shape_text}")))?;
     if fortran == "True" && shape.iter().filter(|&&d| d > 1).count() > 1 {
         return Err(Error::schema_mismatch(format!(
             "{what}: Fortran-ordered array of shape {shape:?}; save it C-ordered (np.ascontiguousarray)"
@@ -169,7 +169,7 @@ impl Input {
     pub(crate) fn read_into(&self, offset: u64, buf: &mut [u8], what: &str) -> Result<()> {
         self.file.read_exact_at(buf, offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::InvalidData(format!(
+                Error::invalid_data(format!(
                     "{what}: {} is truncated (it ends before byte {})",
                     self.path.display(),
                     offset + buf.len() as u64
@@ -191,7 +191,7 @@ impl Input {
         let head = self.read_at(offset, avail.min(12) as usize, what)?;
         let (pre, len) = preamble(&head, what)?;
         if (pre + len) as u64 > avail {
-            return Err(Error::InvalidData(format!("{what}: truncated .npy header")));
+            return Err(Error::invalid_data(format!("{what}: truncated .npy header")));
         }
         let text = self.read_at(offset + pre as u64, len, what)?;
         parse_header(&text, pre + len, what)

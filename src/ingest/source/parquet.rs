@@ -53,7 +53,7 @@ impl ParquetSource {
         let paths = if path.is_dir() {
             let files = parquet_files(path)?;
             if files.is_empty() {
-                return Err(Error::InvalidData(format!(
+                return Err(Error::invalid_data(format!(
                     "{} holds no .parquet files",
                     path.display()
                 )));
@@ -67,7 +67,7 @@ impl ParquetSource {
         for p in paths {
             let file = File::open(&p).map_err(|e| Error::io(&p, e))?;
             let meta = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| {
-                Error::InvalidData(format!("{}: not a readable Parquet file: {e}", p.display()))
+                Error::invalid_data(format!("{}: not a readable Parquet file: {e}", p.display()))
             })?;
             if let Some((first, m)) = files.first() {
                 let (a, b) = (m.schema(), meta.schema());
@@ -150,7 +150,7 @@ impl Source for ParquetSource {
             return Ok(vec![]);
         }
         let Some(&(f, _, _)) = self.groups.first() else {
-            return Err(Error::InvalidData(format!(
+            return Err(Error::invalid_data(format!(
                 "{} has no rows, so the length of list column `{}` cannot be inferred",
                 self.path.display(),
                 cols[0]
@@ -171,7 +171,7 @@ impl Source for ParquetSource {
         let batch = match reader.next() {
             Some(b) => b?,
             None => {
-                return Err(Error::InvalidData(format!(
+                return Err(Error::invalid_data(format!(
                     "{} has no rows, so the length of list column `{}` cannot be inferred",
                     self.path.display(),
                     cols[0]

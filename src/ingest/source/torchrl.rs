@@ -31,7 +31,7 @@ pub(crate) fn is_torchrl(path: &Path) -> bool {
 fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text)
-        .map_err(|e| Error::InvalidData(format!("{}: not valid JSON: {e}", path.display())))
+        .map_err(|e| Error::invalid_data(format!("{}: not valid JSON: {e}", path.display())))
 }
 
 fn dtype(name: &str, what: &str) -> Result<Dtype> {
@@ -75,7 +75,7 @@ fn walk(
     let meta_path = dir.join("meta.json");
     let meta = read_json(&meta_path)?;
     let entries = meta.as_object().ok_or_else(|| {
-        Error::InvalidData(format!("{}: expected a JSON object", meta_path.display()))
+        Error::invalid_data(format!("{}: expected a JSON object", meta_path.display()))
     })?;
     for (key, value) in entries {
         let Some(entry) = value.as_object() else {
@@ -108,7 +108,7 @@ fn walk(
             .get("shape")
             .and_then(Value::as_array)
             .and_then(|s| s.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
-            .ok_or_else(|| Error::InvalidData(format!("{what} has no valid shape")))?;
+            .ok_or_else(|| Error::invalid_data(format!("{what} has no valid shape")))?;
         let file = dir.join(format!("{key}.memmap"));
         let input = Input::open(&file)?;
         let available = input.len();
@@ -136,7 +136,7 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<ArraySource> {
     };
     let sm_path = storage.join("storage_metadata.json");
     if !sm_path.is_file() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{} has no storage_metadata.json, so the number of valid rows is unknown: save the \
              replay buffer with rb.dumps(DIR) and ingest DIR (a LazyMemmapStorage scratch directory \
              alone does not record it)",
@@ -153,11 +153,11 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<ArraySource> {
     let len = sm
         .get("len")
         .and_then(Value::as_u64)
-        .ok_or_else(|| Error::InvalidData(format!("{}: no integer `len`", sm_path.display())))?;
+        .ok_or_else(|| Error::invalid_data(format!("{}: no integer `len`", sm_path.display())))?;
     let mut arrays = vec![];
     walk(path, &storage, "", drop, &mut arrays)?;
     if arrays.iter().all(|(_, a)| a.is_none()) {
-        return Err(Error::InvalidData(format!(
+        return Err(Error::invalid_data(format!(
             "{} holds no tensors",
             path.display()
         )));

@@ -34,7 +34,7 @@ pub(crate) struct Member {
 }
 
 pub(crate) fn corrupt(path: &Path, why: &str) -> Error {
-    Error::InvalidData(format!(
+    Error::invalid_data(format!(
         "{}: not a readable .npz (zip) archive: {why}",
         path.display()
     ))
@@ -173,7 +173,7 @@ pub(crate) fn open_zip(
 ) -> Result<Vec<(String, Option<Array>)>> {
     const LOCAL: u32 = 0x0403_4b50;
     if !is_zip {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid_argument(format!(
             "{} is neither a .npz archive nor a directory of .npy files",
             path.display()
         )));
@@ -184,7 +184,7 @@ pub(crate) fn open_zip(
             continue; // a directory entry
         }
         let Some(name) = m.name.strip_suffix(".npy") else {
-            return Err(Error::InvalidData(format!(
+            return Err(Error::invalid_data(format!(
                 "{}: member `{}` is not a .npy array",
                 path.display(),
                 m.name
@@ -197,7 +197,7 @@ pub(crate) fn open_zip(
         }
         let what = format!("{}: array `{name}`", path.display());
         if m.flags & 1 != 0 {
-            return Err(Error::InvalidData(format!("{what} is encrypted")));
+            return Err(Error::invalid_data(format!("{what} is encrypted")));
         }
         if m.local_offset
             .checked_add(30)
@@ -224,7 +224,7 @@ pub(crate) fn open_zip(
             0 => {
                 let got = crc_of(&input, start, m.compressed, &what)?;
                 if got != m.crc {
-                    return Err(Error::InvalidData(format!(
+                    return Err(Error::invalid_data(format!(
                         "{what}: CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \
                          archive is corrupt",
                         m.crc
@@ -249,7 +249,7 @@ pub(crate) fn open_zip(
                 let mut head = [0u8; 12];
                 decoder
                     .read_exact(&mut head)
-                    .map_err(|e| Error::InvalidData(format!("{what}: cannot inflate: {e}")))?;
+                    .map_err(|e| Error::invalid_data(format!("{what}: cannot inflate: {e}")))?;
                 let (pre, len) = preamble(&head, &what)?;
                 let mut text = vec![0u8; pre + len];
                 let copied = text.len().min(12);
@@ -257,7 +257,7 @@ pub(crate) fn open_zip(
                 if text.len() > 12 {
                     decoder
                         .read_exact(&mut text[12..])
-                        .map_err(|e| Error::InvalidData(format!("{what}: cannot inflate: {e}")))?;
+                        .map_err(|e| Error::invalid_data(format!("{what}: cannot inflate: {e}")))?;
                 }
                 let header = parse_header(&text[pre..], pre + len, &what)?;
                 let have = m.uncompressed.saturating_sub(header.data_offset as u64);
@@ -275,7 +275,7 @@ pub(crate) fn open_zip(
                 a
             }
             other => {
-                return Err(Error::InvalidData(format!(
+                return Err(Error::invalid_data(format!(
                     "{what} uses zip compression method {other}; only stored (np.savez) and \
                      deflate (np.savez_compressed) are supported"
                 )));

@@ -41,8 +41,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "8GiB", value_parser = parse_size, requires = "resident")]
     resident_budget: u64,
     /// With --device: cast floating columns on the device (none, bf16, f16).
+    #[cfg(feature = "torch")]
     #[arg(long, default_value = "none", requires = "device")]
-    cast: String,
+    cast: trajstore::torch::FloatCast,
 }
 
 /// (anonymous, file-backed) resident memory of this process in MiB, from /proc/self/status
@@ -239,7 +240,7 @@ pub(crate) fn torch_bench(
 ) -> Result<serde_json::Value> {
     use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
     let dev = parse_device(device).map_err(one_line)?;
-    let cast: trajstore::torch::FloatCast = a.cast.parse().map_err(one_line)?;
+    let cast = a.cast;
     let iters = a.iters.max(5) as u64;
     let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
         trajstore::LoaderOptions::default()
@@ -287,7 +288,7 @@ pub(crate) fn torch_bench(
     Ok(json!({
         "device": device,
         "resident": a.resident,
-        "cast": a.cast,
+        "cast": a.cast.to_string(),
         "setup_s": setup_s,
         "batches": n,
         "batches_per_s": n as f64 / secs,

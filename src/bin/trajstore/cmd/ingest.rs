@@ -89,6 +89,27 @@ pub(crate) struct IngestArgs {
     json: bool,
 }
 
+impl From<&IngestArgs> for trajstore::ingest::IngestOptions {
+    fn from(a: &IngestArgs) -> Self {
+        let mut o = Self::default();
+        o.episode_col.clone_from(&a.episode_col);
+        o.terminated_col.clone_from(&a.terminated_col);
+        o.truncated_col.clone_from(&a.truncated_col);
+        o.observation_col.clone_from(&a.observation_col);
+        o.observation_cols.clone_from(&a.observation_cols);
+        o.action_col.clone_from(&a.action_col);
+        o.action_cols.clone_from(&a.action_cols);
+        o.reward_col.clone_from(&a.reward_col);
+        o.no_reward = a.no_reward;
+        o.next_observation_col.clone_from(&a.next_observation_col);
+        o.drop_cols.clone_from(&a.drop_cols);
+        match crate::output::TerminalBar::on_terminal(!a.json) {
+            Some(bar) => o.with_progress(bar),
+            None => o,
+        }
+    }
+}
+
 pub(crate) fn run(a: IngestArgs) -> Result<()> {
     use trajstore::ingest::{IngestOptions, InputFormat};
     let stdin = a.input.as_os_str() == "-";
@@ -119,19 +140,7 @@ pub(crate) fn run(a: IngestArgs) -> Result<()> {
              a file is committed once, whole"
         );
     }
-    let mut o = IngestOptions::default();
-    o.episode_col = a.episode_col;
-    o.terminated_col = a.terminated_col;
-    o.truncated_col = a.truncated_col;
-    o.observation_col = a.observation_col;
-    o.observation_cols = a.observation_cols;
-    o.action_col = a.action_col;
-    o.action_cols = a.action_cols;
-    o.reward_col = a.reward_col;
-    o.no_reward = a.no_reward;
-    o.next_observation_col = a.next_observation_col;
-    o.drop_cols = a.drop_cols;
-    o.progress = !a.json;
+    let o = IngestOptions::from(&a);
     let report = if streamed {
         let (name, input): (PathBuf, Box<dyn std::io::Read>) = if stdin {
             ("stdin".into(), Box::new(std::io::stdin().lock()))

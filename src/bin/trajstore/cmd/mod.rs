@@ -72,10 +72,10 @@ pub(crate) struct SliceArgs {
     num_slices: usize,
     /// strict (windows inside episodes), pad (may run past the end, masked) or span:LEFT:RIGHT.
     #[arg(long, default_value = "strict")]
-    policy: String,
+    policy: trajstore::BoundaryPolicy,
     /// windows (uniform over windows) or episodes (uniform over episodes, TorchRL's semantics).
     #[arg(long, default_value = "windows")]
-    weighting: String,
+    weighting: trajstore::Weighting,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     seed: u64,

@@ -21,12 +21,7 @@ pub(crate) struct SampleArgs {
 }
 
 pub(crate) fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceSampler> {
-    let policy: trajstore::BoundaryPolicy = a.policy.parse()?;
-    let weighting = match a.weighting.as_str() {
-        "windows" => trajstore::Weighting::Windows,
-        "episodes" => trajstore::Weighting::Episodes,
-        other => bail!("--weighting {other}: use windows or episodes"),
-    };
+    let (policy, weighting) = (a.policy, a.weighting);
     let opts = trajstore::SliceOptions::new(a.slice_len, a.num_slices)
         .with_policy(policy)
         .with_weighting(weighting)
@@ -55,8 +50,8 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
         dataset: snap.path().to_path_buf(),
         slice_len: 64,
         num_slices: 256,
-        policy: "strict".into(),
-        weighting: "windows".into(),
+        policy: trajstore::BoundaryPolicy::Strict,
+        weighting: trajstore::Weighting::Windows,
         seed: 0,
         columns: vec!["observation".into(), "action".into(), "reward".into()],
         json: false,
