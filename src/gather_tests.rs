@@ -7,7 +7,7 @@ use super::*;
 
 use std::path::Path;
 
-use arrow::array::{Float32Array, Int16Array, UInt8Array as U8Array};
+use arrow::array::{Float32Array, Int16Array};
 use arrow::datatypes::Float32Type;
 
 use crate::schema::TransitionSchema;
@@ -95,7 +95,7 @@ fn dataset(dir: &Path, lens: &[u64], segment_bytes: u64) -> Snapshot {
             ),
             (
                 "pixels",
-                fsl_of(DataType::UInt8, 4, Arc::new(U8Array::from(p))),
+                fsl_of(DataType::UInt8, 4, Arc::new(UInt8Array::from(p))),
             ),
             (
                 "cost",
@@ -241,8 +241,7 @@ fn every_column_kind_is_gathered_from_its_rows() {
     assert_eq!(
         kinds,
         [
-            "stored", "stored", "stored", "stored", "stored", "stored", "stored", "bool",
-            "derived"
+            "stored", "stored", "stored", "stored", "stored", "stored", "stored", "bool", "derived"
         ]
     );
     let shapes: Vec<(&str, DataType, Vec<usize>)> = g
@@ -253,23 +252,26 @@ fn every_column_kind_is_gathered_from_its_rows() {
     assert_eq!(shapes[3], ("pixels", DataType::UInt8, vec![4]));
     assert_eq!(shapes[4], ("cost", DataType::Int16, vec![]));
     assert_eq!(shapes[7], (col::IS_LAST, DataType::Boolean, vec![]));
-    assert_eq!(shapes[8], (col::NEXT_OBSERVATION, DataType::Float32, vec![2]));
+    assert_eq!(
+        shapes[8],
+        (col::NEXT_OBSERVATION, DataType::Float32, vec![2])
+    );
     assert_eq!(g.step_bytes(), vec![8, 8, 4, 4, 2, 4, 8, 1, 8]);
     assert_eq!(g.episode_flags(), &[1, 2, 1, 2]);
     let plan = [
         sref(1, 0, 9),  // a whole episode
-        sref(0, -2, 6), // overhangs the start
-        sref(3, 8, 6),  // overhangs the end
-        sref(2, 0, 3),  // ends without a final observation
-        sref(3, 3, 4),  // inside
+        sref(0, -2, 9), // overhangs both ends
+        sref(3, 8, 9),  // overhangs the end
+        sref(2, 0, 9),  // ends without a final observation
+        sref(3, 1, 9),  // inside
     ];
     let mut batch = Batch::default();
     g.gather(&plan, &mut batch);
     check(&batch, &plan, &lens);
-    // Shorter slices are padded to the plan's longest.
-    let plan = [sref(0, 1, 2), sref(1, 7, 5)];
+    // The buffers shrink to a smaller batch.
+    let plan = [sref(0, 1, 2), sref(1, 7, 2)];
     g.gather(&plan, &mut batch);
-    assert_eq!(batch.slice_len, 5);
+    assert_eq!(batch.mask.len(), 4);
     check(&batch, &plan, &lens);
 }
 
@@ -404,7 +406,13 @@ fn gather_into_checks_every_destination_before_writing() {
             vec![9; b],
         )
     };
-    fn run(g: &Gatherer, plan: &[SliceRef], l: usize, bufs: &mut Bufs, skip_column: bool) -> Result<()> {
+    fn run(
+        g: &Gatherer,
+        plan: &[SliceRef],
+        l: usize,
+        bufs: &mut Bufs,
+        skip_column: bool,
+    ) -> Result<()> {
         let (cols, flags, ids, starts) = bufs;
         let mut f = flags.iter_mut();
         let mut columns: Vec<&mut [u8]> = cols.iter_mut().map(|c| c.as_mut_slice()).collect();
@@ -510,14 +518,17 @@ fn values_from_row0_honours_array_offsets() {
     let list = fsl_of(DataType::Float32, 3, Arc::new(flat.clone()));
     let (buf, dt, width) = values_from_row0(&list.slice(2, 2));
     assert_eq!((dt, width), (DataType::Float32, 3));
-    assert_eq!(&buf.typed_data::<f32>()[..6], &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
+    assert_eq!(
+        &buf.typed_data::<f32>()[..6],
+        &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+    );
     let scalar: ArrayRef = Arc::new(flat);
     let (buf, dt, width) = values_from_row0(&scalar.slice(5, 3));
     assert_eq!((dt, width), (DataType::Float32, 1));
     assert_eq!(&buf.typed_data::<f32>()[..3], &[5.0, 6.0, 7.0]);
     // A list whose values array is itself sliced.
-    let values = Arc::new(Float32Array::from((0..20).map(|x| x as f32).collect::<Vec<_>>()))
-        .slice(4, 12);
+    let values: ArrayRef =
+        Arc::new(Float32Array::from((0..20).map(|x| x as f32).collect::<Vec<_>>()).slice(4, 12));
     let list = fsl_of(DataType::Float32, 4, values);
     let (buf, _, _) = values_from_row0(&list.slice(1, 2));
     let got = &buf.typed_data::<f32>()[..8];

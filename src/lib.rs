@@ -16,6 +16,7 @@
 //! `remote` feature (on by default), `trajstore::remote` pushes datasets to S3 (or any
 //! S3-compatible server) and pulls them into local mirrors that are mapped like any dataset;
 //! a [`Catalog`] (manifest and episode tables, no transitions) is all it fetches to describe one.
+//! [`DatasetBuilder`] (or [`open()`]) opens a dataset whatever names it, a directory or a URL.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -59,6 +60,7 @@ pub mod gather;
 pub mod index;
 pub mod ingest;
 pub mod loader;
+pub mod open;
 pub mod progress;
 #[cfg(feature = "remote")]
 pub mod remote;
@@ -78,6 +80,7 @@ pub use error::{ConflictKind, Error, Result};
 pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};
 pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
 pub use loader::{Loader, LoaderOptions};
+pub use open::{DatasetBuilder, open};
 pub use progress::{Progress, ProgressSink};
 pub use sample::{
     EpisodeSampler, EpochSampler, PrioritizedSampler, Sampler, SliceOptions, SliceSampler,

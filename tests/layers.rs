@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// Bottom to top. A module may use those before it; `fault` (crash points) may be used by all.
 const ORDER: &[&str] = &[
     "error", "progress", "format", "schema", "stats", "index", "store", "synth", "ingest", "sample", "gather",
-    "loader", "torch", "remote", "sql",
+    "loader", "torch", "remote", "open", "sql",
 ];
 const ANYWHERE: &[&str] = &["fault", "Error", "Result"];
 

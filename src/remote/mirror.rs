@@ -11,7 +11,7 @@ use super::*;
 /// The mirror directory of `url` under `cache` (`cache/<scheme>/<bucket>/<prefix>`).
 pub fn mirror_dir(cache: &Path, url: &str) -> Result<PathBuf> {
     let parsed = url::Url::parse(url)
-        .map_err(|e| Error::invalid_argument(format!("`{url}` is not a valid URL: {e}")))?;
+        .map_err(|e| Error::argument("url", format!("`{url}` is not a valid URL: {e}")))?;
     let mut dir = cache.join(parsed.scheme());
     if let Some(host) = parsed.host_str().filter(|h| !h.is_empty()) {
         dir.push(safe_part(host, url)?);
@@ -24,9 +24,10 @@ pub fn mirror_dir(cache: &Path, url: &str) -> Result<PathBuf> {
 
 pub(crate) fn safe_part<'a>(part: &'a str, url: &str) -> Result<&'a str> {
     if part == "." || part == ".." || part.contains('\\') || part.contains('\0') {
-        return Err(Error::invalid_argument(format!(
-            "`{url}` has a path component `{part}` that cannot name a cache directory"
-        )));
+        return Err(Error::argument(
+            "url",
+            format!("`{url}` has a path component `{part}` that cannot name a cache directory"),
+        ));
     }
     Ok(part)
 }

@@ -163,50 +163,75 @@ impl Remote {
     /// `options.config`.
     pub fn open(url: &str, options: RemoteOptions) -> Result<Self> {
         let parsed = url::Url::parse(url)
-            .map_err(|e| Error::invalid_argument(format!("`{url}` is not a valid URL: {e}")))?;
+            .map_err(|e| Error::argument("url", format!("`{url}` is not a valid URL: {e}")))?;
         let mut local_root = None;
-        let (store, prefix): (Arc<dyn ObjectStore>, ObjectPath) = match parsed.scheme() {
+        let store: Arc<dyn ObjectStore> = match parsed.scheme() {
             "s3" | "s3a" => {
                 let bucket = parsed.host_str().unwrap_or_default();
                 if bucket.is_empty() {
-                    return Err(Error::invalid_argument(format!(
-                        "`{url}` names no bucket (expected s3://BUCKET/PREFIX)"
-                    )));
+                    return Err(Error::argument(
+                        "url",
+                        format!("`{url}` names no bucket (expected s3://BUCKET/PREFIX)"),
+                    ));
                 }
                 let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url);
                 for (k, v) in &options.config {
                     let key = k.to_ascii_lowercase().parse().map_err(|e| {
-                        Error::invalid_argument(format!("unknown S3 setting `{k}`: {e}"))
+                        Error::argument("config", format!("unknown S3 setting `{k}`: {e}"))
                     })?;
                     builder = builder.with_config(key, v);
                 }
-                let store = builder.build().map_err(|e| remote_err(url, e))?;
-                let prefix = ObjectPath::from_url_path(parsed.path())
-                    .map_err(|e| Error::invalid_argument(format!("`{url}`: {e}")))?;
-                (Arc::new(store), prefix)
+                Arc::new(builder.build().map_err(|e| remote_err(url, e))?)
             }
             "file" => {
                 let dir = parsed.to_file_path().map_err(|()| {
-                    Error::invalid_argument(format!(
-                        "`{url}` is not an absolute file URL (expected file:///PATH)"
-                    ))
+                    Error::argument(
+                        "url",
+                        format!("`{url}` is not an absolute file URL (expected file:///PATH)"),
+                    )
                 })?;
                 // Directories are created by the first write, not by opening.
-                let prefix = ObjectPath::from_absolute_path(&dir)
-                    .map_err(|e| Error::invalid_argument(format!("`{url}`: {e}")))?;
                 local_root = Some(dir);
-                (
-                    Arc::new(object_store::local::LocalFileSystem::new()),
-                    prefix,
-                )
+                Arc::new(object_store::local::LocalFileSystem::new())
             }
             other => {
-                return Err(Error::invalid_argument(format!(
-                    "unsupported storage scheme `{other}://` in `{url}`: this build reads s3:// \
+                return Err(Error::argument(
+                    "url",
+                    format!(
+                        "unsupported storage scheme `{other}://` in `{url}`: this build reads s3:// \
                      (AWS and S3-compatible servers, through AWS_ENDPOINT_URL) and file://"
-                )));
+                    ),
+                ));
             }
         };
+        let mut remote = Self::with_store(url, store, options)?;
+        remote.local_root = local_root;
+        Ok(remote)
+    }
+
+    /// The dataset at `url` in a store built by the caller: any object_store implementation
+    /// (`InMemory` in tests, a store with custom credentials or retry settings, GCS or Azure
+    /// from another build of object_store's features). The URL's path is the dataset's prefix in
+    /// the store; the URL also names the dataset in messages and reports.
+    ///
+    /// ```
+    /// # fn main() -> trajstore::Result<()> {
+    /// use std::sync::Arc;
+    /// use trajstore::remote::{Remote, RemoteOptions};
+    /// let store = Arc::new(object_store::memory::InMemory::new());
+    /// let remote = Remote::with_store("memory:///runs/walker", store, RemoteOptions::default())?;
+    /// assert_eq!(remote.versions()?, Vec::<u64>::new());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_store(
+        url: &str,
+        store: Arc<dyn ObjectStore>,
+        options: RemoteOptions,
+    ) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| Error::argument("url", format!("`{url}` is not a valid URL: {e}")))?;
+        let prefix = ObjectPath::from_url_path(parsed.path())
+            .map_err(|e| Error::argument("url", format!("`{url}`: {e}")))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(options.concurrency.clamp(1, 8))
             .enable_all()
@@ -214,7 +239,7 @@ impl Remote {
             .map_err(|e| Error::io(url, e))?;
         Ok(Remote {
             url: url.trim_end_matches('/').to_string(),
-            local_root,
+            local_root: None,
             store,
             prefix,
             rt,

@@ -132,14 +132,15 @@ impl Remote {
         let total: u64 = missing.iter().map(|f| f.2).sum();
         let pb = &self.options.progress;
         pb.start("pull", Unit::Bytes, Some(total));
-        let done = self.rt.block_on(async {
-            futures::stream::iter(missing.iter().map(|(rel, dest, bytes, checksum)| {
-                self.download(rel, dest, *bytes, checksum, pb)
-            }))
-            .buffer_unordered(self.options.concurrency.max(1))
-            .try_fold(0u64, |n, _| async move { Ok(n + 1) })
-            .await
-        });
+        let done =
+            self.rt.block_on(async {
+                futures::stream::iter(missing.iter().map(|(rel, dest, bytes, checksum)| {
+                    self.download(rel, dest, *bytes, checksum, pb)
+                }))
+                .buffer_unordered(self.options.concurrency.max(1))
+                .try_fold(0u64, |n, _| async move { Ok(n + 1) })
+                .await
+            });
         pb.finish(done.is_ok());
         let files_downloaded = done?;
         manifest::sync_dir(&seg_dir)?;
@@ -167,12 +168,15 @@ impl Remote {
         let marker = mirror.join(MIRROR_MARKER);
         match std::fs::read_to_string(&marker) {
             Ok(u) if u.trim() == self.url => Ok(()),
-            Ok(u) => Err(Error::invalid_argument(format!(
-                "{} is the mirror of {}, not of {}; pull into another directory",
-                mirror.display(),
-                u.trim(),
-                self.url
-            ))),
+            Ok(u) => Err(Error::argument(
+                "mirror",
+                format!(
+                    "{} is the mirror of {}, not of {}; pull into another directory",
+                    mirror.display(),
+                    u.trim(),
+                    self.url
+                ),
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let empty = match std::fs::read_dir(mirror) {
                     Ok(mut entries) => entries.next().is_none(),
@@ -182,12 +186,15 @@ impl Remote {
                 if empty {
                     Ok(())
                 } else {
-                    Err(Error::invalid_argument(format!(
-                        "{} exists and is not a mirror of {} (no `{MIRROR_MARKER}` file); a pull \
+                    Err(Error::argument(
+                        "mirror",
+                        format!(
+                            "{} exists and is not a mirror of {} (no `{MIRROR_MARKER}` file); a pull \
                          writes only into a new or empty directory or a mirror of the same URL",
-                        mirror.display(),
-                        self.url
-                    )))
+                            mirror.display(),
+                            self.url
+                        ),
+                    ))
                 }
             }
             Err(e) => Err(Error::io(&marker, e)),

@@ -1,7 +1,7 @@
 //! Helpers of the sampler and gather tests (`sample_*.rs`, `gather.rs`): plans, chi-square fits,
 //! window numbers and a full check of a gathered batch against the stored rows.
 
-use arrow::array::{Array, AsArray};
+use arrow::array::AsArray;
 use arrow::datatypes::{DataType, Float32Type};
 use trajstore::format::{col, ep};
 use trajstore::{Batch, Sampler, SliceIndex, SliceRef, SliceSampler, Snapshot};

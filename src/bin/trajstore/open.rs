@@ -1,53 +1,53 @@
-//! Opening the dataset a command names: a directory, or a URL mirrored into the cache.
+//! Opening the dataset a command names, a directory or a URL, through the library's
+//! [`trajstore::DatasetBuilder`]; for a URL the mirror's download is drawn and summed up here.
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
-use trajstore::{Catalog, Dataset, Snapshot};
+use anyhow::{Context, Result};
+use trajstore::{Catalog, DatasetBuilder, Snapshot};
 
+fn builder(path: &Path, version: Option<u64>) -> DatasetBuilder {
+    let b = DatasetBuilder::from_path(path);
+    #[cfg(feature = "remote")]
+    let b = b.with_remote_options(reader_remote_options());
+    match version {
+        Some(v) => b.with_version(v),
+        None => b,
+    }
+}
+
+/// A snapshot of the dataset at `path` (a directory or a URL), version `version` or the newest.
 pub(crate) fn open_snapshot(path: &Path, version: Option<u64>) -> Result<Snapshot> {
-    if let Some(url) = path.to_str().filter(|s| trajstore::format::is_url(s)) {
-        return open_remote_snapshot(url, version);
+    let ctx = || format!("cannot open dataset {}", path.display());
+    #[cfg(feature = "remote")]
+    {
+        let (snap, fetched) = builder(path, version).load_reported().with_context(ctx)?;
+        if let Some(r) = fetched {
+            report_fetch("pulled version", &r);
+        }
+        Ok(snap)
     }
-    let ds =
-        Dataset::open(path).with_context(|| format!("cannot open dataset {}", path.display()))?;
-    Ok(match version {
-        Some(v) => ds.snapshot_at(v)?,
-        None => ds.snapshot()?,
-    })
+    #[cfg(not(feature = "remote"))]
+    builder(path, version).load().with_context(ctx)
 }
 
-/// A snapshot of a dataset in object storage: its mirror under the cache is brought up to date
-/// (missing files downloaded and checked), then mapped like any local dataset.
-#[cfg(feature = "remote")]
-pub(crate) fn open_remote_snapshot(url: &str, version: Option<u64>) -> Result<Snapshot> {
-    let (ds, r) = trajstore::remote::open(url, None, version, reader_remote_options())
-        .with_context(|| format!("cannot open dataset {url}"))?;
-    report_fetch("pulled version", &r);
-    Ok(ds.snapshot_at(r.version)?)
-}
-
-/// The catalog (manifest and episode tables) of a dataset: for a URL only the episode tables
-/// are fetched into the mirror, not the transitions.
+/// The catalog (manifest and episode tables) of a dataset, and its name: for a URL only the
+/// episode tables are fetched into the mirror, not the transitions.
 pub(crate) fn open_catalog(path: &Path, version: Option<u64>) -> Result<(Catalog, String)> {
-    if let Some(url) = path.to_str().filter(|s| trajstore::format::is_url(s)) {
-        return open_remote_catalog(url, version).map(|c| (c, url.to_string()));
+    let ctx = || format!("cannot open dataset {}", path.display());
+    let name = path.display().to_string();
+    #[cfg(feature = "remote")]
+    {
+        let (catalog, fetched) = builder(path, version)
+            .load_catalog_reported()
+            .with_context(ctx)?;
+        if let Some(r) = fetched {
+            report_fetch("fetched the episode tables of version", &r);
+        }
+        Ok((catalog, name))
     }
-    let snap = open_snapshot(path, version)?;
-    Ok((snap.catalog(), path.display().to_string()))
-}
-
-#[cfg(feature = "remote")]
-pub(crate) fn open_remote_catalog(url: &str, version: Option<u64>) -> Result<Catalog> {
-    let (catalog, r) = trajstore::remote::open_catalog(url, None, version, reader_remote_options())
-        .with_context(|| format!("cannot open dataset {url}"))?;
-    report_fetch("fetched the episode tables of version", &r);
-    Ok(catalog)
-}
-
-#[cfg(not(feature = "remote"))]
-pub(crate) fn open_remote_catalog(url: &str, _version: Option<u64>) -> Result<Catalog> {
-    open_remote_snapshot(url, None).map(|s| s.catalog())
+    #[cfg(not(feature = "remote"))]
+    Ok((builder(path, version).load_catalog().with_context(ctx)?, name))
 }
 
 /// One line on stderr when files were downloaded into a mirror.
@@ -67,15 +67,10 @@ pub(crate) fn report_fetch(what: &str, r: &trajstore::remote::PullReport) {
     }
 }
 
-#[cfg(not(feature = "remote"))]
-pub(crate) fn open_remote_snapshot(url: &str, _version: Option<u64>) -> Result<Snapshot> {
-    bail!("{url} is a URL, but this build of trajstore has no `remote` feature (object storage)")
-}
-
 #[cfg(feature = "remote")]
 pub(crate) fn remote_options(concurrency: usize) -> Result<trajstore::remote::RemoteOptions> {
     if concurrency == 0 {
-        bail!("--concurrency must be at least 1");
+        anyhow::bail!("--concurrency must be at least 1");
     }
     let mut o = reader_remote_options();
     o.concurrency = concurrency;

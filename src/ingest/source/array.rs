@@ -101,23 +101,23 @@ impl ArraySource {
             open_dir(path, drop)?
         } else {
             let input = Input::open(path)?;
-            let magic =
-                input.read_at(0, input.len().min(6) as usize, &path.display().to_string())?;
+            let magic = input.read_at(0, input.len().min(6) as usize, &Loc::file(path))?;
             if magic.starts_with(b"\x93NUMPY") {
-                return Err(Error::invalid_argument(format!(
-                    "{} is a single .npy array, i.e. one column; save the dataset's arrays together \
-                     (np.savez(\"data.npz\", observations=..., actions=..., rewards=..., terminals=..., \
-                     timeouts=...)) or put the .npy files in one directory",
-                    path.display()
-                )));
+                return Err(Error::argument(
+                    "input",
+                    format!(
+                        "{} is a single .npy array, i.e. one column; save the dataset's arrays \
+                         together (np.savez(\"data.npz\", observations=..., actions=..., \
+                         rewards=..., terminals=..., timeouts=...)) or put the .npy files in one \
+                         directory",
+                        path.display()
+                    ),
+                ));
             }
             open_zip(path, input, magic.starts_with(b"PK"), drop)?
         };
         if arrays.is_empty() {
-            return Err(Error::invalid_data(format!(
-                "{} holds no .npy arrays",
-                path.display()
-            )));
+            return Err(Error::invalid_data("the input holds no .npy arrays").in_input(path.display()));
         }
         Self::from_arrays(path, arrays, None, 0)
     }
@@ -140,39 +140,31 @@ impl ArraySource {
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &arrays {
             if !seen.insert(name.as_str()) {
-                return Err(Error::schema_mismatch(format!(
-                    "{} has two arrays named `{name}`",
-                    path.display()
-                )));
+                return Err(Loc::array(path, name).schema(format!("two arrays are named `{name}`")));
             }
         }
         // Every kept array has one row per transition.
         let kept: Vec<&Array> = arrays.iter().filter_map(|(_, a)| a.as_ref()).collect();
         for a in &kept {
             if a.header.shape.is_empty() {
-                return Err(Error::schema_mismatch(format!(
-                    "array `{}` of {} is a scalar, not one value per transition; pass --drop-cols {}",
-                    a.name,
-                    path.display(),
-                    a.name
+                return Err(Loc::array(path, &a.name).schema(format!(
+                    "array `{}` is a scalar, not one value per transition; pass --drop-cols {}",
+                    a.name, a.name
                 )));
             }
             if a.width() == 0 {
-                return Err(Error::schema_mismatch(format!(
-                    "array `{}` of {} has shape {:?}: rows of zero values cannot be stored; pass --drop-cols {}",
-                    a.name,
-                    path.display(),
-                    a.header.shape,
-                    a.name
+                return Err(Loc::array(path, &a.name).schema(format!(
+                    "array `{}` has shape {:?}: rows of zero values cannot be stored; pass \
+                     --drop-cols {}",
+                    a.name, a.header.shape, a.name
                 )));
             }
         }
         let capacity = kept.first().map_or(0, |a| a.rows());
         if let Some(a) = kept.iter().find(|a| a.rows() != capacity) {
-            return Err(Error::schema_mismatch(format!(
-                "{}: array `{}` has {} rows but `{}` has {rows}; every array must have one row per \
+            return Err(Loc::array(path, &a.name).schema(format!(
+                "array `{}` has {} rows but `{}` has {rows}; every array must have one row per \
                  transition (pass --drop-cols {} to leave it out)",
-                path.display(),
                 a.name,
                 a.rows(),
                 kept[0].name,
@@ -182,9 +174,8 @@ impl ArraySource {
         }
         let rows = rows.unwrap_or(capacity as u64);
         if rows > capacity as u64 || (first > 0 && first >= capacity as u64) {
-            return Err(Error::invalid_data(format!(
-                "{}: {rows} rows from row {first} do not fit arrays of {capacity} rows",
-                path.display()
+            return Err(Loc::file(path).data(format!(
+                "{rows} rows from row {first} do not fit arrays of {capacity} rows"
             )));
         }
         let mut fields = vec![];
@@ -215,15 +206,18 @@ impl ArraySource {
     /// Rows `start..start + n` of array `i` as an Arrow array.
     fn read_rows(&self, i: usize, start: u64, n: usize) -> Result<ArrayRef> {
         let a = self.arrays[i].as_ref().ok_or_else(|| {
-            Error::invalid_argument(format!("array {} was dropped", self.schema.field(i).name()))
+            Error::argument(
+                "projection",
+                format!("array `{}` was dropped", self.schema.field(i).name()),
+            )
         })?;
-        let what = || format!("{}: array `{}`", self.path.display(), a.name);
+        let at = Loc::array(&self.path, &a.name);
         let row_bytes = a.row_bytes();
         let len = n * row_bytes;
         let mut buf;
         match &a.data {
             Data::Hdf5(d) => {
-                return fixed_rows(&a.header, d.read_rows(&a.header, start, n, &what())?);
+                return fixed_rows(&a.header, d.read_rows(&a.header, start, n, &at)?);
             }
             Data::Stored { input, offset } => {
                 buf = MutableBuffer::from_len_zeroed(len);
@@ -237,7 +231,7 @@ impl ArraySource {
                     input.read_into(
                         offset + (p * row_bytes) as u64,
                         &mut buf.as_slice_mut()[done * row_bytes..(done + k) * row_bytes],
-                        &what(),
+                        &at,
                     )?;
                     done += k;
                 }
@@ -253,17 +247,22 @@ impl ArraySource {
                 let slot = &mut inflaters[i];
                 if slot.as_ref().is_none_or(|f| f.row != start) {
                     if start != 0 {
-                        return Err(Error::invalid_argument(format!(
-                            "{}: a compressed array is read in order only",
-                            what()
-                        )));
+                        return Err(Error::argument(
+                            "start",
+                            format!(
+                                "array `{}` of {} is compressed, so it is read in order only \
+                                 (rows from {start} asked for)",
+                                a.name,
+                                self.path.display()
+                            ),
+                        ));
                     }
                     let mut decoder = inflater(input, *offset, *z);
                     // Skip the header (parsed when the archive was opened).
                     let mut skip = vec![0; a.header.data_offset];
-                    decoder.read_exact(&mut skip).map_err(|e| {
-                        Error::invalid_data(format!("{}: cannot inflate: {e}", what()))
-                    })?;
+                    decoder
+                        .read_exact(&mut skip)
+                        .map_err(|e| at.data(format!("cannot inflate: {e}")))?;
                     let mut hasher = crc32fast::Hasher::new();
                     hasher.update(&skip);
                     *slot = Some(Inflater {
@@ -274,9 +273,8 @@ impl ArraySource {
                 }
                 let f = slot.as_mut().expect("inflater");
                 f.decoder.read_exact(buf.as_slice_mut()).map_err(|e| {
-                    Error::invalid_data(format!(
-                        "{}: cannot inflate rows {start}..{}: {e} (truncated or corrupt archive)",
-                        what(),
+                    at.data(format!(
+                        "cannot inflate rows {start}..{}: {e} (truncated or corrupt archive)",
                         start + n as u64
                     ))
                 })?;
@@ -284,16 +282,15 @@ impl ArraySource {
                 f.row = start + n as u64;
                 if f.row == a.rows() as u64 {
                     let mut rest = vec![];
-                    f.decoder.read_to_end(&mut rest).map_err(|e| {
-                        Error::invalid_data(format!("{}: cannot inflate: {e}", what()))
-                    })?;
+                    f.decoder
+                        .read_to_end(&mut rest)
+                        .map_err(|e| at.data(format!("cannot inflate: {e}")))?;
                     f.crc.update(&rest);
                     let got = std::mem::take(&mut f.crc).finalize();
                     if got != *crc {
-                        return Err(Error::invalid_data(format!(
-                            "{}: CRC-32 mismatch (archive says {crc:08x}, data gives {got:08x}): the \
-                             archive is corrupt",
-                            what()
+                        return Err(at.data(format!(
+                            "CRC-32 mismatch (archive says {crc:08x}, data gives {got:08x}): the \
+                             archive is corrupt"
                         )));
                     }
                 }
@@ -393,13 +390,15 @@ impl Source for ArraySource {
 }
 
 /// The data of a stored array must hold all its rows.
-pub(super) fn check_size(a: &Array, available: u64, what: &str) -> Result<()> {
-    let need = a.rows().checked_mul(a.row_bytes()).ok_or_else(|| {
-        Error::invalid_data(format!("{what}: shape {:?} overflows", a.header.shape))
-    })? as u64;
+pub(super) fn check_size(a: &Array, available: u64, at: &Loc) -> Result<()> {
+    let need = a
+        .rows()
+        .checked_mul(a.row_bytes())
+        .ok_or_else(|| at.data(format!("shape {:?} overflows", a.header.shape)))?
+        as u64;
     if available < need {
-        return Err(Error::invalid_data(format!(
-            "{what}: shape {:?} needs {need} bytes of data, the file has {available} (truncated?)",
+        return Err(at.data(format!(
+            "shape {:?} needs {need} bytes of data, the file has {available} (truncated?)",
             a.header.shape
         )));
     }

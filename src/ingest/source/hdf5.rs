@@ -28,7 +28,7 @@ use hdf5_reader::{Datatype, H5Type, Hdf5File, SliceInfo, SliceInfoElem};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
 use super::array::{Array, ArraySource, Data, column_field, fixed_rows};
-use super::npy::{Dtype, Header};
+use super::npy::{Dtype, Header, Loc};
 use super::{Source, UNIT_BATCHES};
 use crate::error::{Error, Result};
 
@@ -63,8 +63,9 @@ impl H5Type for Flag {
     }
 }
 
-fn h5_error(what: &str, e: impl fmt::Display) -> Error {
-    Error::invalid_data(format!("{what}: {e}"))
+/// An error of the HDF5 reader, at `at`.
+fn h5_error(at: &Loc, e: impl fmt::Display) -> Error {
+    at.data(e.to_string())
 }
 
 /// Rows `start..start + n` of a dataset as `T`s, flat.
@@ -73,7 +74,7 @@ fn read_typed<T: H5Type>(
     shape: &[usize],
     start: u64,
     n: usize,
-    what: &str,
+    what: &Loc,
 ) -> Result<Vec<T>> {
     let dataset = d.file.dataset(&d.path).map_err(|e| h5_error(what, e))?;
     let mut selections = vec![SliceInfoElem::Slice {
@@ -108,7 +109,7 @@ fn primitive<A: ArrowPrimitiveType>(
     shape: &[usize],
     start: u64,
     n: usize,
-    what: &str,
+    what: &Loc,
 ) -> Result<ArrayRef>
 where
     A::Native: H5Type,
@@ -127,7 +128,7 @@ impl H5Data {
         header: &Header,
         start: u64,
         n: usize,
-        what: &str,
+        what: &Loc,
     ) -> Result<ArrayRef> {
         let shape = &header.shape;
         Ok(match &header.dtype.arrow {
@@ -149,9 +150,7 @@ impl H5Data {
             DataType::UInt32 => primitive::<UInt32Type>(self, shape, start, n, what)?,
             DataType::UInt64 => primitive::<UInt64Type>(self, shape, start, n, what)?,
             other => {
-                return Err(Error::schema_mismatch(format!(
-                    "{what}: {other} is not read from HDF5"
-                )));
+                return Err(what.schema(format!("{other} is not read from HDF5")));
             }
         })
     }
@@ -195,8 +194,9 @@ fn walk(
     path: &Path,
     out: &mut Vec<(String, Option<Array>)>,
 ) -> Result<()> {
-    let what = path.display().to_string();
-    let (groups, datasets) = group.members().map_err(|e| h5_error(&what, e))?;
+    let (groups, datasets) = group
+        .members()
+        .map_err(|e| h5_error(&Loc::file(path), format!("group `/{prefix}`: {e}")))?;
     for d in datasets {
         let name = format!("{prefix}{}", d.name());
         if drop.contains(&name) {
@@ -210,9 +210,9 @@ fn walk(
             continue;
         }
         let dt = dtype(d.dtype()).ok_or_else(|| {
-            Error::schema_mismatch(format!(
-                "{what}: dataset `{name}` has HDF5 type {:?}, which is not supported (bool, \
-                 integers, float32/64); pass --drop-cols {name}",
+            Loc::array(path, &name).schema(format!(
+                "dataset `{name}` has HDF5 type {:?}, which is not supported (bool, integers, \
+                 float32/64); pass --drop-cols {name}",
                 d.dtype()
             ))
         })?;
@@ -252,7 +252,7 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
     } else {
         path.to_path_buf()
     };
-    let what = path.display().to_string();
+    let what = Loc::file(path);
     if !file_path.exists() {
         return Err(Error::io(
             &file_path,
@@ -261,7 +261,7 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
     }
     let file = Arc::new(
         Hdf5File::open(&file_path)
-            .map_err(|e| Error::invalid_data(format!("{what}: not a readable HDF5 file: {e}")))?,
+            .map_err(|e| what.data(format!("not a readable HDF5 file: {e}")))?,
     );
     let root = file.root_group().map_err(|e| h5_error(&what, e))?;
     let (groups, _) = root.member_names().map_err(|e| h5_error(&what, e))?;
@@ -271,9 +271,7 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
     let mut arrays = vec![];
     walk(&file, &root, "", drop, path, &mut arrays)?;
     if arrays.iter().all(|(_, a)| a.is_none()) {
-        return Err(Error::invalid_data(format!(
-            "{what} holds no per-transition datasets"
-        )));
+        return Err(what.data("the file holds no per-transition datasets"));
     }
     Ok(Box::new(ArraySource::from_arrays(path, arrays, None, 0)?))
 }
@@ -312,12 +310,12 @@ impl MinariSource {
         groups: Vec<String>,
         drop: &[String],
     ) -> Result<MinariSource> {
-        let what = path.display().to_string();
+        let what = Loc::file(path);
         let mut episodes = vec![];
         for g in groups {
-            let id: u64 = g["episode_".len()..].parse().map_err(|_| {
-                Error::invalid_data(format!("{what}: group `{g}` is not `episode_<number>`"))
-            })?;
+            let id: u64 = g["episode_".len()..]
+                .parse()
+                .map_err(|_| what.data(format!("group `{g}` is not `episode_<number>`")))?;
             let steps_of = |name: &str| -> Option<u64> {
                 file.dataset(&format!("{g}/{name}"))
                     .ok()
@@ -326,8 +324,8 @@ impl MinariSource {
             let steps = steps_of("rewards")
                 .or_else(|| steps_of("actions"))
                 .ok_or_else(|| {
-                    Error::schema_mismatch(format!(
-                        "{what}: episode group `{g}` has neither `rewards` nor `actions`"
+                    what.schema(format!(
+                        "episode group `{g}` has neither `rewards` nor `actions`"
                     ))
                 })?;
             episodes.push((g, id, steps));
@@ -336,8 +334,10 @@ impl MinariSource {
         // Columns from the first episode; every other episode must have the same.
         let (first, _, n) = episodes[0].clone();
         let mut found = vec![];
-        let group = file.group(&first).map_err(|e| h5_error(&what, e))?;
-        collect(&group, &first, "", &mut found)?;
+        let group = file
+            .group(&first)
+            .map_err(|e| h5_error(&what, format!("group `{first}`: {e}")))?;
+        collect(&group, &first, "", path, &mut found)?;
         let mut fields = vec![Field::new(MINARI_EPISODE, DataType::UInt64, false)];
         let mut columns = vec![None];
         for (rel, shape, dt) in found {
@@ -346,9 +346,9 @@ impl MinariSource {
                 if drop.contains(&rel) {
                     continue;
                 }
-                return Err(Error::schema_mismatch(format!(
-                    "{what}: dataset `{first}/{rel}` has a type that is not supported (bool, \
-                     integers, float32/64); pass --drop-cols {rel}"
+                return Err(Loc::array(path, &rel).schema(format!(
+                    "dataset `{first}/{rel}` has a type that is not supported (bool, integers, \
+                     float32/64); pass --drop-cols {rel}"
                 )));
             };
             let header = Header {
@@ -381,27 +381,36 @@ impl MinariSource {
                 // Per-state infos: row 0 is the reset's, row t + 1 the one step t returned.
                 add(rel.clone(), 1)?;
             } else {
-                return Err(Error::schema_mismatch(format!(
-                    "{what}: `{first}/{rel}` has {rows} rows for {n} steps; pass --drop-cols {rel}"
+                return Err(Loc::array(path, &rel).schema(format!(
+                    "`{first}/{rel}` has {rows} rows for {n} steps (neither one per step nor one \
+                     per state); pass --drop-cols {rel}"
                 )));
             }
         }
         // Every episode has every column, with its number of rows.
-        for (g, _, steps) in &episodes {
+        for (g, id, steps) in &episodes {
             for c in columns.iter().flatten() {
-                let d = file
-                    .dataset(&format!("{g}/{}", c.rel))
-                    .map_err(|e| h5_error(&format!("{what}: `{g}/{}`", c.rel), e))?;
+                let d = file.dataset(&format!("{g}/{}", c.rel)).map_err(|e| {
+                    h5_error(&Loc::array(path, &c.rel), format!("`{g}/{}`: {e}", c.rel))
+                        .in_episode(*id as i64)
+                })?;
                 let shape: Vec<usize> = d.shape().iter().map(|&k| k as usize).collect();
                 let want = steps + u64::from(c.per_state);
                 if shape.first().copied().unwrap_or(0) as u64 != want
                     || shape.get(1..) != c.header.shape.get(1..)
                 {
-                    return Err(Error::schema_mismatch(format!(
-                        "{what}: `{g}/{}` has shape {:?}, unlike the first episode's",
-                        c.rel,
-                        d.shape()
-                    )));
+                    let mut expected = vec![want as usize];
+                    expected.extend_from_slice(c.header.shape.get(1..).unwrap_or_default());
+                    return Err(Error::schema_types(
+                        &c.rel,
+                        format!("shape {expected:?}"),
+                        format!("shape {shape:?}"),
+                        format!(
+                            "{}: `{g}/{}` (episode {id}) is not shaped like the first episode's \
+                             ({steps} steps)",
+                            what.input, c.rel
+                        ),
+                    ));
                 }
             }
         }
@@ -422,10 +431,12 @@ fn collect(
     group: &hdf5_reader::group::Group,
     base: &str,
     prefix: &str,
+    path: &Path,
     out: &mut Vec<(String, Vec<usize>, Option<Dtype>)>,
 ) -> Result<()> {
-    let what = format!("{base}/{prefix}");
-    let (groups, datasets) = group.members().map_err(|e| h5_error(&what, e))?;
+    let (groups, datasets) = group
+        .members()
+        .map_err(|e| h5_error(&Loc::file(path), format!("group `{base}/{prefix}`: {e}")))?;
     for d in datasets {
         let shape: Vec<usize> = d.shape().iter().map(|&k| k as usize).collect();
         let is_string = matches!(d.dtype(), Datatype::String { .. } | Datatype::VarLen { .. });
@@ -435,7 +446,7 @@ fn collect(
         out.push((format!("{prefix}{}", d.name()), shape, dtype(d.dtype())));
     }
     for g in groups {
-        collect(&g, base, &format!("{prefix}{}/", g.name()), out)?;
+        collect(&g, base, &format!("{prefix}{}/", g.name()), path, out)?;
     }
     Ok(())
 }
@@ -494,11 +505,11 @@ impl Source for MinariSource {
                             file: self.file.clone(),
                             path: format!("{group}/{}", c.rel),
                         };
-                        let what = format!("{}: `{}`", self.path.display(), d.path);
-                        fixed_rows(
-                            &c.header,
-                            d.read_rows(&c.header, c.shift + at + done, n, &what)?,
-                        )?
+                        let what = Loc::array(&self.path, self.schema.field(i).name());
+                        let rows = d
+                            .read_rows(&c.header, c.shift + at + done, n, &what)
+                            .map_err(|e| e.in_episode(*id as i64))?;
+                        fixed_rows(&c.header, rows)?
                     }
                 });
             }

@@ -1,6 +1,7 @@
 //! The `.npy` format: dtype and header parsing, positioned reads of an input file, and
 //! directories of `.npy` files.
 
+use std::fmt;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
@@ -13,6 +14,56 @@ use flate2::read::DeflateDecoder;
 use super::array::*;
 use crate::error::{Error, Result};
 
+/// Where in an input a problem is: the file (or archive, or directory) and, when known, the array
+/// (the column it becomes). Errors built here carry both in their fields.
+#[derive(Debug, Clone)]
+pub(crate) struct Loc {
+    /// The input, as displayed.
+    pub(crate) input: String,
+    /// The array (column) at fault, when one is.
+    pub(crate) column: Option<String>,
+}
+
+impl Loc {
+    /// The input `path` as a whole.
+    pub(crate) fn file(path: &Path) -> Loc {
+        Loc {
+            input: path.display().to_string(),
+            column: None,
+        }
+    }
+
+    /// Array `name` of input `path`.
+    pub(crate) fn array(path: &Path, name: &str) -> Loc {
+        Loc {
+            input: path.display().to_string(),
+            column: Some(name.to_string()),
+        }
+    }
+
+    /// An [`Error::InvalidData`] in this input (and column).
+    pub(crate) fn data(&self, reason: impl Into<String>) -> Error {
+        self.narrow(Error::invalid_data(reason).in_input(&self.input))
+    }
+
+    /// An [`Error::SchemaMismatch`] about this column (the input is named in the reason).
+    pub(crate) fn schema(&self, reason: impl fmt::Display) -> Error {
+        let reason = format!("{}: {reason}", self.input);
+        match &self.column {
+            Some(c) => Error::schema(c, reason),
+            None => Error::schema_mismatch(reason),
+        }
+    }
+
+    /// `e` narrowed to this location's column, when there is one.
+    pub(crate) fn narrow(&self, e: Error) -> Error {
+        match &self.column {
+            Some(c) => e.in_column(c),
+            None => e,
+        }
+    }
+}
+
 /// An element type NumPy may store and Arrow can hold.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Dtype {
@@ -21,10 +72,10 @@ pub(super) struct Dtype {
 }
 
 /// Parses a NumPy `descr` such as `<f4`, `|b1` or `<i8`.
-pub(super) fn parse_descr(descr: &str, what: &str) -> Result<Dtype> {
+pub(super) fn parse_descr(descr: &str, at: &Loc) -> Result<Dtype> {
     let bad = |why: &str| {
-        Error::schema_mismatch(format!(
-            "{what}: NumPy dtype '{descr}' {why}; supported: bool, int8-64, uint8-64, float16/32/64"
+        at.schema(format!(
+            "NumPy dtype '{descr}' {why}; supported: bool, int8-64, uint8-64, float16/32/64"
         ))
     };
     let mut chars = descr.chars();
@@ -56,8 +107,8 @@ pub(super) fn parse_descr(descr: &str, what: &str) -> Result<Dtype> {
         _ => return Err(bad("has no byte-order mark")),
     };
     if !little {
-        return Err(Error::schema_mismatch(format!(
-            "{what}: big-endian dtype '{descr}'; convert it first (arr.astype(arr.dtype.newbyteorder('<')))"
+        return Err(at.schema(format!(
+            "big-endian dtype '{descr}'; convert it first (arr.astype(arr.dtype.newbyteorder('<')))"
         )));
     }
     Ok(Dtype { arrow, size })
@@ -88,11 +139,9 @@ pub(super) struct Header {
 }
 
 /// Length of the fixed preamble and of the header that follows: reads at most 12 bytes.
-pub(crate) fn preamble(bytes: &[u8], what: &str) -> Result<(usize, usize)> {
+pub(crate) fn preamble(bytes: &[u8], at: &Loc) -> Result<(usize, usize)> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err(Error::invalid_data(format!(
-            "{what}: not a NumPy .npy array (no \\x93NUMPY magic, or truncated)"
-        )));
+        return Err(at.data("not a NumPy .npy array (no \\x93NUMPY magic, or truncated)"));
     }
     match bytes[6] {
         1 => Ok((10, u16::from_le_bytes([bytes[8], bytes[9]]) as usize)),
@@ -100,26 +149,24 @@ pub(crate) fn preamble(bytes: &[u8], what: &str) -> Result<(usize, usize)> {
             12,
             u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
         )),
-        2 | 3 => Err(Error::invalid_data(format!("{what}: truncated .npy header"))),
-        v => Err(Error::invalid_data(format!(
-            "{what}: .npy format version {v} is not supported (1, 2 and 3 are)"
+        2 | 3 => Err(at.data("truncated .npy header")),
+        v => Err(at.data(format!(
+            ".npy format version {v} is not supported (1, 2 and 3 are)"
         ))),
     }
 }
 
 /// Parses the header text that follows the preamble.
-pub(crate) fn parse_header(text: &[u8], data_offset: usize, what: &str) -> Result<Header> {
-    let text = std::str::from_utf8(text)
-        .map_err(|_| Error::invalid_data(format!("{what}: .npy header is not text")))?;
-    let missing =
-        |key: &str| Error::invalid_data(format!("{what}: .npy header has no '{key}': {text}"));
+pub(crate) fn parse_header(text: &[u8], data_offset: usize, at: &Loc) -> Result<Header> {
+    let text = std::str::from_utf8(text).map_err(|_| at.data(".npy header is not text"))?;
+    let missing = |key: &str| at.data(format!(".npy header has no '{key}': {text}"));
     let descr = header_value(text, "descr").ok_or_else(|| missing("descr"))?;
     if descr.starts_with('[') {
-        return Err(Error::schema_mismatch(format!(
-            "{what}: structured (record) arrays are not supported; save each field as its own array"
-        )));
+        return Err(at.schema(
+            "structured (record) arrays are not supported; save each field as its own array",
+        ));
     }
-    let dtype = parse_descr(descr.trim_matches(['\'', '"']), what)?;
+    let dtype = parse_descr(descr.trim_matches(['\'', '"']), at)?;
     let fortran = header_value(text, "fortran_order").ok_or_else(|| missing("fortran_order"))?;
     let shape_text = header_value(text, "shape").ok_or_else(|| missing("shape"))?;
     let shape = shape_text
@@ -129,10 +176,10 @@ pub(crate) fn parse_header(text: &[u8], data_offset: usize, what: &str) -> Resul
         .filter(|s| !s.is_empty())
         .map(|s| s.trim_end_matches('L').parse::<usize>())
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|_| Error::invalid_data(format!("{what}: bad .npy shape {shape_text}")))?;
+        .map_err(|_| at.data(format!("bad .npy shape {shape_text}")))?;
     if fortran == "True" && shape.iter().filter(|&&d| d > 1).count() > 1 {
-        return Err(Error::schema_mismatch(format!(
-            "{what}: Fortran-ordered array of shape {shape:?}; save it C-ordered (np.ascontiguousarray)"
+        return Err(at.schema(format!(
+            "Fortran-ordered array of shape {shape:?}; save it C-ordered (np.ascontiguousarray)"
         )));
     }
     Ok(Header {
@@ -165,36 +212,39 @@ impl Input {
         self.len
     }
 
-    /// Fills `buf` from `offset`; running past the end is a "truncated" error.
-    pub(crate) fn read_into(&self, offset: u64, buf: &mut [u8], what: &str) -> Result<()> {
+    /// Fills `buf` from `offset`; running past the end is a "truncated" error (in this file, and
+    /// in the column of `at`).
+    pub(crate) fn read_into(&self, offset: u64, buf: &mut [u8], at: &Loc) -> Result<()> {
         self.file.read_exact_at(buf, offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::invalid_data(format!(
-                    "{what}: {} is truncated (it ends before byte {})",
-                    self.path.display(),
-                    offset + buf.len() as u64
-                ))
+                at.narrow(
+                    Error::invalid_data(format!(
+                        "the file is truncated (it ends before byte {})",
+                        offset + buf.len() as u64
+                    ))
+                    .in_input(self.path.display()),
+                )
             } else {
                 Error::io(&self.path, e)
             }
         })
     }
 
-    pub(crate) fn read_at(&self, offset: u64, len: usize, what: &str) -> Result<Vec<u8>> {
+    pub(crate) fn read_at(&self, offset: u64, len: usize, at: &Loc) -> Result<Vec<u8>> {
         let mut buf = vec![0; len];
-        self.read_into(offset, &mut buf, what)?;
+        self.read_into(offset, &mut buf, at)?;
         Ok(buf)
     }
 
     /// The `.npy` header that starts at `offset` (of a stored array; `avail` bytes from there).
-    pub(crate) fn header_at(&self, offset: u64, avail: u64, what: &str) -> Result<Header> {
-        let head = self.read_at(offset, avail.min(12) as usize, what)?;
-        let (pre, len) = preamble(&head, what)?;
+    pub(crate) fn header_at(&self, offset: u64, avail: u64, at: &Loc) -> Result<Header> {
+        let head = self.read_at(offset, avail.min(12) as usize, at)?;
+        let (pre, len) = preamble(&head, at)?;
         if (pre + len) as u64 > avail {
-            return Err(Error::invalid_data(format!("{what}: truncated .npy header")));
+            return Err(at.data("truncated .npy header"));
         }
-        let text = self.read_at(offset + pre as u64, len, what)?;
-        parse_header(&text, pre + len, what)
+        let text = self.read_at(offset + pre as u64, len, at)?;
+        parse_header(&text, pre + len, at)
     }
 }
 
@@ -247,9 +297,9 @@ pub(crate) fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Optio
             if drop.contains(&name) {
                 return Ok((name, None));
             }
-            let what = path.display().to_string();
+            let at = Loc::array(&path, &name);
             let input = Input::open(&path)?;
-            let header = input.header_at(0, input.len(), &what)?;
+            let header = input.header_at(0, input.len(), &at)?;
             let available = input.len() - header.data_offset as u64;
             let array = Array {
                 name: name.clone(),
@@ -259,7 +309,7 @@ pub(crate) fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Optio
                 },
                 header,
             };
-            check_size(&array, available, &what)?;
+            check_size(&array, available, &at)?;
             Ok((name, Some(array)))
         })
         .collect()
@@ -271,7 +321,8 @@ mod tests {
 
     #[test]
     fn headers_of_every_version_and_dtype() {
-        let h = |s: &str| parse_header(s.as_bytes(), 128, "t");
+        let t = Loc::array(Path::new("t.npz"), "x");
+        let h = |s: &str| parse_header(s.as_bytes(), 128, &t);
         let x = h("{'descr': '<f4', 'fortran_order': False, 'shape': (1000, 17), }").unwrap();
         assert_eq!(x.dtype.arrow, DataType::Float32);
         assert_eq!(x.shape, vec![1000, 17]);
@@ -284,6 +335,10 @@ mod tests {
         // Errors that say what to do.
         let e = h("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }").unwrap_err();
         assert!(e.to_string().contains("big-endian"), "{e}");
+        assert!(
+            matches!(e, Error::SchemaMismatch { column: Some(ref c), .. } if c == "x"),
+            "{e}"
+        );
         let e = h("{'descr': '<U7', 'fortran_order': False, 'shape': (3,), }").unwrap_err();
         assert!(e.to_string().contains("not supported"), "{e}");
         let e =
@@ -296,11 +351,16 @@ mod tests {
 
     #[test]
     fn preamble_rejects_garbage_and_truncation() {
-        assert!(preamble(b"hello world!", "t").is_err());
-        assert!(preamble(b"\x93NUMPY\x02\x00\x10", "t").is_err());
-        assert!(preamble(b"\x93NUMPY\x09\x00\x10\x00", "t").is_err());
+        let t = &Loc::file(Path::new("t.npy"));
+        let e = preamble(b"hello world!", t).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidData { input: Some(ref i), column: None, .. } if i == "t.npy"),
+            "{e}"
+        );
+                assert!(preamble(b"\x93NUMPY\x02\x00\x10", t).is_err());
+        assert!(preamble(b"\x93NUMPY\x09\x00\x10\x00", t).is_err());
         assert_eq!(
-            preamble(b"\x93NUMPY\x01\x00\x76\x00", "t").unwrap(),
+            preamble(b"\x93NUMPY\x01\x00\x76\x00", t).unwrap(),
             (10, 0x76)
         );
     }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::array::{Array, ArraySource, Data, check_size};
-use super::npy::{Dtype, Header, Input};
+use super::npy::{Dtype, Header, Input, Loc};
 use crate::error::{Error, Result};
 
 /// TorchRL's bookkeeping entry (the storage index of each row): not a column of the input.
@@ -31,10 +31,10 @@ pub(crate) fn is_torchrl(path: &Path) -> bool {
 fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text)
-        .map_err(|e| Error::invalid_data(format!("{}: not valid JSON: {e}", path.display())))
+        .map_err(|e| Error::invalid_data(format!("not valid JSON: {e}")).in_input(path.display()))
 }
 
-fn dtype(name: &str, what: &str) -> Result<Dtype> {
+fn dtype(name: &str, what: &Loc) -> Result<Dtype> {
     use arrow::datatypes::DataType as T;
     let (arrow, size) = match name.trim_start_matches("torch.") {
         "bool" => (T::Boolean, 1),
@@ -50,14 +50,14 @@ fn dtype(name: &str, what: &str) -> Result<Dtype> {
         "float32" => (T::Float32, 4),
         "float64" => (T::Float64, 8),
         "bfloat16" => {
-            return Err(Error::schema_mismatch(format!(
-                "{what}: bfloat16 has no Arrow type; cast it to float32 before rb.dumps(), or pass \
-                 --drop-cols"
-            )));
+            return Err(what.schema(
+                "bfloat16 has no Arrow type; cast it to float32 before rb.dumps(), or pass \
+                 --drop-cols",
+            ));
         }
         other => {
-            return Err(Error::schema_mismatch(format!(
-                "{what}: dtype {other} is not supported; supported: bool, (u)int8-64, float16/32/64"
+            return Err(what.schema(format!(
+                "dtype {other} is not supported; supported: bool, (u)int8-64, float16/32/64"
             )));
         }
     };
@@ -75,14 +75,14 @@ fn walk(
     let meta_path = dir.join("meta.json");
     let meta = read_json(&meta_path)?;
     let entries = meta.as_object().ok_or_else(|| {
-        Error::invalid_data(format!("{}: expected a JSON object", meta_path.display()))
+        Error::invalid_data("expected a JSON object").in_input(meta_path.display())
     })?;
     for (key, value) in entries {
         let Some(entry) = value.as_object() else {
             continue; // "shape", "device", "_type": the TensorDict's own attributes
         };
         let name = format!("{prefix}{key}");
-        let what = format!("{}: entry `{name}`", root.display());
+        let what = Loc::array(root, &name);
         if entry.get("type").and_then(Value::as_str) == Some("TensorDict") {
             walk(root, &dir.join(key), &format!("{name}/"), drop, out)?;
             continue;
@@ -95,20 +95,24 @@ fn walk(
             continue;
         }
         let Some(dt) = entry.get("dtype").and_then(Value::as_str) else {
-            return Err(Error::schema_mismatch(format!(
-                "{what} is not a tensor ({value}); pass --drop-cols {name}"
+            return Err(what.schema(format!(
+                "entry `{name}` is not a tensor ({value}); pass --drop-cols {name}"
             )));
         };
         if entry.get("is_nested").and_then(Value::as_bool) == Some(true) {
-            return Err(Error::schema_mismatch(format!(
-                "{what} is a nested (ragged) tensor; pass --drop-cols {name}"
+            return Err(what.schema(format!(
+                "entry `{name}` is a nested (ragged) tensor; pass --drop-cols {name}"
             )));
         }
         let shape = entry
             .get("shape")
             .and_then(Value::as_array)
             .and_then(|s| s.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
-            .ok_or_else(|| Error::invalid_data(format!("{what} has no valid shape")))?;
+            .ok_or_else(|| {
+                Error::invalid_data(format!("entry `{name}` has no valid shape"))
+                    .in_input(meta_path.display())
+                    .in_column(&name)
+            })?;
         let file = dir.join(format!("{key}.memmap"));
         let input = Input::open(&file)?;
         let available = input.len();
@@ -121,7 +125,7 @@ fn walk(
             },
             data: Data::Stored { input, offset: 0 },
         };
-        check_size(&array, available, &file.display().to_string())?;
+        check_size(&array, available, &Loc::array(&file, &name))?;
         out.push((name, Some(array)));
     }
     Ok(())
@@ -136,12 +140,15 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<ArraySource> {
     };
     let sm_path = storage.join("storage_metadata.json");
     if !sm_path.is_file() {
-        return Err(Error::invalid_argument(format!(
-            "{} has no storage_metadata.json, so the number of valid rows is unknown: save the \
-             replay buffer with rb.dumps(DIR) and ingest DIR (a LazyMemmapStorage scratch directory \
-             alone does not record it)",
-            path.display()
-        )));
+        return Err(Error::argument(
+            "input",
+            format!(
+                "{} has no storage_metadata.json, so the number of valid rows is unknown: save \
+                 the replay buffer with rb.dumps(DIR) and ingest DIR (a LazyMemmapStorage scratch \
+                 directory alone does not record it)",
+                path.display()
+            ),
+        ));
     }
     let sm = read_json(&sm_path)?;
     if sm.get("is_pytree").and_then(Value::as_bool) == Some(true) {
@@ -153,14 +160,11 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<ArraySource> {
     let len = sm
         .get("len")
         .and_then(Value::as_u64)
-        .ok_or_else(|| Error::invalid_data(format!("{}: no integer `len`", sm_path.display())))?;
+        .ok_or_else(|| Error::invalid_data("no integer `len`").in_input(sm_path.display()))?;
     let mut arrays = vec![];
     walk(path, &storage, "", drop, &mut arrays)?;
     if arrays.iter().all(|(_, a)| a.is_none()) {
-        return Err(Error::invalid_data(format!(
-            "{} holds no tensors",
-            path.display()
-        )));
+        return Err(Error::invalid_data("the replay buffer holds no tensors").in_input(path.display()));
     }
     // Oldest row first: after the buffer wrapped (more writes than it holds), the writer's
     // cursor points at the oldest row.

@@ -33,11 +33,9 @@ pub(crate) struct Member {
     local_offset: u64,
 }
 
+/// An [`Error::InvalidData`] in archive `path`: its zip structure is broken.
 pub(crate) fn corrupt(path: &Path, why: &str) -> Error {
-    Error::invalid_data(format!(
-        "{}: not a readable .npz (zip) archive: {why}",
-        path.display()
-    ))
+    Error::invalid_data(format!("not a readable .npz (zip) archive: {why}")).in_input(path.display())
 }
 
 /// The central directory's members.
@@ -46,7 +44,7 @@ pub(crate) fn zip_members(path: &Path, input: &Input) -> Result<Vec<Member>> {
     const EOCD64_LOCATOR: u32 = 0x0706_4b50;
     const EOCD64: u32 = 0x0606_4b50;
     const CENTRAL: u32 = 0x0201_4b50;
-    let what = path.display().to_string();
+    let what = Loc::file(path);
     if input.len() < 22 {
         return Err(corrupt(path, "too short"));
     }
@@ -151,7 +149,7 @@ pub(crate) fn zip_members(path: &Path, input: &Input) -> Result<Vec<Member>> {
 }
 
 /// CRC-32 of `offset..offset + len` of an input, read in 8 MiB pieces.
-pub(crate) fn crc_of(input: &Input, offset: u64, len: u64, what: &str) -> Result<u32> {
+pub(crate) fn crc_of(input: &Input, offset: u64, len: u64, what: &Loc) -> Result<u32> {
     let mut hasher = crc32fast::Hasher::new();
     let mut buf = vec![0u8; (8 << 20).min(len as usize)];
     let mut done = 0u64;
@@ -173,10 +171,13 @@ pub(crate) fn open_zip(
 ) -> Result<Vec<(String, Option<Array>)>> {
     const LOCAL: u32 = 0x0403_4b50;
     if !is_zip {
-        return Err(Error::invalid_argument(format!(
-            "{} is neither a .npz archive nor a directory of .npy files",
-            path.display()
-        )));
+        return Err(Error::argument(
+            "input",
+            format!(
+                "{} is neither a .npz archive nor a directory of .npy files",
+                path.display()
+            ),
+        ));
     }
     let mut out = vec![];
     for m in zip_members(path, &input)? {
@@ -184,20 +185,19 @@ pub(crate) fn open_zip(
             continue; // a directory entry
         }
         let Some(name) = m.name.strip_suffix(".npy") else {
-            return Err(Error::invalid_data(format!(
-                "{}: member `{}` is not a .npy array",
-                path.display(),
-                m.name
-            )));
+            return Err(
+                Error::invalid_data(format!("member `{}` is not a .npy array", m.name))
+                    .in_input(path.display()),
+            );
         };
         let name = name.to_string();
         if drop.contains(&name) {
             out.push((name, None));
             continue;
         }
-        let what = format!("{}: array `{name}`", path.display());
+        let what = Loc::array(path, &name);
         if m.flags & 1 != 0 {
-            return Err(Error::invalid_data(format!("{what} is encrypted")));
+            return Err(what.data("the array is encrypted"));
         }
         if m.local_offset
             .checked_add(30)
@@ -224,8 +224,8 @@ pub(crate) fn open_zip(
             0 => {
                 let got = crc_of(&input, start, m.compressed, &what)?;
                 if got != m.crc {
-                    return Err(Error::invalid_data(format!(
-                        "{what}: CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \
+                    return Err(what.data(format!(
+                        "CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \
                          archive is corrupt",
                         m.crc
                     )));
@@ -249,7 +249,7 @@ pub(crate) fn open_zip(
                 let mut head = [0u8; 12];
                 decoder
                     .read_exact(&mut head)
-                    .map_err(|e| Error::invalid_data(format!("{what}: cannot inflate: {e}")))?;
+                    .map_err(|e| what.data(format!("cannot inflate: {e}")))?;
                 let (pre, len) = preamble(&head, &what)?;
                 let mut text = vec![0u8; pre + len];
                 let copied = text.len().min(12);
@@ -257,7 +257,7 @@ pub(crate) fn open_zip(
                 if text.len() > 12 {
                     decoder
                         .read_exact(&mut text[12..])
-                        .map_err(|e| Error::invalid_data(format!("{what}: cannot inflate: {e}")))?;
+                        .map_err(|e| what.data(format!("cannot inflate: {e}")))?;
                 }
                 let header = parse_header(&text[pre..], pre + len, &what)?;
                 let have = m.uncompressed.saturating_sub(header.data_offset as u64);
@@ -275,8 +275,8 @@ pub(crate) fn open_zip(
                 a
             }
             other => {
-                return Err(Error::invalid_data(format!(
-                    "{what} uses zip compression method {other}; only stored (np.savez) and \
+                return Err(what.data(format!(
+                    "the array uses zip compression method {other}; only stored (np.savez) and \
                      deflate (np.savez_compressed) are supported"
                 )));
             }

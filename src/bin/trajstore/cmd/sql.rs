@@ -67,12 +67,17 @@ pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
 /// the transition files are pulled when a query first scans `transitions`.
 #[cfg(feature = "remote")]
 fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
-    let catalog = open_remote_catalog(url, version)?;
+    let (catalog, _) = open_catalog(std::path::Path::new(url), version)?;
     let (url, version) = (url.to_string(), catalog.version());
     let open = move || {
-        let (ds, r) = trajstore::remote::open(&url, None, Some(version), reader_remote_options())?;
-        report_fetch("pulled version", &r);
-        ds.snapshot_at(version)
+        let (snap, fetched) = trajstore::DatasetBuilder::from_uri(&url)
+            .with_version(version)
+            .with_remote_options(reader_remote_options())
+            .load_reported()?;
+        if let Some(r) = fetched {
+            report_fetch("pulled version", &r);
+        }
+        Ok(snap)
     };
     Ok(trajstore::sql::SqlSession::deferred(&catalog, open)?)
 }
