@@ -2,6 +2,8 @@
 //! memcpy of the same bytes from the mapped data, on seeded synthetic datasets.
 //!
 //! `cargo bench --bench sample`. Ids spell their axes: `sample/gather/len=64/slices=256/transitions=1e7`.
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! Store benchmarks: writing (append + commit) and opening a snapshot, on seeded synthetic data.
 //!
 //! `cargo bench --bench store`. Ids spell their axes: `write/obs=17/transitions=1e5`.
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use trajstore::synth::SynthSpec;

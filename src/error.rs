@@ -217,7 +217,8 @@ impl Error {
 
     /// Names the column an [`Error::InvalidData`] or [`Error::SchemaMismatch`] is about.
     pub fn in_column(mut self, name: impl Into<String>) -> Self {
-        if let Error::InvalidData { column, .. } | Error::SchemaMismatch { column, .. } = &mut self {
+        if let Error::InvalidData { column, .. } | Error::SchemaMismatch { column, .. } = &mut self
+        {
             *column = Some(name.into());
         }
         self

@@ -181,7 +181,7 @@ pub fn type_name(dt: &DataType) -> Option<String> {
 
 /// Parses the grammar of [`type_name`]. List children are named `item` and non-nullable.
 pub fn parse_type(s: &str) -> Result<DataType> {
-    let bad = || Error::invalid_argument(format!("unsupported column type `{s}`"));
+    let bad = || Error::argument("type", format!("unsupported column type `{s}`"));
     Ok(match s {
         "bool" => DataType::Boolean,
         "int8" => DataType::Int8,

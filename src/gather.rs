@@ -258,15 +258,18 @@ impl Gatherer {
                 (Some(f), _) => f.clone(),
                 (None, true) => schema.field_with_name(col::OBSERVATION)?.clone(),
                 (None, false) => {
-                    return Err(Error::invalid_argument(format!(
-                        "no column `{name}` (have: {})",
-                        schema
-                            .fields()
-                            .iter()
-                            .map(|f| f.name().as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )));
+                    return Err(Error::argument(
+                        "columns",
+                        format!(
+                            "no column `{name}` (have: {})",
+                            schema
+                                .fields()
+                                .iter()
+                                .map(|f| f.name().as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ));
                 }
             };
             let shape = match field.data_type() {
@@ -308,9 +311,10 @@ impl Gatherer {
                 }
             } else if data_type == DataType::Boolean {
                 if width != 1 {
-                    return Err(Error::invalid_argument(format!(
-                        "column `{name}`: lists of bools are not gathered"
-                    )));
+                    return Err(Error::argument(
+                        "columns",
+                        format!("column `{name}`: lists of bools are not gathered"),
+                    ));
                 }
                 ColumnSource::StoredBool(
                     snap.segments()
@@ -455,29 +459,36 @@ impl Gatherer {
             )));
         }
         if dest.columns.len() != self.columns.len() {
-            return Err(Error::invalid_argument(format!(
-                "{} destination columns for {} gathered columns",
-                dest.columns.len(),
-                self.columns.len()
-            )));
+            return Err(Error::argument(
+                "dest",
+                format!(
+                    "{} destination columns for {} gathered columns",
+                    dest.columns.len(),
+                    self.columns.len()
+                ),
+            ));
         }
         for (c, d) in self.columns.iter().zip(&dest.columns) {
             let need = b * l * c.width * elem_size(&c.data_type);
             if d.len() < need {
-                return Err(Error::invalid_argument(format!(
-                    "destination of `{}` holds {} bytes, the batch needs {need}",
-                    c.name,
-                    d.len()
-                )));
+                return Err(Error::argument(
+                    "dest",
+                    format!(
+                        "destination of `{}` holds {} bytes, the batch needs {need}",
+                        c.name,
+                        d.len()
+                    ),
+                ));
             }
         }
         if dest.flags.iter().any(|f| f.len() < b * l)
             || dest.episode_id.len() < b
             || dest.start_step.len() < b
         {
-            return Err(Error::invalid_argument(format!(
-                "flag or per-slice destinations smaller than a batch of {b} x {l}"
-            )));
+            return Err(Error::argument(
+                "dest",
+                format!("flag or per-slice destinations smaller than a batch of {b} x {l}"),
+            ));
         }
         let GatherInto {
             mut columns,
@@ -682,3 +693,7 @@ struct SendPtr(*mut u8);
 unsafe impl Send for SendPtr {}
 // SAFETY: as above; the pointer itself is never written through by two threads for one range.
 unsafe impl Sync for SendPtr {}
+
+#[cfg(test)]
+#[path = "gather_tests.rs"]
+mod tests;

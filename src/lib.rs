@@ -50,7 +50,6 @@
 //! assert_eq!(episode.num_rows(), 4);
 //! # Ok(()) }
 //! ```
-#![warn(missing_docs)]
 
 // The pipeline, in dependency order: each module uses only those above it (see ARCHITECTURE.md
 // and tests/layers.rs, which checks it).

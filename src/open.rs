@@ -114,9 +114,7 @@ impl DatasetBuilder {
         if !self.is_remote() {
             return Ok((self.local_snapshot()?.catalog(), None));
         }
-        let cache = self
-            .cache
-            .unwrap_or_else(crate::remote::default_cache_dir);
+        let cache = self.cache.unwrap_or_else(crate::remote::default_cache_dir);
         let (catalog, report) =
             crate::remote::open_catalog(&self.uri, Some(&cache), self.version, self.remote)?;
         Ok((catalog, Some(report)))
@@ -145,9 +143,7 @@ impl DatasetBuilder {
 
     #[cfg(feature = "remote")]
     fn mirror(self) -> Result<(Dataset, PullReport)> {
-        let cache = self
-            .cache
-            .unwrap_or_else(crate::remote::default_cache_dir);
+        let cache = self.cache.unwrap_or_else(crate::remote::default_cache_dir);
         crate::remote::open(&self.uri, Some(&cache), self.version, self.remote)
     }
 

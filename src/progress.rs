@@ -88,7 +88,10 @@ mod tests {
 
     impl Progress for Arc<Log> {
         fn start(&self, what: &str, unit: Unit, total: Option<u64>) {
-            self.0.lock().unwrap().push(format!("start {what} {unit:?} {total:?}"));
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("start {what} {unit:?} {total:?}"));
         }
         fn advance(&self, n: u64) {
             self.0.lock().unwrap().push(format!("+{n}"));

@@ -91,10 +91,13 @@ impl TransitionSchemaBuilder {
     pub fn build(self) -> Result<TransitionSchema> {
         let n: usize = self.obs_shape.iter().product();
         if self.obs_shape.is_empty() || n == 0 {
-            return Err(Error::invalid_argument(format!(
-                "observation shape {:?} must be non-empty with no zero dimension",
-                self.obs_shape
-            )));
+            return Err(Error::argument(
+                "obs_shape",
+                format!(
+                    "observation shape {:?} must be non-empty with no zero dimension",
+                    self.obs_shape
+                ),
+            ));
         }
         let obs = tensor_field(
             col::OBSERVATION,
@@ -105,9 +108,7 @@ impl TransitionSchemaBuilder {
         let action = match self.action {
             ActionKind::Continuous { dim } => {
                 if dim == 0 {
-                    return Err(Error::invalid_argument(
-                        "action dimension must be > 0",
-                    ));
+                    return Err(Error::argument("act_dim", "action dimension must be > 0"));
                 }
                 Field::new(col::ACTION, fsl(self.action_type, dim)?, false)
             }
@@ -129,7 +130,7 @@ impl TransitionSchemaBuilder {
 /// A non-nullable `FixedSizeList<elem>[n]` type with a non-nullable `item` child.
 pub fn fsl(elem: DataType, n: usize) -> Result<DataType> {
     let n =
-        i32::try_from(n).map_err(|_| Error::invalid_argument(format!("list size {n} too large")))?;
+        i32::try_from(n).map_err(|_| Error::argument("n", format!("list size {n} too large")))?;
     Ok(DataType::FixedSizeList(
         Field::new("item", elem, false).into(),
         n,
@@ -162,11 +163,10 @@ pub fn field_shape(field: &Field) -> Result<Vec<usize>> {
         return Ok(vec![n]);
     }
     let bad = |why: &str| {
-        Error::schema_mismatch(format!(
-            "column `{}`: invalid {} metadata: {why}",
+        Error::schema(
             field.name(),
-            meta::FIXED_SHAPE_TENSOR
-        ))
+            format!("invalid {} metadata: {why}", meta::FIXED_SHAPE_TENSOR),
+        )
     };
     let raw = md
         .get(meta::EXTENSION_METADATA)
@@ -220,10 +220,10 @@ impl TransitionSchema {
         let mut fields: Vec<Field> = boundary_fields().into();
         for name in [col::OBSERVATION, col::ACTION, col::REWARD] {
             let f = payload.field_with_name(name).map_err(|_| {
-                Error::schema_mismatch(format!(
-                    "required column `{name}` is missing (have: {})",
-                    names(payload)
-                ))
+                Error::schema(
+                    name,
+                    format!("required column is missing (have: {})", names(payload)),
+                )
             })?;
             fields.push(f.clone());
         }
@@ -232,10 +232,10 @@ impl TransitionSchema {
         }
         for f in payload.fields() {
             if col::BOUNDARY.contains(&f.name().as_str()) {
-                return Err(Error::schema_mismatch(format!(
-                    "column `{}` is a boundary column computed by the writer; do not pass it",
-                    f.name()
-                )));
+                return Err(Error::schema(
+                    f.name(),
+                    "a boundary column, computed by the writer; do not pass it",
+                ));
             }
             if ![
                 col::OBSERVATION,
@@ -253,11 +253,10 @@ impl TransitionSchema {
 
     /// Validates a full on-disk schema (boundary columns first, then the payload in canonical order).
     pub fn try_from_arrow(schema: &Schema) -> Result<Self> {
-        let mismatch = |m: String| Error::schema_mismatch(m);
         let fields = schema.fields();
         let expected = boundary_fields();
         if fields.len() < expected.len() + 3 {
-            return Err(mismatch(format!(
+            return Err(Error::schema_mismatch(format!(
                 "expected at least {} columns, found {} ({})",
                 expected.len() + 3,
                 fields.len(),
@@ -266,31 +265,39 @@ impl TransitionSchema {
         }
         for (f, e) in fields.iter().zip(expected.iter()) {
             if f.name() != e.name() || f.data_type() != e.data_type() || f.is_nullable() {
-                return Err(mismatch(format!(
-                    "boundary column `{}` must be non-null {} at this position, found `{}`: {}{}",
+                return Err(Error::schema_types(
                     e.name(),
-                    e.data_type(),
-                    f.name(),
-                    f.data_type(),
-                    if f.is_nullable() { " (nullable)" } else { "" }
-                )));
+                    format!("`{}: {}` (non-null)", e.name(), e.data_type()),
+                    format!(
+                        "`{}: {}`{}",
+                        f.name(),
+                        f.data_type(),
+                        if f.is_nullable() { " (nullable)" } else { "" }
+                    ),
+                    "the boundary columns come first, in order, each non-null and of its type",
+                ));
             }
         }
         let rest = &fields[expected.len()..];
         let obs = &rest[0];
         if obs.name() != col::OBSERVATION {
-            return Err(mismatch(format!(
-                "expected `{}` after the boundary columns",
-                col::OBSERVATION
-            )));
+            return Err(Error::schema(
+                col::OBSERVATION,
+                format!(
+                    "expected after the boundary columns, found `{}` there",
+                    obs.name()
+                ),
+            ));
         }
         match obs.data_type() {
             DataType::FixedSizeList(child, _) if is_numeric(child.data_type()) => {}
             other => {
-                return Err(mismatch(format!(
-                    "`{}` must be a fixed-size list of numbers, found {other}",
-                    col::OBSERVATION
-                )));
+                return Err(Error::schema_types(
+                    col::OBSERVATION,
+                    "a fixed-size list of numbers",
+                    other,
+                    "unsupported observation type",
+                ));
             }
         }
         let obs_shape = field_shape(obs)?;
@@ -301,79 +308,89 @@ impl TransitionSchema {
             }
             DataType::Int64 => ActionKind::Discrete,
             other => {
-                return Err(mismatch(format!(
-                    "`{}` must be a fixed-size list of floats (continuous) or int64 (discrete), found {other}",
-                    col::ACTION
-                )));
+                return Err(Error::schema_types(
+                    col::ACTION,
+                    "a fixed-size list of floats (continuous) or int64 (discrete)",
+                    other,
+                    "unsupported action type",
+                ));
             }
         };
         if action.name() != col::ACTION {
-            return Err(mismatch(format!(
-                "expected `{}` after `{}`",
+            return Err(Error::schema(
                 col::ACTION,
-                col::OBSERVATION
-            )));
+                format!(
+                    "expected after `{}`, found `{}` there",
+                    col::OBSERVATION,
+                    action.name()
+                ),
+            ));
         }
         let reward = &rest[2];
         if reward.name() != col::REWARD || reward.data_type() != &DataType::Float32 {
-            return Err(mismatch(format!(
-                "expected `{}: float32` after `{}`, found `{}: {}`",
+            return Err(Error::schema_types(
                 col::REWARD,
-                col::ACTION,
-                reward.name(),
-                reward.data_type()
-            )));
+                format!("`{}: float32`", col::REWARD),
+                format!("`{}: {}`", reward.name(), reward.data_type()),
+                format!("expected after `{}`", col::ACTION),
+            ));
         }
         for f in &rest[..3] {
             if f.is_nullable() {
-                return Err(mismatch(format!(
-                    "required column `{}` must not be nullable",
-                    f.name()
-                )));
+                return Err(Error::schema(
+                    f.name(),
+                    "a required column must not be nullable",
+                ));
             }
         }
         let mut seen = std::collections::HashSet::new();
         for f in fields {
             if !seen.insert(f.name().as_str()) {
-                return Err(mismatch(format!("duplicate column `{}`", f.name())));
+                return Err(Error::schema(f.name(), "duplicate column"));
             }
             if format::type_name(f.data_type()).is_none() {
-                return Err(mismatch(format!(
-                    "column `{}` has type {}, but only fixed-width types are stored (bool, ints, \
-                     floats, and fixed-size lists of those)",
+                return Err(Error::schema_types(
                     f.name(),
-                    f.data_type()
-                )));
+                    "a fixed-width type (bool, ints, floats, or fixed-size lists of those)",
+                    f.data_type(),
+                    "only fixed-width types are stored",
+                ));
             }
             if let DataType::FixedSizeList(child, _) = f.data_type()
                 && child.is_nullable()
             {
-                return Err(mismatch(format!(
-                    "column `{}`: fixed-size list items must be non-nullable",
-                    f.name()
-                )));
+                return Err(Error::schema(
+                    f.name(),
+                    "fixed-size list items must be non-nullable",
+                ));
             }
         }
         for f in &rest[3..] {
             if f.name() == col::NEXT_OBSERVATION
                 && (f.data_type() != obs.data_type() || f.is_nullable())
             {
-                return Err(mismatch(format!(
-                    "`{}` must have the type of `{}` ({}) and be non-null",
+                return Err(Error::schema_types(
                     col::NEXT_OBSERVATION,
-                    col::OBSERVATION,
-                    obs.data_type()
-                )));
+                    format!("{} (non-null)", obs.data_type()),
+                    format!(
+                        "{}{}",
+                        f.data_type(),
+                        if f.is_nullable() { " (nullable)" } else { "" }
+                    ),
+                    format!(
+                        "must have the type of `{}` and be non-null",
+                        col::OBSERVATION
+                    ),
+                ));
             }
         }
         if let Some(pos) = rest.iter().position(|f| f.name() == col::NEXT_OBSERVATION)
             && pos != 3
         {
-            return Err(mismatch(format!(
-                "`{}` must follow `{}`",
+            return Err(Error::schema(
                 col::NEXT_OBSERVATION,
-                col::REWARD
-            )));
+                format!("must follow `{}`", col::REWARD),
+            ));
         }
         let schema = Arc::new(schema.clone());
         let payload = Arc::new(Schema::new(rest.to_vec()));
@@ -476,10 +493,10 @@ impl TransitionSchema {
                         let f =
                             tensor_field(&c.name, child.data_type().clone(), shape, c.nullable)?;
                         if f.data_type() != &dt {
-                            return Err(Error::schema_mismatch(format!(
-                                "column `{}`: shape {shape:?} does not match type {}",
-                                c.name, c.data_type
-                            )));
+                            return Err(Error::schema(
+                                &c.name,
+                                format!("shape {shape:?} does not match type {}", c.data_type),
+                            ));
                         }
                         f
                     }
@@ -490,24 +507,43 @@ impl TransitionSchema {
         Self::try_from_arrow(&Schema::new(fields))
     }
 
-    /// Checks that `other` (e.g. a segment file's schema) has the same names, types and nullability.
-    pub fn check_same(&self, other: &Schema) -> std::result::Result<(), String> {
+    /// Checks that `other` (e.g. a segment file's schema) has the same names, types and
+    /// nullability. A difference is [`Error::SchemaMismatch`]: with the column, and the expected
+    /// and found types, when a column of the same name differs in type or nullability.
+    pub fn check_same(&self, other: &Schema) -> Result<()> {
         let a = self.schema.fields();
         let b = other.fields();
         if a.len() != b.len() {
-            return Err(format!("{} columns, expected {}", b.len(), a.len()));
+            return Err(Error::schema_mismatch(format!(
+                "{} columns, expected {} ({})",
+                b.len(),
+                a.len(),
+                names(&self.schema)
+            )));
         }
+        let typed = |f: &Field| {
+            let null = if f.is_nullable() { " (nullable)" } else { "" };
+            format!("{}{null}", f.data_type())
+        };
         for (x, y) in a.iter().zip(b.iter()) {
-            if x.name() != y.name()
-                || x.data_type() != y.data_type()
-                || x.is_nullable() != y.is_nullable()
-            {
-                return Err(format!(
-                    "column `{}: {}` where `{}: {}` was expected",
-                    y.name(),
-                    y.data_type(),
+            if x.name() != y.name() {
+                return Err(Error::schema(
                     x.name(),
-                    x.data_type()
+                    format!(
+                        "found column `{}: {}` where `{}: {}` was expected",
+                        y.name(),
+                        typed(y),
+                        x.name(),
+                        typed(x)
+                    ),
+                ));
+            }
+            if x.data_type() != y.data_type() || x.is_nullable() != y.is_nullable() {
+                return Err(Error::schema_types(
+                    x.name(),
+                    typed(x),
+                    typed(y),
+                    "the column's type differs",
                 ));
             }
         }
@@ -600,7 +636,10 @@ mod tests {
         let err = TransitionSchema::from_payload(&missing)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("`action` is missing"), "{err}");
+        assert!(
+            err.contains("column `action`") && err.contains("is missing"),
+            "{err}"
+        );
         let string_col = TransitionSchema::builder(&[3], 1)
             .column(Field::new("note", DataType::Utf8, true))
             .build()

@@ -65,8 +65,12 @@ impl SynthSpec {
     /// Episode lengths, in order, summing to `transitions`.
     pub fn episode_lengths(&self) -> Result<Vec<u64>> {
         if self.mean_episode_len < 1.0 || !self.mean_episode_len.is_finite() {
-            return Err(Error::invalid_argument(
-                "mean episode length must be at least 1",
+            return Err(Error::argument(
+                "mean_episode_len",
+                format!(
+                    "mean episode length {} must be a finite number >= 1",
+                    self.mean_episode_len
+                ),
             ));
         }
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);

@@ -5,12 +5,12 @@
 mod common;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float32Type, Int64Type, UInt8Type, UInt32Type, UInt64Type};
+use arrow::datatypes::{Float32Type, Int64Type, UInt8Type, UInt32Type, UInt64Type};
 use common::sampling::plans;
 use common::{TestData, fsl};
 use trajstore::format::{col, ep};
 use trajstore::{
-    Batch, BoundaryPolicy, Dataset, EpisodeEnd, Error, Gatherer, SliceOptions, SliceRef,
+    Batch, BoundaryPolicy, Dataset, EpisodeEnd, Error, Gatherer, Sampler, SliceOptions, SliceRef,
     SliceSampler, TransitionSchema, WriterOptions,
 };
 
@@ -25,7 +25,7 @@ fn gather_of_a_slice_wholly_outside_its_episode_is_padding() {
     let snap = TestData::new()
         .obs_dim(2)
         .seed(1)
-        .episodes(&[10, 4])
+        .episodes([10, 4])
         .snapshot(&dir.path().join("d"));
     let g = Gatherer::new(&snap, &[col::REWARD, col::OBSERVATION]).unwrap();
     let mut batch = Batch::default();
@@ -322,7 +322,7 @@ fn to_record_batch_round_trips_the_buffers() {
     let snap = TestData::new()
         .obs_dim(3)
         .seed(40)
-        .episodes(&lens)
+        .episodes(lens)
         .snapshot(&dir.path().join("d"));
     let policy = BoundaryPolicy::Span { left: 2, right: 3 };
     let index = snap.slice_index(6, policy).unwrap();
@@ -525,11 +525,13 @@ fn gather_into_caller_memory_equals_gather_and_checks_sizes() {
             dest(&mut cols, &mut flags, &mut ids, &mut starts),
         )
         .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(e.to_string().contains("does not fit"), "{e}");
     cols[0].truncate(b * l * steps[0] - 1);
     let e = g
         .gather_into(&plan, l, dest(&mut cols, &mut flags, &mut ids, &mut starts))
         .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(
         e.to_string().contains("destination of `observation`"),
         "{e}"

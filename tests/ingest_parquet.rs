@@ -282,7 +282,7 @@ fn episode_id_mode_converts_lists_and_keeps_user_columns() {
         &DataType::Float64
     );
     assert!(
-        payload.field_with_name("episode").is_err(),
+        payload.column_with_name("episode").is_none(),
         "the id column is not stored as is"
     );
     let lengths: Vec<u64> = runs.iter().map(|r| r.1 as u64).collect();

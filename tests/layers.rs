@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top. A module may use those before it; `fault` (crash points) may be used by all.
 const ORDER: &[&str] = &[
-    "error", "progress", "format", "schema", "stats", "index", "store", "synth", "ingest", "sample", "gather",
-    "loader", "torch", "remote", "open", "sql",
+    "error", "progress", "format", "schema", "stats", "index", "store", "synth", "ingest",
+    "sample", "gather", "loader", "torch", "remote", "open", "sql",
 ];
 const ANYWHERE: &[&str] = &["fault", "Error", "Result"];
 
@@ -23,13 +23,17 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a library file belongs to (`src/store/writer.rs` → `store`).
+/// The top-level module a library file belongs to (`src/store/writer.rs` → `store`; unit tests
+/// `#[path]`-included from a sibling file, `src/gather_tests.rs` → `gather`).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
     let first = rel.components().next()?.as_os_str().to_str()?;
     match first {
         "lib.rs" | "bin" => None,
-        f => Some(f.trim_end_matches(".rs").to_string()),
+        f => {
+            let m = f.trim_end_matches(".rs");
+            Some(m.strip_suffix("_tests").unwrap_or(m).to_string())
+        }
     }
 }
 

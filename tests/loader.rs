@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::TestData;
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, Dataset, EpochSampler, Gatherer, Loader, LoaderOptions, Sampler,
-    SliceIndex, SliceOptions, SliceSampler, Snapshot, Weighting, WriterOptions,
+    Batch, BoundaryPolicy, EpochSampler, Gatherer, Loader, LoaderOptions, Sampler, SliceIndex,
+    SliceOptions, SliceSampler, Snapshot, Weighting,
 };
 
 const COLUMNS: [&str; 5] = [

@@ -7,11 +7,11 @@ mod common;
 use std::collections::HashSet;
 
 use common::sampling::{assert_fits, check_gathered, plans, window_number};
-use common::{TestData, err_of};
+use common::{TestData, assert_invalid_argument, err_of};
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, EpisodeSampler, EpochSampler, Error, Gatherer, Sampler, SliceOptions,
-    SliceRef, SliceSampler, Weighting, WriterOptions,
+    Batch, BoundaryPolicy, EpisodeSampler, EpochSampler, Gatherer, Sampler, SliceOptions, SliceRef,
+    SliceSampler, Weighting, WriterOptions,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -25,7 +25,7 @@ fn epoch_windows_visit_every_window_once_per_epoch() {
     let snap = TestData::new()
         .obs_dim(2)
         .seed(4)
-        .episodes(&lens)
+        .episodes(lens)
         .snapshot(&dir.path().join("d"));
     for policy in [
         BoundaryPolicy::Strict,
@@ -98,7 +98,7 @@ fn epoch_episodes_visit_every_eligible_episode_once_per_epoch() {
     let snap = TestData::new()
         .obs_dim(2)
         .seed(4)
-        .episodes(&lens)
+        .episodes(lens)
         .snapshot(&dir.path().join("d"));
     let index = snap.slice_index(9, BoundaryPolicy::Strict).unwrap();
     let eligible: Vec<u32> = (0..lens.len() as u32)
@@ -145,23 +145,29 @@ fn epoch_episodes_visit_every_eligible_episode_once_per_epoch() {
     assert_eq!(got.len() as u64, per * 4, "no episode twice");
     // Nothing to sample, or no full batch under drop_last, is an error.
     let empty = snap.slice_index(100, BoundaryPolicy::Strict).unwrap();
-    for (what, r) in [
+    for (what, argument, r) in [
         (
             "no window",
+            Some("index"),
             EpochSampler::windows(empty.clone(), 4, 0, false),
         ),
-        ("no episode", EpochSampler::episodes(empty, 4, 0, false)),
+        (
+            "no episode",
+            Some("index"),
+            EpochSampler::episodes(empty, 4, 0, false),
+        ),
         (
             "no slices",
+            Some("num_slices"),
             EpochSampler::windows(index.clone(), 0, 0, false),
         ),
         (
             "drop_last without a full batch",
+            None,
             EpochSampler::episodes(index, eligible.len() + 1, 0, true),
         ),
     ] {
-        let e = err_of(r);
-        assert!(matches!(e, Error::InvalidArgument { .. }), "{what}: {e}");
+        assert_invalid_argument(&err_of(r), argument, what);
     }
 }
 
@@ -177,7 +183,7 @@ fn episode_sampler_covers_whole_episodes_from_step_zero() {
     let snap = TestData::new()
         .obs_dim(2)
         .seed(50)
-        .episodes(&lens)
+        .episodes(lens)
         .writer_options(opts)
         .snapshot(&dir.path().join("d"));
     let max_len = 25u32;
@@ -207,15 +213,19 @@ fn episode_sampler_covers_whole_episodes_from_step_zero() {
     }
     // Uniform over episodes (2400 draws).
     assert_fits("episode sampler", &counts, &vec![1.0; lens.len()]);
-    for (what, r) in [
+    for (what, argument, r) in [
         (
             "no episodes",
+            "num_episodes",
             EpisodeSampler::new(snap.episodes(), 0, 10, 0),
         ),
-        ("no steps", EpisodeSampler::new(snap.episodes(), 4, 0, 0)),
+        (
+            "no steps",
+            "max_len",
+            EpisodeSampler::new(snap.episodes(), 4, 0, 0),
+        ),
     ] {
-        let e = err_of(r);
-        assert!(matches!(e, Error::InvalidArgument { .. }), "{what}: {e}");
+        assert_invalid_argument(&err_of(r), Some(argument), what);
     }
 }
 

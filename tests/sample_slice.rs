@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::sampling::{assert_fits, check_gathered, episode_counts, plans, window_number};
-use common::{TestData, err_of};
+use common::{TestData, assert_invalid_argument, err_of};
 use proptest::prelude::*;
 use trajstore::format::col;
 use trajstore::{
@@ -132,7 +132,7 @@ fn span_windows_always_hold_a_valid_step() {
     let snap = TestData::new()
         .obs_dim(2)
         .seed(1)
-        .episodes(&lens)
+        .episodes(lens)
         .snapshot(&dir.path().join("d"));
     let policy = BoundaryPolicy::Span { left: 6, right: 5 };
     let index = snap.slice_index(3, policy).unwrap();
@@ -174,7 +174,7 @@ fn distribution_fixture() -> (tempfile::TempDir, Snapshot) {
     let snap = TestData::new()
         .obs_dim(2)
         .seed(21)
-        .episodes(&LENS)
+        .episodes(LENS)
         .writer_options(opts)
         .snapshot(&dir.path().join("d"));
     assert!(snap.segments().len() > 1);
@@ -330,13 +330,13 @@ fn episode_id_subsets_are_never_left_and_uniform_over_their_windows() {
         .collect();
     assert_fits("subset, episodes weighting", &c, &w);
     // A subset without any window, or an unknown id, is an error.
-    for ids in [vec![0u64, 4], vec![99]] {
+    for (ids, argument) in [(vec![0u64, 4], None), (vec![99], Some("episode_ids"))] {
         let e = err_of(SliceSampler::new(
             index.clone(),
             snap.episodes(),
             &SliceOptions::new(L, 4).with_episode_ids(ids.clone()),
         ));
-        assert!(matches!(e, Error::InvalidArgument { .. }), "{ids:?}: {e}");
+        assert_invalid_argument(&e, argument, &format!("{ids:?}"));
     }
 }
 
@@ -385,40 +385,72 @@ fn sampler_options_are_validated() {
     let snap = TestData::new()
         .obs_dim(2)
         .seed(60)
-        .episodes(&[4, 9])
+        .episodes([4, 9])
         .snapshot(&dir.path().join("d"));
     let eps = snap.episodes();
     let idx = snap.slice_index(5, BoundaryPolicy::Strict).unwrap();
     let new = |o: SliceOptions| SliceSampler::new(idx.clone(), eps, &o);
-    let invalid = |what: &str, r: trajstore::Result<SliceSampler>| {
-        let e = err_of(r);
-        assert!(matches!(e, Error::InvalidArgument { .. }), "{what}: {e}");
+    // `None`: an error about a combination of arguments, which may name none.
+    let invalid = |what: &str, argument: Option<&str>, r: trajstore::Result<SliceSampler>| {
+        assert_invalid_argument(&err_of(r), argument, what);
     };
-    invalid("no slices", new(SliceOptions::new(5, 0)));
-    invalid("index of another length", new(SliceOptions::new(6, 4)));
+    invalid(
+        "no slices",
+        Some("num_slices"),
+        new(SliceOptions::new(5, 0)),
+    );
+    invalid(
+        "index of another length",
+        None,
+        new(SliceOptions::new(6, 4)),
+    );
     invalid(
         "index of another policy",
+        None,
         new(SliceOptions::new(5, 4).with_policy(BoundaryPolicy::Pad)),
     );
-    for (what, w) in [
-        ("one weight for two episodes", vec![1.0]),
-        ("a negative weight", vec![1.0, -1.0]),
-        ("a NaN weight", vec![1.0, f64::NAN]),
-        ("no weight on an episode with a window", vec![1.0, 0.0]),
+    for (what, argument, w) in [
+        (
+            "one weight for two episodes",
+            Some("episode_weights"),
+            vec![1.0],
+        ),
+        (
+            "a negative weight",
+            Some("episode_weights"),
+            vec![1.0, -1.0],
+        ),
+        ("a NaN weight", Some("episode_weights"), vec![1.0, f64::NAN]),
+        (
+            "no weight on an episode with a window",
+            None,
+            vec![1.0, 0.0],
+        ),
     ] {
-        invalid(what, new(SliceOptions::new(5, 4).with_episode_weights(w)));
+        invalid(
+            what,
+            argument,
+            new(SliceOptions::new(5, 4).with_episode_weights(w)),
+        );
     }
     assert!(new(SliceOptions::new(5, 4).with_episode_weights(vec![0.0, 2.0])).is_ok());
     let e = snap.slice_index(0, BoundaryPolicy::Pad).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "slice_len"),
+        "{e}"
+    );
     let none = snap.slice_index(10, BoundaryPolicy::Strict).unwrap();
     assert_eq!(none.num_windows(), 0);
     invalid(
         "no window",
+        None,
         SliceSampler::new(none, eps, &SliceOptions::new(10, 1)),
     );
     let e = SliceOptions::from_batch_size(100, 7).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "batch_size"),
+        "{e}"
+    );
     assert_eq!(SliceOptions::from_batch_size(96, 8).unwrap().num_slices, 12);
     // The cached index is shared.
     assert!(Arc::ptr_eq(

@@ -14,7 +14,7 @@ use trajstore::format::{
 };
 use trajstore::schema::{fsl, tensor_field};
 use trajstore::store::manifest::Manifest;
-use trajstore::{Dataset, EpisodeEnd, TransitionSchema, WriterOptions};
+use trajstore::{Dataset, EpisodeEnd, Error, TransitionSchema, WriterOptions};
 
 fn schemas_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas")
@@ -289,7 +289,11 @@ fn type_grammar_and_user_columns_agree() {
         "fixed_size_list<float32>[0]",
         "bool8",
     ] {
-        assert!(parse_type(bad).is_err(), "{bad}");
+        let e = parse_type(bad).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "type"),
+            "{bad}: {e}"
+        );
     }
     // User columns: every type of the grammar is accepted (nullable too), nothing else.
     for name in &candidates {
@@ -306,11 +310,13 @@ fn type_grammar_and_user_columns_agree() {
     let string_col = TransitionSchema::builder(&[3], 2)
         .column(Field::new("note", DataType::Utf8, true))
         .build();
-    assert!(string_col.is_err());
+    let e = string_col.unwrap_err();
+    assert!(matches!(e, Error::SchemaMismatch { .. }), "{e}");
     let boundary_name = TransitionSchema::builder(&[3], 2)
         .column(Field::new(col::STEP, DataType::UInt32, false))
         .build();
-    assert!(boundary_name.is_err());
+    let e = boundary_name.unwrap_err();
+    assert!(matches!(e, Error::SchemaMismatch { .. }), "{e}");
 }
 
 #[test]

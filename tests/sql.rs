@@ -13,7 +13,7 @@ use arrow::datatypes::{DataType, Float32Type, Float64Type, UInt32Type, UInt64Typ
 use common::TestData;
 use trajstore::format::{col, ep};
 use trajstore::sql::{QueryResult, SnapshotSql, SqlSession, default_config};
-use trajstore::{Dataset, Sampler, SliceOptions, SliceSampler, Snapshot, WriterOptions};
+use trajstore::{Dataset, Sampler, SliceOptions, SliceSampler, Snapshot};
 
 const BIN: &str = env!("CARGO_BIN_EXE_trajstore");
 
@@ -378,8 +378,13 @@ fn functions_match_rust() {
         }
     }
     // Bad arguments are errors, not panics.
-    assert!(s.query("SELECT vec_norm(reward) FROM transitions").is_err());
-    assert!(s.query("SELECT dim_mean(step) FROM transitions").is_err());
+    for q in [
+        "SELECT vec_norm(reward) FROM transitions",
+        "SELECT dim_mean(step) FROM transitions",
+    ] {
+        let e = s.query(q).unwrap_err();
+        assert!(matches!(e, trajstore::Error::Sql(_)), "{q}: {e}");
+    }
 }
 
 #[test]
@@ -436,7 +441,8 @@ fn sql_subsets_restrict_samplers() {
         .episodes_where("SELECT length FROM episodes")
         .unwrap_err();
     assert!(e.to_string().contains("episode_id"), "{e}");
-    assert!(snap.episodes_where("SELEC nonsense").is_err());
+    let e = snap.episodes_where("SELEC nonsense").unwrap_err();
+    assert!(matches!(e, trajstore::Error::Sql(_)), "{e}");
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {

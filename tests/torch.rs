@@ -15,8 +15,8 @@ use trajstore::torch::{
     FloatCast, TensorBatch, TorchLoader, TorchLoaderOptions, parse_device, resident_bytes,
 };
 use trajstore::{
-    Batch, BoundaryPolicy, Dataset, Error, Gatherer, LoaderOptions, Sampler, SliceOptions,
-    SliceSampler, Snapshot, WriterOptions,
+    Batch, BoundaryPolicy, Error, Gatherer, LoaderOptions, Sampler, SliceOptions, SliceSampler,
+    Snapshot,
 };
 
 fn dataset(dir: &std::path::Path, discrete: bool) -> Snapshot {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::TestData;
 use tch::Device;
 use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
-use trajstore::{BoundaryPolicy, Dataset, Gatherer, LoaderOptions, SliceOptions, SliceSampler};
+use trajstore::{BoundaryPolicy, Gatherer, LoaderOptions, SliceOptions, SliceSampler};
 
 #[test]
 fn a_cpu_run_never_loads_the_cuda_driver() {

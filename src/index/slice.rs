@@ -59,9 +59,10 @@ impl std::str::FromStr for BoundaryPolicy {
             "pad" => Ok(Self::Pad),
             _ => {
                 let bad = || {
-                    Error::invalid_argument(format!(
-                        "boundary policy `{s}`: use strict, pad or span:LEFT:RIGHT"
-                    ))
+                    Error::argument(
+                        "policy",
+                        format!("boundary policy `{s}`: use strict, pad or span:LEFT:RIGHT"),
+                    )
                 };
                 let rest = s.strip_prefix("span:").ok_or_else(bad)?;
                 let (l, r) = rest.split_once(':').ok_or_else(bad)?;
@@ -90,8 +91,9 @@ impl SliceIndex {
     /// Builds the index of `slice_len`-step windows under `policy`. O(episodes).
     pub fn build(episodes: &EpisodeIndex, slice_len: u32, policy: BoundaryPolicy) -> Result<Self> {
         if slice_len == 0 {
-            return Err(Error::invalid_argument(
-                "slice length must be at least 1",
+            return Err(Error::argument(
+                "slice_len",
+                "the slice length must be at least 1",
             ));
         }
         let (left, right) = policy.overhang(slice_len);

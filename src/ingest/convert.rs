@@ -31,11 +31,17 @@ pub(crate) struct Chunk {
 pub(crate) fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
     batch
         .column_by_name(name)
-        .ok_or_else(|| Error::schema_mismatch(format!("decoded batch has no column `{name}`")))
+        .ok_or_else(|| Error::schema(name, "the decoded batch has no such column"))
 }
 
+/// Column `name` is null at input row `row`.
 pub(crate) fn null_at(name: &str, row: u64) -> Error {
-    Error::invalid_data(format!("row {row}: column `{name}` is null"))
+    Error::invalid_data(format!("row {row} is null")).in_column(name)
+}
+
+/// Column `name` has a null list item in input row `row`.
+fn null_item_at(name: &str, row: u64) -> Error {
+    Error::invalid_data(format!("row {row} has a null list item")).in_column(name)
 }
 
 pub(crate) fn check_no_nulls(a: &dyn Array, name: &str, base: u64) -> Result<()> {
@@ -56,7 +62,7 @@ pub(crate) fn cast_to(a: &ArrayRef, dt: &DataType, name: &str) -> Result<ArrayRe
         ..Default::default()
     };
     cast_with_options(a, dt, &opts)
-        .map_err(|e| Error::invalid_data(format!("column `{name}`: cannot convert to {dt}: {e}")))
+        .map_err(|e| Error::invalid_data(format!("cannot convert to {dt}: {e}")).in_column(name))
 }
 
 /// The values of `a` flattened to `width` per row (scalar, nested fixed-size list, or list of
@@ -74,10 +80,7 @@ pub(crate) fn flatten(a: &ArrayRef, name: &str, width: usize, base: u64) -> Resu
                 if next.null_count() > 0
                     && let Some(i) = (0..next.len()).find(|&i| next.is_null(i))
                 {
-                    return Err(Error::invalid_data(format!(
-                        "row {}: column `{name}` has a null list item",
-                        base + (i / per_row) as u64
-                    )));
+                    return Err(null_item_at(name, base + (i / per_row) as u64));
                 }
                 values = next;
             }
@@ -89,9 +92,10 @@ pub(crate) fn flatten(a: &ArrayRef, name: &str, width: usize, base: u64) -> Resu
     };
     if values.len() != rows * width {
         return Err(Error::invalid_data(format!(
-            "column `{name}` has {} values for {rows} rows, expected {width} per row",
+            "{} values for {rows} rows, expected {width} per row",
             values.len()
-        )));
+        ))
+        .in_column(name));
     }
     Ok(values)
 }
@@ -108,10 +112,11 @@ pub(crate) fn list_values<O: OffsetSizeTrait>(
         let n = (w[1] - w[0]).as_usize();
         if n != width {
             return Err(Error::invalid_data(format!(
-                "row {}: column `{name}` has a list of length {n}, expected {width} (the length of the \
-                 first row; every row must have the same length)",
+                "row {} has a list of length {n}, expected {width} (the length of the first row; \
+                 every row must have the same length)",
                 base + i as u64
-            )));
+            ))
+            .in_column(name));
         }
     }
     let start = offsets[0].as_usize();
@@ -121,10 +126,7 @@ pub(crate) fn list_values<O: OffsetSizeTrait>(
     if values.null_count() > 0
         && let Some(i) = (0..values.len()).find(|&i| values.is_null(i))
     {
-        return Err(Error::invalid_data(format!(
-            "row {}: column `{name}` has a null list item",
-            base + (i / width) as u64
-        )));
+        return Err(null_item_at(name, base + (i / width) as u64));
     }
     Ok(values)
 }
@@ -217,10 +219,7 @@ pub(crate) fn convert_user(field: &Field, a: &ArrayRef, base: u64) -> Result<Arr
                 && let Some(i) =
                     (0..values.len()).find(|&i| values.is_null(i) && list.is_valid(i / width))
             {
-                return Err(Error::invalid_data(format!(
-                    "row {}: column `{name}` has a null list item",
-                    base + (i / width) as u64
-                )));
+                return Err(null_item_at(name, base + (i / width) as u64));
             }
             Ok(Arc::new(FixedSizeListArray::try_new(
                 item.clone(),
@@ -313,3 +312,7 @@ pub(crate) fn convert(mapping: &Mapping, batch: &RecordBatch, base: u64) -> Resu
         truncated: convert_flags(batch, &mapping.truncated, base)?,
     })
 }
+
+#[cfg(test)]
+#[path = "convert_tests.rs"]
+mod tests;

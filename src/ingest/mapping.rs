@@ -30,9 +30,7 @@ pub(crate) fn row0_list_lengths(
                 _ => a.as_list::<i64>().value_length(0) as usize,
             };
             if n == 0 {
-                return Err(Error::invalid_data(format!(
-                    "row 0: column `{c}` is an empty list"
-                )));
+                return Err(Error::invalid_data("row 0 is an empty list").in_column(c));
             }
             Ok((c.to_string(), n))
         })
@@ -291,9 +289,13 @@ pub(crate) fn reserved_error(name: &str) -> Error {
     } else {
         format!("use it with --{role}-col {name}, or pass --drop-cols {name}")
     };
-    Error::schema_mismatch(format!(
-        "column `{name}` would be kept as a user column, but its name is reserved for a stored column; {fix}"
-    ))
+    Error::schema(
+        name,
+        format!(
+            "the column would be kept as a user column, but its name is reserved for a stored \
+             column; {fix}"
+        ),
+    )
 }
 
 /// The user-column type of an input column, if it is fixed-width: fixed-size list children are
@@ -335,9 +337,7 @@ impl Mapping {
         let file_schema = source.schema();
         let opts = &resolve_conventions(opts, &file_schema, source.episode_column());
         if opts.batch_rows == 0 {
-            return Err(Error::invalid_argument(
-                "batch_rows must be at least 1",
-            ));
+            return Err(Error::argument("batch_rows", "must be at least 1"));
         }
         if opts.episode_col.is_none()
             && opts.terminated_col.is_none()
@@ -353,11 +353,10 @@ impl Mapping {
         let mut seen = HashSet::new();
         for f in file_schema.fields() {
             if !seen.insert(f.name().as_str()) {
-                return Err(Error::schema_mismatch(format!(
-                    "{} has two columns named `{}`",
-                    input.display(),
-                    f.name()
-                )));
+                return Err(Error::schema(
+                    f.name(),
+                    format!("{} has two columns of this name", input.display()),
+                ));
             }
         }
         let all_names = || {
@@ -382,11 +381,14 @@ impl Mapping {
                 )));
             }
             let field = file_schema.field_with_name(name).map_err(|_| {
-                Error::schema_mismatch(format!(
-                    "{} has no column `{name}` for the {role} (set it with {flag}); columns: {}",
-                    input.display(),
-                    all_names()
-                ))
+                Error::schema(
+                    name,
+                    format!(
+                        "{} has no such column for the {role} (set it with {flag}); columns: {}",
+                        input.display(),
+                        all_names()
+                    ),
+                )
             })?;
             used.push((name.to_string(), role));
             Ok(Arc::new(field.clone()))
@@ -397,10 +399,12 @@ impl Mapping {
             Some(name) => {
                 let f = take(name, "episode id", "--episode-col")?;
                 if !f.data_type().is_integer() {
-                    return Err(Error::schema_mismatch(format!(
-                        "episode id column `{name}` must hold integers, found {}",
-                        f.data_type()
-                    )));
+                    return Err(Error::schema_types(
+                        name,
+                        "an integer type",
+                        f.data_type(),
+                        "the episode id column must hold integers",
+                    ));
                 }
                 Some(EpisodeCol {
                     name: name.clone(),
@@ -409,42 +413,45 @@ impl Mapping {
             }
             None => None,
         };
-        let mut flag = |name: &Option<String>,
-                        role: &'static str,
-                        opt: &str|
-         -> Result<Option<String>> {
-            let Some(name) = name else { return Ok(None) };
-            let f = take(name, role, opt)?;
-            let dt = f.data_type();
-            if !(dt == &DataType::Boolean || is_numeric(dt)) {
-                return Err(Error::schema_mismatch(format!(
-                    "{role} column `{name}` must be bool or numeric (non-zero = set), found {dt}"
-                )));
-            }
-            Ok(Some(name.clone()))
-        };
+        let mut flag =
+            |name: &Option<String>, role: &'static str, opt: &str| -> Result<Option<String>> {
+                let Some(name) = name else { return Ok(None) };
+                let f = take(name, role, opt)?;
+                let dt = f.data_type();
+                if !(dt == &DataType::Boolean || is_numeric(dt)) {
+                    return Err(Error::schema_types(
+                        name,
+                        "bool or a number",
+                        dt,
+                        format!("the {role} column must be bool or numeric (non-zero = set)"),
+                    ));
+                }
+                Ok(Some(name.clone()))
+            };
         let terminated = flag(&opts.terminated_col, "terminated flag", "--terminated-col")?;
         let truncated = flag(&opts.truncated_col, "truncated flag", "--truncated-col")?;
 
         // Tensors: collect their kinds first; lengths of variable-size lists come from row 0.
-        let mut tensor_kinds = |names: Vec<String>,
-                                role: &'static str,
-                                opt: &str|
-         -> Result<Vec<(String, Kind)>> {
-            names
-                .into_iter()
-                .map(|name| {
-                    let f = take(&name, role, opt)?;
-                    let kind = kind_of(&f).ok_or_else(|| {
-                        Error::schema_mismatch(format!(
-                            "{role} column `{name}` must be numbers or (fixed-size) lists of numbers, found {}",
-                            f.data_type()
-                        ))
+        let mut tensor_kinds =
+            |names: Vec<String>, role: &'static str, opt: &str| -> Result<Vec<(String, Kind)>> {
+                names
+                    .into_iter()
+                    .map(|name| {
+                        let f = take(&name, role, opt)?;
+                        let kind = kind_of(&f).ok_or_else(|| {
+                        Error::schema_types(
+                            &name,
+                            "numbers or (fixed-size) lists of numbers",
+                            f.data_type(),
+                            format!(
+                                "the {role} column must be numbers or (fixed-size) lists of numbers"
+                            ),
+                        )
                     })?;
-                    Ok((name, kind))
-                })
-                .collect()
-        };
+                        Ok((name, kind))
+                    })
+                    .collect()
+            };
         let obs_names = if opts.observation_cols.is_empty() {
             vec![opts.observation_col.clone()]
         } else {
@@ -479,21 +486,24 @@ impl Mapping {
             None
         } else {
             if file_schema.field_with_name(&opts.reward_col).is_err() {
-                return Err(Error::schema_mismatch(format!(
-                    "{} has no column `{}` for the reward (set it with --reward-col, or pass \
-                     --no-reward if the data has none, e.g. demonstrations); columns: {}",
-                    input.display(),
-                    opts.reward_col,
-                    all_names()
-                )));
+                return Err(Error::schema(
+                    &opts.reward_col,
+                    format!(
+                        "{} has no such column for the reward (set it with --reward-col, or pass \
+                         --no-reward if the data has none, e.g. demonstrations); columns: {}",
+                        input.display(),
+                        all_names()
+                    ),
+                ));
             }
             let reward_field = take(&opts.reward_col, "reward", "--reward-col")?;
             if !is_numeric(reward_field.data_type()) {
-                return Err(Error::schema_mismatch(format!(
-                    "reward column `{}` must be a number, found {}",
-                    opts.reward_col,
-                    reward_field.data_type()
-                )));
+                return Err(Error::schema_types(
+                    &opts.reward_col,
+                    "a number",
+                    reward_field.data_type(),
+                    "the reward column must be a number",
+                ));
             }
             Some(opts.reward_col.clone())
         };
@@ -552,14 +562,16 @@ impl Mapping {
             Some(kinds) => {
                 let mut spec = tensor(&kinds, false);
                 if spec.elem != observation.elem || spec.width() != observation.width() {
-                    return Err(Error::schema_mismatch(format!(
-                        "next observation column `{}` holds {} values of {} per row, the observation {} of {}",
-                        spec.sources[0].0,
-                        spec.width(),
-                        spec.elem,
-                        observation.width(),
-                        observation.elem
-                    )));
+                    return Err(Error::schema_types(
+                        &spec.sources[0].0,
+                        format!(
+                            "{} values of {} per row",
+                            observation.width(),
+                            observation.elem
+                        ),
+                        format!("{} values of {} per row", spec.width(), spec.elem),
+                        "the next observation column must hold what the observation holds",
+                    ));
                 }
                 spec.shape = observation.shape.clone();
                 Some(spec)
@@ -603,11 +615,14 @@ impl Mapping {
         // Everything else is kept as a user column, or dropped.
         for d in &opts.drop_cols {
             if file_schema.field_with_name(d).is_err() {
-                return Err(Error::invalid_argument(format!(
-                    "--drop-cols names `{d}`, which {} does not have; columns: {}",
-                    input.display(),
-                    all_names()
-                )));
+                return Err(Error::argument(
+                    "drop_cols",
+                    format!(
+                        "`{d}` (in --drop-cols) is not a column of {}; columns: {}",
+                        input.display(),
+                        all_names()
+                    ),
+                ));
             }
         }
         let mut projection = vec![];
@@ -624,11 +639,15 @@ impl Mapping {
                 return Err(reserved_error(name));
             }
             let dt = user_type(f.data_type()).ok_or_else(|| {
-                Error::schema_mismatch(format!(
-                    "column `{name}` has type {}, but only fixed-width columns (bool, ints, floats and \
-                     fixed-size lists of numbers) can be stored; pass --drop-cols {name} to ignore it",
-                    f.data_type()
-                ))
+                Error::schema_types(
+                    name,
+                    "a fixed-width type (bool, ints, floats or fixed-size lists of numbers)",
+                    f.data_type(),
+                    format!(
+                        "only fixed-width columns can be stored; pass --drop-cols {name} to \
+                         ignore it"
+                    ),
+                )
             })?;
             fields.push(Field::new(name, dt, f.is_nullable()));
         }
@@ -704,13 +723,14 @@ impl Mapping {
         input: &Path,
         dataset: &Path,
     ) -> Result<()> {
-        let mismatch = |why: String| {
-            Error::schema_mismatch(format!(
+        let cannot = |why: &str| {
+            format!(
                 "cannot append {} to {}: {why}",
                 input.display(),
                 dataset.display()
-            ))
+            )
         };
+        let mismatch = |why: String| Error::schema_mismatch(cannot(&why));
         let a = existing.payload_schema();
         let b = self.schema.payload_schema();
         let names = |s: &SchemaRef| {
@@ -728,7 +748,15 @@ impl Mapping {
             )));
         }
         for (x, y) in a.fields().iter().zip(b.fields()) {
-            if x.name() != y.name() || x.data_type() != y.data_type() {
+            if x.name() == y.name() && x.data_type() != y.data_type() {
+                return Err(Error::schema_types(
+                    x.name(),
+                    type_label(x.data_type()),
+                    type_label(y.data_type()),
+                    cannot("the file gives the column another type than the dataset has"),
+                ));
+            }
+            if x.name() != y.name() {
                 return Err(mismatch(format!(
                     "the file gives `{}: {}` where the dataset has `{}: {}`",
                     y.name(),
@@ -743,9 +771,12 @@ impl Mapping {
             existing.observation_shape(),
         );
         if mine.len() > 1 && mine != theirs {
-            return Err(mismatch(format!(
-                "observation shape {mine:?}, the dataset stores {theirs:?}"
-            )));
+            return Err(Error::schema_types(
+                col::OBSERVATION,
+                format!("shape {theirs:?}"),
+                format!("shape {mine:?}"),
+                cannot("the file gives observations of another shape than the dataset stores"),
+            ));
         }
         self.schema = existing.clone();
         Ok(())

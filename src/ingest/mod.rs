@@ -40,7 +40,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-
 use crate::error::{Error, Result};
 use crate::format::col;
 use crate::progress::{Progress, ProgressSink, Unit};

@@ -17,11 +17,23 @@ use crate::sample::Sampler;
 /// The number of batches a loader over `sampler` yields: `max_batches`, else one epoch's share of
 /// this rank for epoch samplers, else endless.
 pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
-    if opts.world_size == 0 || opts.rank >= opts.world_size {
-        return Err(Error::invalid_argument(format!(
-            "rank {} is not in 0..world_size {}",
-            opts.rank, opts.world_size
-        )));
+    if opts.world_size == 0 {
+        return Err(Error::argument(
+            "world_size",
+            format!(
+                "world_size must be at least 1 (given rank {} of world_size 0)",
+                opts.rank
+            ),
+        ));
+    }
+    if opts.rank >= opts.world_size {
+        return Err(Error::argument(
+            "rank",
+            format!(
+                "rank {} is not in 0..world_size {}",
+                opts.rank, opts.world_size
+            ),
+        ));
     }
     Ok(opts.max_batches.or_else(|| {
         sampler
@@ -140,7 +152,10 @@ impl<T: Send + 'static> Pipeline<T> {
                     .name(format!("trajstore-{name}-{w}"))
                     .spawn(move || run_lane(lane, produce, tx, stop))
                     .map_err(|e| {
-                        Error::invalid_argument(format!("cannot start a {name} thread: {e}"))
+                        Error::argument(
+                            "workers",
+                            format!("cannot start a {name} thread (worker {w}): {e}"),
+                        )
                     })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -23,8 +23,17 @@ impl EpisodeSampler {
         max_len: u32,
         seed: u64,
     ) -> Result<Self> {
-        if episodes.is_empty() || num_episodes == 0 || max_len == 0 {
-            return Err(Error::invalid_argument("nothing to sample"));
+        if num_episodes == 0 {
+            return Err(Error::argument("num_episodes", "must be at least 1"));
+        }
+        if max_len == 0 {
+            return Err(Error::argument("max_len", "must be at least 1"));
+        }
+        if episodes.is_empty() {
+            return Err(Error::argument(
+                "episodes",
+                "nothing to sample: the index has no episode",
+            ));
         }
         Ok(Self {
             eligible: (0..episodes.len() as u32).collect(),

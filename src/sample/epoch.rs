@@ -96,9 +96,13 @@ impl EpochSampler {
     }
 
     fn check(index: &SliceIndex, num_slices: usize) -> Result<()> {
-        if num_slices == 0 || index.num_windows() == 0 {
-            return Err(Error::invalid_argument(
-                "nothing to sample (no window, or num_slices = 0)",
+        if num_slices == 0 {
+            return Err(Error::argument("num_slices", "must be at least 1"));
+        }
+        if index.num_windows() == 0 {
+            return Err(Error::argument(
+                "index",
+                "nothing to sample: the slice index has no window",
             ));
         }
         Ok(())

@@ -192,10 +192,19 @@ impl SliceOptions {
     }
     /// From a total `batch_size` (transitions) and a slice length: `batch_size / slice_len` slices.
     pub fn from_batch_size(batch_size: usize, slice_len: u32) -> Result<Self> {
-        if slice_len == 0 || !batch_size.is_multiple_of(slice_len as usize) {
-            return Err(Error::invalid_argument(format!(
-                "batch size {batch_size} is not a multiple of the slice length {slice_len}"
-            )));
+        if slice_len == 0 {
+            return Err(Error::argument(
+                "slice_len",
+                "the slice length must be at least 1",
+            ));
+        }
+        if !batch_size.is_multiple_of(slice_len as usize) {
+            return Err(Error::argument(
+                "batch_size",
+                format!(
+                    "batch size {batch_size} is not a multiple of the slice length {slice_len}"
+                ),
+            ));
         }
         Ok(Self::new(slice_len, batch_size / slice_len as usize))
     }

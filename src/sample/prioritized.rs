@@ -71,18 +71,23 @@ pub struct PrioritizedSampler {
 impl PrioritizedSampler {
     /// All windows start with priority 1.
     pub fn new(index: Arc<SliceIndex>, num_slices: usize, alpha: f64, seed: u64) -> Result<Self> {
-        if index.num_windows() == 0 || num_slices == 0 {
-            return Err(Error::invalid_argument(
-                "nothing to sample (no window, or num_slices = 0)",
+        if num_slices == 0 {
+            return Err(Error::argument("num_slices", "must be at least 1"));
+        }
+        if index.num_windows() == 0 {
+            return Err(Error::argument(
+                "index",
+                "nothing to sample: the slice index has no window",
             ));
         }
         if !(alpha >= 0.0 && alpha.is_finite()) {
-            return Err(Error::invalid_argument(format!(
-                "alpha {alpha} must be a finite number >= 0"
-            )));
+            return Err(Error::argument(
+                "alpha",
+                format!("alpha {alpha} must be a finite number >= 0"),
+            ));
         }
         let n = usize::try_from(index.num_windows())
-            .map_err(|_| Error::invalid_argument("too many windows for a sum tree"))?;
+            .map_err(|_| Error::argument("index", "too many windows for a sum tree"))?;
         Ok(Self {
             tree: std::sync::RwLock::new(SumTree::new(n, 1.0)),
             index,
@@ -101,18 +106,33 @@ impl PrioritizedSampler {
     /// Sets the priorities (e.g. TD errors, made positive) of `windows`.
     pub fn update_priorities(&self, windows: &[u64], priorities: &[f64]) -> Result<()> {
         if windows.len() != priorities.len() {
-            return Err(Error::invalid_argument(
-                "as many priorities as windows are needed",
-            ));
+            return Err(Error::invalid_argument(format!(
+                "{} priorities for {} windows: as many priorities as windows are needed",
+                priorities.len(),
+                windows.len()
+            )));
         }
         if let Some((w, p)) = windows
             .iter()
             .zip(priorities)
             .find(|&(&w, &p)| w >= self.index.num_windows() || !(p >= 0.0 && p.is_finite()))
         {
-            return Err(Error::invalid_argument(format!(
-                "window {w} / priority {p} out of range"
-            )));
+            return Err(if *w >= self.index.num_windows() {
+                Error::argument(
+                    "windows",
+                    format!(
+                        "window {w} out of range (the index has {} windows)",
+                        self.index.num_windows()
+                    ),
+                )
+            } else {
+                Error::argument(
+                    "priorities",
+                    format!(
+                        "priority {p} (of window {w}) out of range: it must be a finite number >= 0"
+                    ),
+                )
+            });
         }
         let mut tree = self.tree.write().unwrap_or_else(|e| e.into_inner());
         for (&w, &p) in windows.iter().zip(priorities) {

@@ -35,9 +35,7 @@ impl SliceSampler {
         opts: &SliceOptions,
     ) -> Result<Self> {
         if opts.num_slices == 0 {
-            return Err(Error::invalid_argument(
-                "num_slices must be at least 1",
-            ));
+            return Err(Error::argument("num_slices", "must be at least 1"));
         }
         if index.slice_len != opts.slice_len || index.policy != opts.policy {
             return Err(Error::invalid_argument(
@@ -56,9 +54,10 @@ impl SliceSampler {
                 match pos {
                     Some(p) => a[p] = true,
                     None => {
-                        return Err(Error::invalid_argument(format!(
-                            "episode id {id} is not in this snapshot"
-                        )));
+                        return Err(Error::argument(
+                            "episode_ids",
+                            format!("episode id {id} is not in this snapshot"),
+                        ));
                     }
                 }
             }
@@ -67,10 +66,10 @@ impl SliceSampler {
         if let Some(w) = &opts.episode_weights
             && w.len() != n
         {
-            return Err(Error::invalid_argument(format!(
-                "{} episode weights for {n} episodes",
-                w.len()
-            )));
+            return Err(Error::argument(
+                "episode_weights",
+                format!("{} episode weights for {n} episodes", w.len()),
+            ));
         }
         let plain = opts.weighting == Weighting::Windows
             && opts.episode_weights.is_none()
@@ -98,9 +97,10 @@ impl SliceSampler {
                 };
                 let w = opts.episode_weights.as_ref().map_or(1.0, |w| w[e]);
                 if !(w >= 0.0 && w.is_finite()) {
-                    return Err(Error::invalid_argument(format!(
-                        "episode weight {w} at position {e}"
-                    )));
+                    return Err(Error::argument(
+                        "episode_weights",
+                        format!("episode weight {w} at position {e}: must be a finite number >= 0"),
+                    ));
                 }
                 if w > 0.0 {
                     items.push(e as u32);
@@ -156,8 +156,12 @@ pub fn transition_sampler(
     seed: u64,
 ) -> Result<SliceSampler> {
     if index.slice_len != 1 {
-        return Err(Error::invalid_argument(
-            "transition sampling needs a slice index of length 1",
+        return Err(Error::argument(
+            "index",
+            format!(
+                "transition sampling needs a slice index of length 1, not {}",
+                index.slice_len
+            ),
         ));
     }
     SliceSampler::new(

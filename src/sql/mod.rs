@@ -289,28 +289,40 @@ impl SnapshotSql for Snapshot {
         }
         let result = SqlSession::new(self)?.query(sql)?;
         let idx = result.schema.index_of(col::EPISODE_ID).map_err(|_| {
-            Error::invalid_argument(format!(
-                "the subset query must return an `{}` column; it returns ({})",
-                col::EPISODE_ID,
-                result
-                    .schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
+            Error::argument(
+                "sql",
+                format!(
+                    "the subset query must return an `{}` column; it returns ({})",
+                    col::EPISODE_ID,
+                    result
+                        .schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
         })?;
         let mut ids = Vec::with_capacity(result.num_rows());
         for b in &result.batches {
             let c = cast(b.column(idx), &DataType::UInt64).map_err(|e| {
-                Error::invalid_argument(format!("`{}` is not an id column: {e}", col::EPISODE_ID))
+                Error::argument(
+                    "sql",
+                    format!(
+                        "the subset query's `{}` is not an id column: {e}",
+                        col::EPISODE_ID
+                    ),
+                )
             })?;
             if c.null_count() > 0 {
-                return Err(Error::invalid_argument(format!(
-                    "the subset query returned a null or negative `{}`",
-                    col::EPISODE_ID
-                )));
+                return Err(Error::argument(
+                    "sql",
+                    format!(
+                        "the subset query returned a null or negative `{}`",
+                        col::EPISODE_ID
+                    ),
+                ));
             }
             ids.extend_from_slice(c.as_primitive::<UInt64Type>().values());
         }

@@ -30,10 +30,10 @@ impl Dataset {
         if root.exists() {
             let mut entries = std::fs::read_dir(&root).at(&root)?;
             if entries.next().is_some() {
-                return Err(Error::invalid_argument(format!(
-                    "{} already exists and is not empty",
-                    root.display()
-                )));
+                return Err(Error::argument(
+                    "path",
+                    format!("{} already exists and is not empty", root.display()),
+                ));
             }
         }
         std::fs::create_dir_all(root.join(format::SEGMENTS_DIR)).at(&root)?;
@@ -133,7 +133,7 @@ fn episode_column<'a>(
         .map(|t| {
             t.column(name)
                 .cloned()
-                .ok_or_else(|| Error::invalid_argument(format!("no episode column `{name}`")))
+                .ok_or_else(|| Error::argument("name", format!("no episode column `{name}`")))
         })
         .collect()
 }

@@ -161,14 +161,17 @@ impl ColumnBuf {
     }
     pub(crate) fn push(&mut self, v: &Values<'_>) -> Result<()> {
         if v.data_type() != self.elem || v.len() != self.width {
-            return Err(Error::invalid_argument(format!(
-                "column `{}` takes {} values of {} per step, got {} of {}",
-                self.field.name(),
-                self.width,
-                self.elem,
-                v.len(),
-                v.data_type()
-            )));
+            return Err(Error::argument(
+                "step",
+                format!(
+                    "column `{}` takes {} values of {} per step, got {} of {}",
+                    self.field.name(),
+                    self.width,
+                    self.elem,
+                    v.len(),
+                    v.data_type()
+                ),
+            ));
         }
         v.extend_into(self);
         Ok(())

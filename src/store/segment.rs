@@ -200,8 +200,7 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     // passed along keeps alive for as long as any buffer sliced from it exists.
     let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
     let data = map.as_slice();
-    let (footer_start, footer_end) =
-        footer_span(&data[..8], &data[len - 10..], len as u64).map_err(corrupt)?;
+    let (footer_start, footer_end) = footer_span(path, &data[..8], &data[len - 10..], len as u64)?;
     let (footer_start, footer_end) = (footer_start as usize, footer_end as usize);
     let footer = arrow::ipc::root_as_footer(&data[footer_start..footer_end])
         .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
@@ -211,7 +210,7 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
             footer.version()
         )));
     }
-    let schema = footer_schema(&footer).map_err(corrupt)?;
+    let schema = footer_schema(path, &footer)?;
     let mut metadata = HashMap::new();
     if let Some(kv) = footer.custom_metadata() {
         for e in kv {
@@ -220,7 +219,7 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
             }
         }
     }
-    check_schema(expected, &schema).map_err(|m| corrupt(format!("schema mismatch: {m}")))?;
+    check_schema(path, expected, &schema)?;
     if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
         return Err(corrupt(
             "dictionary batches are not part of the format".into(),
@@ -234,8 +233,13 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
         .map(|b| b.iter().copied().collect::<Vec<_>>());
     let mut batches = Vec::new();
     for (i, block) in blocks.unwrap_or_default().iter().enumerate() {
-        let slice = check_block(block, footer_start, data)
-            .map_err(|m| corrupt(format!("record batch {i}: {m}")))?;
+        let slice = check_block(
+            path,
+            &format!("record batch {i}"),
+            block,
+            footer_start,
+            data,
+        )?;
         let block_data = map.slice_with_length(slice.0, slice.1);
         let decoded = catch_unwind(AssertUnwindSafe(|| {
             decoder.read_record_batch(block, &block_data)
@@ -256,64 +260,80 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     })
 }
 
-/// Where an IPC file's footer lies, `(start, end)`, from the file's first 8 and last 10 bytes
-/// (magic, footer length, magic) and its length.
-pub(crate) fn footer_span(
-    head: &[u8],
-    tail: &[u8],
-    len: u64,
-) -> std::result::Result<(u64, u64), String> {
+/// Where the footer of IPC file `path` lies, `(start, end)`, from the file's first 8 and last 10
+/// bytes (magic, footer length, magic) and its length. A bad file is [`Error::Corrupt`].
+pub(crate) fn footer_span(path: &Path, head: &[u8], tail: &[u8], len: u64) -> Result<(u64, u64)> {
+    let corrupt = |reason: String| Error::corrupt(path, reason);
     if len < MIN_FILE_LEN as u64 {
-        return Err(format!("{len} bytes is too short for an Arrow IPC file"));
+        return Err(corrupt(format!(
+            "{len} bytes is too short for an Arrow IPC file"
+        )));
     }
     if &head[..6] != MAGIC || &tail[4..10] != MAGIC {
-        return Err("missing ARROW1 magic (not an Arrow IPC file, or truncated)".into());
+        return Err(corrupt(
+            "missing ARROW1 magic (not an Arrow IPC file, or truncated)".into(),
+        ));
     }
     let footer_len = i32::from_le_bytes(tail[..4].try_into().expect("4 bytes"));
     let footer_end = len - 10;
     if footer_len <= 0 || footer_len as u64 > footer_end - 8 {
-        return Err(format!("footer length {footer_len} out of bounds"));
+        return Err(corrupt(format!("footer length {footer_len} out of bounds")));
     }
     Ok((footer_end - footer_len as u64, footer_end))
 }
 
 /// A footer block's `(offset, metadata length, body length)`, checked to lie in the data
-/// section (before `footer_start`).
+/// section (before `footer_start`). A bad block is [`Error::Corrupt`] naming `path` and the block
+/// (`what`, e.g. `record batch 3`).
 pub(crate) fn block_span(
+    path: &Path,
+    what: &str,
     block: &Block,
     footer_start: u64,
-) -> std::result::Result<(usize, usize, usize), String> {
+) -> Result<(usize, usize, usize)> {
     let (off, meta_len, body_len) = (block.offset(), block.metaDataLength(), block.bodyLength());
     if off < 8 || meta_len < 8 || body_len < 0 {
-        return Err(format!(
-            "invalid block (offset {off}, metadata {meta_len}, body {body_len})"
+        return Err(Error::corrupt(
+            path,
+            format!("{what}: invalid block (offset {off}, metadata {meta_len}, body {body_len})"),
         ));
     }
     (off as u64)
         .checked_add(meta_len as u64)
         .and_then(|x| x.checked_add(body_len as u64))
         .filter(|&e| e <= footer_start)
-        .ok_or_else(|| format!("block at {off} runs past the data section"))?;
+        .ok_or_else(|| {
+            Error::corrupt(
+                path,
+                format!("{what}: block at {off} runs past the data section"),
+            )
+        })?;
     Ok((off as usize, meta_len as usize, body_len as usize))
 }
 
-/// The schema in an IPC file's footer.
-pub(crate) fn footer_schema(footer: &arrow::ipc::Footer) -> std::result::Result<Schema, String> {
+/// The schema in the footer of IPC file `path`; none, or an unreadable one, is [`Error::Corrupt`].
+pub(crate) fn footer_schema(path: &Path, footer: &arrow::ipc::Footer) -> Result<Schema> {
     let fb_schema = footer
         .schema()
-        .ok_or_else(|| "footer has no schema".to_string())?;
+        .ok_or_else(|| Error::corrupt(path, "footer has no schema"))?;
     // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
     catch_unwind(AssertUnwindSafe(|| {
         arrow::ipc::convert::fb_to_schema(fb_schema)
     }))
-    .map_err(|_| "unreadable schema in footer".to_string())
+    .map_err(|_| Error::corrupt(path, "unreadable schema in footer"))
 }
 
 /// The message of an IPC block, from the block's metadata bytes (an optional continuation
-/// marker, the flatbuffer's length, the flatbuffer), checked to lie inside them.
-pub(crate) fn block_message(header: &[u8]) -> std::result::Result<arrow::ipc::Message<'_>, String> {
+/// marker, the flatbuffer's length, the flatbuffer), checked to lie inside them. A bad message is
+/// [`Error::Corrupt`] naming `path` and the block (`what`, e.g. `record batch 3`).
+pub(crate) fn block_message<'a>(
+    path: &Path,
+    what: &str,
+    header: &'a [u8],
+) -> Result<arrow::ipc::Message<'a>> {
+    let corrupt = |reason: String| Error::corrupt(path, format!("{what}: {reason}"));
     if header.len() < 8 {
-        return Err(format!("{} bytes of block metadata", header.len()));
+        return Err(corrupt(format!("{} bytes of block metadata", header.len())));
     }
     let (prefix, len) = if header[..4] == [0xff; 4] {
         (8, &header[4..8])
@@ -322,68 +342,80 @@ pub(crate) fn block_message(header: &[u8]) -> std::result::Result<arrow::ipc::Me
     };
     let len = i32::from_le_bytes(len.try_into().expect("4 bytes"));
     if len < 0 || prefix + len as usize > header.len() {
-        return Err(format!(
+        return Err(corrupt(format!(
             "message length {len} exceeds the block's metadata length {}",
             header.len()
-        ));
+        )));
     }
     arrow::ipc::root_as_message(&header[prefix..prefix + len as usize])
-        .map_err(|e| format!("invalid message: {e}"))
+        .map_err(|e| corrupt(format!("invalid message: {e}")))
 }
 
-fn check_schema(expected: &Schema, found: &Schema) -> std::result::Result<(), String> {
+/// The schema of file `path` must be `expected` (names, types, nullability): the file, not the
+/// caller, is at fault when it is not, so a difference is [`Error::Corrupt`].
+fn check_schema(path: &Path, expected: &Schema, found: &Schema) -> Result<()> {
+    let mismatch = |reason: String| Error::corrupt(path, format!("schema mismatch: {reason}"));
     if expected.fields().len() != found.fields().len() {
-        return Err(format!(
+        return Err(mismatch(format!(
             "{} columns, expected {}",
             found.fields().len(),
             expected.fields().len()
-        ));
+        )));
     }
+    let nullable = |nullable: bool| if nullable { " (nullable)" } else { "" };
     for (e, f) in expected.fields().iter().zip(found.fields()) {
         if e.name() != f.name()
             || e.data_type() != f.data_type()
             || e.is_nullable() != f.is_nullable()
         {
-            return Err(format!(
-                "column `{}: {}` where `{}: {}` was expected",
+            return Err(mismatch(format!(
+                "column `{}: {}`{} where `{}: {}`{} was expected",
                 f.name(),
                 f.data_type(),
+                nullable(f.is_nullable()),
                 e.name(),
-                e.data_type()
-            ));
+                e.data_type(),
+                nullable(e.is_nullable())
+            )));
         }
     }
     Ok(())
 }
 
-/// Checks that a block and the buffers its message declares lie inside the file, so that decoding
-/// never indexes out of bounds. Returns the (offset, length) of the block.
+/// Checks that a block (`what`, e.g. `record batch 3`) and the buffers its message declares lie
+/// inside file `path`, so that decoding never indexes out of bounds; a bad one is
+/// [`Error::Corrupt`]. Returns the (offset, length) of the block.
 fn check_block(
+    path: &Path,
+    what: &str,
     block: &Block,
     footer_start: usize,
     data: &[u8],
-) -> std::result::Result<(usize, usize), String> {
-    let (off, meta_len, body_len) = block_span(block, footer_start as u64)?;
+) -> Result<(usize, usize)> {
+    let corrupt = |reason: String| Error::corrupt(path, format!("{what}: {reason}"));
+    let (off, meta_len, body_len) = block_span(path, what, block, footer_start as u64)?;
     let end = off + meta_len + body_len;
-    let message = block_message(&data[off..off + meta_len])?;
+    let message = block_message(path, what, &data[off..off + meta_len])?;
     if message.bodyLength() as usize != body_len {
-        return Err(format!(
+        return Err(corrupt(format!(
             "message body length {} differs from the footer's {body_len}",
             message.bodyLength()
-        ));
+        )));
     }
     let rb = message
         .header_as_record_batch()
-        .ok_or_else(|| "message is not a record batch".to_string())?;
+        .ok_or_else(|| corrupt("message is not a record batch".into()))?;
     if rb.compression().is_some() {
-        return Err("compressed buffers are not part of the format".into());
+        return Err(corrupt(
+            "compressed buffers are not part of the format".into(),
+        ));
     }
     for (j, b) in rb.buffers().into_iter().flatten().enumerate() {
         let (bo, bl) = (b.offset(), b.length());
         if bo < 0 || bl < 0 || (bo as u64).saturating_add(bl as u64) > body_len as u64 {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "buffer {j} ({bo}+{bl}) lies outside the message body ({body_len})"
-            ));
+            )));
         }
     }
     Ok((off, end - off))
@@ -459,10 +491,10 @@ impl Segment {
             .iter()
             .map(|b| {
                 b.column_by_name(name).cloned().ok_or_else(|| {
-                    Error::invalid_argument(format!(
-                        "segment {} has no column `{name}`",
-                        self.entry.id
-                    ))
+                    Error::argument(
+                        "name",
+                        format!("segment {} has no column `{name}`", self.entry.id),
+                    )
                 })
             })
             .collect()
@@ -611,7 +643,12 @@ impl EpisodeTable {
                 Error::schema(name, format!("missing (an episode-table {want} column)"))
             })?;
             cast(a).ok_or_else(|| {
-                Error::schema(name, format!("expected {want}, found {}", a.data_type()))
+                Error::schema_types(
+                    name,
+                    &want,
+                    a.data_type(),
+                    "an episode-table column of another type",
+                )
             })
         }
         let u64s = |name| {

@@ -219,7 +219,7 @@ impl DatasetWriter {
         )));
         for field in payload.fields() {
             let array = batch.column_by_name(field.name()).ok_or_else(|| {
-                Error::schema_mismatch(format!("episode batch has no column `{}`", field.name()))
+                Error::schema(field.name(), "the episode batch has no such column")
             })?;
             columns.push(conform(field, array)?);
         }
@@ -231,10 +231,16 @@ impl DatasetWriter {
                 .filter(|f| payload.field_with_name(f.name()).is_err())
                 .map(|f| f.name().clone())
                 .collect();
-            return Err(Error::schema_mismatch(format!(
-                "episode batch has columns the dataset does not: {}",
-                extra.join(", ")
-            )));
+            return Err(match extra.as_slice() {
+                [one] => Error::schema(
+                    one,
+                    "the episode batch has this column, the dataset does not",
+                ),
+                _ => Error::schema_mismatch(format!(
+                    "episode batch has columns the dataset does not: {}",
+                    extra.join(", ")
+                )),
+            });
         }
         let ret: f64 = columns[6 + 2]
             .as_primitive::<Float32Type>()
@@ -246,10 +252,10 @@ impl DatasetWriter {
             (false, Some(obs)) => {
                 let field = self.schema.observation_field();
                 if obs.len() != 1 {
-                    return Err(Error::invalid_argument(format!(
-                        "final_observation must have one row, got {}",
-                        obs.len()
-                    )));
+                    return Err(Error::argument(
+                        "final_observation",
+                        format!("must have one row, got {}", obs.len()),
+                    ));
                 }
                 Some(conform(&Arc::new(field.clone()), &obs)?)
             }
@@ -391,21 +397,24 @@ impl DatasetWriter {
         let has_next = payload.column_with_name(col::NEXT_OBSERVATION).is_some();
         let fixed = 3 + has_next as usize;
         if step.next_observation.is_some() != has_next {
-            return Err(Error::invalid_argument(format!(
-                "this dataset {} next_observation",
+            return Err(Error::argument(
+                "next_observation",
                 if has_next {
-                    "stores, so each step needs,"
+                    "this dataset stores next_observation, so each step needs one"
                 } else {
-                    "derives, so steps must not pass,"
-                }
-            )));
+                    "this dataset derives next_observation, so steps must not pass one"
+                },
+            ));
         }
         if step.columns.len() != bufs.len() - fixed {
-            return Err(Error::invalid_argument(format!(
-                "expected {} user column values per step, got {}",
-                bufs.len() - fixed,
-                step.columns.len()
-            )));
+            return Err(Error::argument(
+                "columns",
+                format!(
+                    "expected {} user column values per step, got {}",
+                    bufs.len() - fixed,
+                    step.columns.len()
+                ),
+            ));
         }
         // Check every column before touching any buffer, so a bad step changes nothing.
         let reward = [step.reward];
@@ -608,8 +617,9 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
     if !field.is_nullable() && array.null_count() > 0 {
         let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
         return Err(Error::invalid_data(format!(
-            "column `{name}` has a null at row {row} of the episode"
-        )));
+            "a null at row {row} of the episode (the column is not nullable)"
+        ))
+        .in_column(name));
     }
     match (field.data_type(), array.data_type()) {
         (a, b) if a == b => Ok(array.clone()),
@@ -618,9 +628,7 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
         {
             let list = array.as_fixed_size_list();
             if list.values().null_count() > 0 {
-                return Err(Error::invalid_data(format!(
-                    "column `{name}` has null list items"
-                )));
+                return Err(Error::invalid_data("the column has null list items").in_column(name));
             }
             Ok(Arc::new(FixedSizeListArray::try_new(
                 want.clone(),
@@ -629,8 +637,15 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
                 list.nulls().cloned(),
             )?))
         }
-        (want, got) => Err(Error::schema_mismatch(format!(
-            "column `{name}` is {got}, the dataset stores {want}"
-        ))),
+        (want, got) => Err(Error::schema_types(
+            name,
+            want,
+            got,
+            "the episode's column has another type than the dataset stores",
+        )),
     }
 }
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;

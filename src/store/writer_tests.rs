@@ -8,22 +8,41 @@ use arrow::array::{Float32Array, Int64Array};
 use arrow::datatypes::Field;
 
 use crate::store::Dataset;
-use crate::synth::SynthSpec;
 
-fn spec() -> SynthSpec {
-    SynthSpec {
-        transitions: 0,
-        obs_dim: 3,
-        act_dim: 2,
-        discrete_actions: false,
-        mean_episode_len: 20.0,
-        seed: 5,
-    }
+/// The schema of these tests: 3-d observations, 2-d continuous actions, derived
+/// `next_observation`.
+fn schema() -> TransitionSchema {
+    TransitionSchema::builder(&[3], 2).build().unwrap()
 }
 
-/// A new dataset of [`spec`]'s schema and a writer on it.
+/// Episode `i` of `n` steps of [`schema`], with its final observation; even episodes end
+/// terminated, odd ones truncated. (Not `synth`, which is above `store` in the layers.)
+fn episode(i: u64, n: u64) -> (RecordBatch, EpisodeEnd) {
+    let v = |t: u64, k: u64| (i * 1000 + t * 10 + k) as f32;
+    let obs: Vec<f32> = (0..n).flat_map(|t| (0..3).map(move |k| v(t, k))).collect();
+    let act: Vec<f32> = (0..n).flat_map(|t| (0..2).map(move |k| -v(t, k))).collect();
+    let reward: Vec<f32> = (0..n).map(|t| v(t, 0) / 7.0).collect();
+    let batch = RecordBatch::try_from_iter([
+        (col::OBSERVATION, fsl(obs, 3, "item", false)),
+        (col::ACTION, fsl(act, 2, "item", false)),
+        (
+            col::REWARD,
+            Arc::new(Float32Array::from(reward)) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let end = if i.is_multiple_of(2) {
+        EpisodeEnd::terminated()
+    } else {
+        EpisodeEnd::truncated()
+    };
+    let fin = fsl((0..3).map(|k| v(n, k)).collect(), 3, "item", false);
+    (batch, end.with_final_observation(fin))
+}
+
+/// A new dataset of [`schema`] and a writer on it.
 fn writer(dir: &Path, options: WriterOptions) -> (Dataset, DatasetWriter) {
-    let ds = Dataset::create(dir.join("d"), &spec().schema().unwrap()).unwrap();
+    let ds = Dataset::create(dir.join("d"), &schema()).unwrap();
     let w = DatasetWriter::open(ds.path(), options).unwrap();
     (ds, w)
 }
@@ -69,7 +88,7 @@ fn fsl(values: Vec<f32>, width: i32, item: &str, nullable: bool) -> ArrayRef {
 fn an_empty_episode_is_invalid_data_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (ds, mut w) = writer(dir.path(), WriterOptions::default());
-    let (b, e) = spec().episode(0, 4);
+    let (b, e) = episode(0, 4);
     w.append_episode(&b, e.clone()).unwrap();
     let before = state(&w);
     let err = w.append_episode(&b.slice(0, 0), e.clone()).unwrap_err();
@@ -84,7 +103,10 @@ fn an_empty_episode_is_invalid_data_and_changes_nothing() {
     let err = w
         .append_episode(&b, EpisodeEnd::truncated().with_final_observation(two))
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    assert!(
+        matches!(err, Error::InvalidArgument { argument: Some(ref a), .. } if a == "final_observation"),
+        "{err}"
+    );
     assert_eq!(state(&w), before);
     assert_eq!(w.commit().unwrap(), 2);
     let snap = ds.snapshot().unwrap();
@@ -99,7 +121,7 @@ fn a_commit_with_nothing_to_commit_keeps_the_version() {
     assert_eq!(w.commit().unwrap(), 1, "a fresh writer");
     assert_eq!(w.commit().unwrap(), 1, "twice");
     assert_eq!(versions(&ds), vec![1]);
-    let (b, e) = spec().episode(0, 6);
+    let (b, e) = episode(0, 6);
     w.append_episode(&b, e).unwrap();
     assert_eq!(w.commit().unwrap(), 2);
     let files = segment_dir(&ds);
@@ -144,7 +166,7 @@ fn the_step_api_refuses_mixed_and_empty_episodes() {
         columns: &[],
     };
     w.append_step(step()).unwrap();
-    let (b, e) = spec().episode(0, 3);
+    let (b, e) = episode(0, 3);
     let before = state(&w);
     let err = w.append_episode(&b, e.clone()).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
@@ -156,7 +178,10 @@ fn the_step_api_refuses_mixed_and_empty_episodes() {
             ..step()
         })
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    assert!(
+        matches!(err, Error::InvalidArgument { argument: Some(ref a), .. } if a == "next_observation"),
+        "{err}"
+    );
     assert_eq!(w.end_episode(EpisodeEnd::truncated()).unwrap(), 0);
     assert_eq!(w.append_episode(&b, e).unwrap(), 1);
     // end_episode right after one: no steps.
@@ -170,8 +195,7 @@ fn the_step_api_refuses_mixed_and_empty_episodes() {
 #[test]
 fn an_episode_larger_than_a_segment_gets_a_segment_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec();
-    let row_bytes = s.schema().unwrap().row_bytes();
+    let row_bytes = schema().row_bytes();
     // Room for ~40 rows of data (plus the file's schema header).
     let target = (40.0 * row_bytes) as u64 + 2048;
     let (ds, mut w) = writer(
@@ -180,17 +204,17 @@ fn an_episode_larger_than_a_segment_gets_a_segment_of_its_own() {
     );
     let lens = [3u64, 5, 400, 2, 2, 7, 300, 1];
     for (i, &n) in lens.iter().enumerate() {
-        let (b, e) = s.episode(i as u64, n);
+        let (b, e) = episode(i as u64, n);
         w.append_episode(&b, e).unwrap();
     }
     assert_eq!(w.commit().unwrap(), 2);
     let m = ds.latest_manifest().unwrap();
-    let mut episode = 0usize;
+    let mut next = 0usize; // position of the next segment's first episode
     let mut row = 0u64;
     for seg in &m.segments {
-        assert_eq!(seg.first_episode_id, episode as u64);
+        assert_eq!(seg.first_episode_id, next as u64);
         assert_eq!(seg.first_row, row);
-        let held = &lens[episode..episode + seg.episodes as usize];
+        let held = &lens[next..next + seg.episodes as usize];
         assert_eq!(seg.rows, held.iter().sum::<u64>(), "segment {}", seg.id);
         if held.iter().any(|&n| n >= 300) {
             assert_eq!(held.len(), 1, "a large episode shares segment {}", seg.id);
@@ -202,16 +226,16 @@ fn an_episode_larger_than_a_segment_gets_a_segment_of_its_own() {
                 seg.bytes
             );
         }
-        episode += seg.episodes as usize;
+        next += seg.episodes as usize;
         row += seg.rows;
     }
-    assert_eq!(episode, lens.len());
+    assert_eq!(next, lens.len());
     assert!(m.segments.len() >= 4, "{} segments", m.segments.len());
     assert_eq!(m.next_row, lens.iter().sum::<u64>());
     // Every episode reads back whole from its segment.
     let snap = ds.snapshot().unwrap();
     for (i, &n) in lens.iter().enumerate() {
-        let (want, _) = s.episode(i as u64, n);
+        let (want, _) = episode(i as u64, n);
         let got = snap.episode(i as u64).unwrap();
         assert_eq!(got.num_rows() as u64, n);
         assert_eq!(
@@ -226,13 +250,12 @@ fn an_episode_larger_than_a_segment_gets_a_segment_of_its_own() {
 #[test]
 fn record_batches_hold_whole_episodes() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec();
-    let row_bytes = s.schema().unwrap().row_bytes();
+    let row_bytes = schema().row_bytes();
     let batch = (10.0 * row_bytes) as u64;
     let (ds, mut w) = writer(dir.path(), WriterOptions::default().with_batch_bytes(batch));
     let lens = [2u64, 3, 2, 50, 1, 1, 1, 30, 4];
     for (i, &n) in lens.iter().enumerate() {
-        let (b, e) = s.episode(i as u64, n);
+        let (b, e) = episode(i as u64, n);
         w.append_episode(&b, e).unwrap();
         assert!(
             w.pending_rows as f64 * row_bytes < batch as f64,
@@ -357,10 +380,9 @@ fn segment_files_are_found_by_name_only() {
 #[test]
 fn the_next_writer_removes_what_an_uncommitted_one_left() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec();
     let (ds, mut w) = writer(dir.path(), WriterOptions::default().with_segment_bytes(1));
     for i in 0..2 {
-        let (b, e) = s.episode(i, 5);
+        let (b, e) = episode(i, 5);
         w.append_episode(&b, e).unwrap();
     }
     w.commit().unwrap();
@@ -371,7 +393,7 @@ fn the_next_writer_removes_what_an_uncommitted_one_left() {
         "two segments of two files: {committed:?}"
     );
     for i in 2..5 {
-        let (b, e) = s.episode(i, 5);
+        let (b, e) = episode(i, 5);
         w.append_episode(&b, e).unwrap();
     }
     drop(w); // sealed segments 2 and 3 and an open one (a .tmp file), never committed
@@ -407,14 +429,13 @@ fn a_second_writer_is_locked_out() {
 #[test]
 fn retention_and_pruning_drop_whole_old_segments() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec();
     let opts = WriterOptions::default()
         .with_segment_bytes(1)
         .with_max_transitions(25)
         .with_keep_versions(2);
     let (ds, mut w) = writer(dir.path(), opts);
     for i in 0..12u64 {
-        let (b, e) = s.episode(i, 10);
+        let (b, e) = episode(i, 10);
         w.append_episode(&b, e).unwrap();
         w.commit().unwrap();
         let m = ds.latest_manifest().unwrap();

@@ -4,7 +4,7 @@ use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
 use super::{TensorBatch, storage_kind, widen};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gather::{GatherInto, Gatherer};
 use crate::index::SliceRef;
 
@@ -26,7 +26,15 @@ impl Layout {
             .map(|(name, dt, shape)| {
                 let mut full = vec![b as i64, l as i64];
                 full.extend(shape.iter().map(|&d| d as i64));
-                Ok((name.to_string(), storage_kind(dt)?, full))
+                let kind = storage_kind(dt).map_err(|_| {
+                    Error::argument(
+                        "gatherer",
+                        format!(
+                            "column `{name}` of type {dt} has no torch dtype; gather without it"
+                        ),
+                    )
+                })?;
+                Ok((name.to_string(), kind, full))
             })
             .collect::<Result<_>>()?;
         let types = gatherer.columns().map(|(_, dt, _)| dt.clone()).collect();

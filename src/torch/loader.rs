@@ -72,7 +72,8 @@ impl TorchLoader {
         if opts.pin_output && device == Device::Cpu {
             // Pinning needs CUDA: say so clearly instead of failing inside libtorch.
             check_device(Device::Cuda(0)).map_err(|_| {
-                Error::invalid_argument(
+                Error::argument(
+                    "pin_output",
                     "pinned output needs CUDA, and libtorch sees no CUDA device",
                 )
             })?;

@@ -45,9 +45,10 @@ pub fn parse_device(s: &str) -> Result<Device> {
         _ => match t.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => Device::Cuda(n),
             _ => {
-                return Err(Error::invalid_argument(format!(
-                    "device `{s}`: use cpu, cuda or cuda:N"
-                )));
+                return Err(Error::argument(
+                    "device",
+                    format!("`{s}`: use cpu, cuda or cuda:N"),
+                ));
             }
         },
     };
@@ -62,22 +63,27 @@ pub fn check_device(device: Device) -> Result<()> {
         Device::Cpu => Ok(()),
         Device::Cuda(n) => {
             if !tch::Cuda::is_available() {
-                return Err(Error::invalid_argument(format!(
-                    "device cuda:{n} requested, but libtorch sees no CUDA device (no GPU or \
-                     driver, or a libtorch without CUDA); use --device cpu"
-                )));
+                return Err(Error::argument(
+                    "device",
+                    format!(
+                        "cuda:{n} requested, but libtorch sees no CUDA device (no GPU or driver, \
+                         or a libtorch without CUDA); use --device cpu"
+                    ),
+                ));
             }
             let count = tch::Cuda::device_count();
             if n as i64 >= count {
-                return Err(Error::invalid_argument(format!(
-                    "device cuda:{n} requested, but this machine has {count} CUDA device(s)"
-                )));
+                return Err(Error::argument(
+                    "device",
+                    format!("cuda:{n} requested, but this machine has {count} CUDA device(s)"),
+                ));
             }
             Ok(())
         }
-        other => Err(Error::invalid_argument(format!(
-            "device {other:?} is not supported: use cpu or cuda"
-        ))),
+        other => Err(Error::argument(
+            "device",
+            format!("{other:?} is not supported: use cpu or cuda"),
+        )),
     }
 }
 
@@ -119,9 +125,10 @@ pub(crate) fn storage_kind(dt: &DataType) -> Result<Kind> {
         DataType::UInt64 => Kind::Int64,
         DataType::Boolean => Kind::Bool,
         other => {
-            return Err(Error::invalid_argument(format!(
-                "columns of type {other} have no torch dtype; leave the column out"
-            )));
+            return Err(Error::argument(
+                "dt",
+                format!("columns of type {other} have no torch dtype; leave the column out"),
+            ));
         }
     })
 }
@@ -172,9 +179,10 @@ impl std::str::FromStr for FloatCast {
             "none" | "" => Ok(FloatCast::None),
             "bf16" | "bfloat16" => Ok(FloatCast::BFloat16),
             "f16" | "fp16" | "half" | "float16" => Ok(FloatCast::Half),
-            other => Err(Error::invalid_argument(format!(
-                "cast `{other}`: use none, bf16 or f16"
-            ))),
+            other => Err(Error::argument(
+                "cast",
+                format!("`{other}`: use none, bf16 or f16"),
+            )),
         }
     }
 }
@@ -320,7 +328,8 @@ impl TensorBatch {
 /// `iters`). Needs CUDA.
 pub fn pinned_copy_bandwidth(bytes: usize, device: Device, iters: usize) -> Result<f64> {
     let Device::Cuda(n) = device else {
-        return Err(Error::invalid_argument(
+        return Err(Error::argument(
+            "device",
             "the pinned copy baseline needs a CUDA device",
         ));
     };

@@ -113,26 +113,30 @@ impl Resident {
     ) -> Result<Self> {
         let snap = gatherer.snapshot().clone();
         if snap.num_transitions() == 0 {
-            return Err(Error::invalid_argument(
-                "the snapshot has no transitions",
+            return Err(Error::argument(
+                "gatherer",
+                "the gatherer's snapshot has no transitions: there is nothing to make resident",
             ));
         }
         let uploads = resident_uploads(gatherer, opts.cast)?;
         let need: u64 = uploads.iter().map(|u| u.bytes).sum();
         if need > budget {
-            return Err(Error::invalid_argument(format!(
-                "resident mode needs {} of device memory for {} (with cast {:?}), more than the \
+            return Err(Error::argument(
+                "resident_budget",
+                format!(
+                    "resident mode needs {} of device memory for {} (with cast {:?}), more than the \
                  budget of {}; raise the budget, cast floats to bf16, request fewer columns, or \
                  stream instead",
-                crate::format::human_bytes(need),
-                uploads
-                    .iter()
-                    .map(|u| u.source.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                opts.cast,
-                crate::format::human_bytes(budget)
-            )));
+                    crate::format::human_bytes(need),
+                    uploads
+                        .iter()
+                        .map(|u| u.source.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    opts.cast,
+                    crate::format::human_bytes(budget)
+                ),
+            ));
         }
         let device = opts.device;
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
@@ -191,10 +195,13 @@ impl Resident {
             .plan(k * self.world + self.rank, &mut self.plan);
         let (b, l) = (self.layout.b, self.layout.l);
         if self.plan.len() > b {
-            return Err(Error::invalid_argument(format!(
-                "the sampler planned {} slices for a batch of {b}",
-                self.plan.len()
-            )));
+            return Err(Error::argument(
+                "sampler",
+                format!(
+                    "the sampler planned {} slices for a batch of {b}",
+                    self.plan.len()
+                ),
+            ));
         }
         // Per slice: start step, episode's first row, length, flags, position, id, last valid
         // position in the slice. Slices past the plan (a short last batch) are padding.

@@ -35,10 +35,13 @@ impl StreamWorker {
         self.planner.plan(k, lane, &self.gatherer);
         let n = self.planner.current().len();
         if n > self.layout.b {
-            return Err(Error::invalid_argument(format!(
-                "the sampler planned {n} slices for a batch of {}",
-                self.layout.b
-            )));
+            return Err(Error::argument(
+                "sampler",
+                format!(
+                    "the sampler planned {n} slices for a batch of {}",
+                    self.layout.b
+                ),
+            ));
         }
         match self.device {
             Device::Cuda(index) => self.produce_cuda(index),
@@ -109,10 +112,13 @@ impl StreamWorker {
 pub(crate) fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
     batch.try_map(|t| {
         if t.device() != Device::Cpu {
-            return Err(Error::invalid_argument(format!(
-                "the transform returned a tensor on {:?}; transforms run on host batches",
-                t.device()
-            )));
+            return Err(Error::argument(
+                "transform",
+                format!(
+                    "the transform returned a tensor on {:?}; transforms run on host batches",
+                    t.device()
+                ),
+            ));
         }
         Ok(if t.is_pinned(device) {
             t.shallow_clone()

@@ -140,8 +140,8 @@ pub fn check_fixture_episodes(snap: &Snapshot, want: &[(usize, usize, bool, bool
 }
 
 /// A Python that can `import {modules}` (`TRAJSTORE_PYTHON`, else `python3`), or `None` with a
-/// `note: skipped:` line for `what` (see [`skipped`]). Under `CI=true` a missing module is a failure: `scripts/test.sh`
-/// installs them through `scripts/setup-python.sh`.
+/// `note: skipped:` line for `what` (see [`skipped`]). Under `CI=true` a missing module is a
+/// failure: `scripts/test.sh` installs them through `scripts/setup-python.sh`.
 pub fn python_with(modules: &str, what: &str) -> Option<String> {
     let py = std::env::var("TRAJSTORE_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = std::process::Command::new(&py)
@@ -176,6 +176,21 @@ pub fn err_of<T>(result: trajstore::Result<T>) -> trajstore::Error {
     match result {
         Ok(_) => panic!("expected an error, got a value"),
         Err(e) => e,
+    }
+}
+
+/// Asserts that `e` is an [`trajstore::Error::InvalidArgument`] naming `argument`, or naming
+/// anything (or nothing) when `argument` is `None` (errors about a combination of arguments name
+/// none in particular). `what` says which case failed.
+pub fn assert_invalid_argument(e: &trajstore::Error, argument: Option<&str>, what: &str) {
+    let trajstore::Error::InvalidArgument {
+        argument: named, ..
+    } = e
+    else {
+        panic!("{what}: not an invalid argument: {e}");
+    };
+    if let Some(want) = argument {
+        assert_eq!(named.as_deref(), Some(want), "{what}: {e}");
     }
 }
 

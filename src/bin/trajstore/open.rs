@@ -47,7 +47,10 @@ pub(crate) fn open_catalog(path: &Path, version: Option<u64>) -> Result<(Catalog
         Ok((catalog, name))
     }
     #[cfg(not(feature = "remote"))]
-    Ok((builder(path, version).load_catalog().with_context(ctx)?, name))
+    Ok((
+        builder(path, version).load_catalog().with_context(ctx)?,
+        name,
+    ))
 }
 
 /// One line on stderr when files were downloaded into a mirror.

@@ -117,7 +117,9 @@ impl ArraySource {
             open_zip(path, input, magic.starts_with(b"PK"), drop)?
         };
         if arrays.is_empty() {
-            return Err(Error::invalid_data("the input holds no .npy arrays").in_input(path.display()));
+            return Err(
+                Error::invalid_data("the input holds no .npy arrays").in_input(path.display())
+            );
         }
         Self::from_arrays(path, arrays, None, 0)
     }

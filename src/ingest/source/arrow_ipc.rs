@@ -108,8 +108,9 @@ impl Source for StreamHead {
     }
 
     fn read(&self, _: usize, _: &[usize], _: usize) -> Result<Vec<RecordBatch>> {
-        Err(Error::invalid_argument(
-            "a stream is read in order by ingest_stream",
+        Err(Error::argument(
+            "unit",
+            "a stream has no units: it is read in order by ingest_stream",
         ))
     }
 
@@ -117,12 +118,12 @@ impl Source for StreamHead {
         match &self.first {
             _ if cols.is_empty() => Ok(vec![]),
             Some(b) if b.num_rows() > 0 => super::row0_list_lengths(b, cols),
-            _ => Err(Error::invalid_data(format!(
-                "{}: the stream's first record batch has no rows, so the length of list column \
-                 `{}` cannot be inferred",
-                self.path.display(),
-                cols[0]
-            ))),
+            _ => Err(Error::invalid_data(
+                "the stream's first record batch has no rows, so the length of this list column \
+                 cannot be inferred",
+            )
+            .in_input(self.path.display())
+            .in_column(cols[0])),
         }
     }
 }
@@ -152,20 +153,24 @@ impl ArrowSource {
         };
         let head = read_at(0, 8.min(len as usize))?;
         if is_stream(&head) {
-            return Err(Error::invalid_argument(format!(
-                "{} is an Arrow IPC stream, not a file: its batches are read in order (`ingest` \
-                 does so)",
-                path.display()
-            )));
+            return Err(Error::argument(
+                "input",
+                format!(
+                    "{} is an Arrow IPC stream, not a file: its batches are read in order \
+                     (`ingest` does so)",
+                    path.display()
+                ),
+            ));
         }
         let tail = read_at(len.saturating_sub(10), 10.min(len as usize))?;
         let (footer_start, footer_end) =
-            crate::store::segment::footer_span(&head, &tail, len).map_err(corrupt)?;
+            crate::store::segment::footer_span(path, &head, &tail, len)?;
         let footer_bytes = read_at(footer_start, (footer_end - footer_start) as usize)?;
         let footer = arrow::ipc::root_as_footer(&footer_bytes)
             .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
-        let check_block =
-            |b: &Block| crate::store::segment::block_span(b, footer_start).map(|_| ());
+        let check_block = |b: &Block, what: &str| {
+            crate::store::segment::block_span(path, what, b, footer_start).map(|_| ())
+        };
         let dictionaries: Vec<Block> = footer
             .dictionaries()
             .into_iter()
@@ -173,15 +178,16 @@ impl ArrowSource {
             .copied()
             .collect();
         for (i, block) in dictionaries.iter().enumerate() {
-            check_block(block).map_err(|m| corrupt(format!("dictionary {i}: {m}")))?;
+            check_block(block, &format!("dictionary {i}"))?;
         }
         let (mut rows, mut blocks) = (vec![], vec![]);
         for (i, block) in footer.recordBatches().into_iter().flatten().enumerate() {
-            let bad = |m: String| corrupt(format!("record batch {i}: {m}"));
-            check_block(block).map_err(bad)?;
+            let what = format!("record batch {i}");
+            let bad = |m: String| corrupt(format!("{what}: {m}"));
+            check_block(block, &what)?;
             let (off, meta_len) = (block.offset(), block.metaDataLength());
             let header = read_at(off as u64, meta_len as usize)?;
-            let message = crate::store::segment::block_message(&header).map_err(bad)?;
+            let message = crate::store::segment::block_message(path, &what, &header)?;
             let batch = message
                 .header_as_record_batch()
                 .ok_or_else(|| bad("message is not a record batch".into()))?;
@@ -191,7 +197,7 @@ impl ArrowSource {
             rows.push(batch.length() as u64);
             blocks.push(*block);
         }
-        let schema = crate::store::segment::footer_schema(&footer).map_err(corrupt)?;
+        let schema = crate::store::segment::footer_schema(path, &footer)?;
         let version = footer.version();
         Ok(ArrowSource {
             path: path.to_path_buf(),
@@ -302,11 +308,11 @@ impl Source for ArrowSource {
             return Ok(vec![]);
         }
         let Some(&(unit, _, _)) = self.units(1).first() else {
-            return Err(Error::invalid_data(format!(
-                "{} has no rows, so the length of list column `{}` cannot be inferred",
-                self.path.display(),
-                cols[0]
-            )));
+            return Err(Error::invalid_data(
+                "the input has no rows, so the length of this list column cannot be inferred",
+            )
+            .in_input(self.path.display())
+            .in_column(cols[0]));
         };
         let idx: Vec<usize> = cols
             .iter()

@@ -42,9 +42,7 @@ pub(crate) trait Source: Sync {
     fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
         match cols.first() {
             None => Ok(vec![]),
-            Some(c) => Err(Error::schema_mismatch(format!(
-                "column `{c}` is not a fixed-shape array"
-            ))),
+            Some(c) => Err(Error::schema(*c, "the column is not a fixed-shape array")),
         }
     }
     /// A column of episode ids the input defines itself (Minari's episode groups), used when

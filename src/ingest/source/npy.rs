@@ -357,7 +357,7 @@ mod tests {
             matches!(e, Error::InvalidData { input: Some(ref i), column: None, .. } if i == "t.npy"),
             "{e}"
         );
-                assert!(preamble(b"\x93NUMPY\x02\x00\x10", t).is_err());
+        assert!(preamble(b"\x93NUMPY\x02\x00\x10", t).is_err());
         assert!(preamble(b"\x93NUMPY\x09\x00\x10\x00", t).is_err());
         assert_eq!(
             preamble(b"\x93NUMPY\x01\x00\x76\x00", t).unwrap(),

@@ -53,10 +53,8 @@ impl ParquetSource {
         let paths = if path.is_dir() {
             let files = parquet_files(path)?;
             if files.is_empty() {
-                return Err(Error::invalid_data(format!(
-                    "{} holds no .parquet files",
-                    path.display()
-                )));
+                return Err(Error::invalid_data("the directory holds no .parquet files")
+                    .in_input(path.display()));
             }
             files
         } else {
@@ -67,7 +65,8 @@ impl ParquetSource {
         for p in paths {
             let file = File::open(&p).map_err(|e| Error::io(&p, e))?;
             let meta = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| {
-                Error::invalid_data(format!("{}: not a readable Parquet file: {e}", p.display()))
+                Error::invalid_data(format!("not a readable Parquet file: {e}"))
+                    .in_input(p.display())
             })?;
             if let Some((first, m)) = files.first() {
                 let (a, b) = (m.schema(), meta.schema());
@@ -78,6 +77,30 @@ impl ParquetSource {
                         .collect::<Vec<_>>()
                 };
                 if columns(a) != columns(b) {
+                    // Same columns, one of another type: that column is named, with both types.
+                    let same_names = a.fields().len() == b.fields().len()
+                        && a.fields()
+                            .iter()
+                            .zip(b.fields())
+                            .all(|(x, y)| x.name() == y.name());
+                    let retyped = a
+                        .fields()
+                        .iter()
+                        .zip(b.fields())
+                        .find(|(x, y)| x.data_type() != y.data_type());
+                    if let (true, Some((x, y))) = (same_names, retyped) {
+                        return Err(Error::schema_types(
+                            x.name(),
+                            x.data_type(),
+                            y.data_type(),
+                            format!(
+                                "the column's type in {} differs from its type in {}: every file \
+                                 of a directory must have the same columns",
+                                p.display(),
+                                first.display()
+                            ),
+                        ));
+                    }
                     return Err(Error::schema_mismatch(format!(
                         "{} has columns [{}], but {} has [{}]: every file of a directory must have \
                          the same columns",
@@ -150,11 +173,11 @@ impl Source for ParquetSource {
             return Ok(vec![]);
         }
         let Some(&(f, _, _)) = self.groups.first() else {
-            return Err(Error::invalid_data(format!(
-                "{} has no rows, so the length of list column `{}` cannot be inferred",
-                self.path.display(),
-                cols[0]
-            )));
+            return Err(Error::invalid_data(
+                "the input has no rows, so the length of this list column cannot be inferred",
+            )
+            .in_input(self.path.display())
+            .in_column(cols[0]));
         };
         let (path, meta) = &self.files[f];
         let schema = meta.schema();
@@ -171,11 +194,11 @@ impl Source for ParquetSource {
         let batch = match reader.next() {
             Some(b) => b?,
             None => {
-                return Err(Error::invalid_data(format!(
-                    "{} has no rows, so the length of list column `{}` cannot be inferred",
-                    self.path.display(),
-                    cols[0]
-                )));
+                return Err(Error::invalid_data(
+                    "the input has no rows, so the length of this list column cannot be inferred",
+                )
+                .in_input(self.path.display())
+                .in_column(cols[0]));
             }
         };
         row0_list_lengths(&batch, cols)

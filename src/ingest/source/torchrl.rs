@@ -164,7 +164,9 @@ pub(crate) fn open(path: &Path, drop: &[String]) -> Result<ArraySource> {
     let mut arrays = vec![];
     walk(path, &storage, "", drop, &mut arrays)?;
     if arrays.iter().all(|(_, a)| a.is_none()) {
-        return Err(Error::invalid_data("the replay buffer holds no tensors").in_input(path.display()));
+        return Err(
+            Error::invalid_data("the replay buffer holds no tensors").in_input(path.display())
+        );
     }
     // Oldest row first: after the buffer wrapped (more writes than it holds), the writer's
     // cursor points at the oldest row.

@@ -35,7 +35,8 @@ pub(crate) struct Member {
 
 /// An [`Error::InvalidData`] in archive `path`: its zip structure is broken.
 pub(crate) fn corrupt(path: &Path, why: &str) -> Error {
-    Error::invalid_data(format!("not a readable .npz (zip) archive: {why}")).in_input(path.display())
+    Error::invalid_data(format!("not a readable .npz (zip) archive: {why}"))
+        .in_input(path.display())
 }
 
 /// The central directory's members.
