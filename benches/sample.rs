@@ -54,7 +54,7 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 k += 1;
                 sampler.plan(k, &mut plan);
-                gatherer.gather(&plan, &mut batch);
+                gatherer.gather(&plan, &mut batch).unwrap();
                 black_box(&batch);
             })
         });

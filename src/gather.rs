@@ -297,10 +297,11 @@ impl Gatherer {
                     .iter()
                     .map(|s| {
                         let a = s.episode_table().final_observation().ok_or_else(|| {
-                            Error::invalid_argument(format!(
-                                "segment {} derives next_observation but has no final_observation",
-                                s.entry().id
-                            ))
+                            Error::corrupt(
+                                snap.path().join(&s.entry().episodes_path),
+                                "no final_observation column, but the dataset derives \
+                                 next_observation from it",
+                            )
                         })?;
                         Ok((values_from_row0(a).0, a.nulls().cloned()))
                     })
@@ -369,7 +370,10 @@ impl Gatherer {
 
     /// Gathers `plan` into `out` (resized as needed; buffers are reused). Every slice is padded
     /// to the plan's longest `len`. Parallel across slices with rayon.
-    pub fn gather(&self, plan: &[SliceRef], out: &mut Batch) {
+    ///
+    /// Errors with [`Error::InvalidArgument`] when a slice refers to an episode position the
+    /// snapshot does not have (a plan made for another snapshot).
+    pub fn gather(&self, plan: &[SliceRef], out: &mut Batch) -> Result<()> {
         let b = plan.len();
         let l = plan.iter().map(|s| s.len as usize).max().unwrap_or(0);
         out.num_slices = b;
@@ -420,7 +424,6 @@ impl Gatherer {
             start_step: &mut out.start_step,
         };
         self.gather_into(plan, l, dest)
-            .expect("buffers sized for the plan above");
     }
 
     /// The gathered columns in order: name, element type and shape of one step. Destinations of
@@ -444,7 +447,8 @@ impl Gatherer {
     /// `[B, slice_len]` flag planes and two `[B]` per-slice vectors. Nothing is allocated. Every
     /// slice of `plan` must be at most `slice_len` steps; shorter ones are padded with zeros.
     ///
-    /// Errors with [`Error::InvalidArgument`] when a destination is too small or a slice too long.
+    /// Errors with [`Error::InvalidArgument`] when a destination is too small, a slice too long,
+    /// or a slice refers to an episode position the snapshot does not have.
     pub fn gather_into(
         &self,
         plan: &[SliceRef],
@@ -457,6 +461,17 @@ impl Gatherer {
                 "a slice of {} steps does not fit a batch of {l}-step slices",
                 s.len
             )));
+        }
+        let episodes = self.snap.episodes().len();
+        if let Some(s) = plan.iter().find(|s| s.episode as usize >= episodes) {
+            return Err(Error::argument(
+                "plan",
+                format!(
+                    "a slice refers to episode position {}, but the snapshot has {episodes} \
+                     episodes (a plan made for another snapshot?)",
+                    s.episode
+                ),
+            ));
         }
         if dest.columns.len() != self.columns.len() {
             return Err(Error::argument(
@@ -613,9 +628,10 @@ impl Gatherer {
         let loc = self.snap.episodes().get(s.episode as usize);
         let seg = &self.snap.segments()[loc.segment];
         let len = loc.length as i64;
-        // Valid steps [a, b) of the episode; output positions [a - start, b - start).
+        // Valid steps [a, b) of the episode; output positions [a - start, b - start). A slice
+        // covers its own `len` steps (at most `l`); the rest of its row is padding.
         let a = s.start.max(0);
-        let b = (s.start + l as i64).min(len).max(a);
+        let b = (s.start + s.len.min(l as u32) as i64).min(len).max(a);
         let n = (b - a) as usize;
         // A window holding no step of its episode is all padding.
         let off = if n == 0 { 0 } else { (a - s.start) as usize };

@@ -266,11 +266,11 @@ fn every_column_kind_is_gathered_from_its_rows() {
         sref(3, 1, 9),  // inside
     ];
     let mut batch = Batch::default();
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     check(&batch, &plan, &lens);
     // The buffers shrink to a smaller batch.
     let plan = [sref(0, 1, 2), sref(1, 7, 2)];
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     assert_eq!(batch.mask.len(), 4);
     check(&batch, &plan, &lens);
 }
@@ -297,7 +297,7 @@ fn slices_in_many_segments_read_their_own_segment() {
         .map(|e| sref(e, lens[e as usize] as i64 - 4, 6))
         .collect();
     let mut batch = Batch::default();
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     check(&batch, &plan, &lens);
     // Large enough for the parallel path: the same bytes as slice by slice.
     let big: Vec<SliceRef> = (0..2000u32)
@@ -306,7 +306,7 @@ fn slices_in_many_segments_read_their_own_segment() {
             sref(e, (k % 7) as i64 - 3, 12)
         })
         .collect();
-    g.gather(&big, &mut batch);
+    g.gather(&big, &mut batch).unwrap();
     assert!(batch.data_bytes() >= 256 << 10, "parallel path");
     check(&batch, &big, &lens);
 }
@@ -326,11 +326,12 @@ fn slices_outside_their_episode_are_padding() {
         sref(2, -3, 4),           // one step of the episode
     ];
     let mut batch = Batch::default();
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     check(&batch, &plan, &lens);
     assert_eq!(batch.valid_steps(), 1);
     // Zero-length slices: an empty batch of that many slices.
-    g.gather(&[sref(0, 0, 0), sref(1, 3, 0)], &mut batch);
+    g.gather(&[sref(0, 0, 0), sref(1, 3, 0)], &mut batch)
+        .unwrap();
     assert_eq!((batch.num_slices, batch.slice_len), (2, 0));
     assert!(batch.mask.is_empty() && batch.data_bytes() == 0);
     assert_eq!(batch.episode_id, vec![0, 1]);
@@ -342,8 +343,8 @@ fn an_empty_plan_is_an_empty_batch() {
     let snap = dataset(dir.path(), &[4, 4], 1 << 20);
     let g = Gatherer::new(&snap, &ALL).unwrap();
     let mut batch = Batch::default();
-    g.gather(&[sref(0, 0, 4)], &mut batch);
-    g.gather(&[], &mut batch);
+    g.gather(&[sref(0, 0, 4)], &mut batch).unwrap();
+    g.gather(&[], &mut batch).unwrap();
     assert_eq!((batch.num_slices, batch.slice_len), (0, 0));
     assert_eq!(batch.data_bytes(), 0);
     assert!(batch.episode_id.is_empty() && batch.mask.is_empty());
@@ -351,11 +352,10 @@ fn an_empty_plan_is_an_empty_batch() {
     assert_eq!(rb.num_rows(), 0);
 }
 
-/// An episode position past the snapshot's episodes is a caller's bug. It must never gather
-/// another episode's rows or succeed silently: today it panics (an index out of bounds in the
-/// episode index); an `InvalidArgument` would be better, and is accepted here too.
+/// An episode position past the snapshot's episodes (a plan made for another snapshot) is an
+/// error that names the plan, before anything is written; `gather` reports it too.
 #[test]
-fn an_episode_position_out_of_range_is_never_gathered() {
+fn an_episode_position_out_of_range_is_an_error_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), &[4, 6], 1 << 20);
     let g = Gatherer::new(&snap, &[col::REWARD]).unwrap();
@@ -367,9 +367,9 @@ fn an_episode_position_out_of_range_is_never_gathered() {
         let mut col_buf = vec![0xAAu8; b * 3 * 4];
         let mut flags = vec![vec![7u8; b * 3]; 6];
         let (mut ids, mut starts) = (vec![9u64; b], vec![9i64; b]);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut f = flags.iter_mut();
-            g.gather_into(
+        let mut f = flags.iter_mut();
+        let e = g
+            .gather_into(
                 &plan,
                 3,
                 GatherInto {
@@ -379,13 +379,45 @@ fn an_episode_position_out_of_range_is_never_gathered() {
                     start_step: &mut starts,
                 },
             )
-        }));
+            .unwrap_err();
         assert!(
-            matches!(result, Err(_) | Ok(Err(Error::InvalidArgument { .. }))),
-            "{plan:?}: {:?}",
-            result.map(|r| r.map_err(|e| e.to_string()))
+            matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "plan"),
+            "{plan:?}: {e}"
         );
+        assert!(col_buf.iter().all(|&x| x == 0xAA), "nothing written");
+        assert!(flags.iter().flatten().all(|&x| x == 7));
+        assert!(ids.iter().all(|&x| x == 9) && starts.iter().all(|&x| x == 9));
+        let mut batch = Batch::default();
+        let e = g.gather(&plan, &mut batch).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     }
+}
+
+/// A slice shorter than the batch's slice length covers only its own steps: the rest of its
+/// row is padding (mask 0, zeros), even where its episode goes on.
+#[test]
+fn a_short_slice_is_padded_not_extended() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), &[10, 6], 1 << 20);
+    let g = Gatherer::new(&snap, &[col::REWARD]).unwrap();
+    let mut batch = Batch::default();
+    // Slice 0: 2 steps from step 3 of a 10-step episode; slice 1: 5 steps (the batch's length).
+    g.gather(&[sref(0, 3, 2), sref(1, 0, 5)], &mut batch)
+        .unwrap();
+    assert_eq!((batch.num_slices, batch.slice_len), (2, 5));
+    assert_eq!(&batch.mask[..5], &[1, 1, 0, 0, 0]);
+    assert_eq!(&batch.mask[5..], &[1, 1, 1, 1, 1]);
+    // The slice ends at its own last step, which is not its episode's last.
+    assert_eq!(&batch.slice_end[..5], &[0, 1, 0, 0, 0]);
+    assert_eq!(&batch.is_last[..5], &[0, 0, 0, 0, 0]);
+    let reward = batch.columns[0].data.as_slice();
+    let whole = {
+        let mut full = Batch::default();
+        g.gather(&[sref(0, 3, 5)], &mut full).unwrap();
+        full.columns[0].data.as_slice().to_vec()
+    };
+    assert_eq!(&reward[..8], &whole[..8], "the two steps it covers");
+    assert!(reward[8..20].iter().all(|&x| x == 0), "padding is zeros");
 }
 
 #[test]
@@ -476,7 +508,7 @@ fn gather_into_checks_every_destination_before_writing() {
     bufs.0[0].extend([0xAB; 16]);
     run(&g, &plan, l, &mut bufs, false).unwrap();
     let mut want = Batch::default();
-    g.gather(&plan, &mut want);
+    g.gather(&plan, &mut want).unwrap();
     assert_eq!(&bufs.0[0][..b * l * 8], want.columns[0].data.as_slice());
     assert_eq!(&bufs.0[0][b * l * 8..], &[0xAB; 16]);
     assert_eq!(bufs.1[2], want.is_last);
@@ -506,10 +538,11 @@ fn reused_batches_follow_the_gatherer_columns() {
     let mut batch = Batch::default();
     Gatherer::new(&snap, &[col::REWARD, "cost"])
         .unwrap()
-        .gather(&plan, &mut batch);
+        .gather(&plan, &mut batch)
+        .unwrap();
     assert_eq!(batch.columns.len(), 2);
     let g = Gatherer::new(&snap, &ALL).unwrap();
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     let names: Vec<&str> = batch.columns.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ALL);
     check(&batch, &plan, &lens);

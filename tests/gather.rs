@@ -37,7 +37,8 @@ fn gather_of_a_slice_wholly_outside_its_episode_is_padding() {
             len: 3,
         }],
         &mut batch,
-    );
+    )
+    .unwrap();
     assert_eq!(batch.mask, vec![0, 0, 0]);
     // Before the start (a start the span policy produces for left >= L): panics today with
     // "range end index 24 out of range for slice of length 12" in Gatherer::gather_slice
@@ -55,7 +56,7 @@ fn gather_of_a_slice_wholly_outside_its_episode_is_padding() {
         },
     ];
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        g.gather(&plan, &mut batch);
+        g.gather(&plan, &mut batch).unwrap();
     }));
     assert!(
         result.is_ok(),
@@ -109,14 +110,14 @@ fn parallel_gather_equals_per_slice_gather() {
     let mut plan = vec![];
     sampler.plan(0, &mut plan);
     let mut big = Batch::default();
-    gatherer.gather(&plan, &mut big);
+    gatherer.gather(&plan, &mut big).unwrap();
     assert!(
         big.data_bytes() >= 256 << 10,
         "large enough for the parallel path"
     );
     let mut one = Batch::default();
     for (i, s) in plan.iter().enumerate() {
-        gatherer.gather(std::slice::from_ref(s), &mut one);
+        gatherer.gather(std::slice::from_ref(s), &mut one).unwrap();
         for (a, b) in big.columns.iter().zip(&one.columns) {
             let n = b.data.len();
             assert_eq!(
@@ -139,7 +140,7 @@ fn parallel_gather_equals_per_slice_gather() {
         );
     }
     // Buffers are reused: gathering a smaller plan into the big batch shrinks it consistently.
-    gatherer.gather(&plan[..3], &mut big);
+    gatherer.gather(&plan[..3], &mut big).unwrap();
     assert_eq!(
         (big.num_slices, big.mask.len(), big.episode_id.len()),
         (3, 72, 3)
@@ -227,8 +228,8 @@ fn derived_next_observation_equals_stored() {
         let (mut bs, mut bd) = (Batch::default(), Batch::default());
         let mut reached_end = 0;
         for plan in plans(&sampler, 0..8) {
-            gs.gather(&plan, &mut bs);
-            gd.gather(&plan, &mut bd);
+            gs.gather(&plan, &mut bs).unwrap();
+            gd.gather(&plan, &mut bd).unwrap();
             assert_eq!(bs.mask, bd.mask);
             assert_eq!(bs.is_last, bd.is_last);
             reached_end += bd.is_last.iter().filter(|&&x| x == 1).count();
@@ -292,7 +293,7 @@ fn derived_next_observation_without_final_observation_is_zero() {
             len: 3,
         },
     ];
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     let next = batch.columns[0].values::<f32>();
     let obs1 = b1
         .column_by_name(col::OBSERVATION)
@@ -336,7 +337,7 @@ fn to_record_batch_round_trips_the_buffers() {
     let mut plan = vec![];
     sampler.plan(0, &mut plan);
     let mut batch = Batch::default();
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     let rb = batch.to_record_batch().unwrap();
     let (b, l) = (10usize, 6usize);
     assert_eq!(rb.num_rows(), b * l);
@@ -408,7 +409,7 @@ fn to_record_batch_round_trips_the_buffers() {
     assert_eq!(rb.num_columns(), 3 + 3 + 6);
     // A stored boolean and an integer column round trip too.
     let g = Gatherer::new(&snap, &["is_last", "step"]).unwrap();
-    g.gather(&plan, &mut batch);
+    g.gather(&plan, &mut batch).unwrap();
     let rb = batch.to_record_batch().unwrap();
     assert_eq!(rb.num_rows(), b * l);
     // Gathered columns take the place of the metadata and flag columns of the same name.
@@ -477,7 +478,7 @@ fn gather_into_caller_memory_equals_gather_and_checks_sizes() {
     let mut plan = vec![];
     sampler.plan(4, &mut plan);
     let mut want = Batch::default();
-    g.gather(&plan, &mut want);
+    g.gather(&plan, &mut want).unwrap();
     let (b, l) = (16, 10);
     // Caller memory, dirty on purpose: everything must be overwritten.
     let mut cols: Vec<Vec<u8>> = steps.iter().map(|s| vec![0xAB; b * l * s]).collect();

@@ -75,7 +75,7 @@ fn reference(sampler: &dyn Sampler, g: &Gatherer, batches: impl Iterator<Item = 
     batches
         .map(|k| {
             sampler.plan(k, &mut plan);
-            g.gather(&plan, &mut batch);
+            g.gather(&plan, &mut batch).unwrap();
             key(&batch)
         })
         .collect()

@@ -199,7 +199,7 @@ fn episode_sampler_covers_whole_episodes_from_step_zero() {
             assert_eq!((x.start, x.len), (0, max_len));
             counts[x.episode as usize] += 1;
         }
-        g.gather(&plan, &mut batch);
+        g.gather(&plan, &mut batch).unwrap();
         assert_eq!(batch.slice_len, max_len as usize);
         check_gathered(&snap, &plan, &batch);
         for (i, x) in plan.iter().enumerate() {

@@ -130,7 +130,7 @@ fn refresh_extends_slice_indexes_through_retention() {
     let gatherer = Gatherer::new(&snap, &[col::EPISODE_ID, col::STEP, col::REWARD]).unwrap();
     let mut batch = Batch::default();
     for plan in plans(&sampler, 0..10) {
-        gatherer.gather(&plan, &mut batch);
+        gatherer.gather(&plan, &mut batch).unwrap();
         check_gathered(&snap, &plan, &batch);
     }
 }
@@ -182,14 +182,16 @@ fn refresh_after_retention_drops_every_old_segment_keeps_episode_ids() {
     let gatherer = Gatherer::new(&snap, &[col::EPISODE_ID]).unwrap();
     let mut batch = Batch::default();
     let pos = snap.episodes().len() as u32 - 1;
-    gatherer.gather(
-        &[SliceRef {
-            episode: pos,
-            start: 0,
-            len: 4,
-        }],
-        &mut batch,
-    );
+    gatherer
+        .gather(
+            &[SliceRef {
+                episode: pos,
+                start: 0,
+                len: 4,
+            }],
+            &mut batch,
+        )
+        .unwrap();
     assert_eq!(
         batch.episode_id[0], 23,
         "gathered episode id of the newest episode"

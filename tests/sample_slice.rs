@@ -114,7 +114,7 @@ proptest! {
                 // At least one step of the episode.
                 prop_assert!(s.start < ep_len && s.start + l > 0, "{:?} len {}", s, ep_len);
             }
-            gatherer.gather(&plan, &mut batch);
+            gatherer.gather(&plan, &mut batch).unwrap();
             check_gathered(&snap, &plan, &batch);
             prop_assert!(batch.valid_steps() >= plan.len(), "batch {}", k);
         }

@@ -111,7 +111,7 @@ fn gathered(snap: &Snapshot, s: &dyn Sampler, cols: &[&str], k: u64) -> Batch {
     let mut plan = vec![];
     s.plan(k, &mut plan);
     let mut b = Batch::default();
-    g.gather(&plan, &mut b);
+    g.gather(&plan, &mut b).unwrap();
     b
 }
 

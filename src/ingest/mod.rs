@@ -291,12 +291,15 @@ impl InputFormat {
             [b'P', b'K', ..] | [0x93, b'N', ..] => Ok(InputFormat::Numpy),
             [b'A', b'R', b'R', b'O', b'W', b'1', ..] => Ok(InputFormat::Arrow),
             head if arrow_ipc::is_stream(head) => Ok(InputFormat::Arrow),
-            _ => Err(Error::invalid_argument(format!(
-                "{}: unknown input format; trajstore ingests Parquet (.parquet), NumPy (.npz, or a \
+            _ => Err(Error::argument(
+                "input",
+                format!(
+                    "{}: unknown input format; trajstore ingests Parquet (.parquet), NumPy (.npz, or a \
                  directory of .npy files), HDF5 in D4RL's layout (.hdf5), Arrow IPC files \
                  (.arrow, .feather) and TorchRL replay buffers (a directory written by rb.dumps)",
-                input.display()
-            ))),
+                    input.display()
+                ),
+            )),
         }
     }
 }
@@ -394,10 +397,13 @@ impl Target {
             }
         } else {
             if !dataset.is_dir() {
-                return Err(Error::invalid_argument(format!(
-                    "{} exists and is not a dataset directory",
-                    dataset.display()
-                )));
+                return Err(Error::argument(
+                    "dataset",
+                    format!(
+                        "{} exists and is not a dataset directory",
+                        dataset.display()
+                    ),
+                ));
             }
             (Dataset::open(dataset)?, false)
         };

@@ -112,7 +112,13 @@ impl Loader {
                     .unwrap_or_else(|e| e.into_inner())
                     .pop()
                     .unwrap_or_default();
-                gatherer.gather(planner.current(), &mut batch);
+                if let Err(e) = gatherer.gather(planner.current(), &mut batch) {
+                    // Only a sampler that plans outside its snapshot gets here (a bug, see
+                    // `next_batch`); the panic reaches the consumer.
+                    panic!(
+                        "batch {k}: the sampler planned a batch the gatherer cannot gather: {e}"
+                    );
+                }
                 batch
             }
         })?;
@@ -122,7 +128,8 @@ impl Loader {
     /// The next batch, blocking until it is ready; `None` at the end.
     ///
     /// # Panics
-    /// If a worker panicked (a bug in a sampler or the gather, never bad data) while producing
+    /// If a worker panicked (a bug in a sampler or the gather, never bad data: e.g. a sampler
+    /// that plans episode positions its snapshot does not have) while producing
     /// this batch, the panic is resumed here, in the consumer, rather than ending the stream early.
     pub fn next_batch(&mut self) -> Option<Batch> {
         self.pipeline.next_item()

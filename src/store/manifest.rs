@@ -205,11 +205,17 @@ impl Manifest {
         let dir = versions_dir(root);
         let path = dir.join(format::manifest_name(self.version));
         if path.exists() {
-            return Err(Error::invalid_argument(format!(
-                "version {} already exists at {}",
-                self.version,
-                path.display()
-            )));
+            return Err(Error::Conflict {
+                dataset: root.display().to_string(),
+                kind: crate::error::ConflictKind::VersionTaken {
+                    version: self.version,
+                },
+                reason: format!(
+                    "version {} already exists at {}; another writer committed it",
+                    self.version,
+                    path.display()
+                ),
+            });
         }
         let tmp = crate::store::segment::tmp_path(&path);
         let json = serde_json::to_vec_pretty(self).expect("manifest serializes");

@@ -37,6 +37,11 @@ pub struct WriterOptions {
     /// After each commit, delete manifests older than the newest `n` and the segment files no
     /// remaining manifest names. `None` keeps every version (time travel to any commit).
     pub keep_versions: Option<usize>,
+    /// How long opening a writer waits for another writer to release the dataset's lock before
+    /// failing with [`Error::Locked`] (default 500 ms). The wait also covers a lock that an
+    /// earlier writer of this process released while a child process was being spawned (a child
+    /// shares the lock until it starts its program).
+    pub lock_wait: std::time::Duration,
 }
 
 impl Default for WriterOptions {
@@ -46,6 +51,7 @@ impl Default for WriterOptions {
             batch_bytes: format::DEFAULT_BATCH_BYTES,
             max_transitions: None,
             keep_versions: None,
+            lock_wait: std::time::Duration::from_millis(500),
         }
     }
 }
@@ -64,6 +70,11 @@ impl WriterOptions {
     /// Sets [`WriterOptions::max_transitions`].
     pub fn with_max_transitions(mut self, n: u64) -> Self {
         self.max_transitions = Some(n);
+        self
+    }
+    /// Sets [`WriterOptions::lock_wait`] (zero: fail at once when the dataset is locked).
+    pub fn with_lock_wait(mut self, wait: std::time::Duration) -> Self {
+        self.lock_wait = wait;
         self
     }
     /// Sets [`WriterOptions::keep_versions`] (at least 1).
@@ -127,15 +138,21 @@ impl DatasetWriter {
     pub(crate) fn open(root: &Path, options: WriterOptions) -> Result<Self> {
         let lock_path = root.join(format::LOCK_FILE);
         let lock = lock_file(&lock_path)?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::Locked {
-                    dataset: root.to_path_buf(),
-                    lock: lock_path,
-                });
+        let deadline = std::time::Instant::now() + options.lock_wait;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(Error::Locked {
+                        dataset: root.to_path_buf(),
+                        lock: lock_path,
+                    });
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
         }
         let base = manifest::read_latest(root)?;
         let schema = TransitionSchema::from_columns(&base.columns)?;

@@ -427,6 +427,35 @@ fn a_second_writer_is_locked_out() {
 }
 
 #[test]
+fn a_writer_waits_up_to_lock_wait_for_the_lock() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, w) = writer(dir.path(), WriterOptions::default());
+    // No wait: refused at once.
+    let t = Instant::now();
+    let e = DatasetWriter::open(
+        ds.path(),
+        WriterOptions::default().with_lock_wait(Duration::ZERO),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Locked { .. }), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    // Released while a second writer waits: it gets the lock.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(w);
+    });
+    let opts = WriterOptions::default().with_lock_wait(Duration::from_secs(30));
+    let w2 = DatasetWriter::open(ds.path(), opts).unwrap();
+    release.join().unwrap();
+    drop(w2);
+}
+
+#[test]
 fn retention_and_pruning_drop_whole_old_segments() {
     let dir = tempfile::tempdir().unwrap();
     let opts = WriterOptions::default()

@@ -212,10 +212,33 @@ impl Resident {
             let p = |row: usize| row * b + i;
             match self.plan.get(i) {
                 Some(s) => {
+                    if s.episode as usize >= episodes.len() {
+                        return Err(Error::argument(
+                            "sampler",
+                            format!(
+                                "the sampler planned episode position {}, but the snapshot has \
+                                 {} episodes",
+                                s.episode,
+                                episodes.len()
+                            ),
+                        ));
+                    }
                     let loc = episodes.get(s.episode as usize);
                     let len = loc.length as i64;
                     let lo = s.start.max(0);
                     let hi = (s.start + l as i64).min(len).max(lo);
+                    if (s.len as usize) < l && s.start + (s.len as i64) < len {
+                        // The device gather masks by episode bounds only.
+                        return Err(Error::argument(
+                            "sampler",
+                            format!(
+                                "resident mode gathers slices of {l} steps or to the end of their \
+                                 episode; the sampler planned {} steps from step {} of a \
+                                 {len}-step episode",
+                                s.len, s.start
+                            ),
+                        ));
+                    }
                     self.params[p(P_START)] = s.start;
                     self.params[p(P_EP_START)] = loc.start as i64;
                     self.params[p(P_LEN)] = len;
@@ -370,10 +393,10 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     if u.with_finals {
         for seg in snap.segments() {
             let a = seg.episode_table().final_observation().ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "segment {} derives next_observation but has no final_observation",
-                    seg.entry().id
-                ))
+                Error::corrupt(
+                    snap.path().join(&seg.entry().episodes_path),
+                    "no final_observation column, but the dataset derives next_observation from it",
+                )
             })?;
             let (values, _, _) = values_from_row0(a);
             let mut bytes = values.as_slice()[..a.len() * step_bytes].to_vec();

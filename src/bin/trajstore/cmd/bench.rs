@@ -91,7 +91,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let mut plan = vec![];
     let mut batch = trajstore::Batch::default();
     sampler.plan(0, &mut plan);
-    gatherer.gather(&plan, &mut batch);
+    gatherer.gather(&plan, &mut batch)?;
     let first_batch_ms = t0.elapsed().as_secs_f64() * 1e3;
     let iters = a.iters.max(5);
     let mut index_us = Vec::with_capacity(iters);
@@ -118,7 +118,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         black_box(&plan);
         let t = Instant::now();
         sampler.plan(k, &mut plan);
-        gatherer.gather(&plan, &mut batch);
+        gatherer.gather(&plan, &mut batch)?;
         black_box(&batch);
         let both = t.elapsed().as_secs_f64();
         let from = ((k as usize * 7919) % spots) * n;

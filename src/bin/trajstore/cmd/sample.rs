@@ -66,7 +66,7 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
     let iters = 100;
     for k in 0..iters {
         sampler.plan(k, &mut plan);
-        gatherer.gather(&plan, &mut batch);
+        gatherer.gather(&plan, &mut batch)?;
     }
     let per = t.elapsed().as_secs_f64() / iters as f64;
     Ok(format!(
@@ -86,7 +86,7 @@ pub(crate) fn run(a: SampleArgs) -> Result<()> {
     let mut plan = vec![];
     sampler.plan(a.batch, &mut plan);
     let mut batch = trajstore::Batch::default();
-    gatherer.gather(&plan, &mut batch);
+    gatherer.gather(&plan, &mut batch)?;
     let l = batch.slice_len;
     let slices: Vec<_> = (0..batch.num_slices)
         .map(|i| {
