@@ -20,6 +20,47 @@ use crate::error::{Error, Result};
 use crate::format::{col, ep};
 use crate::store::{Catalog, Snapshot};
 
+/// The `TableProvider` of a `transitions` table, for a type with `schema` and `rows` fields and
+/// an inherent `scan_parts`: both tables (mapped now, or deferred) plan alike.
+macro_rules! transitions_provider {
+    ($table:ty) => {
+        #[async_trait]
+        impl TableProvider for $table {
+            fn schema(&self) -> SchemaRef {
+                self.schema.clone()
+            }
+
+            fn table_type(&self) -> TableType {
+                TableType::Base
+            }
+
+            async fn scan(
+                &self,
+                state: &dyn Session,
+                projection: Option<&Vec<usize>>,
+                filters: &[Expr],
+                limit: Option<usize>,
+            ) -> DfResult<Arc<dyn ExecutionPlan>> {
+                self.scan_parts(state, projection, filters, limit).await
+            }
+
+            fn supports_filters_pushdown(
+                &self,
+                filters: &[&Expr],
+            ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+                Ok(filters.iter().map(|f| pushdown(f, &self.schema)).collect())
+            }
+
+            fn statistics(&self) -> Option<Statistics> {
+                Some(
+                    Statistics::new_unknown(&self.schema)
+                        .with_num_rows(Precision::Exact(self.rows)),
+                )
+            }
+        }
+    };
+}
+
 /// One zero-copy slice of a segment's batch, with the ranges it covers (inclusive, as f64).
 #[derive(Debug, Clone)]
 pub(crate) struct Part {
@@ -99,17 +140,10 @@ impl TransitionsTable {
     }
 }
 
-#[async_trait]
-impl TableProvider for TransitionsTable {
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
+transitions_provider!(TransitionsTable);
 
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    async fn scan(
+impl TransitionsTable {
+    async fn scan_parts(
         &self,
         _state: &dyn Session,
         projection: Option<&Vec<usize>>,
@@ -154,17 +188,6 @@ impl TableProvider for TransitionsTable {
         Ok(DataSourceExec::from_data_source(SegmentScan::new(
             source, episodes,
         )))
-    }
-
-    fn supports_filters_pushdown(
-        &self,
-        filters: &[&Expr],
-    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
-        Ok(filters.iter().map(|f| pushdown(f, &self.schema)).collect())
-    }
-
-    fn statistics(&self) -> Option<Statistics> {
-        Some(Statistics::new_unknown(&self.schema).with_num_rows(Precision::Exact(self.rows)))
     }
 }
 
@@ -246,17 +269,10 @@ impl DeferredTransitions {
     }
 }
 
-#[async_trait]
-impl TableProvider for DeferredTransitions {
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
+transitions_provider!(DeferredTransitions);
 
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    async fn scan(
+impl DeferredTransitions {
+    async fn scan_parts(
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
@@ -267,17 +283,6 @@ impl TableProvider for DeferredTransitions {
             .await?
             .scan(state, projection, filters, limit)
             .await
-    }
-
-    fn supports_filters_pushdown(
-        &self,
-        filters: &[&Expr],
-    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
-        Ok(filters.iter().map(|f| pushdown(f, &self.schema)).collect())
-    }
-
-    fn statistics(&self) -> Option<Statistics> {
-        Some(Statistics::new_unknown(&self.schema).with_num_rows(Precision::Exact(self.rows)))
     }
 }
 

@@ -16,6 +16,41 @@ use crate::store::manifest::{self, Manifest};
 use crate::store::segment::{EpisodeTable, Segment, open_episode_table};
 use crate::store::writer::{DatasetWriter, WriterOptions};
 
+/// The accessors of what a [`Catalog`] and a [`Snapshot`] both describe: one committed version,
+/// from its manifest (fields `root`, `manifest`, `schema`).
+macro_rules! version_accessors {
+    () => {
+        /// The dataset directory (for a dataset named by URL, its mirror).
+        pub fn path(&self) -> &Path {
+            &self.root
+        }
+        /// The version described.
+        pub fn version(&self) -> u64 {
+            self.manifest.version
+        }
+        /// The manifest.
+        pub fn manifest(&self) -> &Manifest {
+            &self.manifest
+        }
+        /// The transition schema.
+        pub fn schema(&self) -> &TransitionSchema {
+            &self.schema
+        }
+        /// Total transitions.
+        pub fn num_transitions(&self) -> u64 {
+            self.manifest.transitions
+        }
+        /// Total episodes.
+        pub fn num_episodes(&self) -> u64 {
+            self.manifest.episodes
+        }
+        /// Bytes of all segment files and episode tables.
+        pub fn bytes_on_disk(&self) -> u64 {
+            self.manifest.bytes_on_disk()
+        }
+    };
+}
+
 /// A dataset directory. Cheap handle: it holds the path only; [`Dataset::snapshot`] reads.
 #[derive(Debug, Clone)]
 pub struct Dataset {
@@ -166,37 +201,10 @@ impl Catalog {
             tables,
         })
     }
-    /// The dataset directory (for a remote dataset, its mirror).
-    pub fn path(&self) -> &Path {
-        &self.root
-    }
-    /// The version described.
-    pub fn version(&self) -> u64 {
-        self.manifest.version
-    }
-    /// The manifest.
-    pub fn manifest(&self) -> &Manifest {
-        &self.manifest
-    }
-    /// The transition schema.
-    pub fn schema(&self) -> &TransitionSchema {
-        &self.schema
-    }
+    version_accessors!();
     /// The episode tables, one per segment, in episode order.
     pub fn episode_tables(&self) -> &[EpisodeTable] {
         &self.tables
-    }
-    /// Total transitions.
-    pub fn num_transitions(&self) -> u64 {
-        self.manifest.transitions
-    }
-    /// Total episodes.
-    pub fn num_episodes(&self) -> u64 {
-        self.manifest.episodes
-    }
-    /// Bytes of all segment files and episode tables.
-    pub fn bytes_on_disk(&self) -> u64 {
-        self.manifest.bytes_on_disk()
     }
     /// A per-episode column (`episode_return`, `terminated`, ...) over all episode tables.
     pub fn episode_column(&self, name: &str) -> Result<Vec<Arc<dyn Array>>> {
@@ -325,22 +333,7 @@ impl Snapshot {
         Ok(true)
     }
 
-    /// The dataset directory.
-    pub fn path(&self) -> &Path {
-        &self.root
-    }
-    /// This snapshot's version.
-    pub fn version(&self) -> u64 {
-        self.manifest.version
-    }
-    /// The manifest.
-    pub fn manifest(&self) -> &Manifest {
-        &self.manifest
-    }
-    /// The transition schema.
-    pub fn schema(&self) -> &TransitionSchema {
-        &self.schema
-    }
+    version_accessors!();
     /// The mapped segments, in episode order.
     pub fn segments(&self) -> &[Arc<Segment>] {
         &self.segments
@@ -348,18 +341,6 @@ impl Snapshot {
     /// The episode index.
     pub fn episodes(&self) -> &Arc<EpisodeIndex> {
         &self.index
-    }
-    /// Total transitions.
-    pub fn num_transitions(&self) -> u64 {
-        self.manifest.transitions
-    }
-    /// Total episodes.
-    pub fn num_episodes(&self) -> u64 {
-        self.manifest.episodes
-    }
-    /// Bytes of all segment files and episode tables.
-    pub fn bytes_on_disk(&self) -> u64 {
-        self.manifest.bytes_on_disk()
     }
     /// The transitions of the episode with id `id`, zero-copy.
     pub fn episode(&self, id: u64) -> Option<RecordBatch> {

@@ -344,13 +344,7 @@ pub(super) fn fixed_rows(header: &Header, values: ArrayRef) -> Result<ArrayRef> 
 }
 
 impl Source for ArraySource {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
+    super::path_and_schema_fields!();
 
     fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
         let per = (batch_rows * UNIT_BATCHES) as u64;

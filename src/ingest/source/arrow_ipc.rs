@@ -91,13 +91,7 @@ pub(crate) fn next_batch<R: Read>(
 }
 
 impl Source for StreamHead {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
+    super::path_and_schema_fields!();
 
     fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
         vec![]
@@ -225,13 +219,7 @@ fn guarded<T>(
 }
 
 impl Source for ArrowSource {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
+    super::path_and_schema_fields!();
 
     fn units(&self, _batch_rows: usize) -> Vec<(usize, u64, u64)> {
         super::parquet::units_of(

@@ -452,13 +452,7 @@ fn collect(
 }
 
 impl Source for MinariSource {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
+    super::path_and_schema_fields!();
 
     fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
         let per = (batch_rows * UNIT_BATCHES) as u64;

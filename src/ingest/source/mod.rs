@@ -19,6 +19,21 @@ mod zip;
 
 pub(crate) use parquet::ParquetSource;
 
+/// [`Source::path`] and [`Source::schema`] of a source that keeps both in `path` and `schema`
+/// fields.
+macro_rules! path_and_schema_fields {
+    () => {
+        fn path(&self) -> &std::path::Path {
+            &self.path
+        }
+
+        fn schema(&self) -> arrow::datatypes::SchemaRef {
+            self.schema.clone()
+        }
+    };
+}
+pub(crate) use path_and_schema_fields;
+
 /// Where rows come from: a columnar input read in units (Parquet row groups, row ranges of NumPy
 /// arrays), in row order.
 pub(crate) trait Source: Sync {
