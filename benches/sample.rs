@@ -31,9 +31,9 @@ fn bench(c: &mut Criterion) {
         let snap = ds.snapshot().unwrap();
         let index = snap.slice_index(len, BoundaryPolicy::Strict).unwrap();
         let sampler =
-            SliceSampler::new(index, snap.episodes(), &SliceOptions::new(len, slices)).unwrap();
+            SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(len, slices)).unwrap();
         let gatherer =
-            Arc::new(Gatherer::new(&snap, &["observation", "action", "reward"]).unwrap());
+            Arc::new(Gatherer::try_new(&snap, &["observation", "action", "reward"]).unwrap());
         let id = |what: &str| {
             BenchmarkId::new(
                 what,

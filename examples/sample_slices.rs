@@ -38,21 +38,21 @@ fn main() -> trajstore::Result<()> {
     );
 
     let index = snap.slice_index(32, BoundaryPolicy::Pad)?;
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
         &SliceOptions::new(32, 128)
             .with_policy(BoundaryPolicy::Pad)
             .with_seed(1),
     )?;
-    let gatherer = Gatherer::new(
+    let gatherer = Gatherer::try_new(
         &snap,
         &["observation", "action", "reward", "next_observation"],
     )?;
     let opts = LoaderOptions::default()
         .with_workers(2)
         .with_max_batches(500);
-    let mut loader = Loader::new(Arc::new(sampler), Arc::new(gatherer), opts)?;
+    let mut loader = Loader::try_new(Arc::new(sampler), Arc::new(gatherer), opts)?;
 
     let start = Instant::now();
     let (mut batches, mut steps, mut reward_sum) = (0, 0, 0.0f64);

@@ -50,12 +50,12 @@ fn main() -> trajstore::Result<()> {
 
     let (slices, len) = (256, 16);
     let index = snap.slice_index(len, BoundaryPolicy::Strict)?;
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
         &SliceOptions::new(len, slices).with_seed(1),
     )?;
-    let gatherer = Gatherer::new(&snap, &["observation", "action"])?;
+    let gatherer = Gatherer::try_new(&snap, &["observation", "action"])?;
     let obs_dim = gatherer
         .columns()
         .next()
@@ -73,7 +73,7 @@ fn main() -> trajstore::Result<()> {
     if resident {
         opts = opts.with_resident(8 << 30);
     }
-    let mut loader = TorchLoader::new(Arc::new(sampler), Arc::new(gatherer), opts)?;
+    let mut loader = TorchLoader::try_new(Arc::new(sampler), Arc::new(gatherer), opts)?;
 
     let vs = nn::VarStore::new(device);
     let root = vs.root();

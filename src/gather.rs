@@ -248,7 +248,7 @@ pub(crate) fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
 impl Gatherer {
     /// A gatherer of `columns` (any stored column, plus `next_observation` which is derived when
     /// not stored) from `snap`.
-    pub fn new(snap: &Snapshot, columns: &[&str]) -> Result<Self> {
+    pub fn try_new(snap: &Snapshot, columns: &[&str]) -> Result<Self> {
         let schema = snap.schema().arrow_schema().clone();
         let mut plans = Vec::with_capacity(columns.len());
         for &name in columns {

@@ -228,7 +228,7 @@ fn every_column_kind_is_gathered_from_its_rows() {
     let lens = [5, 9, 3, 12];
     let snap = dataset(dir.path(), &lens, 1 << 20);
     assert_eq!(snap.segments().len(), 1);
-    let g = Gatherer::new(&snap, &ALL).unwrap();
+    let g = Gatherer::try_new(&snap, &ALL).unwrap();
     let kinds: Vec<&str> = g
         .columns
         .iter()
@@ -282,7 +282,7 @@ fn slices_in_many_segments_read_their_own_segment() {
     let snap = dataset(dir.path(), &lens, 300);
     let segments = snap.segments().len();
     assert!(segments > 4, "{segments} segments");
-    let g = Gatherer::new(&snap, &ALL).unwrap();
+    let g = Gatherer::try_new(&snap, &ALL).unwrap();
     // The first episode position of each segment, as the derived column needs it.
     let mut first = 0;
     for (s, &f) in snap.segments().iter().zip(&g.segment_first_episode) {
@@ -316,7 +316,7 @@ fn slices_outside_their_episode_are_padding() {
     let dir = tempfile::tempdir().unwrap();
     let lens = [5, 9, 3];
     let snap = dataset(dir.path(), &lens, 1 << 20);
-    let g = Gatherer::new(&snap, &ALL).unwrap();
+    let g = Gatherer::try_new(&snap, &ALL).unwrap();
     let plan = [
         sref(0, 5, 4),            // starts at the end
         sref(1, 100, 4),          // far after it
@@ -341,7 +341,7 @@ fn slices_outside_their_episode_are_padding() {
 fn an_empty_plan_is_an_empty_batch() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), &[4, 4], 1 << 20);
-    let g = Gatherer::new(&snap, &ALL).unwrap();
+    let g = Gatherer::try_new(&snap, &ALL).unwrap();
     let mut batch = Batch::default();
     g.gather(&[sref(0, 0, 4)], &mut batch).unwrap();
     g.gather(&[], &mut batch).unwrap();
@@ -358,7 +358,7 @@ fn an_empty_plan_is_an_empty_batch() {
 fn an_episode_position_out_of_range_is_an_error_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), &[4, 6], 1 << 20);
-    let g = Gatherer::new(&snap, &[col::REWARD]).unwrap();
+    let g = Gatherer::try_new(&snap, &[col::REWARD]).unwrap();
     for plan in [
         vec![sref(2, 0, 3)],
         vec![sref(0, 0, 3), sref(u32::MAX, 0, 3)],
@@ -399,7 +399,7 @@ fn an_episode_position_out_of_range_is_an_error_and_writes_nothing() {
 fn a_short_slice_is_padded_not_extended() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), &[10, 6], 1 << 20);
-    let g = Gatherer::new(&snap, &[col::REWARD]).unwrap();
+    let g = Gatherer::try_new(&snap, &[col::REWARD]).unwrap();
     let mut batch = Batch::default();
     // Slice 0: 2 steps from step 3 of a 10-step episode; slice 1: 5 steps (the batch's length).
     g.gather(&[sref(0, 3, 2), sref(1, 0, 5)], &mut batch)
@@ -424,7 +424,7 @@ fn a_short_slice_is_padded_not_extended() {
 fn gather_into_checks_every_destination_before_writing() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), &[4, 6], 1 << 20);
-    let g = Gatherer::new(&snap, &[col::OBSERVATION, col::IS_LAST]).unwrap();
+    let g = Gatherer::try_new(&snap, &[col::OBSERVATION, col::IS_LAST]).unwrap();
     let plan = [sref(0, 0, 4), sref(1, 2, 4)];
     let (b, l) = (2, 4);
     let steps = g.step_bytes();
@@ -518,7 +518,7 @@ fn gather_into_checks_every_destination_before_writing() {
 fn unknown_columns_are_invalid_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), &[4], 1 << 20);
-    let e = Gatherer::new(&snap, &[col::REWARD, "nope"]).unwrap_err();
+    let e = Gatherer::try_new(&snap, &[col::REWARD, "nope"]).unwrap_err();
     assert!(
         matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "columns"),
         "{e}"
@@ -536,12 +536,12 @@ fn reused_batches_follow_the_gatherer_columns() {
     let snap = dataset(dir.path(), &lens, 1 << 20);
     let plan = [sref(1, 1, 5)];
     let mut batch = Batch::default();
-    Gatherer::new(&snap, &[col::REWARD, "cost"])
+    Gatherer::try_new(&snap, &[col::REWARD, "cost"])
         .unwrap()
         .gather(&plan, &mut batch)
         .unwrap();
     assert_eq!(batch.columns.len(), 2);
-    let g = Gatherer::new(&snap, &ALL).unwrap();
+    let g = Gatherer::try_new(&snap, &ALL).unwrap();
     g.gather(&plan, &mut batch).unwrap();
     let names: Vec<&str> = batch.columns.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ALL);

@@ -27,7 +27,7 @@ fn gather_of_a_slice_wholly_outside_its_episode_is_padding() {
         .seed(1)
         .episodes([10, 4])
         .snapshot(&dir.path().join("d"));
-    let g = Gatherer::new(&snap, &[col::REWARD, col::OBSERVATION]).unwrap();
+    let g = Gatherer::try_new(&snap, &[col::REWARD, col::OBSERVATION]).unwrap();
     let mut batch = Batch::default();
     // After the end: fine today.
     g.gather(
@@ -93,7 +93,7 @@ fn parallel_gather_equals_per_slice_gather() {
     assert!(snap.segments().len() > 2);
     let policy = BoundaryPolicy::Span { left: 7, right: 9 };
     let index = snap.slice_index(24, policy).unwrap();
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
         &SliceOptions::new(24, 256).with_policy(policy).with_seed(5),
@@ -106,7 +106,7 @@ fn parallel_gather_equals_per_slice_gather() {
         col::IS_LAST,
         "next_observation",
     ];
-    let gatherer = Gatherer::new(&snap, &names).unwrap();
+    let gatherer = Gatherer::try_new(&snap, &names).unwrap();
     let mut plan = vec![];
     sampler.plan(0, &mut plan);
     let mut big = Batch::default();
@@ -207,8 +207,8 @@ fn derived_next_observation_equals_stored() {
     let (ss, sd) = (stored.snapshot().unwrap(), derived.snapshot().unwrap());
     assert!(ss.schema().has_next_observation() && !sd.schema().has_next_observation());
     assert!(sd.segments().len() > 1 && ss.segments().len() > 1);
-    let gs = Gatherer::new(&ss, &[col::NEXT_OBSERVATION, col::OBSERVATION]).unwrap();
-    let gd = Gatherer::new(&sd, &[col::NEXT_OBSERVATION, col::OBSERVATION]).unwrap();
+    let gs = Gatherer::try_new(&ss, &[col::NEXT_OBSERVATION, col::OBSERVATION]).unwrap();
+    let gd = Gatherer::try_new(&sd, &[col::NEXT_OBSERVATION, col::OBSERVATION]).unwrap();
     for (l, policy) in [
         (8, BoundaryPolicy::Pad),
         (1, BoundaryPolicy::Strict),
@@ -217,7 +217,7 @@ fn derived_next_observation_equals_stored() {
     ] {
         let index = sd.slice_index(l, policy).unwrap();
         assert_eq!(index.as_ref(), ss.slice_index(l, policy).unwrap().as_ref());
-        let sampler = SliceSampler::new(
+        let sampler = SliceSampler::try_new(
             index,
             sd.episodes(),
             &SliceOptions::new(l, 48)
@@ -279,7 +279,7 @@ fn derived_next_observation_without_final_observation_is_zero() {
     let finals = snap.episode_column(ep::FINAL_OBSERVATION).unwrap();
     assert_eq!(finals[0].null_count(), 1);
     assert!(finals[0].is_null(1));
-    let g = Gatherer::new(&snap, &[col::NEXT_OBSERVATION]).unwrap();
+    let g = Gatherer::try_new(&snap, &[col::NEXT_OBSERVATION]).unwrap();
     let mut batch = Batch::default();
     let plan = [
         SliceRef {
@@ -327,13 +327,13 @@ fn to_record_batch_round_trips_the_buffers() {
         .snapshot(&dir.path().join("d"));
     let policy = BoundaryPolicy::Span { left: 2, right: 3 };
     let index = snap.slice_index(6, policy).unwrap();
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
         &SliceOptions::new(6, 10).with_policy(policy).with_seed(3),
     )
     .unwrap();
-    let g = Gatherer::new(&snap, &[col::OBSERVATION, col::ACTION, col::REWARD]).unwrap();
+    let g = Gatherer::try_new(&snap, &[col::OBSERVATION, col::ACTION, col::REWARD]).unwrap();
     let mut plan = vec![];
     sampler.plan(0, &mut plan);
     let mut batch = Batch::default();
@@ -408,7 +408,7 @@ fn to_record_batch_round_trips_the_buffers() {
     }
     assert_eq!(rb.num_columns(), 3 + 3 + 6);
     // A stored boolean and an integer column round trip too.
-    let g = Gatherer::new(&snap, &["is_last", "step"]).unwrap();
+    let g = Gatherer::try_new(&snap, &["is_last", "step"]).unwrap();
     g.gather(&plan, &mut batch).unwrap();
     let rb = batch.to_record_batch().unwrap();
     assert_eq!(rb.num_rows(), b * l);
@@ -465,14 +465,14 @@ fn gather_into_caller_memory_equals_gather_and_checks_sizes() {
     let policy = BoundaryPolicy::Pad;
     let index = snap.slice_index(10, policy).unwrap();
     let opts = SliceOptions::new(10, 16).with_policy(policy).with_seed(2);
-    let sampler = SliceSampler::new(index, snap.episodes(), &opts).unwrap();
+    let sampler = SliceSampler::try_new(index, snap.episodes(), &opts).unwrap();
     let names = [
         col::OBSERVATION,
         col::STEP,
         col::IS_LAST,
         "next_observation",
     ];
-    let g = Gatherer::new(&snap, &names).unwrap();
+    let g = Gatherer::try_new(&snap, &names).unwrap();
     let steps = g.step_bytes();
     assert_eq!(steps, vec![24, 4, 1, 24]);
     let mut plan = vec![];

@@ -85,7 +85,7 @@ fn slice_sampler(snap: &Snapshot, seed: u64) -> Arc<SliceSampler> {
     let policy = BoundaryPolicy::Span { left: 3, right: 7 };
     let index = snap.slice_index(16, policy).unwrap();
     Arc::new(
-        SliceSampler::new(
+        SliceSampler::try_new(
             index,
             snap.episodes(),
             &SliceOptions::new(16, 128)
@@ -116,7 +116,7 @@ fn drain(mut loader: Loader, recycle: bool) -> Vec<Key> {
 fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::new(&snap, &COLUMNS).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
     let sampler = slice_sampler(&snap, 1234);
     let n = 24u64;
     let want = reference(sampler.as_ref(), &g, 0..n);
@@ -137,7 +137,7 @@ fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
                         .with_prefetch(prefetch)
                         .with_readahead(readahead)
                         .with_max_batches(n);
-                    let loader = Loader::new(sampler.clone(), g.clone(), opts).unwrap();
+                    let loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
                     let got = drain(loader, recycle);
                     assert_eq!(got.len(), n as usize);
                     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -155,13 +155,13 @@ fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
     assert_eq!(runs, 15);
     // The iterator interface yields the same stream.
     let opts = LoaderOptions::default().with_workers(3).with_max_batches(n);
-    let loader = Loader::new(sampler.clone(), g.clone(), opts).unwrap();
+    let loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
     let got: Vec<Key> = loader.map(|b| key(&b)).collect();
     assert!(got == want);
     // Another seed, another stream.
     let other = slice_sampler(&snap, 1235);
     let opts = LoaderOptions::default().with_max_batches(2);
-    let got = drain(Loader::new(other, g, opts).unwrap(), false);
+    let got = drain(Loader::try_new(other, g, opts).unwrap(), false);
     assert!(got[0] != want[0] && got[1] != want[1]);
 }
 
@@ -169,10 +169,10 @@ fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
 fn ranks_draw_disjoint_interleaved_streams() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::new(&snap, &[col::REWARD, col::STEP]).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD, col::STEP]).unwrap());
     let sampler = slice_sampler(&snap, 9);
     let single = drain(
-        Loader::new(
+        Loader::try_new(
             sampler.clone(),
             g.clone(),
             LoaderOptions::default().with_max_batches(30),
@@ -190,7 +190,7 @@ fn ranks_draw_disjoint_interleaved_streams() {
                 .with_rank(rank, world)
                 .with_max_batches(per_rank);
             let got = drain(
-                Loader::new(sampler.clone(), g.clone(), opts).unwrap(),
+                Loader::try_new(sampler.clone(), g.clone(), opts).unwrap(),
                 rank == 0,
             );
             assert_eq!(got.len() as u64, per_rank);
@@ -231,7 +231,7 @@ fn windows_of(index: &SliceIndex, snap: &Snapshot, b: &Batch) -> Vec<u64> {
 fn epoch_sampler_stops_after_one_epoch_covering_every_window_once() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::new(&snap, &[col::REWARD]).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
     for policy in [BoundaryPolicy::Strict, BoundaryPolicy::Pad] {
         let index = snap.slice_index(12, policy).unwrap();
         let n = index.num_windows();
@@ -241,7 +241,7 @@ fn epoch_sampler_stops_after_one_epoch_covering_every_window_once() {
             let sampler = Arc::new(EpochSampler::windows(index.clone(), b, 5, drop_last).unwrap());
             let per = sampler.batches_per_epoch().unwrap();
             let opts = LoaderOptions::default().with_workers(workers);
-            let mut loader = Loader::new(sampler.clone(), g.clone(), opts).unwrap();
+            let mut loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
             let mut counts: HashMap<u64, u32> = HashMap::new();
             let mut batches = 0u64;
             while let Some(batch) = loader.next_batch() {
@@ -277,7 +277,7 @@ fn epoch_sampler_stops_after_one_epoch_covering_every_window_once() {
 fn epoch_sampler_across_ranks_covers_every_window() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::new(&snap, &[col::REWARD]).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
     let index = snap.slice_index(12, BoundaryPolicy::Pad).unwrap();
     let n = index.num_windows();
     let sampler = Arc::new(EpochSampler::windows(index.clone(), 41, 8, false).unwrap());
@@ -286,7 +286,7 @@ fn epoch_sampler_across_ranks_covers_every_window() {
         let mut lengths = vec![];
         for rank in 0..world {
             let opts = LoaderOptions::default().with_rank(rank, world);
-            let loader = Loader::new(sampler.clone(), g.clone(), opts).unwrap();
+            let loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
             let mut k = 0;
             for batch in loader {
                 for w in windows_of(&index, &snap, &batch) {
@@ -309,7 +309,7 @@ fn epoch_sampler_across_ranks_covers_every_window() {
 fn dropping_a_loader_mid_stream_returns() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::new(&snap, &COLUMNS).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
     let sampler = slice_sampler(&snap, 3);
     let cases: [(usize, usize, usize, Option<u64>); 5] = [
         // (workers, prefetch, batches consumed before the drop, max_batches)
@@ -326,7 +326,7 @@ fn dropping_a_loader_mid_stream_returns() {
         if let Some(m) = max {
             opts = opts.with_max_batches(m);
         }
-        let mut loader = Loader::new(sampler.clone(), g.clone(), opts).unwrap();
+        let mut loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
         for _ in 0..take {
             assert!(loader.next_batch().is_some());
         }
@@ -348,11 +348,11 @@ fn dropping_a_loader_mid_stream_returns() {
 fn invalid_rank_or_world_size_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::new(&snap, &[col::REWARD]).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
     let sampler = slice_sampler(&snap, 0);
     for (rank, world) in [(0u64, 0u64), (1, 1), (2, 2), (5, 3), (u64::MAX, 4)] {
         let opts = LoaderOptions::default().with_rank(rank, world);
-        let err = Loader::new(sampler.clone(), g.clone(), opts)
+        let err = Loader::try_new(sampler.clone(), g.clone(), opts)
             .map(|_| ())
             .unwrap_err();
         assert!(
@@ -361,7 +361,7 @@ fn invalid_rank_or_world_size_is_an_error() {
         );
     }
     let opts = LoaderOptions::default().with_rank(2, 3).with_max_batches(1);
-    let mut ok = Loader::new(sampler.clone(), g, opts).unwrap();
+    let mut ok = Loader::try_new(sampler.clone(), g, opts).unwrap();
     assert!(ok.next_batch().is_some());
     assert!(ok.next_batch().is_none());
     // Zero workers or queue depth are raised to 1, not errors.
@@ -396,7 +396,7 @@ impl Sampler for PanicsAt {
 fn a_worker_panic_is_not_a_silent_end_of_stream() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::new(&snap, &[col::REWARD]).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
     let sampler = Arc::new(PanicsAt {
         inner: slice_sampler(&snap, 4),
         at: 1,
@@ -404,7 +404,7 @@ fn a_worker_panic_is_not_a_silent_end_of_stream() {
     let opts = LoaderOptions::default()
         .with_workers(2)
         .with_max_batches(2000);
-    let mut loader = Loader::new(sampler, g, opts).unwrap();
+    let mut loader = Loader::try_new(sampler, g, opts).unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         assert!(loader.next_batch().is_some());

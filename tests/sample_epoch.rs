@@ -187,10 +187,10 @@ fn episode_sampler_covers_whole_episodes_from_step_zero() {
         .writer_options(opts)
         .snapshot(&dir.path().join("d"));
     let max_len = 25u32;
-    let s = EpisodeSampler::new(snap.episodes(), 6, max_len, 9).unwrap();
+    let s = EpisodeSampler::try_new(snap.episodes(), 6, max_len, 9).unwrap();
     assert_eq!(s.slice_len(), max_len);
     assert_eq!(s.batches_per_epoch(), None);
-    let g = Gatherer::new(&snap, &[col::EPISODE_ID, col::STEP, col::REWARD]).unwrap();
+    let g = Gatherer::try_new(&snap, &[col::EPISODE_ID, col::STEP, col::REWARD]).unwrap();
     let mut batch = Batch::default();
     let mut counts = vec![0u64; lens.len()];
     for plan in plans(&s, 0..400) {
@@ -217,12 +217,12 @@ fn episode_sampler_covers_whole_episodes_from_step_zero() {
         (
             "no episodes",
             "num_episodes",
-            EpisodeSampler::new(snap.episodes(), 0, 10, 0),
+            EpisodeSampler::try_new(snap.episodes(), 0, 10, 0),
         ),
         (
             "no steps",
             "max_len",
-            EpisodeSampler::new(snap.episodes(), 4, 0, 0),
+            EpisodeSampler::try_new(snap.episodes(), 4, 0, 0),
         ),
     ] {
         assert_invalid_argument(&err_of(r), Some(argument), what);
@@ -252,7 +252,7 @@ fn plans_are_pure_functions_of_seed_and_batch() {
             let o = SliceOptions::new(10, 32)
                 .with_policy(policy)
                 .with_seed(seed);
-            Box::new(SliceSampler::new(index.clone(), &eps, &o).unwrap())
+            Box::new(SliceSampler::try_new(index.clone(), &eps, &o).unwrap())
         }
     };
     let weighted = {
@@ -263,7 +263,7 @@ fn plans_are_pure_functions_of_seed_and_batch() {
                 .with_weighting(Weighting::Episodes)
                 .with_episode_weights((0..30).map(|i| i as f64).collect())
                 .with_seed(seed);
-            Box::new(SliceSampler::new(index.clone(), &eps, &o).unwrap())
+            Box::new(SliceSampler::try_new(index.clone(), &eps, &o).unwrap())
         }
     };
     let epoch_windows = {
@@ -281,7 +281,7 @@ fn plans_are_pure_functions_of_seed_and_batch() {
     let episodes = {
         let eps = eps.clone();
         move |seed| -> Box<dyn Sampler> {
-            Box::new(EpisodeSampler::new(&eps, 8, 50, seed).unwrap())
+            Box::new(EpisodeSampler::try_new(&eps, 8, 50, seed).unwrap())
         }
     };
     let make: Vec<(&str, Make)> = vec![

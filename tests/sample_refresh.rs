@@ -119,7 +119,7 @@ fn refresh_extends_slice_indexes_through_retention() {
     assert!(dropped_some, "retention dropped segments");
     // Samplers built on the extended index only draw live episodes, with the right ids.
     let index = snap.slice_index(7, BoundaryPolicy::Pad).unwrap();
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
         &SliceOptions::new(7, 64)
@@ -127,7 +127,7 @@ fn refresh_extends_slice_indexes_through_retention() {
             .with_seed(1),
     )
     .unwrap();
-    let gatherer = Gatherer::new(&snap, &[col::EPISODE_ID, col::STEP, col::REWARD]).unwrap();
+    let gatherer = Gatherer::try_new(&snap, &[col::EPISODE_ID, col::STEP, col::REWARD]).unwrap();
     let mut batch = Batch::default();
     for plan in plans(&sampler, 0..10) {
         gatherer.gather(&plan, &mut batch).unwrap();
@@ -179,7 +179,7 @@ fn refresh_after_retention_drops_every_old_segment_keeps_episode_ids() {
         snap.episode(last).is_some(),
         "the newest episode is reachable by its id"
     );
-    let gatherer = Gatherer::new(&snap, &[col::EPISODE_ID]).unwrap();
+    let gatherer = Gatherer::try_new(&snap, &[col::EPISODE_ID]).unwrap();
     let mut batch = Batch::default();
     let pos = snap.episodes().len() as u32 - 1;
     gatherer

@@ -82,7 +82,7 @@ proptest! {
             .with_policy(policy)
             .with_weighting(weighting)
             .with_seed(seed);
-        let sampler = match SliceSampler::new(index.clone(), snap.episodes(), &opts) {
+        let sampler = match SliceSampler::try_new(index.clone(), snap.episodes(), &opts) {
             Ok(s) => s,
             Err(e) => {
                 // Only when no episode has a window (every episode too short for the policy).
@@ -92,7 +92,7 @@ proptest! {
             }
         };
         prop_assert!(index.num_windows() > 0);
-        let gatherer = Gatherer::new(&snap, &[col::EPISODE_ID, col::STEP, col::REWARD]).unwrap();
+        let gatherer = Gatherer::try_new(&snap, &[col::EPISODE_ID, col::STEP, col::REWARD]).unwrap();
         let mut batch = Batch::default();
         for (k, plan) in plans(&sampler, 0..12).into_iter().enumerate() {
             prop_assert_eq!(plan.len(), 16);
@@ -136,7 +136,7 @@ fn span_windows_always_hold_a_valid_step() {
         .snapshot(&dir.path().join("d"));
     let policy = BoundaryPolicy::Span { left: 6, right: 5 };
     let index = snap.slice_index(3, policy).unwrap();
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index.clone(),
         snap.episodes(),
         &SliceOptions::new(3, 64).with_policy(policy).with_seed(3),
@@ -206,7 +206,7 @@ fn windows_weighting_is_uniform_over_windows() {
                 .with_episode_weights(vec![1.0; 8]),
         ),
     ] {
-        let sampler = SliceSampler::new(index.clone(), snap.episodes(), &opts).unwrap();
+        let sampler = SliceSampler::try_new(index.clone(), snap.episodes(), &opts).unwrap();
         let mut per_window = vec![0u64; index.num_windows() as usize];
         let mut per_episode = vec![0u64; 8];
         let mut p = vec![];
@@ -244,7 +244,7 @@ fn episodes_weighting_is_uniform_over_episodes_with_a_window() {
             .with_policy(policy)
             .with_weighting(Weighting::Episodes)
             .with_seed(7);
-        let sampler = SliceSampler::new(index, snap.episodes(), &opts).unwrap();
+        let sampler = SliceSampler::try_new(index, snap.episodes(), &opts).unwrap();
         let c = episode_counts(&sampler, 8, BATCHES);
         assert_fits(&format!("episodes weighting {policy:?}"), &c, &eligible);
     }
@@ -255,7 +255,7 @@ fn episode_weights_multiply_window_counts() {
     let (_dir, snap) = distribution_fixture();
     let index = snap.slice_index(L, BoundaryPolicy::Strict).unwrap();
     let w = vec![5.0, 1.0, 2.5, 0.5, 9.0, 3.0, 0.0, 1.5];
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index.clone(),
         snap.episodes(),
         &SliceOptions::new(L, BATCH)
@@ -267,7 +267,7 @@ fn episode_weights_multiply_window_counts() {
     let expected: Vec<f64> = w.iter().zip(strict_windows()).map(|(a, b)| a * b).collect();
     assert_fits("episode weights x windows", &c, &expected);
     // Under episode weighting the weights alone count.
-    let sampler = SliceSampler::new(
+    let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
         &SliceOptions::new(L, BATCH)
@@ -293,7 +293,7 @@ fn episode_id_subsets_are_never_left_and_uniform_over_their_windows() {
     let opts = SliceOptions::new(L, BATCH)
         .with_seed(13)
         .with_episode_ids(subset.to_vec());
-    let sampler = SliceSampler::new(index.clone(), snap.episodes(), &opts).unwrap();
+    let sampler = SliceSampler::try_new(index.clone(), snap.episodes(), &opts).unwrap();
     let mut per_window = vec![0u64; index.num_windows() as usize];
     let mut per_episode = vec![0u64; 8];
     let mut p = vec![];
@@ -323,7 +323,7 @@ fn episode_id_subsets_are_never_left_and_uniform_over_their_windows() {
         .with_seed(14)
         .with_weighting(Weighting::Episodes)
         .with_episode_ids(subset.to_vec());
-    let sampler = SliceSampler::new(index.clone(), snap.episodes(), &opts).unwrap();
+    let sampler = SliceSampler::try_new(index.clone(), snap.episodes(), &opts).unwrap();
     let c = episode_counts(&sampler, 8, BATCHES);
     let w: Vec<f64> = (0..8)
         .map(|e| ([1, 3, 6].contains(&e)) as u8 as f64)
@@ -331,7 +331,7 @@ fn episode_id_subsets_are_never_left_and_uniform_over_their_windows() {
     assert_fits("subset, episodes weighting", &c, &w);
     // A subset without any window, or an unknown id, is an error.
     for (ids, argument) in [(vec![0u64, 4], None), (vec![99], Some("episode_ids"))] {
-        let e = err_of(SliceSampler::new(
+        let e = err_of(SliceSampler::try_new(
             index.clone(),
             snap.episodes(),
             &SliceOptions::new(L, 4).with_episode_ids(ids.clone()),
@@ -357,7 +357,7 @@ fn starts_within_an_episode_are_uniform() {
             .with_weighting(Weighting::Episodes)
             .with_episode_ids(vec![5])
             .with_seed(17);
-        let sampler = SliceSampler::new(index.clone(), snap.episodes(), &opts).unwrap();
+        let sampler = SliceSampler::try_new(index.clone(), snap.episodes(), &opts).unwrap();
         let mut c = vec![0u64; n];
         let mut p = vec![];
         for k in 0..BATCHES {
@@ -389,7 +389,7 @@ fn sampler_options_are_validated() {
         .snapshot(&dir.path().join("d"));
     let eps = snap.episodes();
     let idx = snap.slice_index(5, BoundaryPolicy::Strict).unwrap();
-    let new = |o: SliceOptions| SliceSampler::new(idx.clone(), eps, &o);
+    let new = |o: SliceOptions| SliceSampler::try_new(idx.clone(), eps, &o);
     // `None`: an error about a combination of arguments, which may name none.
     let invalid = |what: &str, argument: Option<&str>, r: trajstore::Result<SliceSampler>| {
         assert_invalid_argument(&err_of(r), argument, what);
@@ -444,7 +444,7 @@ fn sampler_options_are_validated() {
     invalid(
         "no window",
         None,
-        SliceSampler::new(none, eps, &SliceOptions::new(10, 1)),
+        SliceSampler::try_new(none, eps, &SliceOptions::new(10, 1)),
     );
     let e = SliceOptions::from_batch_size(100, 7).unwrap_err();
     assert!(

@@ -107,7 +107,7 @@ fn session(snap: &Snapshot) -> SqlSession {
 fn group_by_episode_matches_rust_and_episode_tables() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let s = SqlSession::new(&snap).unwrap();
+    let s = SqlSession::try_new(&snap).unwrap();
     let r = one(&s
         .query(
             "SELECT episode_id, SUM(reward) AS r, COUNT(*) AS n FROM transitions \
@@ -147,7 +147,7 @@ fn group_by_episode_matches_rust_and_episode_tables() {
 fn filters_and_joins_match_rust() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let s = SqlSession::new(&snap).unwrap();
+    let s = SqlSession::try_new(&snap).unwrap();
     let all = rows(&snap);
     for (sql, lo, hi) in [
         ("episode_id BETWEEN 100 AND 180", 100, 180),
@@ -269,7 +269,7 @@ fn explain_shows_projection_and_pruning() {
 fn functions_match_rust() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let s = SqlSession::new(&snap).unwrap();
+    let s = SqlSession::try_new(&snap).unwrap();
     let all = rows(&snap);
     // Element access and norm, row by row.
     let r = one(&s
@@ -422,7 +422,7 @@ fn sql_subsets_restrict_samplers() {
     );
     let opts = SliceOptions::new(5, 64).with_episode_ids(ids.clone());
     let index = snap.slice_index(5, opts.policy).unwrap();
-    let sampler = SliceSampler::new(index, snap.episodes(), &opts).unwrap();
+    let sampler = SliceSampler::try_new(index, snap.episodes(), &opts).unwrap();
     let allowed: HashSet<u64> = ids.into_iter().collect();
     let first = snap.episodes().first_id();
     let mut plan = vec![];

@@ -46,7 +46,7 @@ fn sampler(snap: &Snapshot, policy: BoundaryPolicy, seed: u64) -> Arc<SliceSampl
     let opts = SliceOptions::new(16, 24)
         .with_policy(policy)
         .with_seed(seed);
-    Arc::new(SliceSampler::new(index, snap.episodes(), &opts).unwrap())
+    Arc::new(SliceSampler::try_new(index, snap.episodes(), &opts).unwrap())
 }
 
 fn bytes(t: &Tensor) -> Vec<u8> {
@@ -107,7 +107,7 @@ fn assert_equals_gather(t: &TensorBatch, b: &Batch, what: &str) {
 }
 
 fn gathered(snap: &Snapshot, s: &dyn Sampler, cols: &[&str], k: u64) -> Batch {
-    let g = Gatherer::new(snap, cols).unwrap();
+    let g = Gatherer::try_new(snap, cols).unwrap();
     let mut plan = vec![];
     s.plan(k, &mut plan);
     let mut b = Batch::default();
@@ -121,8 +121,8 @@ fn loader(
     cols: &[&str],
     opts: TorchLoaderOptions,
 ) -> TorchLoader {
-    let g = Arc::new(Gatherer::new(snap, cols).unwrap());
-    TorchLoader::new(s, g, opts).unwrap()
+    let g = Arc::new(Gatherer::try_new(snap, cols).unwrap());
+    TorchLoader::try_new(s, g, opts).unwrap()
 }
 
 fn cpu(workers: usize, batches: u64) -> TorchLoaderOptions {
@@ -308,7 +308,7 @@ fn resident_sampling_equals_streaming() {
             "span:3:5".parse().unwrap(),
         ] {
             let s = sampler(&snap, policy, 8);
-            let g = Gatherer::new(&snap, &COLUMNS).unwrap();
+            let g = Gatherer::try_new(&snap, &COLUMNS).unwrap();
             let need = resident_bytes(&g, FloatCast::None).unwrap();
             let opts = cpu(1, 5).with_resident(need);
             let mut l = loader(&snap, s.clone(), &COLUMNS, opts);
@@ -327,14 +327,14 @@ fn resident_sampling_equals_streaming() {
 fn resident_budget_too_small_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
-    let g = Arc::new(Gatherer::new(&snap, &["observation", "next_observation"]).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &["observation", "next_observation"]).unwrap());
     let need = resident_bytes(&g, FloatCast::None).unwrap();
     // observation once, plus one final observation per episode for the derived next one.
     let rows = snap.num_transitions() + snap.num_episodes();
     assert_eq!(need, rows * 5 * 4);
     assert_eq!(resident_bytes(&g, FloatCast::Half).unwrap(), rows * 5 * 2);
     let s = sampler(&snap, BoundaryPolicy::Strict, 1);
-    let e = TorchLoader::new(s, g, cpu(1, 1).with_resident(need - 1)).unwrap_err();
+    let e = TorchLoader::try_new(s, g, cpu(1, 1).with_resident(need - 1)).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(e.to_string().contains("budget"), "{e}");
 }
@@ -344,10 +344,10 @@ fn dropping_a_loader_mid_stream_stops_its_workers() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
     let s = sampler(&snap, BoundaryPolicy::Strict, 4);
-    let g = Arc::new(Gatherer::new(&snap, &COLUMNS).unwrap());
+    let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
     let opts = TorchLoaderOptions::new(Device::Cpu)
         .with_loader(LoaderOptions::default().with_workers(3).with_prefetch(2));
-    let mut l = TorchLoader::new(s, g.clone(), opts).unwrap(); // endless
+    let mut l = TorchLoader::try_new(s, g.clone(), opts).unwrap(); // endless
     let _ = l.next_batch().unwrap().unwrap();
     assert!(Arc::strong_count(&g) > 1, "workers hold the gatherer");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -375,8 +375,8 @@ fn bad_devices_are_clear_errors() {
         let dir = tempfile::tempdir().unwrap();
         let snap = dataset(dir.path(), false);
         let s = sampler(&snap, BoundaryPolicy::Strict, 4);
-        let g = Arc::new(Gatherer::new(&snap, &["observation"]).unwrap());
-        let e = TorchLoader::new(s, g, TorchLoaderOptions::new(Device::Cuda(0))).unwrap_err();
+        let g = Arc::new(Gatherer::try_new(&snap, &["observation"]).unwrap());
+        let e = TorchLoader::try_new(s, g, TorchLoaderOptions::new(Device::Cuda(0))).unwrap_err();
         assert!(e.to_string().contains("no CUDA device"), "{e}");
     } else {
         let n = tch::Cuda::device_count();
@@ -504,12 +504,12 @@ fn a_short_last_batch_of_an_epoch_is_padded() {
     let want = gathered(&snap, s.as_ref(), &cols, per - 1);
     assert_eq!(want.num_slices, n);
     for resident in [false, true] {
-        let g = Arc::new(Gatherer::new(&snap, &cols).unwrap());
+        let g = Arc::new(Gatherer::try_new(&snap, &cols).unwrap());
         let mut opts = TorchLoaderOptions::new(Device::Cpu);
         if resident {
             opts = opts.with_resident(1 << 30);
         }
-        let batches: Vec<TensorBatch> = TorchLoader::new(s.clone(), g, opts)
+        let batches: Vec<TensorBatch> = TorchLoader::try_new(s.clone(), g, opts)
             .unwrap()
             .map(|t| t.unwrap())
             .collect();

@@ -25,7 +25,7 @@ fn a_cpu_run_never_loads_the_cuda_driver() {
     let device = parse_device("cpu").unwrap();
     let index = snap.slice_index(8, BoundaryPolicy::Pad).unwrap();
     let sampler = Arc::new(
-        SliceSampler::new(
+        SliceSampler::try_new(
             index,
             snap.episodes(),
             &SliceOptions::new(8, 32).with_policy(BoundaryPolicy::Pad),
@@ -34,7 +34,7 @@ fn a_cpu_run_never_loads_the_cuda_driver() {
     );
     let cols = ["observation", "action", "reward", "next_observation"];
     for resident in [false, true] {
-        let g = Arc::new(Gatherer::new(&snap, &cols).unwrap());
+        let g = Arc::new(Gatherer::try_new(&snap, &cols).unwrap());
         let mut opts = TorchLoaderOptions::new(device).with_loader(
             LoaderOptions::default()
                 .with_workers(2)
@@ -44,7 +44,7 @@ fn a_cpu_run_never_loads_the_cuda_driver() {
             opts = opts.with_resident(1 << 30);
         }
         let mut n = 0;
-        for t in TorchLoader::new(sampler.clone(), g, opts).unwrap() {
+        for t in TorchLoader::try_new(sampler.clone(), g, opts).unwrap() {
             assert_eq!(t.unwrap().device(), Device::Cpu);
             n += 1;
         }

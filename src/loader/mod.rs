@@ -95,7 +95,7 @@ impl std::fmt::Debug for Loader {
 
 impl Loader {
     /// Starts the workers.
-    pub fn new(
+    pub fn try_new(
         sampler: Arc<dyn Sampler>,
         gatherer: Arc<Gatherer>,
         opts: LoaderOptions,

@@ -17,7 +17,7 @@ pub struct EpisodeSampler {
 
 impl EpisodeSampler {
     /// Samples `num_episodes` whole episodes per batch, padded (or cut) to `max_len` steps.
-    pub fn new(
+    pub fn try_new(
         episodes: &EpisodeIndex,
         num_episodes: usize,
         max_len: u32,

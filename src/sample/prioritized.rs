@@ -70,7 +70,12 @@ pub struct PrioritizedSampler {
 
 impl PrioritizedSampler {
     /// All windows start with priority 1.
-    pub fn new(index: Arc<SliceIndex>, num_slices: usize, alpha: f64, seed: u64) -> Result<Self> {
+    pub fn try_new(
+        index: Arc<SliceIndex>,
+        num_slices: usize,
+        alpha: f64,
+        seed: u64,
+    ) -> Result<Self> {
         if num_slices == 0 {
             return Err(Error::argument("num_slices", "must be at least 1"));
         }
@@ -225,7 +230,7 @@ mod tests {
     #[test]
     fn prioritized_frequencies_follow_priorities() {
         let idx = index(&[10, 10], 10); // two windows: one per episode
-        let s = PrioritizedSampler::new(idx, 100, 1.0, 3).unwrap();
+        let s = PrioritizedSampler::try_new(idx, 100, 1.0, 3).unwrap();
         s.update_priorities(&[0, 1], &[1.0, 3.0]).unwrap();
         let mut plan = vec![];
         let mut counts = [0usize; 2];

@@ -29,7 +29,7 @@ impl std::fmt::Debug for SliceSampler {
 impl SliceSampler {
     /// A sampler over `index` (see [`crate::Snapshot::slice_index`] for the cached one).
     /// Cost O(1), or O(E) when weights or a subset need an alias table.
-    pub fn new(
+    pub fn try_new(
         index: Arc<SliceIndex>,
         episodes: &EpisodeIndex,
         opts: &SliceOptions,
@@ -164,7 +164,7 @@ pub fn transition_sampler(
             ),
         ));
     }
-    SliceSampler::new(
+    SliceSampler::try_new(
         index,
         episodes,
         &SliceOptions::new(1, batch_size).with_seed(seed),

@@ -178,7 +178,7 @@ impl fmt::Debug for SqlSession {
 
 impl SqlSession {
     /// A session over `snap` with [`default_config`].
-    pub fn new(snap: &Snapshot) -> Result<Self> {
+    pub fn try_new(snap: &Snapshot) -> Result<Self> {
         Self::with_config(snap, default_config())
     }
 
@@ -259,7 +259,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Runs `sql` over `snap` (a convenience for one-off queries: builds a session each call).
 pub fn query(snap: &Snapshot, sql: &str) -> Result<Vec<RecordBatch>> {
-    Ok(SqlSession::new(snap)?.query(sql)?.batches)
+    Ok(SqlSession::try_new(snap)?.query(sql)?.batches)
 }
 
 /// SQL on snapshots.
@@ -287,7 +287,7 @@ impl SnapshotSql for Snapshot {
         if let Some(ids) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(ids.as_ref().clone());
         }
-        let result = SqlSession::new(self)?.query(sql)?;
+        let result = SqlSession::try_new(self)?.query(sql)?;
         let idx = result.schema.index_of(col::EPISODE_ID).map_err(|_| {
             Error::argument(
                 "sql",

@@ -62,7 +62,7 @@ impl TorchLoader {
     /// Starts a loader of `gatherer`'s columns over the plans of `sampler`. Checks the device
     /// first (a CUDA device on a machine without one is an error); on CPU no CUDA function is
     /// called. In resident mode this uploads the columns (O(dataset) once).
-    pub fn new(
+    pub fn try_new(
         sampler: Arc<dyn Sampler>,
         gatherer: Arc<Gatherer>,
         opts: TorchLoaderOptions,

@@ -11,10 +11,10 @@
 //! # fn main() -> trajstore::Result<()> {
 //! let snap = Dataset::open("demo.trajstore")?.snapshot()?;
 //! let index = snap.slice_index(64, BoundaryPolicy::Strict)?;
-//! let sampler = SliceSampler::new(index, snap.episodes(), &SliceOptions::new(64, 256))?;
-//! let gatherer = Gatherer::new(&snap, &["observation", "action", "reward"])?;
+//! let sampler = SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(64, 256))?;
+//! let gatherer = Gatherer::try_new(&snap, &["observation", "action", "reward"])?;
 //! let opts = TorchLoaderOptions::new(parse_device("cuda")?);
-//! let mut loader = TorchLoader::new(Arc::new(sampler), Arc::new(gatherer), opts)?;
+//! let mut loader = TorchLoader::try_new(Arc::new(sampler), Arc::new(gatherer), opts)?;
 //! let batch = loader.next_batch().expect("endless sampler")?;
 //! let obs = batch.get("observation").unwrap(); // [256, 64, 17] f32 on cuda:0
 //! # Ok(()) }

@@ -87,7 +87,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     }
     let sampler = std::sync::Arc::new(slice_sampler(&snap, &a.s)?);
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
-    let gatherer = std::sync::Arc::new(trajstore::Gatherer::new(&snap, &cols)?);
+    let gatherer = std::sync::Arc::new(trajstore::Gatherer::try_new(&snap, &cols)?);
     let mut plan = vec![];
     let mut batch = trajstore::Batch::default();
     sampler.plan(0, &mut plan);
@@ -141,7 +141,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     // The loader: background workers sampling and gathering ahead.
     let loader_batches = iters as u64;
     let t = Instant::now();
-    let mut loader = trajstore::Loader::new(
+    let mut loader = trajstore::Loader::try_new(
         sampler.clone(),
         gatherer.clone(),
         trajstore::LoaderOptions::default()
@@ -257,7 +257,7 @@ pub(crate) fn torch_bench(
         }
     };
     let t = Instant::now();
-    let mut loader = TorchLoader::new(sampler, gatherer, opts).map_err(one_line)?;
+    let mut loader = TorchLoader::try_new(sampler, gatherer, opts).map_err(one_line)?;
     let setup_s = t.elapsed().as_secs_f64();
     // Warm-up: the first half of the batches (allocations, staging slots, kernels).
     for _ in 0..iters {

@@ -41,7 +41,11 @@ pub(crate) fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore:
         None => opts,
     };
     let index = snap.slice_index(a.slice_len, policy)?;
-    Ok(trajstore::SliceSampler::new(index, snap.episodes(), &opts)?)
+    Ok(trajstore::SliceSampler::try_new(
+        index,
+        snap.episodes(),
+        &opts,
+    )?)
 }
 
 pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
@@ -59,7 +63,7 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
     };
     let sampler = slice_sampler(snap, &args)?;
     let cols: Vec<&str> = args.columns.iter().map(String::as_str).collect();
-    let gatherer = trajstore::Gatherer::new(snap, &cols)?;
+    let gatherer = trajstore::Gatherer::try_new(snap, &cols)?;
     let mut plan = vec![];
     let mut batch = trajstore::Batch::default();
     let t = Instant::now();
@@ -82,7 +86,7 @@ pub(crate) fn run(a: SampleArgs) -> Result<()> {
     let snap = open_snapshot(&a.s.dataset, None)?;
     let sampler = slice_sampler(&snap, &a.s)?;
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
-    let gatherer = trajstore::Gatherer::new(&snap, &cols)?;
+    let gatherer = trajstore::Gatherer::try_new(&snap, &cols)?;
     let mut plan = vec![];
     sampler.plan(a.batch, &mut plan);
     let mut batch = trajstore::Batch::default();

@@ -55,7 +55,7 @@ enum SqlFormat {
 pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
     let session = match a.dataset.to_str().filter(|s| trajstore::format::is_url(s)) {
         Some(url) => remote_session(url, a.version)?,
-        None => trajstore::sql::SqlSession::new(&open_snapshot(&a.dataset, a.version)?)?,
+        None => trajstore::sql::SqlSession::try_new(&open_snapshot(&a.dataset, a.version)?)?,
     };
     match a.query.clone() {
         Some(q) => run_sql(&session, &q, &a),
@@ -84,7 +84,7 @@ fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::Sql
 
 #[cfg(not(feature = "remote"))]
 fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
-    Ok(trajstore::sql::SqlSession::new(&open_snapshot(
+    Ok(trajstore::sql::SqlSession::try_new(&open_snapshot(
         std::path::Path::new(url),
         version,
     )?)?)
