@@ -386,15 +386,8 @@ impl Target {
         let existed = dataset.exists();
         let fresh = !existed || is_empty_dir(dataset)?;
         let (ds, created) = if fresh {
-            match Dataset::create(dataset, schema) {
-                Ok(ds) => (ds, true),
-                // Someone else's non-empty directory: never remove it.
-                Err(e @ Error::InvalidArgument { .. }) => return Err(e),
-                Err(e) => {
-                    remove_created(dataset, existed);
-                    return Err(e);
-                }
-            }
+            // A failed create removes only what it wrote itself, under the dataset's lock.
+            (Dataset::create(dataset, schema)?, true)
         } else {
             if !dataset.is_dir() {
                 return Err(Error::argument(
@@ -521,12 +514,24 @@ pub fn ingest_stream(
     }
 }
 
+/// Removes a dataset this ingest created and never committed to, under the dataset's lock and
+/// only while it still holds nothing but its empty version 1: a writer that got the lock in the
+/// meantime (and may have committed) keeps everything. Best effort: the ingest's own error is
+/// the one to report.
 pub(crate) fn remove_created(dataset: &Path, existed_empty: bool) {
-    // Best effort: the original error is the one to report.
+    let Ok(lock) = crate::store::writer::lock_dataset(dataset, std::time::Duration::ZERO) else {
+        return;
+    };
+    let untouched = crate::store::manifest::list_versions(dataset).is_ok_and(|v| v == [1])
+        && crate::store::manifest::read(dataset, 1).is_ok_and(|m| m.segments.is_empty());
+    if !untouched {
+        return;
+    }
     let _ = std::fs::remove_dir_all(dataset);
     if existed_empty {
         let _ = std::fs::create_dir(dataset);
     }
+    drop(lock);
 }
 
 pub(crate) fn is_empty_dir(path: &Path) -> Result<bool> {

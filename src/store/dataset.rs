@@ -60,48 +60,91 @@ pub struct Dataset {
 impl Dataset {
     /// Creates an empty dataset at `path` (which must not exist, or be an empty directory) and
     /// commits version 1 with `schema` and no transitions.
+    ///
+    /// Creation is atomic with respect to other writers: the directory's writer lock is taken
+    /// first, then the layout is written under it. Of two processes creating the same dataset,
+    /// one creates it and the other gets [`Error::Locked`] or an "already exists" error, and
+    /// neither removes anything the other wrote.
     pub fn create(path: impl AsRef<Path>, schema: &TransitionSchema) -> Result<Self> {
         let root = path.as_ref().to_path_buf();
-        if root.exists() {
-            let mut entries = std::fs::read_dir(&root).at(&root)?;
-            if entries.next().is_some() {
+        if root.exists() && !root.is_dir() {
+            return Err(Error::argument(
+                "path",
+                format!("{} exists and is not a directory", root.display()),
+            ));
+        }
+        std::fs::create_dir_all(&root).at(&root)?;
+        let _lock = crate::store::writer::lock_dataset(&root, std::time::Duration::ZERO)?;
+        // Under the lock: only the lock file may be there.
+        for entry in std::fs::read_dir(&root).at(&root)? {
+            if entry.at(&root)?.file_name() != format::LOCK_FILE {
+                let what = if root.join(format::VERSIONS_DIR).is_dir() {
+                    "is already a trajstore dataset"
+                } else {
+                    "already exists and is not empty"
+                };
                 return Err(Error::argument(
                     "path",
-                    format!("{} already exists and is not empty", root.display()),
+                    format!("{} {what}", root.display()),
                 ));
             }
         }
-        std::fs::create_dir_all(root.join(format::SEGMENTS_DIR)).at(&root)?;
-        std::fs::create_dir_all(manifest::versions_dir(&root)).at(&root)?;
-        let m = Manifest {
-            format: format::FORMAT_NAME.into(),
-            format_version: format::FORMAT_VERSION,
-            version: 1,
-            created_unix_ms: manifest::now_ms(),
-            columns: schema.to_columns(),
-            transitions: 0,
-            episodes: 0,
-            next_episode_id: 0,
-            next_segment_id: 0,
-            next_row: 0,
-            segments: vec![],
-            properties: Default::default(),
+        let layout = || -> Result<()> {
+            std::fs::create_dir_all(root.join(format::SEGMENTS_DIR)).at(&root)?;
+            std::fs::create_dir_all(manifest::versions_dir(&root)).at(&root)?;
+            let m = Manifest {
+                format: format::FORMAT_NAME.into(),
+                format_version: format::FORMAT_VERSION,
+                version: 1,
+                created_unix_ms: manifest::now_ms(),
+                columns: schema.to_columns(),
+                transitions: 0,
+                episodes: 0,
+                next_episode_id: 0,
+                next_segment_id: 0,
+                next_row: 0,
+                segments: vec![],
+                properties: Default::default(),
+            };
+            if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+                manifest::sync_dir(parent)?;
+            }
+            manifest::sync_dir(&root)?;
+            m.publish(&root)
         };
-        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
-            manifest::sync_dir(parent)?;
+        if let Err(e) = layout() {
+            // Only what this call wrote, under its lock (disk full, permissions): best effort.
+            let _ = std::fs::remove_dir_all(manifest::versions_dir(&root));
+            let _ = std::fs::remove_dir_all(root.join(format::SEGMENTS_DIR));
+            return Err(e);
         }
-        manifest::sync_dir(&root)?;
-        m.publish(&root)?;
         Ok(Dataset { root })
     }
 
-    /// Opens an existing dataset: checks that it has a readable newest manifest.
+    /// Opens an existing dataset: checks that it has at least one committed version. Manifests
+    /// are read when a version is: a damaged newest manifest leaves every older version readable
+    /// through [`Dataset::snapshot_at`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let root = path.as_ref().to_path_buf();
         if !root.is_dir() {
             return Err(Error::NotFound { path: root });
         }
-        manifest::read_latest(&root)?;
+        if !manifest::versions_dir(&root).is_dir() {
+            return Err(Error::argument(
+                "path",
+                format!(
+                    "{} exists but is not a trajstore dataset (it has no `{}` directory)",
+                    root.display(),
+                    format::VERSIONS_DIR
+                ),
+            ));
+        }
+        if manifest::list_versions(&root)?.is_empty() {
+            return Err(Error::corrupt(
+                manifest::versions_dir(&root),
+                "no committed manifest (an interrupted create?)",
+            ));
+        }
         Ok(Dataset { root })
     }
 

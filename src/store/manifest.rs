@@ -92,17 +92,49 @@ pub fn list_versions(root: &Path) -> Result<Vec<u64>> {
     Ok(out)
 }
 
-/// Reads and validates version `v`.
+/// The largest manifest read (a million segments take ~300 MB... at 256 MiB segments that is
+/// 256 TB of transitions): anything bigger is not a manifest trajstore wrote.
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+/// Reads and validates version `v`. Only a regular file of at most [`MAX_MANIFEST_BYTES`] is
+/// read (a manifest replaced by a device or a huge file is [`Error::Corrupt`], not an
+/// unbounded read).
 pub fn read(root: &Path, v: u64) -> Result<Manifest> {
+    use std::io::Read;
     let path = versions_dir(root).join(format::manifest_name(v));
-    let bytes = std::fs::read(&path).at(&path)?;
+    let file = std::fs::File::open(&path).at(&path)?;
+    let meta = file.metadata().at(&path)?;
+    if !meta.is_file() {
+        return Err(Error::corrupt(&path, "is not a regular file"));
+    }
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(Error::corrupt(
+            &path,
+            format!(
+                "has {} bytes, more than any manifest ({} at most)",
+                meta.len(),
+                format::human_bytes(MAX_MANIFEST_BYTES)
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .at(&path)?;
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(Error::corrupt(
+            &path,
+            "grew past the manifest size limit while read",
+        ));
+    }
     let m: Manifest = serde_json::from_slice(&bytes)
         .map_err(|e| Error::corrupt(&path, format!("invalid manifest JSON: {e}")))?;
     m.validate(&path, v)?;
     Ok(m)
 }
 
-/// Reads the newest committed version.
+/// Reads the newest committed version. When its manifest is damaged the error says so and names
+/// the newest version that is still readable (older versions never depend on newer manifests).
 pub fn read_latest(root: &Path) -> Result<Manifest> {
     let versions = list_versions(root)?;
     let v = *versions.last().ok_or_else(|| {
@@ -111,7 +143,34 @@ pub fn read_latest(root: &Path) -> Result<Manifest> {
             "no committed manifest (not a trajstore dataset?)",
         )
     })?;
-    read(root, v)
+    match read(root, v) {
+        Err(Error::Corrupt { path, reason }) => {
+            let readable = versions[..versions.len() - 1]
+                .iter()
+                .rev()
+                .find(|&&old| read(root, old).is_ok());
+            let hint = match readable {
+                Some(old) => format!(
+                    "; the newest readable version is {old} (open it with --version {old} / \
+                     snapshot_at({old}))"
+                ),
+                None => "; no older version is readable".to_string(),
+            };
+            Err(Error::Corrupt {
+                path,
+                reason: format!("{reason} (the newest version, {v}){hint}"),
+            })
+        }
+        other => other,
+    }
+}
+
+/// The newest version whose manifest reads and validates, with the damaged newer ones skipped.
+pub fn newest_readable(root: &Path) -> Result<Option<u64>> {
+    Ok(list_versions(root)?
+        .into_iter()
+        .rev()
+        .find(|&v| read(root, v).is_ok()))
 }
 
 fn check_relative(path: &Path, p: &str, what: &str) -> Result<()> {

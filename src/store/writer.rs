@@ -31,8 +31,10 @@ pub struct WriterOptions {
     /// Target size of one record batch inside a segment (default 32 MiB). This bounds the
     /// writer's memory: it buffers at most one batch plus one episode.
     pub batch_bytes: u64,
-    /// FIFO retention: after each commit, drop the oldest segments while the dataset holds more
-    /// than this many transitions.
+    /// FIFO retention: at each commit, the oldest segments leave the new version as long as the
+    /// segments that remain hold at least this many transitions. The granularity is a segment: a
+    /// version holds the newest `max_transitions` transitions or more, never fewer (an episode
+    /// is never split). Must be at least 1.
     pub max_transitions: Option<u64>,
     /// After each commit, delete manifests older than the newest `n` and the segment files no
     /// remaining manifest names. `None` keeps every version (time travel to any commit).
@@ -112,6 +114,8 @@ pub struct DatasetWriter {
     next_row: u64,
     step: Option<Vec<ColumnBuf>>,
     step_rows: usize,
+    /// The next commit drops every segment of the base version (see [`DatasetWriter::replace`]).
+    replace: bool,
 }
 
 impl std::fmt::Debug for DatasetWriter {
@@ -121,6 +125,28 @@ impl std::fmt::Debug for DatasetWriter {
             .field("version", &self.base.version)
             .field("next_episode_id", &self.next_episode_id)
             .finish_non_exhaustive()
+    }
+}
+
+/// Takes the writer lock of the dataset at `root`, waiting up to `wait` for another writer.
+pub(crate) fn lock_dataset(root: &Path, wait: std::time::Duration) -> Result<File> {
+    let lock_path = root.join(format::LOCK_FILE);
+    let lock = lock_file(&lock_path)?;
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(lock),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    dataset: root.to_path_buf(),
+                    lock: lock_path,
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
+        }
     }
 }
 
@@ -136,24 +162,13 @@ pub(crate) fn lock_file(path: &Path) -> Result<File> {
 
 impl DatasetWriter {
     pub(crate) fn open(root: &Path, options: WriterOptions) -> Result<Self> {
-        let lock_path = root.join(format::LOCK_FILE);
-        let lock = lock_file(&lock_path)?;
-        let deadline = std::time::Instant::now() + options.lock_wait;
-        loop {
-            match lock.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(Error::Locked {
-                        dataset: root.to_path_buf(),
-                        lock: lock_path,
-                    });
-                }
-                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
-            }
+        if options.max_transitions == Some(0) {
+            return Err(Error::argument(
+                "max_transitions",
+                "0 would keep no transition; give at least 1 (retention keeps whole segments)",
+            ));
         }
+        let lock = lock_dataset(root, options.lock_wait)?;
         let base = manifest::read_latest(root)?;
         let schema = TransitionSchema::from_columns(&base.columns)?;
         remove_leftovers(root, base.next_segment_id)?;
@@ -172,6 +187,7 @@ impl DatasetWriter {
             pending_rows: 0,
             step: None,
             step_rows: 0,
+            replace: false,
         })
     }
 
@@ -183,6 +199,14 @@ impl DatasetWriter {
     /// The version this writer's next commit builds on.
     pub fn base_version(&self) -> u64 {
         self.base.version
+    }
+
+    /// Makes the next commit a version that holds only what this writer appends, none of the
+    /// base version's transitions (an overwrite). Nothing is deleted: the older versions stay
+    /// readable (time travel) until retention or `vacuum` removes them. Episode ids go on from
+    /// the base version's.
+    pub fn replace(&mut self) {
+        self.replace = true;
     }
 
     /// Id the next appended episode gets.
@@ -473,23 +497,30 @@ impl DatasetWriter {
     /// (unchanged if there was nothing to commit).
     pub fn commit(&mut self) -> Result<u64> {
         self.finish_segment()?;
-        let mut segments = self.base.segments.clone();
+        let mut segments = if self.replace {
+            vec![]
+        } else {
+            self.base.segments.clone()
+        };
         segments.append(&mut self.new_segments);
         if let Some(max) = self.options.max_transitions {
+            // Whole segments, oldest first, and only while what remains still holds `max`: the
+            // newest `max` transitions are always kept (a dataset holds between `max` and `max`
+            // plus one segment).
             let mut total: u64 = segments.iter().map(|s| s.rows).sum();
             let drop = segments
                 .iter()
                 .take_while(|s| {
-                    let over = total > max;
-                    if over {
+                    let keep_enough = total - s.rows >= max;
+                    if keep_enough {
                         total -= s.rows;
                     }
-                    over
+                    keep_enough
                 })
                 .count();
             segments.drain(..drop);
         }
-        if segments == self.base.segments {
+        if segments == self.base.segments && !(self.replace && self.base.transitions > 0) {
             return Ok(self.base.version);
         }
         manifest::sync_dir(&self.root.join(format::SEGMENTS_DIR))?;
@@ -510,6 +541,7 @@ impl DatasetWriter {
         };
         m.publish(&self.root)?;
         self.base = m;
+        self.replace = false;
         if let Some(keep) = self.options.keep_versions {
             self.prune_versions(keep)?;
         }

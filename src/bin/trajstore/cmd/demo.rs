@@ -17,7 +17,8 @@ use crate::output::*;
 
 #[derive(Args)]
 pub(crate) struct DemoArgs {
-    /// Dataset directory to write (an existing dataset there is replaced unless --append).
+    /// Dataset directory to write. An existing dataset is refused unless --append or --overwrite
+    /// says what to do with it.
     #[arg(default_value = "demo.trajstore")]
     dataset: PathBuf,
     /// Number of transitions.
@@ -38,9 +39,13 @@ pub(crate) struct DemoArgs {
     /// Seed: the same arguments always produce the same bytes.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Append to an existing dataset instead of replacing it.
-    #[arg(long)]
+    /// Append to an existing dataset.
+    #[arg(long, conflicts_with = "overwrite")]
     append: bool,
+    /// Write a new version of an existing dataset that holds only the demo's transitions. Nothing
+    /// is deleted: older versions stay readable (`--version N`) until retention removes them.
+    #[arg(long)]
+    overwrite: bool,
     /// Commit every N episodes, as a live collector would (default: once at the end).
     #[arg(long, value_name = "N")]
     commit_every: Option<usize>,
@@ -64,27 +69,39 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
         bail!("--transitions, --obs-dim and --act-dim must be positive");
     }
     let schema = spec.schema()?;
-    let ds = if a.dataset.exists() && a.append {
-        Dataset::open(&a.dataset)?
-    } else {
-        if a.dataset.exists() {
-            if !a.dataset.join(trajstore::format::VERSIONS_DIR).is_dir() {
-                bail!(
-                    "{} exists and is not a trajstore dataset; refusing to replace it",
-                    a.dataset.display()
-                );
-            }
-            std::fs::remove_dir_all(&a.dataset)
-                .with_context(|| format!("cannot replace {}", a.dataset.display()))?;
+    // An empty directory is as good as none.
+    let exists = a.dataset.exists()
+        && std::fs::read_dir(&a.dataset).map_or(true, |mut d| d.next().is_some());
+    let ds = if exists {
+        if !a.dataset.join(trajstore::format::VERSIONS_DIR).is_dir() {
+            bail!(
+                "{} exists and is not a trajstore dataset; refusing to write into it",
+                a.dataset.display()
+            );
         }
+        if !a.append && !a.overwrite {
+            bail!(
+                "{} is already a dataset; give --append to add the demo's transitions to it, or \
+                 --overwrite to write a new version holding only them (older versions stay \
+                 readable), or choose another directory",
+                a.dataset.display()
+            );
+        }
+        Dataset::open(&a.dataset)
+            .with_context(|| format!("cannot open dataset {}", a.dataset.display()))?
+    } else {
         Dataset::create(&a.dataset, &schema)?
     };
     let start = Instant::now();
     let mut writer = ds.writer(a.write.options())?;
     if writer.schema() != &schema {
         bail!(
-            "--append: the dataset's schema differs from the demo's (check --obs-dim/--act-dim/--discrete)"
+            "the dataset's schema differs from the demo's (check --obs-dim/--act-dim/--discrete); \
+             write the demo to another directory"
         );
+    }
+    if a.overwrite {
+        writer.replace();
     }
     writer.set_property("source", format!("trajstore demo (seed {})", a.seed));
     let pb = if a.json {
