@@ -185,6 +185,20 @@ impl Dataset {
         Catalog::load(&self.root, manifest::read(&self.root, version)?)
     }
 
+    /// Removes the versions older than the newest `keep_versions` that were replaced at least
+    /// `older_than` ago, and the segment files no remaining version uses, like Delta's VACUUM
+    /// or Lance's `cleanup_old_versions`. Takes the writer lock (waiting as a writer does). A
+    /// reader that opened a removed version keeps reading it (its files stay mapped); opening it
+    /// afterwards is [`Error::NotFound`].
+    pub fn vacuum(
+        &self,
+        keep_versions: usize,
+        older_than: std::time::Duration,
+    ) -> Result<crate::store::VacuumReport> {
+        self.writer(WriterOptions::default())?
+            .vacuum(keep_versions, older_than)
+    }
+
     /// Takes the single-writer lock and returns a writer that appends after the newest version.
     /// Fails with [`Error::Locked`] if another writer (in any process) holds it.
     pub fn writer(&self, options: WriterOptions) -> Result<DatasetWriter> {

@@ -14,4 +14,4 @@ pub mod writer;
 pub use dataset::{Catalog, Dataset, Snapshot};
 pub use manifest::{Manifest, SegmentEntry};
 pub use segment::{EpisodeTable, Segment};
-pub use writer::{DatasetWriter, EpisodeEnd, Step, Values, WriterOptions};
+pub use writer::{DatasetWriter, EpisodeEnd, Step, VacuumReport, Values, WriterOptions};

@@ -585,7 +585,8 @@ pub(crate) fn open_episode_table(
         1 => file.batches[0].clone(),
         _ => concat_batches(schema.episode_schema(), &file.batches)?,
     };
-    let t = EpisodeTable::try_new(t).map_err(|e| Error::corrupt(&path, e.to_string()))?;
+    let mut t = EpisodeTable::try_new(t).map_err(|e| Error::corrupt(&path, e.to_string()))?;
+    t.file = Some(file.map.clone());
     let mut row = 0u64;
     for i in 0..t.len() {
         let (id, start, len) = (t.ids()[i], t.row_starts()[i], t.lengths()[i]);
@@ -615,6 +616,9 @@ pub(crate) fn open_episode_table(
 #[derive(Debug, Clone)]
 pub struct EpisodeTable {
     batch: RecordBatch,
+    /// The whole mapped file, when the table was opened from one (for checksums without
+    /// reopening the file by path, which retention may have removed since).
+    file: Option<arrow::buffer::Buffer>,
     ids: ScalarBuffer<u64>,
     row_starts: ScalarBuffer<u64>,
     lengths: ScalarBuffer<u64>,
@@ -670,7 +674,14 @@ impl EpisodeTable {
             terminated: bools(ep::TERMINATED)?,
             truncated: bools(ep::TRUNCATED)?,
             batch,
+            file: None,
         })
+    }
+
+    /// The bytes of the mapped file the table was opened from (`None` for a table built in
+    /// memory).
+    pub(crate) fn file_bytes(&self) -> Option<&[u8]> {
+        self.file.as_ref().map(|b| b.as_slice())
     }
     /// Number of episodes.
     pub fn len(&self) -> usize {

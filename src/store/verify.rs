@@ -6,7 +6,7 @@ use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::format::col;
 use crate::store::segment::checksum_string;
 use crate::store::{Segment, Snapshot};
@@ -56,8 +56,12 @@ fn check_segment(snap: &Snapshot, seg: &Segment) -> Result<()> {
         ));
     }
     let ep_path = snap.path().join(&e.episodes_path);
-    let ep_bytes = std::fs::read(&ep_path).at(&ep_path)?;
-    let crc = checksum_string(crc32c::crc32c(&ep_bytes));
+    // The episode table's own map, opened with the snapshot: never the path again, which
+    // retention may have removed since (the map keeps the file's data).
+    let ep_bytes = seg.episode_table().file_bytes().ok_or_else(|| {
+        Error::corrupt(&ep_path, "the episode table was not opened from its file")
+    })?;
+    let crc = checksum_string(crc32c::crc32c(ep_bytes));
     if crc != e.episodes_checksum {
         return Err(Error::corrupt(
             &ep_path,

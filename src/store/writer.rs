@@ -44,6 +44,12 @@ pub struct WriterOptions {
     /// earlier writer of this process released while a child process was being spawned (a child
     /// shares the lock until it starts its program).
     pub lock_wait: std::time::Duration,
+    /// How long files stay after the versions that use them are superseded (default 10
+    /// minutes). Retention ([`WriterOptions::keep_versions`]) removes a version's manifest, and
+    /// the files no remaining version uses, only once the version that replaced it is at least
+    /// this old, so a reader that opened a recent version never loses its files. See also
+    /// [`Dataset::vacuum`](crate::Dataset::vacuum).
+    pub retention_grace: std::time::Duration,
 }
 
 impl Default for WriterOptions {
@@ -54,6 +60,7 @@ impl Default for WriterOptions {
             max_transitions: None,
             keep_versions: None,
             lock_wait: std::time::Duration::from_millis(500),
+            retention_grace: DEFAULT_RETENTION_GRACE,
         }
     }
 }
@@ -77,6 +84,12 @@ impl WriterOptions {
     /// Sets [`WriterOptions::lock_wait`] (zero: fail at once when the dataset is locked).
     pub fn with_lock_wait(mut self, wait: std::time::Duration) -> Self {
         self.lock_wait = wait;
+        self
+    }
+    /// Sets [`WriterOptions::retention_grace`] (zero: delete as soon as a version leaves the
+    /// kept ones; readers opening an older version at that moment may fail).
+    pub fn with_retention_grace(mut self, grace: std::time::Duration) -> Self {
+        self.retention_grace = grace;
         self
     }
     /// Sets [`WriterOptions::keep_versions`] (at least 1).
@@ -126,6 +139,76 @@ impl std::fmt::Debug for DatasetWriter {
             .field("next_episode_id", &self.next_episode_id)
             .finish_non_exhaustive()
     }
+}
+
+/// The default [`WriterOptions::retention_grace`].
+pub const DEFAULT_RETENTION_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What a vacuum removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VacuumReport {
+    /// Versions whose manifests were removed.
+    pub versions_removed: Vec<u64>,
+    /// Segment and episode-table files removed.
+    pub files_removed: u64,
+    /// Their bytes.
+    pub bytes_removed: u64,
+    /// Versions older than the kept ones that stay for now: replaced less than the grace
+    /// period ago.
+    pub versions_in_grace: Vec<u64>,
+}
+
+/// Removes, under the writer lock the caller holds, the manifests of versions older than the
+/// newest `keep` that were replaced at least `grace` ago, then the segment files no remaining
+/// manifest uses. Files of uncommitted segments (`id >= next_segment_id`) are not touched. A
+/// manifest that cannot be read stops the file removal (its references are unknown).
+pub(crate) fn vacuum_locked(
+    root: &Path,
+    keep: usize,
+    grace: std::time::Duration,
+    next_segment_id: u64,
+) -> Result<VacuumReport> {
+    let versions = manifest::list_versions(root)?;
+    let cut = versions.len().saturating_sub(keep.max(1));
+    let now = manifest::now_ms();
+    let grace_ms = grace.as_millis() as u64;
+    let mut report = VacuumReport::default();
+    for i in 0..cut {
+        // A version is replaced when the next one is created.
+        let replaced_at = manifest::read(root, versions[i + 1]).map(|m| m.created_unix_ms);
+        match replaced_at {
+            Ok(t) if now.saturating_sub(t) >= grace_ms => report.versions_removed.push(versions[i]),
+            _ => report.versions_in_grace.push(versions[i]),
+        }
+    }
+    let mut referenced = std::collections::HashSet::new();
+    for &v in versions
+        .iter()
+        .filter(|v| !report.versions_removed.contains(v))
+    {
+        match manifest::read(root, v) {
+            Ok(m) => referenced.extend(m.segments.iter().map(|s| s.id)),
+            Err(e) => return Err(e),
+        }
+    }
+    let dir = manifest::versions_dir(root);
+    for &v in &report.versions_removed {
+        let p = dir.join(format::manifest_name(v));
+        std::fs::remove_file(&p).at(&p)?;
+    }
+    for id in segment_files(root)? {
+        if !referenced.contains(&id) && id < next_segment_id {
+            for rel in [segment_path(id), episodes_path(id)] {
+                let p = root.join(rel);
+                if let Ok(md) = std::fs::metadata(&p) {
+                    report.bytes_removed += md.len();
+                    report.files_removed += 1;
+                }
+            }
+            remove_segment(root, id)?;
+        }
+    }
+    Ok(report)
 }
 
 /// Takes the writer lock of the dataset at `root`, waiting up to `wait` for another writer.
@@ -559,25 +642,18 @@ impl DatasetWriter {
     }
 
     fn prune_versions(&self, keep: usize) -> Result<()> {
-        let versions = manifest::list_versions(&self.root)?;
-        let cut = versions.len().saturating_sub(keep.max(1));
-        let mut referenced = std::collections::HashSet::new();
-        for &v in &versions[cut..] {
-            for s in manifest::read(&self.root, v)?.segments {
-                referenced.insert(s.id);
-            }
-        }
-        let dir = manifest::versions_dir(&self.root);
-        for &v in &versions[..cut] {
-            let p = dir.join(format::manifest_name(v));
-            std::fs::remove_file(&p).at(&p)?;
-        }
-        for id in segment_files(&self.root)? {
-            if !referenced.contains(&id) && id < self.next_segment_id {
-                remove_segment(&self.root, id)?;
-            }
-        }
-        Ok(())
+        vacuum_locked(
+            &self.root,
+            keep,
+            self.options.retention_grace,
+            self.next_segment_id,
+        )
+        .map(drop)
+    }
+
+    /// Removes old versions now, under this writer's lock: see [`Dataset::vacuum`](crate::Dataset::vacuum).
+    pub fn vacuum(&self, keep: usize, grace: std::time::Duration) -> Result<VacuumReport> {
+        vacuum_locked(&self.root, keep, grace, self.next_segment_id)
     }
 }
 

@@ -66,6 +66,14 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Check every checksum and that boundary columns agree with the episode tables.
     Verify(cmd::VersionArgs),
+    /// Remove versions older than the newest N (once replaced for --older-than) and the files
+    /// only they use. Readers that opened a removed version keep reading it.
+    ///
+    /// Examples:
+    ///   trajstore vacuum buffer.trajstore                     # keep the newest version; older ones after 10 minutes
+    ///   trajstore vacuum buffer.trajstore --keep-versions 5 --older-than 7d
+    #[command(verbatim_doc_comment)]
+    Vacuum(cmd::vacuum::VacuumArgs),
     /// Write every transition (boundary columns included) to a Parquet file.
     Export(cmd::export::ExportArgs),
     /// Sample one batch of slices and show it (which episodes, which steps).
@@ -138,6 +146,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Ingest(a) => cmd::ingest::run(*a),
         Command::Info(a) => cmd::info::run(a),
         Command::Verify(a) => cmd::verify::run(a),
+        Command::Vacuum(a) => cmd::vacuum::run(a),
         Command::Export(a) => cmd::export::run(a),
         Command::Sample(a) => cmd::sample::run(a),
         Command::Bench(a) => cmd::bench::run(a),

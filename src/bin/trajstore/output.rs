@@ -82,6 +82,27 @@ impl trajstore::Progress for TerminalBar {
     }
 }
 
+/// Parses `0`, `30s`, `10m`, `2h`, `7d` (a bare number is seconds).
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 0s, 30s, 10m, 2h, 7d)"))?;
+    let secs = match unit {
+        "" | "s" => 1.0,
+        "ms" => 0.001,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        other => return Err(format!("unknown unit `{other}`: use ms, s, m, h or d")),
+    };
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(format!("`{s}` must be a non-negative duration"));
+    }
+    std::time::Duration::try_from_secs_f64(n * secs).map_err(|e| format!("`{s}`: {e}"))
+}
+
 /// Parses `123`, `64KiB`, `256MiB`, `1GiB`, `1.5G`, `10MB`.
 pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();

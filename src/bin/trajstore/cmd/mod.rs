@@ -12,6 +12,7 @@ pub(crate) mod push;
 pub(crate) mod sample;
 #[cfg(feature = "sql")]
 pub(crate) mod sql;
+pub(crate) mod vacuum;
 pub(crate) mod verify;
 
 use std::path::PathBuf;
@@ -29,9 +30,13 @@ pub(crate) struct WriteArgs {
     /// Keep at most this many transitions, dropping the oldest segments (FIFO replay).
     #[arg(long)]
     max_transitions: Option<u64>,
-    /// Keep only the newest N versions and delete files no kept version uses.
+    /// Keep only the newest N versions and delete files no kept version uses (an older version
+    /// goes once the version that replaced it is --retention-grace old).
     #[arg(long, value_name = "N")]
     keep_versions: Option<usize>,
+    /// How long a replaced version's files stay for readers that opened it (e.g. 0s, 10m).
+    #[arg(long, value_name = "AGE", default_value = "10m", value_parser = parse_duration)]
+    retention_grace: std::time::Duration,
 }
 
 impl WriteArgs {
@@ -44,7 +49,7 @@ impl WriteArgs {
         if let Some(k) = self.keep_versions {
             o = o.with_keep_versions(k);
         }
-        o
+        o.with_retention_grace(self.retention_grace)
     }
 }
 
