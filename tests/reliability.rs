@@ -294,3 +294,33 @@ fn ingest_into_a_directory_that_is_not_a_dataset_says_so() {
     let e = Dataset::open(&d).unwrap_err();
     assert!(e.to_string().contains("is not a trajstore dataset"), "{e}");
 }
+
+#[test]
+fn vacuum_removes_replaced_versions_only_after_their_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("v");
+    let ds = TestData::new().transitions(1000).commit_every(10).write(&d);
+    let before = ds.versions().unwrap();
+    assert!(before.len() > 2);
+    let d_s = d.to_str().unwrap();
+    // Default --older-than (10 minutes): everything just written stays.
+    let (code, out, err) = run(&["vacuum", d_s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["versions_removed"].as_array().unwrap().len(), 0, "{r}");
+    assert_eq!(ds.versions().unwrap(), before);
+    // --older-than 0s: only the newest stays, and it verifies.
+    let (code, out, err) = run(&["vacuum", d_s, "--older-than", "0s", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        r["versions_removed"].as_array().unwrap().len(),
+        before.len() - 1,
+        "{r}"
+    );
+    assert_eq!(ds.versions().unwrap(), [*before.last().unwrap()]);
+    let (code, _, err) = run(&["verify", d_s]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["vacuum", d_s, "--older-than", "soon"]);
+    assert_eq!(code, 2, "a usage error: {err}");
+}
