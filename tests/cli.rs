@@ -89,10 +89,13 @@ fn demo_info_verify_export() {
 fn errors_are_one_line_with_exit_code_1_and_usage_errors_2() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing");
+    let not_a_dataset = dir.path().join("notes");
+    std::fs::create_dir(&not_a_dataset).unwrap();
+    std::fs::write(not_a_dataset.join("todo.txt"), b"").unwrap();
     for args in [
         vec!["info", missing.to_str().unwrap()],
         vec!["verify", missing.to_str().unwrap()],
-        vec!["demo", dir.path().to_str().unwrap()],
+        vec!["demo", not_a_dataset.to_str().unwrap()],
         vec!["demo", "--transitions", "0", missing.to_str().unwrap()],
         vec!["ingest", "data.csv", missing.to_str().unwrap()],
     ] {

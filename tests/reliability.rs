@@ -323,4 +323,9 @@ fn vacuum_removes_replaced_versions_only_after_their_grace() {
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = run(&["vacuum", d_s, "--older-than", "soon"]);
     assert_eq!(code, 2, "a usage error: {err}");
+    // Zero where zero cannot mean anything is a usage error, not silently something else.
+    let z = dir.path().join("z");
+    let (code, _, err) = run(&["demo", z.to_str().unwrap(), "--commit-every", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!z.exists());
 }

@@ -47,8 +47,8 @@ pub(crate) struct DemoArgs {
     #[arg(long)]
     overwrite: bool,
     /// Commit every N episodes, as a live collector would (default: once at the end).
-    #[arg(long, value_name = "N")]
-    commit_every: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    commit_every: Option<u64>,
     #[command(flatten)]
     write: WriteArgs,
     /// Print a JSON summary instead of text.
@@ -109,7 +109,20 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
     } else {
         progress(a.transitions, "writing")
     };
-    let version = spec.write(&mut writer, a.commit_every, |n| pb.inc(n))?;
+    let version = spec
+        .write(&mut writer, a.commit_every.map(|n| n as usize), |n| {
+            pb.inc(n)
+        })
+        .map_err(|e| {
+            pb.abandon();
+            let kept = ds.versions().ok().and_then(|v| v.last().copied());
+            anyhow::Error::new(e).context(match kept {
+                Some(v) => {
+                    format!("the demo stopped; the dataset keeps version {v}, committed before")
+                }
+                None => "the demo stopped".to_string(),
+            })
+        })?;
     drop(writer);
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
