@@ -1,0 +1,109 @@
+//! A full disk at many write points: each round mounts a small tmpfs of another size, so the
+//! writer runs out of space at a different point (a segment, an episode table, a manifest, a
+//! directory sync), and checks that the error is an I/O error, that the previous version still
+//! verifies, and that the next writer removes the leftover temporary files. Needs to mount a tmpfs
+//! (root); skipped with a note where it cannot.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::TestData;
+use trajstore::{Dataset, Error, WriterOptions};
+
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, kib: u64) -> Option<Self> {
+        std::fs::create_dir_all(at).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(at)
+            .output()
+            .ok()?
+            .status
+            .success();
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn tmp_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for sub in ["segments", "_versions"] {
+        if let Ok(rd) = std::fs::read_dir(root.join(sub)) {
+            for e in rd.flatten() {
+                if e.file_name()
+                    .to_string_lossy()
+                    .ends_with(trajstore::format::TMP_SUFFIX)
+                {
+                    out.push(e.path());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_full_disk_at_any_write_point_keeps_the_previous_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = TestData::new().obs_dim(16).act_dim(4).seed(3);
+    let spec = data.spec();
+    let mut failures = 0;
+    for round in 0..10u64 {
+        let at = dir.path().join(format!("fs{round}"));
+        let Some(_fs) = Tmpfs::mount(&at, 600 + 37 * round) else {
+            eprintln!("note: skipped: cannot mount a tmpfs here (needs root)");
+            return;
+        };
+        let root = at.join("d");
+        let ds = match Dataset::create(&root, &data.schema()) {
+            Ok(ds) => ds,
+            Err(e) => panic!("round {round}: even an empty dataset does not fit: {e}"),
+        };
+        let opts = WriterOptions::default().with_segment_bytes(48 << 10);
+        let mut w = ds.writer(opts.clone()).unwrap();
+        let mut committed = ds.snapshot().unwrap().version();
+        let err = (0..10_000u64)
+            .find_map(|i| {
+                let (b, e) = spec.episode(i, 20 + (i * 7 + round) % 40);
+                if let Err(e) = w.append_episode(&b, e) {
+                    return Some(e);
+                }
+                if i % 3 == 2 {
+                    match w.commit() {
+                        Ok(v) => committed = v,
+                        Err(e) => return Some(e),
+                    }
+                }
+                None
+            })
+            .expect("the filesystem fills up");
+        failures += 1;
+        assert!(
+            matches!(err, Error::Io { .. } | Error::Arrow(_)),
+            "round {round}: {err}"
+        );
+        drop(w);
+        // The newest committed version is the one before the failure, and it verifies.
+        let snap = Dataset::open(&root).unwrap().snapshot().unwrap();
+        assert_eq!(snap.version(), committed, "round {round}");
+        trajstore::store::verify::verify(&snap, |_| {}).unwrap();
+        // The next writer removes what the failed one left.
+        let w = ds.writer(opts).unwrap();
+        assert!(
+            tmp_files(&root).is_empty(),
+            "round {round}: {:?}",
+            tmp_files(&root)
+        );
+        drop(w);
+    }
+    assert_eq!(failures, 10);
+}
