@@ -373,9 +373,14 @@ impl Gatherer {
     ///
     /// Errors with [`Error::InvalidArgument`] when a slice refers to an episode position the
     /// snapshot does not have (a plan made for another snapshot).
+    ///
+    /// A batch larger than [`crate::sample::max_batch_bytes`] (see
+    /// [`Gatherer::batch_bytes`]) is an [`Error::InvalidArgument`] about `plan`, checked before
+    /// anything is allocated.
     pub fn gather(&self, plan: &[SliceRef], out: &mut Batch) -> Result<()> {
         let b = plan.len();
         let l = plan.iter().map(|s| s.len as usize).max().unwrap_or(0);
+        crate::sample::batch_bytes(b, l as u64, self.step_bytes_total(), Some("plan"))?;
         out.num_slices = b;
         out.slice_len = l;
         if out.columns.len() != self.columns.len()
@@ -434,6 +439,23 @@ impl Gatherer {
             .map(|c| (c.name.as_str(), &c.data_type, c.shape.as_slice()))
     }
 
+    /// The bytes a [`Batch`] of `num_slices` slices of `slice_len` steps of these columns takes
+    /// (columns, flags and per-slice vectors; see [`crate::sample::max_batch_bytes`]). Errors with
+    /// [`Error::InvalidArgument`] about `num_slices` or `slice_len` when the count overflows or
+    /// the batch is larger than the limit, so that a caller can refuse a batch size before
+    /// sampling anything.
+    pub fn batch_bytes(&self, num_slices: usize, slice_len: usize) -> Result<u64> {
+        crate::sample::batch_bytes(num_slices, slice_len as u64, self.step_bytes_total(), None)
+    }
+
+    /// Bytes of one step of all gathered columns together.
+    fn step_bytes_total(&self) -> u64 {
+        self.columns
+            .iter()
+            .map(|c| (c.width * elem_size(&c.data_type)) as u64)
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// Bytes of one step of each gathered column, in [`Gatherer::columns`] order.
     pub fn step_bytes(&self) -> Vec<usize> {
         self.columns
@@ -483,20 +505,29 @@ impl Gatherer {
                 ),
             ));
         }
+        // Checked: a product that wrapped around would pass for a small destination.
+        let steps = b.checked_mul(l).ok_or_else(|| {
+            Error::argument(
+                "slice_len",
+                format!("{b} slices of {l} steps overflow a count of steps"),
+            )
+        })?;
         for (c, d) in self.columns.iter().zip(&dest.columns) {
-            let need = b * l * c.width * elem_size(&c.data_type);
-            if d.len() < need {
+            let need = steps.checked_mul(c.width * elem_size(&c.data_type));
+            if need.is_none_or(|need| d.len() < need) {
                 return Err(Error::argument(
                     "dest",
                     format!(
-                        "destination of `{}` holds {} bytes, the batch needs {need}",
+                        "destination of `{}` holds {} bytes, the batch of {b} x {l} steps needs \
+                         {}",
                         c.name,
-                        d.len()
+                        d.len(),
+                        need.map_or("more than fits in memory".into(), |n| n.to_string())
                     ),
                 ));
             }
         }
-        if dest.flags.iter().any(|f| f.len() < b * l)
+        if dest.flags.iter().any(|f| f.len() < steps)
             || dest.episode_id.len() < b
             || dest.start_step.len() < b
         {
@@ -553,7 +584,7 @@ impl Gatherer {
         {
             let loc = self.snap.episodes().get(s.episode as usize);
             let a = s.start.max(0);
-            let b = (s.start + s.len as i64).min(loc.length as i64);
+            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
             if b <= a {
                 return;
             }
@@ -589,10 +620,14 @@ impl Gatherer {
     /// a later [`Gatherer::gather`] of it finds them in the page cache. Cheap when they already are.
     pub fn advise(&self, plan: &[SliceRef]) {
         for s in plan {
+            // A slice of another snapshot's plan: nothing to advise ([`Gatherer::gather`] refuses it).
+            if s.episode as usize >= self.snap.episodes().len() {
+                continue;
+            }
             let loc = self.snap.episodes().get(s.episode as usize);
             let seg = &self.snap.segments()[loc.segment];
             let a = s.start.max(0);
-            let b = (s.start + s.len as i64).min(loc.length as i64);
+            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
             if b <= a {
                 continue;
             }
@@ -631,7 +666,11 @@ impl Gatherer {
         // Valid steps [a, b) of the episode; output positions [a - start, b - start). A slice
         // covers its own `len` steps (at most `l`); the rest of its row is padding.
         let a = s.start.max(0);
-        let b = (s.start + s.len.min(l as u32) as i64).min(len).max(a);
+        let b = s
+            .start
+            .saturating_add(s.len.min(l as u32) as i64)
+            .min(len)
+            .max(a);
         let n = (b - a) as usize;
         // A window holding no step of its episode is all padding.
         let off = if n == 0 { 0 } else { (a - s.start) as usize };

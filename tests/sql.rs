@@ -861,3 +861,244 @@ fn deferred_transitions_open_on_the_first_scan_only() {
         .unwrap_err();
     assert!(e.to_string().contains("version"), "{e}");
 }
+
+/// Asserts `e` is the read-only refusal of `what`: an invalid argument that names the statement
+/// and says how to allow it (`hint`).
+fn assert_refused(e: &trajstore::Error, what: &str, hint: &str) {
+    assert!(
+        matches!(e, trajstore::Error::InvalidArgument { .. }),
+        "{what}: {e:?}"
+    );
+    let text = e.to_string();
+    assert!(text.contains(what) && text.contains("refused"), "{text}");
+    assert!(text.contains(hint), "{text}");
+}
+
+#[test]
+fn copy_to_is_refused_and_writes_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let out = dir.path().join("copied.csv");
+    let copy = format!(
+        "COPY (SELECT * FROM episodes) TO '{}' STORED AS CSV",
+        out.display()
+    );
+    let s = SqlSession::try_new(&snap).unwrap();
+    assert!(!s.writes_allowed());
+    assert_refused(&s.query(&copy).unwrap_err(), "COPY", "allow_writes(true)");
+    assert_refused(
+        &s.explain(&copy, false).unwrap_err(),
+        "COPY",
+        "--allow-writes",
+    );
+    let explain = format!("EXPLAIN ANALYZE {copy}");
+    assert_refused(&s.query(&explain).unwrap_err(), "COPY", "allow_writes");
+    assert_refused(&snap.sql(&copy).unwrap_err(), "COPY", "allow_writes");
+    assert_refused(
+        &trajstore::sql::query(&snap, &copy).unwrap_err(),
+        "COPY",
+        "allow_writes",
+    );
+    // A deferred (remote) session is read-only too.
+    let ds = Dataset::open(snap.path()).unwrap();
+    let deferred = SqlSession::deferred(&ds.catalog().unwrap(), move || ds.snapshot()).unwrap();
+    assert_refused(&deferred.query(&copy).unwrap_err(), "COPY", "allow_writes");
+    assert!(!out.exists(), "a refused COPY wrote {}", out.display());
+    // Queries still run.
+    assert_eq!(
+        s.query("SELECT count(*) FROM episodes").unwrap().num_rows(),
+        1
+    );
+    assert!(s.query("SHOW TABLES").unwrap().num_rows() >= 2);
+    assert_eq!(
+        s.query("DESCRIBE episodes").unwrap().num_rows(),
+        s.table_schema("episodes").unwrap().fields().len()
+    );
+    assert!(s.explain("SELECT reward FROM transitions", false).is_ok());
+}
+
+#[test]
+fn create_external_table_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let csv = dir.path().join("secret.csv");
+    std::fs::write(&csv, "a,b\n1,hunter2\n").unwrap();
+    let create = format!(
+        "CREATE EXTERNAL TABLE secret STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true')",
+        csv.display()
+    );
+    let s = SqlSession::try_new(&snap).unwrap();
+    assert_refused(
+        &s.query(&create).unwrap_err(),
+        "CREATE EXTERNAL TABLE",
+        "allow_writes(true)",
+    );
+    assert_refused(
+        &s.explain(&create, false).unwrap_err(),
+        "CREATE EXTERNAL TABLE",
+        "allow_writes",
+    );
+    assert!(!s.table_names().contains(&"secret".to_string()));
+    assert!(s.query("SELECT * FROM secret").is_err());
+    // With writes allowed it reads the file (what the default keeps a subset query from doing).
+    let s = s.allow_writes(true);
+    s.query(&create).unwrap();
+    let r = s.query("SELECT b FROM secret").unwrap();
+    assert!(pretty(&r).contains("hunter2"), "{}", pretty(&r));
+}
+
+#[test]
+fn insert_create_table_as_and_set_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let s = SqlSession::try_new(&snap).unwrap();
+    for (q, what) in [
+        (
+            "CREATE TABLE best AS SELECT episode_id FROM episodes LIMIT 3",
+            "CREATE TABLE",
+        ),
+        ("CREATE TABLE empty (x INT)", "CREATE TABLE"),
+        (
+            "CREATE VIEW v AS SELECT episode_id FROM episodes",
+            "CREATE VIEW",
+        ),
+        ("INSERT INTO episodes SELECT * FROM episodes", "INSERT INTO"),
+        ("DROP TABLE episodes", "DROP TABLE"),
+        ("SET datafusion.execution.batch_size = 1", "SET"),
+    ] {
+        assert_refused(&s.query(q).unwrap_err(), what, "allow_writes(true)");
+    }
+    assert_eq!(s.table_names(), ["episodes", "transitions"]);
+    // Opted in, CREATE TABLE AS and INSERT run.
+    let s = s.allow_writes(true);
+    assert!(s.writes_allowed());
+    s.query("CREATE TABLE best AS SELECT episode_id FROM episodes LIMIT 3")
+        .unwrap();
+    s.query("INSERT INTO best SELECT episode_id FROM episodes LIMIT 2")
+        .unwrap();
+    let n = s.query("SELECT count(*) AS n FROM best").unwrap();
+    assert_eq!(u64s(&one(&n), "n"), [5]);
+}
+
+#[test]
+fn episodes_where_refuses_copy_and_external_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let out = dir.path().join("ids.csv");
+    let copy = format!(
+        "COPY (SELECT episode_id FROM episodes) TO '{}' STORED AS CSV",
+        out.display()
+    );
+    assert_refused(
+        &snap.episodes_where(&copy).unwrap_err(),
+        "COPY",
+        "read-only",
+    );
+    let csv = dir.path().join("ids_in.csv");
+    std::fs::write(&csv, "episode_id\n1\n2\n").unwrap();
+    let create = format!(
+        "CREATE EXTERNAL TABLE ids STORED AS CSV LOCATION '{}'",
+        csv.display()
+    );
+    assert_refused(
+        &snap.episodes_where(&create).unwrap_err(),
+        "CREATE EXTERNAL TABLE",
+        "read-only",
+    );
+    assert!(
+        !out.exists(),
+        "a refused subset query wrote {}",
+        out.display()
+    );
+    // The CLI's --episodes goes through it.
+    let d = snap.path().to_str().unwrap();
+    let (code, _, err) = run(&["sample", d, "--episodes", &copy]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("COPY") && err.contains("refused"), "{err}");
+    assert!(!out.exists(), "sample --episodes wrote {}", out.display());
+    // A plain subset query still works.
+    assert_eq!(
+        snap.episodes_where("SELECT episode_id FROM episodes WHERE episode_id < 3")
+            .unwrap(),
+        [0, 1, 2]
+    );
+}
+
+#[test]
+fn allow_writes_runs_copy_in_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let out = dir.path().join("episodes.csv");
+    let copy = format!(
+        "COPY (SELECT episode_id, length FROM episodes) TO '{}' STORED AS CSV",
+        out.display()
+    );
+    let s = SqlSession::try_new(&snap).unwrap().allow_writes(true);
+    s.query(&copy).unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        text.lines().count() as u64,
+        snap.num_episodes() + 1,
+        "{text}"
+    );
+    assert!(text.starts_with("episode_id,length\n"), "{text}");
+    // allow_writes(false) closes it again.
+    std::fs::remove_file(&out).unwrap();
+    let s = s.allow_writes(false);
+    assert_refused(&s.query(&copy).unwrap_err(), "COPY", "allow_writes");
+    assert!(!out.exists());
+}
+
+#[test]
+fn cli_sql_is_read_only_unless_allow_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let d = snap.path().to_str().unwrap();
+    let out = dir.path().join("cli.csv");
+    let copy = format!(
+        "COPY (SELECT episode_id FROM episodes) TO '{}' STORED AS CSV",
+        out.display()
+    );
+    // Refused: exit code 1, one line that says how to allow it, no file.
+    for args in [vec!["sql", d, &copy], vec!["sql", d, &copy, "--explain"]] {
+        let (code, stdout, err) = run(&args);
+        assert_eq!(code, 1, "{args:?}: {stdout}{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("error: ") && err.contains("COPY") && err.contains("--allow-writes"),
+            "{err}"
+        );
+    }
+    // The shell refuses it too.
+    let mut child = Command::new(BIN)
+        .args(["sql", d, "--format", "csv"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{copy};\nSET datafusion.execution.batch_size = 1;\n").as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("COPY") && err.contains("SET"), "{err}");
+    assert!(!out.exists(), "a refused COPY wrote {}", out.display());
+    // --help says what the flag opens.
+    let (code, help, _) = run(&["sql", "--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        help.contains("--allow-writes") && help.contains("COPY") && help.contains("read-only"),
+        "{help}"
+    );
+    // Opted in, the COPY writes the file.
+    let (code, stdout, err) = run(&["sql", d, &copy, "--allow-writes"]);
+    assert_eq!(code, 0, "{stdout}{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text.lines().count() as u64, snap.num_episodes() + 1);
+}

@@ -51,7 +51,8 @@ impl EpisodeIndex {
             self.segment_row.push(*r);
             self.start.push(self.rows);
             self.length.push(*l);
-            self.rows += l;
+            // Saturating: lengths come from episode tables on disk.
+            self.rows = self.rows.saturating_add(*l);
         }
     }
 

@@ -110,13 +110,14 @@ impl SliceIndex {
     }
 
     fn windows_of(&self, len: u64) -> u64 {
-        (len + self.left + self.right + 1).saturating_sub(self.slice_len as u64)
+        len.saturating_add(self.left + self.right + 1)
+            .saturating_sub(self.slice_len as u64)
     }
 
     fn push(&mut self, lengths: &[u64]) {
         let mut acc = *self.prefix.last().expect("prefix starts with 0");
         for &l in lengths {
-            acc += self.windows_of(l);
+            acc = acc.saturating_add(self.windows_of(l));
             self.prefix.push(acc);
         }
     }

@@ -11,7 +11,8 @@ mod pipeline;
 
 #[cfg(feature = "torch")]
 pub(crate) use pipeline::Lane;
-pub(crate) use pipeline::{Pipeline, WorkerPlans, loader_end};
+pub use pipeline::MAX_WORKERS;
+pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
 
 /// Options of a [`Loader`].
 #[derive(Debug, Clone)]
@@ -95,12 +96,21 @@ impl std::fmt::Debug for Loader {
 
 impl Loader {
     /// Starts the workers.
+    ///
+    /// Errors with [`crate::Error::InvalidArgument`] when the sampler's batches are larger than
+    /// [`crate::sample::max_batch_bytes`] (about `num_slices` or `slice_len`), when the batches
+    /// in flight (one per worker, `prefetch` queued, one being consumed) together are (about
+    /// `workers` or `prefetch`), or when there are more than [`MAX_WORKERS`] workers, before any
+    /// thread starts.
     pub fn try_new(
         sampler: Arc<dyn Sampler>,
         gatherer: Arc<Gatherer>,
         opts: LoaderOptions,
     ) -> Result<Self> {
         let end = loader_end(sampler.as_ref(), &opts)?;
+        let batch_bytes =
+            gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
+        check_in_flight(batch_bytes, &opts)?;
         let pool: Arc<Mutex<Vec<Batch>>> = Arc::new(Mutex::new(Vec::new()));
         let pipeline = Pipeline::start(opts.workers, opts.prefetch, end, "loader", |lane| {
             let (gatherer, pool) = (gatherer.clone(), pool.clone());

@@ -42,6 +42,40 @@ pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<
     }))
 }
 
+/// The most worker threads a loader starts (each is an OS thread with its own stack and batch).
+pub const MAX_WORKERS: usize = 1024;
+
+/// Checks what a loader of `opts` over batches of `batch_bytes` would hold: at most
+/// [`MAX_WORKERS`] workers, and its batches in flight (one per worker, `prefetch` queued, one
+/// with the consumer) within [`crate::sample::max_batch_bytes`]. An [`Error::InvalidArgument`]
+/// about `workers` or `prefetch` otherwise, before any thread or queue is made.
+pub(crate) fn check_in_flight(batch_bytes: u64, opts: &LoaderOptions) -> Result<()> {
+    if opts.workers > MAX_WORKERS {
+        return Err(Error::argument(
+            "workers",
+            format!(
+                "{} workers: at most {MAX_WORKERS} (each is a thread)",
+                opts.workers
+            ),
+        ));
+    }
+    let (workers, prefetch) = (opts.workers.max(1) as u64, opts.prefetch.max(1) as u64);
+    let batches = workers.saturating_add(prefetch).saturating_add(1);
+    crate::sample::check_memory(
+        if prefetch >= workers {
+            "prefetch"
+        } else {
+            "workers"
+        },
+        &format!(
+            "{batches} batches in flight ({workers} workers, prefetch {prefetch}, one being \
+             consumed) of {} each",
+            crate::sample::human_bytes(batch_bytes)
+        ),
+        batches.checked_mul(batch_bytes),
+    )
+}
+
 /// One worker's plans: batch `k` of this rank is the sampler's batch `k * world_size + rank`;
 /// with read-ahead, the plan of the worker's next batch is made one batch early and its pages
 /// `madvise`d while the current one is gathered.

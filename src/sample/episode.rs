@@ -23,12 +23,7 @@ impl EpisodeSampler {
         max_len: u32,
         seed: u64,
     ) -> Result<Self> {
-        if num_episodes == 0 {
-            return Err(Error::argument("num_episodes", "must be at least 1"));
-        }
-        if max_len == 0 {
-            return Err(Error::argument("max_len", "must be at least 1"));
-        }
+        check_sizes(num_episodes, max_len, "num_episodes", "max_len")?;
         if episodes.is_empty() {
             return Err(Error::argument(
                 "episodes",

@@ -96,9 +96,7 @@ impl EpochSampler {
     }
 
     fn check(index: &SliceIndex, num_slices: usize) -> Result<()> {
-        if num_slices == 0 {
-            return Err(Error::argument("num_slices", "must be at least 1"));
-        }
+        check_sizes(num_slices, index.slice_len, "num_slices", "slice_len")?;
         if index.num_windows() == 0 {
             return Err(Error::argument(
                 "index",

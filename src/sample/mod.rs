@@ -157,6 +157,168 @@ pub(crate) fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Environment variable that sets [`max_batch_bytes`] (a number of bytes), e.g. to allow a batch
+/// larger than half of the machine's memory.
+pub const MAX_BATCH_BYTES_ENV: &str = "TRAJSTORE_MAX_BATCH_BYTES";
+
+/// The largest batch, in bytes, that samplers, [`crate::Gatherer::gather`] and
+/// [`crate::Loader`] accept: half of the memory this process may use (the smaller of the
+/// machine's `MemTotal` in `/proc/meminfo` and a cgroup v2 `memory.max`), or 64 GiB where
+/// neither can be read; [`MAX_BATCH_BYTES_ENV`] overrides it. Read once per process.
+///
+/// A batch's bytes are `num_slices × slice_len × (bytes per step of the gathered columns + 6
+/// flag bytes)` plus 32 bytes per slice (its plan entry, episode id and start step); a request
+/// above the limit, or whose count overflows, is an [`Error::InvalidArgument`] instead of an
+/// allocation that aborts the process.
+pub fn max_batch_bytes() -> u64 {
+    batch_limit().0
+}
+
+/// [`max_batch_bytes`] and where it comes from, in words.
+fn batch_limit() -> (u64, &'static str) {
+    static LIMIT: std::sync::OnceLock<(u64, &'static str)> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        if let Some(v) = std::env::var(MAX_BATCH_BYTES_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            return (v, "set by TRAJSTORE_MAX_BATCH_BYTES");
+        }
+        let mem_total = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                let kb = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+                kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+            })
+            .map(|kb| kb.saturating_mul(1024));
+        let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let half = "half of this machine's memory; TRAJSTORE_MAX_BATCH_BYTES sets another";
+        match (mem_total, cgroup) {
+            (Some(a), Some(b)) => (a.min(b) / 2, half),
+            (Some(a), None) | (None, Some(a)) => (a / 2, half),
+            (None, None) => (
+                64 << 30,
+                "this machine's memory is unknown; TRAJSTORE_MAX_BATCH_BYTES sets another",
+            ),
+        }
+    })
+}
+
+/// Flag bytes per step of a gathered batch (mask, is_first, is_last, terminated, truncated,
+/// slice_end).
+pub(crate) const FLAG_BYTES: u64 = 6;
+
+/// Bytes per slice of a planned and gathered batch besides its steps: the plan's [`SliceRef`]
+/// and the batch's episode id and start step.
+pub(crate) const SLICE_BYTES: u64 = std::mem::size_of::<SliceRef>() as u64 + 16;
+
+/// The bytes of a batch of `num_slices` slices of `slice_len` steps of `step_bytes` column bytes
+/// each (see [`max_batch_bytes`]), checked against the limit. Errors name `argument` when given,
+/// else `num_slices` when even one-step slices would not fit, else `slice_len`.
+pub(crate) fn batch_bytes(
+    num_slices: usize,
+    slice_len: u64,
+    step_bytes: u64,
+    argument: Option<&str>,
+) -> Result<u64> {
+    let (limit, why) = batch_limit();
+    let cost = |len: u64| {
+        (num_slices as u64)
+            .checked_mul(len)?
+            .checked_mul(step_bytes.checked_add(FLAG_BYTES)?)?
+            .checked_add((num_slices as u64).checked_mul(SLICE_BYTES)?)
+    };
+    match cost(slice_len) {
+        Some(bytes) if bytes <= limit => Ok(bytes),
+        found => {
+            let name = argument.unwrap_or(if cost(1).is_none_or(|b| b > limit) {
+                "num_slices"
+            } else {
+                "slice_len"
+            });
+            let size = match found {
+                Some(b) => format!("takes {}", human_bytes(b)),
+                None => "overflows a 64-bit byte count".into(),
+            };
+            Err(Error::argument(
+                name,
+                format!(
+                    "a batch of {num_slices} slices of {slice_len} steps ({} bytes per step) \
+                     {size}, more than the limit of {} ({why})",
+                    step_bytes.saturating_add(FLAG_BYTES),
+                    human_bytes(limit)
+                ),
+            ))
+        }
+    }
+}
+
+/// At least one slice (named `slices_arg` in errors) of at least one step (`len_arg`), and a
+/// plan with its flags within [`max_batch_bytes`]: the check of every sampler's sizes.
+pub(crate) fn check_sizes(
+    num_slices: usize,
+    slice_len: u32,
+    slices_arg: &str,
+    len_arg: &str,
+) -> Result<()> {
+    if num_slices == 0 {
+        return Err(Error::argument(slices_arg, "must be at least 1"));
+    }
+    if slice_len == 0 {
+        return Err(Error::argument(len_arg, "must be at least 1"));
+    }
+    batch_bytes(num_slices, slice_len as u64, 0, None).map_err(|e| match e {
+        Error::InvalidArgument {
+            argument: Some(a),
+            reason,
+        } => Error::argument(
+            if a == "num_slices" {
+                slices_arg
+            } else {
+                len_arg
+            },
+            reason,
+        ),
+        e => e,
+    })?;
+    Ok(())
+}
+
+/// Refuses, as an [`Error::InvalidArgument`] naming `argument`, a structure of `bytes` (`None`:
+/// its size overflows) larger than [`max_batch_bytes`]; `what` says what it is.
+pub(crate) fn check_memory(argument: &str, what: &str, bytes: Option<u64>) -> Result<()> {
+    let (limit, why) = batch_limit();
+    match bytes {
+        Some(b) if b <= limit => Ok(()),
+        b => Err(Error::argument(
+            argument,
+            format!(
+                "{what} would take {}, more than the limit of {} ({why})",
+                b.map_or("more than 16 EiB".into(), human_bytes),
+                human_bytes(limit)
+            ),
+        )),
+    }
+}
+
+/// `bytes` in binary units (`1.5 GiB`).
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 /// Options of a [`SliceSampler`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -206,7 +368,15 @@ impl SliceOptions {
                 ),
             ));
         }
-        Ok(Self::new(slice_len, batch_size / slice_len as usize))
+        let opts = Self::new(slice_len, batch_size / slice_len as usize);
+        opts.validate()?;
+        Ok(opts)
+    }
+    /// Checks the sizes: at least one slice of at least one step, and a batch that fits
+    /// [`max_batch_bytes`] (counting its plan and flags; the gathered columns come on top, and
+    /// [`crate::Gatherer::gather`] checks them). Every sampler taking these options calls it.
+    pub fn validate(&self) -> Result<()> {
+        check_sizes(self.num_slices, self.slice_len, "num_slices", "slice_len")
     }
     /// Sets the boundary policy.
     pub fn with_policy(mut self, p: BoundaryPolicy) -> Self {

@@ -76,9 +76,7 @@ impl PrioritizedSampler {
         alpha: f64,
         seed: u64,
     ) -> Result<Self> {
-        if num_slices == 0 {
-            return Err(Error::argument("num_slices", "must be at least 1"));
-        }
+        check_sizes(num_slices, index.slice_len, "num_slices", "slice_len")?;
         if index.num_windows() == 0 {
             return Err(Error::argument(
                 "index",
@@ -93,6 +91,11 @@ impl PrioritizedSampler {
         }
         let n = usize::try_from(index.num_windows())
             .map_err(|_| Error::argument("index", "too many windows for a sum tree"))?;
+        // 2 × (n rounded up to a power of two) nodes of 8 bytes.
+        let tree_bytes = n
+            .checked_next_power_of_two()
+            .and_then(|cap| (cap as u64).checked_mul(16));
+        check_memory("index", &format!("a sum tree over {n} windows"), tree_bytes)?;
         Ok(Self {
             tree: std::sync::RwLock::new(SumTree::new(n, 1.0)),
             index,

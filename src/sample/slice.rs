@@ -34,9 +34,7 @@ impl SliceSampler {
         episodes: &EpisodeIndex,
         opts: &SliceOptions,
     ) -> Result<Self> {
-        if opts.num_slices == 0 {
-            return Err(Error::argument("num_slices", "must be at least 1"));
-        }
+        opts.validate()?;
         if index.slice_len != opts.slice_len || index.policy != opts.policy {
             return Err(Error::invalid_argument(
                 "slice index does not match the options",

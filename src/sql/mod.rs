@@ -15,6 +15,14 @@
 //! transitions are not local yet (a remote dataset): `transitions` is then opened by its first
 //! scan, so queries of `episodes` alone never fetch transition files.
 //!
+//! **SQL is read-only by default.** [`SqlSession`], [`query`], [`SnapshotSql::sql`] and
+//! [`SnapshotSql::episodes_where`] check every statement against [`sql_options`]`(false)` before
+//! anything runs: DDL (`CREATE EXTERNAL TABLE`, which reads any file the process can,
+//! `CREATE TABLE [AS]`, `CREATE VIEW`, `DROP`), DML (`INSERT`, and `COPY ... TO`, which writes any
+//! path the process can) and statements that change the session (`SET`, `PREPARE`, transactions)
+//! are refused with [`Error::InvalidArgument`] naming the statement. A session opens them with
+//! [`SqlSession::allow_writes`] (`trajstore sql --allow-writes`); subset queries never can.
+//!
 //! Both add the functions RL data needs for fixed-size-list (tensor) columns; DataFusion already has
 //! `col[i]` (1-based, via `array_element`), `array_distance`, `array_normalize`, `array_sum`:
 //!
@@ -49,9 +57,9 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, SchemaRef, UInt64Type};
 use datafusion::error::DataFusionError;
-use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
+use datafusion::logical_expr::{AggregateUDF, LogicalPlan, ScalarUDF, WriteOp};
 use datafusion::physical_plan::displayable;
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
 
 use crate::error::{Error, Result};
 use crate::format::col;
@@ -139,6 +147,103 @@ pub fn default_config() -> SessionConfig {
     SessionConfig::new().with_information_schema(true)
 }
 
+/// DataFusion's [`SQLOptions`] for trajstore's sessions. With `allow_writes` false (the default
+/// of [`SqlSession`], and always for subset queries) they refuse DDL (`CREATE EXTERNAL TABLE`,
+/// `CREATE TABLE [AS]`, `CREATE VIEW`, `DROP ...`), DML (`INSERT`, `COPY ... TO`) and statements
+/// (`SET`, `RESET`, `PREPARE`/`EXECUTE`, transactions), leaving queries (`SELECT`, `WITH`,
+/// `EXPLAIN`, `SHOW`, `DESCRIBE`); with `allow_writes` true they allow everything.
+///
+/// For SQL run on your own context (e.g. one set up by [`register`]), use
+/// `ctx.sql_with_options(sql, sql_options(false))`: `ctx.sql(sql)` runs anything, including
+/// `COPY ... TO` any path.
+pub fn sql_options(allow_writes: bool) -> SQLOptions {
+    SQLOptions::new()
+        .with_allow_ddl(allow_writes)
+        .with_allow_dml(allow_writes)
+        .with_allow_statements(allow_writes)
+}
+
+/// What a session says when it refuses a statement: how to allow it.
+const SESSION_WRITES_HINT: &str = "SQL is read-only unless the session allows writes \
+    (`SqlSession::allow_writes(true)` in Rust, `trajstore sql --allow-writes` on the command line)";
+/// What a subset query says when it refuses a statement (subset queries never write).
+const SUBSET_HINT: &str =
+    "a subset query (`episodes_where`, `--episodes`) is read-only: a SELECT of `episode_id`s";
+
+/// Plans `sql` in `ctx`, checks the plan against [`sql_options`]`(allow_writes)` and only then
+/// runs what must run at once (DDL, `SET`): [`SessionContext::sql_with_options`], with an error
+/// that names the refused statement and says `hint`.
+async fn checked_sql(
+    ctx: &SessionContext,
+    sql: &str,
+    allow_writes: bool,
+    hint: &str,
+) -> Result<DataFrame> {
+    let plan = ctx.state().create_logical_plan(sql).await?;
+    if let Err(e) = sql_options(allow_writes).verify_plan(&plan) {
+        let (what, why) = refused(&plan).unwrap_or_else(|| (e.to_string(), "it is not a query"));
+        return Err(Error::argument(
+            "sql",
+            format!("{what} is refused: {why}; {hint}"),
+        ));
+    }
+    Ok(ctx.execute_logical_plan(plan).await?)
+}
+
+/// The first node of `plan` (subqueries included) that a read-only session refuses: the
+/// statement in SQL words, and what it would do.
+fn refused(plan: &LogicalPlan) -> Option<(String, &'static str)> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut found = None;
+    let _ = plan.apply_with_subqueries(|node| {
+        found = match node {
+            LogicalPlan::Copy(_) => Some(("COPY ... TO".to_string(), "it writes files")),
+            LogicalPlan::Ddl(ddl) => Some(match ddl.name() {
+                "CreateExternalTable" => (
+                    "CREATE EXTERNAL TABLE".to_string(),
+                    "it reads files outside the dataset",
+                ),
+                "CreateMemoryTable" => ("CREATE TABLE".to_string(), "it adds a table"),
+                name => (sql_words(name), "it changes the session's tables"),
+            }),
+            LogicalPlan::Dml(dml) => Some((
+                match &dml.op {
+                    WriteOp::Ctas => "CREATE TABLE AS".to_string(),
+                    op => op.name().to_uppercase(),
+                },
+                "it writes to a table",
+            )),
+            LogicalPlan::Statement(st) => Some((
+                match st.name() {
+                    "SetVariable" => "SET".to_string(),
+                    "ResetVariable" => "RESET".to_string(),
+                    name => sql_words(name),
+                },
+                "it changes the session",
+            )),
+            _ => None,
+        };
+        Ok(if found.is_some() {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    });
+    found
+}
+
+/// `CreateView` -> `CREATE VIEW`.
+fn sql_words(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.chars() {
+        if c.is_uppercase() && !out.is_empty() {
+            out.push(' ');
+        }
+        out.extend(c.to_uppercase());
+    }
+    out
+}
+
 /// A session context with `config` and the tables and functions of `snap` registered.
 pub async fn context(snap: &Snapshot, config: SessionConfig) -> Result<SessionContext> {
     let ctx = SessionContext::new_with_config(config);
@@ -165,14 +270,41 @@ impl QueryResult {
 /// A SQL session over one snapshot for synchronous callers: a [`SessionContext`] with the tables
 /// registered and the tokio runtime that runs its queries (scans of different partitions run on
 /// different threads).
+///
+/// A session is **read-only** unless [`allow_writes`](Self::allow_writes) opens it: its
+/// [`query`](Self::query) and [`explain`](Self::explain) refuse DDL, DML, `COPY` and `SET` (see
+/// [`sql_options`]) with [`Error::InvalidArgument`] before anything runs.
+///
+/// ```
+/// # fn main() -> trajstore::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let spec = trajstore::synth::SynthSpec { transitions: 1_000, ..Default::default() };
+/// # let ds = trajstore::Dataset::create(dir.path().join("d"), &spec.schema()?)?;
+/// # spec.write(&mut ds.writer(Default::default())?, None, |_| ())?;
+/// use trajstore::sql::SqlSession;
+/// let out = dir.path().join("episodes.csv");
+/// let copy = format!(
+///     "COPY (SELECT episode_id, length FROM episodes) TO '{}' STORED AS CSV",
+///     out.display()
+/// );
+/// let s = SqlSession::try_new(&ds.snapshot()?)?;
+/// assert!(s.query(&copy).is_err() && !out.exists()); // read-only: refused, nothing written
+/// let s = s.allow_writes(true);
+/// s.query(&copy)?;
+/// assert!(out.exists());
+/// # Ok(()) }
+/// ```
 pub struct SqlSession {
     ctx: SessionContext,
     rt: tokio::runtime::Runtime,
+    allow_writes: bool,
 }
 
 impl fmt::Debug for SqlSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqlSession").finish_non_exhaustive()
+        f.debug_struct("SqlSession")
+            .field("allow_writes", &self.allow_writes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -186,7 +318,11 @@ impl SqlSession {
     pub fn with_config(snap: &Snapshot, config: SessionConfig) -> Result<Self> {
         let rt = runtime()?;
         let ctx = rt.block_on(context(snap, config))?;
-        Ok(Self { ctx, rt })
+        Ok(Self {
+            ctx,
+            rt,
+            allow_writes: false,
+        })
     }
 
     /// A session over `catalog`'s version whose `transitions` table calls `open` on its first
@@ -199,18 +335,47 @@ impl SqlSession {
         let rt = runtime()?;
         let ctx = SessionContext::new_with_config(default_config());
         rt.block_on(register_deferred(&ctx, catalog, open))?;
-        Ok(Self { ctx, rt })
+        Ok(Self {
+            ctx,
+            rt,
+            allow_writes: false,
+        })
     }
 
-    /// The DataFusion context (to register more tables or functions).
+    /// With `allow` true, this session also runs SQL that reads or writes outside the dataset or
+    /// changes the session: DDL (`CREATE EXTERNAL TABLE ... LOCATION` reads any file the process
+    /// can read; `CREATE TABLE [AS]`, `CREATE VIEW`, `DROP`), DML (`INSERT`; `COPY ... TO` writes
+    /// any path the process can write) and statements (`SET`, `PREPARE`, transactions). Sessions
+    /// start read-only (`false`); open one only for SQL you trust, never for SQL from a config
+    /// file or a user.
+    pub fn allow_writes(mut self, allow: bool) -> Self {
+        self.allow_writes = allow;
+        self
+    }
+
+    /// Whether [`allow_writes`](Self::allow_writes) opened this session.
+    pub fn writes_allowed(&self) -> bool {
+        self.allow_writes
+    }
+
+    /// The DataFusion context (to register more tables or functions). SQL run on it directly
+    /// skips this session's check: use `sql_with_options(sql, `[`sql_options`]`(false))`, not
+    /// `sql(sql)`, for SQL you do not trust.
     pub fn context(&self) -> &SessionContext {
         &self.ctx
     }
 
-    /// Runs `sql` and collects its result.
+    /// Runs `sql` and collects its result. Unless the session
+    /// [allows writes](Self::allow_writes), SQL other than a query is refused (see
+    /// [`sql_options`]) before anything runs.
     pub fn query(&self, sql: &str) -> Result<QueryResult> {
+        self.collect(sql, self.allow_writes, SESSION_WRITES_HINT)
+    }
+
+    /// Runs `sql`, checked against [`sql_options`]`(allow_writes)`, and collects its result.
+    fn collect(&self, sql: &str, allow_writes: bool, hint: &str) -> Result<QueryResult> {
         self.rt.block_on(async {
-            let df = self.ctx.sql(sql).await?;
+            let df = checked_sql(&self.ctx, sql, allow_writes, hint).await?;
             let schema = Arc::new(df.schema().as_arrow().clone());
             let batches = df.collect().await?;
             Ok(QueryResult { schema, batches })
@@ -218,10 +383,12 @@ impl SqlSession {
     }
 
     /// The physical plan of `sql`, indented, one operator a line; with `schemas`, each operator's
-    /// output schema too (which shows the columns a scan reads).
+    /// output schema too (which shows the columns a scan reads). Checked like
+    /// [`query`](Self::query): planning DDL would run it.
     pub fn explain(&self, sql: &str, schemas: bool) -> Result<String> {
         self.rt.block_on(async {
-            let plan = self.ctx.sql(sql).await?.create_physical_plan().await?;
+            let df = checked_sql(&self.ctx, sql, self.allow_writes, SESSION_WRITES_HINT).await?;
+            let plan = df.create_physical_plan().await?;
             Ok(displayable(plan.as_ref())
                 .set_show_schema(schemas)
                 .indent(true)
@@ -258,17 +425,20 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// Runs `sql` over `snap` (a convenience for one-off queries: builds a session each call).
+/// Read-only: SQL other than a query is refused (see [`sql_options`]).
 pub fn query(snap: &Snapshot, sql: &str) -> Result<Vec<RecordBatch>> {
     Ok(SqlSession::try_new(snap)?.query(sql)?.batches)
 }
 
 /// SQL on snapshots.
 pub trait SnapshotSql {
-    /// Runs `sql` over this snapshot's tables.
+    /// Runs `sql` over this snapshot's tables. Read-only: SQL other than a query (`COPY`,
+    /// `CREATE EXTERNAL TABLE`, `INSERT`, `SET`, ...) is refused; see [`SqlSession::allow_writes`].
     fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>>;
     /// The episode ids returned by `sql` (a query with an `episode_id` column), sorted and
     /// deduplicated, for [`crate::SliceOptions::with_episode_ids`]. Cached per (dataset, version,
-    /// query).
+    /// query). Always read-only, so a subset query from a config file cannot read or write files:
+    /// SQL other than a query is refused with [`Error::InvalidArgument`].
     fn episodes_where(&self, sql: &str) -> Result<Vec<u64>>;
 }
 
@@ -287,7 +457,7 @@ impl SnapshotSql for Snapshot {
         if let Some(ids) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(ids.as_ref().clone());
         }
-        let result = SqlSession::try_new(self)?.query(sql)?;
+        let result = SqlSession::try_new(self)?.collect(sql, false, SUBSET_HINT)?;
         let idx = result.schema.index_of(col::EPISODE_ID).map_err(|_| {
             Error::argument(
                 "sql",

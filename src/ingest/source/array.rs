@@ -60,12 +60,30 @@ impl Array {
     fn rows(&self) -> usize {
         self.header.shape.first().copied().unwrap_or(0)
     }
-    /// Values per row.
+    /// Values per row (saturated: a shape whose product overflows is refused by
+    /// [`Array::checked_row_bytes`] before any read).
     fn width(&self) -> usize {
-        self.header.shape.iter().skip(1).product()
+        self.header
+            .shape
+            .iter()
+            .skip(1)
+            .fold(1usize, |a, &d| a.saturating_mul(d))
     }
     fn row_bytes(&self) -> usize {
-        self.width() * self.header.dtype.size
+        self.width().saturating_mul(self.header.dtype.size)
+    }
+    /// Bytes of one row, if neither it nor the whole array's size overflows (a shape read from a
+    /// damaged header may be anything).
+    fn checked_row_bytes(&self) -> Option<usize> {
+        let row = self
+            .header
+            .shape
+            .iter()
+            .skip(1)
+            .try_fold(self.header.dtype.size, |a, &d| a.checked_mul(d))?;
+        self.rows().checked_mul(row)?;
+        // A fixed-size list holds at most i32::MAX values per row.
+        (self.width() <= i32::MAX as usize).then_some(row)
     }
     fn field(&self) -> Result<Field> {
         column_field(&self.name, &self.header)
@@ -148,6 +166,12 @@ impl ArraySource {
         // Every kept array has one row per transition.
         let kept: Vec<&Array> = arrays.iter().filter_map(|(_, a)| a.as_ref()).collect();
         for a in &kept {
+            if a.checked_row_bytes().is_none() {
+                return Err(Loc::array(path, &a.name).data(format!(
+                    "array `{}` has shape {:?}, whose size overflows (a damaged header?)",
+                    a.name, a.header.shape
+                )));
+            }
             if a.header.shape.is_empty() {
                 return Err(Loc::array(path, &a.name).schema(format!(
                     "array `{}` is a scalar, not one value per transition; pass --drop-cols {}",
@@ -347,7 +371,7 @@ impl Source for ArraySource {
     super::path_and_schema_fields!();
 
     fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
-        let per = (batch_rows * UNIT_BATCHES) as u64;
+        let per = unit_rows(batch_rows);
         (0..self.rows.div_ceil(per))
             .map(|u| {
                 let start = u * per;
@@ -366,9 +390,10 @@ impl Source for ArraySource {
         projection: &[usize],
         batch_rows: usize,
     ) -> Result<Vec<RecordBatch>> {
-        let per = (batch_rows * UNIT_BATCHES) as u64;
-        let start = unit as u64 * per;
-        let end = (start + per).min(self.rows);
+        let per = unit_rows(batch_rows);
+        let start = (unit as u64).saturating_mul(per);
+        let end = start.saturating_add(per).min(self.rows);
+        let batch_rows = batch_rows.max(1);
         let schema = Arc::new(self.schema.project(projection)?);
         let mut out = vec![];
         let mut row = start;
@@ -385,11 +410,17 @@ impl Source for ArraySource {
     }
 }
 
+/// Rows of one unit of a source that chooses its units: [`UNIT_BATCHES`] batches of
+/// `batch_rows` (at least 1; saturated, so that no option overflows it).
+pub(super) fn unit_rows(batch_rows: usize) -> u64 {
+    (batch_rows.max(1) as u64).saturating_mul(UNIT_BATCHES as u64)
+}
+
 /// The data of a stored array must hold all its rows.
 pub(super) fn check_size(a: &Array, available: u64, at: &Loc) -> Result<()> {
     let need = a
-        .rows()
-        .checked_mul(a.row_bytes())
+        .checked_row_bytes()
+        .and_then(|row| a.rows().checked_mul(row))
         .ok_or_else(|| at.data(format!("shape {:?} overflows", a.header.shape)))?
         as u64;
     if available < need {

@@ -13,7 +13,6 @@
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
@@ -24,6 +23,7 @@ use arrow::ipc::{Block, MetadataVersion};
 
 use super::Source;
 use crate::error::{Error, Result};
+use crate::index::guard::quietly;
 
 /// Whether `head` (a file's first bytes) starts like an Arrow IPC stream rather than a file.
 pub(crate) fn is_stream(head: &[u8]) -> bool {
@@ -59,11 +59,9 @@ pub(crate) type Batches<R> = StreamReader<BufReader<R>>;
 /// Opens the IPC stream `reader` (named `name` in errors): its schema and first batch, read
 /// for planning, and the reader positioned after that batch.
 pub(crate) fn open_stream<R: Read>(reader: R, name: &Path) -> Result<(Batches<R>, StreamHead)> {
-    let mut batches = catch_unwind(AssertUnwindSafe(|| {
-        StreamReader::try_new(BufReader::new(reader), None)
-    }))
-    .map_err(|_| Error::corrupt(name, "undecodable Arrow IPC stream schema"))?
-    .map_err(|e| Error::corrupt(name, format!("not an Arrow IPC stream: {e}")))?;
+    let mut batches = quietly(|| StreamReader::try_new(BufReader::new(reader), None))
+        .map_err(|_| Error::corrupt(name, "undecodable Arrow IPC stream schema"))?
+        .map_err(|e| Error::corrupt(name, format!("not an Arrow IPC stream: {e}")))?;
     let first = next_batch(&mut batches, name, 0)?;
     let head = StreamHead {
         path: name.to_path_buf(),
@@ -79,7 +77,7 @@ pub(crate) fn next_batch<R: Read>(
     name: &Path,
     row: u64,
 ) -> Result<Option<RecordBatch>> {
-    match catch_unwind(AssertUnwindSafe(|| batches.next())) {
+    match quietly(|| batches.next()) {
         Ok(None) => Ok(None),
         Ok(Some(Ok(b))) => Ok(Some(b)),
         Ok(Some(Err(e))) => Err(Error::corrupt(name, format!("after row {row}: {e}"))),
@@ -211,7 +209,7 @@ fn guarded<T>(
     path: &Path,
     f: impl FnOnce() -> std::result::Result<T, Box<dyn std::error::Error>>,
 ) -> Result<T> {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    match quietly(f) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(Error::corrupt(path, e.to_string())),
         Err(_) => Err(Error::corrupt(path, "undecodable Arrow IPC data")),

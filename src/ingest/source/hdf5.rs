@@ -27,9 +27,9 @@ use hdf5_reader::{Datatype, H5Type, Hdf5File, SliceInfo, SliceInfoElem};
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
+use super::Source;
 use super::array::{Array, ArraySource, Data, column_field, fixed_rows};
 use super::npy::{Dtype, Header, Loc};
-use super::{Source, UNIT_BATCHES};
 use crate::error::{Error, Result};
 
 /// A dataset of an open HDF5 file.
@@ -68,8 +68,33 @@ fn h5_error(at: &Loc, e: impl fmt::Display) -> Error {
     at.data(e.to_string())
 }
 
+/// Runs a call of the HDF5 reader, which may panic on a malformed file: a panic is an
+/// [`Error::InvalidData`] at `at`.
+fn guarded<T>(at: &Loc, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    crate::index::guard::quietly(f).unwrap_or_else(|panic| {
+        let msg = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(at.data(format!(
+            "undecodable HDF5 data (the HDF5 reader failed: {msg})"
+        )))
+    })
+}
+
 /// Rows `start..start + n` of a dataset as `T`s, flat.
 fn read_typed<T: H5Type>(
+    d: &H5Data,
+    shape: &[usize],
+    start: u64,
+    n: usize,
+    what: &Loc,
+) -> Result<Vec<T>> {
+    guarded(what, || read_typed_unguarded(d, shape, start, n, what))
+}
+
+fn read_typed_unguarded<T: H5Type>(
     d: &H5Data,
     shape: &[usize],
     start: u64,
@@ -247,6 +272,10 @@ pub(crate) fn minari_file(dir: &Path) -> PathBuf {
 /// Opens an HDF5 file (or a Minari dataset directory) as a source: Minari's layout when the root
 /// holds `episode_*` groups, else D4RL's.
 pub(crate) fn open(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
+    guarded(&Loc::file(path), || open_unguarded(path, drop))
+}
+
+fn open_unguarded(path: &Path, drop: &[String]) -> Result<Box<dyn Source>> {
     let file_path = if path.is_dir() {
         minari_file(path)
     } else {
@@ -455,7 +484,7 @@ impl Source for MinariSource {
     super::path_and_schema_fields!();
 
     fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
-        let per = (batch_rows * UNIT_BATCHES) as u64;
+        let per = super::array::unit_rows(batch_rows);
         let mut units = vec![];
         let mut out = vec![];
         let mut base = 0;

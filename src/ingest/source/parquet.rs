@@ -64,9 +64,10 @@ impl ParquetSource {
         let mut groups = vec![];
         for p in paths {
             let file = File::open(&p).map_err(|e| Error::io(&p, e))?;
-            let meta = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| {
-                Error::invalid_data(format!("not a readable Parquet file: {e}"))
-                    .in_input(p.display())
+            // The footer's `ARROW:schema` (base64 of an IPC schema message) is decoded by
+            // arrow-ipc, which panics on some damaged ones: caught, and named by the file.
+            let meta = guarded(&p, "not a readable Parquet file", || {
+                Ok(ArrowReaderMetadata::load(&file, Default::default())?)
             })?;
             if let Some((first, m)) = files.first() {
                 let (a, b) = (m.schema(), meta.schema());
@@ -154,18 +155,24 @@ impl Source for ParquetSource {
         let (f, group, _) = self.groups[unit];
         let (path, meta) = &self.files[f];
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
-            .with_row_groups(vec![group])
-            .with_projection(ProjectionMask::roots(
-                meta.parquet_schema(),
-                projection.iter().copied(),
-            ))
-            .with_batch_size(batch_rows)
-            .build()?;
-        reader
-            .filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0))
-            .map(|b| Ok(b?))
-            .collect()
+        guarded(path, &format!("row group {group}"), || {
+            let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+                .with_row_groups(vec![group])
+                .with_projection(ProjectionMask::roots(
+                    meta.parquet_schema(),
+                    projection.iter().copied(),
+                ))
+                .with_batch_size(batch_rows)
+                .build()?;
+            let mut out = vec![];
+            for b in reader {
+                let b = b?;
+                if b.num_rows() > 0 {
+                    out.push(b);
+                }
+            }
+            Ok(out)
+        })
     }
 
     fn first_row_lengths(&self, cols: &[&str]) -> Result<Vec<(String, usize)>> {
@@ -186,13 +193,16 @@ impl Source for ParquetSource {
             .filter_map(|c| schema.index_of(c).ok())
             .collect();
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
-            .with_projection(ProjectionMask::roots(meta.parquet_schema(), idx))
-            .with_batch_size(1)
-            .with_limit(1)
-            .build()?;
-        let batch = match reader.next() {
-            Some(b) => b?,
+        let first = guarded(path, "row 0", || {
+            let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+                .with_projection(ProjectionMask::roots(meta.parquet_schema(), idx))
+                .with_batch_size(1)
+                .with_limit(1)
+                .build()?;
+            Ok(reader.next().transpose()?)
+        })?;
+        let batch = match first {
+            Some(b) => b,
             None => {
                 return Err(Error::invalid_data(
                     "the input has no rows, so the length of this list column cannot be inferred",
@@ -203,6 +213,29 @@ impl Source for ParquetSource {
         };
         row0_list_lengths(&batch, cols)
     }
+}
+
+/// Runs a call of the Parquet reader on file `path`: its errors, and its panics on malformed
+/// input (arrow-ipc's decoding of a damaged `ARROW:schema`, for one), are
+/// [`Error::InvalidData`] naming the file, `what` (e.g. `row group 3`) and the cause.
+fn guarded<T>(
+    path: &Path,
+    what: &str,
+    f: impl FnOnce() -> std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>,
+) -> Result<T> {
+    let reason = match crate::index::guard::quietly(f) {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => e.to_string(),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            format!("undecodable data (the Parquet reader failed: {msg})")
+        }
+    };
+    Err(Error::invalid_data(format!("{what}: {reason}")).in_input(path.display()))
 }
 
 /// [`Source::units`] of units `(unit, rows)` that follow one another: each with its first row.

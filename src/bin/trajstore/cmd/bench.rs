@@ -16,11 +16,20 @@ use crate::output::*;
 pub(crate) struct BenchArgs {
     #[command(flatten)]
     s: SliceArgs,
-    /// Timed iterations (after as many warm-up ones).
-    #[arg(long, default_value_t = 200)]
+    /// Timed iterations (after as many warm-up ones), 1 to 10000000.
+    #[arg(
+        long,
+        default_value_t = 200,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000)
+    )]
     iters: usize,
-    /// Loader workers for the loader measurement.
-    #[arg(long, default_value_t = 2)]
+    /// Loader workers for the loader measurement (1 to 1024).
+    #[arg(
+        long,
+        default_value_t = 2,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+            .range(1..=trajstore::loader::MAX_WORKERS as u64)
+    )]
     workers: usize,
     /// Let loader workers madvise(WILLNEED) the next batch's pages (for data not in the page cache).
     #[arg(long)]
@@ -60,6 +69,13 @@ pub(crate) fn rss_mib() -> (f64, f64) {
     (field("RssAnon:"), field("RssFile:"))
 }
 
+/// The loader's queue depth for `bench`: the default 4, fewer where the batches in flight
+/// (`workers` + queue + 1, of `batch_bytes` each) would not fit the library's memory limit.
+pub(crate) fn prefetch_that_fits(batch_bytes: usize, workers: usize) -> usize {
+    let fit = trajstore::sample::max_batch_bytes() / (batch_bytes as u64).max(1);
+    fit.saturating_sub(workers as u64 + 1).clamp(1, 4) as usize
+}
+
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -85,15 +101,16 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         snap.prefault();
         prefault_ms = t.elapsed().as_secs_f64() * 1e3;
     }
-    let sampler = std::sync::Arc::new(slice_sampler(&snap, &a.s)?);
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
     let gatherer = std::sync::Arc::new(trajstore::Gatherer::try_new(&snap, &cols)?);
+    check_batch_size(&gatherer, &a.s)?;
+    let sampler = std::sync::Arc::new(slice_sampler(&snap, &a.s)?);
     let mut plan = vec![];
     let mut batch = trajstore::Batch::default();
     sampler.plan(0, &mut plan);
     gatherer.gather(&plan, &mut batch)?;
     let first_batch_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let iters = a.iters.max(5);
+    let iters = a.iters;
     let mut index_us = Vec::with_capacity(iters);
     let mut sample_us = Vec::with_capacity(iters);
     let mut memcpy_us = Vec::with_capacity(iters);
@@ -108,7 +125,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         .max_by_key(|s| s.num_rows())
         .expect("a segment");
     let src = big.mapped_bytes();
-    let n = bytes.min(src.len());
+    let n = bytes.min(src.len()).max(1);
     let spots = (src.len() / n).max(1);
     let mut dst = vec![0u8; n];
     for k in 0..2 * iters as u64 {
@@ -146,9 +163,11 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         gatherer.clone(),
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
+            .with_prefetch(prefetch_that_fits(bytes, a.workers))
             .with_readahead(a.readahead)
             .with_max_batches(loader_batches),
-    )?;
+    )
+    .map_err(|e| anyhow::anyhow!("--workers {}: {e}", a.workers))?;
     let mut got = 0u64;
     while let Some(b) = loader.next_batch() {
         got += 1;
@@ -241,7 +260,7 @@ pub(crate) fn torch_bench(
     use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
     let dev = parse_device(device).map_err(one_line)?;
     let cast = a.cast;
-    let iters = a.iters.max(5) as u64;
+    let iters = a.iters as u64;
     let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)

@@ -19,10 +19,18 @@ use crate::output::*;
 pub(crate) struct InfoArgs {
     #[command(flatten)]
     v: VersionArgs,
-    /// Number of histogram bins (0 to hide the histograms).
-    #[arg(long, default_value_t = 12)]
+    /// Number of histogram bins (0 to hide the histograms; at most 10000, one line each).
+    #[arg(
+        long,
+        default_value_t = 12,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_BINS)
+    )]
     bins: usize,
 }
+
+/// The most histogram bins `info` draws: each is a line of text, and a count per bin is
+/// allocated before any is drawn.
+pub(crate) const MAX_BINS: u64 = 10_000;
 
 pub(crate) fn episode_values(snap: &Catalog, name: &str) -> Vec<f64> {
     let mut out = Vec::with_capacity(snap.num_episodes() as usize);

@@ -69,11 +69,12 @@ pub(crate) struct VersionArgs {
 pub(crate) struct SliceArgs {
     /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
     dataset: PathBuf,
-    /// Steps per slice.
-    #[arg(long, default_value_t = 64)]
+    /// Steps per slice (at least 1).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     slice_len: u32,
-    /// Slices per batch.
-    #[arg(long, default_value_t = 256)]
+    /// Slices per batch (at least 1). A batch (slices x steps x bytes per step of the columns)
+    /// must fit in half of this machine's memory (TRAJSTORE_MAX_BATCH_BYTES sets another limit).
+    #[arg(long, default_value_t = 256, value_parser = at_least_one)]
     num_slices: usize,
     /// strict (windows inside episodes), pad (may run past the end, masked) or span:LEFT:RIGHT.
     #[arg(long, default_value = "strict")]
@@ -98,4 +99,30 @@ pub(crate) struct SliceArgs {
     /// column), e.g. "SELECT episode_id FROM episodes ORDER BY episode_return DESC LIMIT 10".
     #[arg(long, value_name = "SQL")]
     episodes: Option<String>,
+}
+
+/// Refuses a batch of `--num-slices` slices of `--slice-len` steps of `gatherer`'s columns that
+/// would not fit in memory ([`trajstore::sample::max_batch_bytes`]), naming the option, before
+/// anything is sampled or allocated.
+pub(crate) fn check_batch_size(
+    gatherer: &trajstore::Gatherer,
+    a: &SliceArgs,
+) -> anyhow::Result<()> {
+    match gatherer.batch_bytes(a.num_slices, a.slice_len as usize) {
+        Ok(_) => Ok(()),
+        Err(trajstore::Error::InvalidArgument {
+            argument: Some(arg),
+            reason,
+        }) => Err(anyhow::anyhow!("--{}: {reason}", arg.replace('_', "-"))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A count that must be at least 1 (`--num-slices`).
+pub(crate) fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}` is not a count: {e}")),
+    }
 }

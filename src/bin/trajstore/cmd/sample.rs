@@ -84,9 +84,10 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
 pub(crate) fn run(a: SampleArgs) -> Result<()> {
     use trajstore::Sampler;
     let snap = open_snapshot(&a.s.dataset, None)?;
-    let sampler = slice_sampler(&snap, &a.s)?;
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
     let gatherer = trajstore::Gatherer::try_new(&snap, &cols)?;
+    check_batch_size(&gatherer, &a.s)?;
+    let sampler = slice_sampler(&snap, &a.s)?;
     let mut plan = vec![];
     sampler.plan(a.batch, &mut plan);
     let mut batch = trajstore::Batch::default();

@@ -36,6 +36,12 @@ pub(crate) struct SqlArgs {
     /// once). For timing a query without the process start and dataset open.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
+    /// Also run SQL that reads or writes files outside the dataset or changes the session:
+    /// `COPY ... TO` (writes any path you can write), `CREATE EXTERNAL TABLE ... LOCATION` (reads
+    /// any file you can read), `CREATE TABLE [AS]`, `CREATE VIEW`, `INSERT`, `DROP`, `SET`.
+    /// Without it SQL is read-only: only queries (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE) run.
+    #[arg(long)]
+    allow_writes: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -56,7 +62,8 @@ pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
     let session = match a.dataset.to_str().filter(|s| trajstore::format::is_url(s)) {
         Some(url) => remote_session(url, a.version)?,
         None => trajstore::sql::SqlSession::try_new(&open_snapshot(&a.dataset, a.version)?)?,
-    };
+    }
+    .allow_writes(a.allow_writes);
     match a.query.clone() {
         Some(q) => run_sql(&session, &q, &a),
         None => sql_shell(&session, &mut a),
@@ -374,7 +381,8 @@ fn sql_shell(session: &trajstore::sql::SqlSession, a: &mut SqlArgs) -> Result<()
                 }
                 (".help", _) => outln!(
                     ".tables  .schema [TABLE]  .timer on|off  .quit   (SQL statements end with `;`; \
-                     EXPLAIN works; Ctrl-C abandons a statement, Ctrl-D quits)"
+                     EXPLAIN works; read-only unless started with --allow-writes; Ctrl-C abandons \
+                     a statement, Ctrl-D quits)"
                 ),
                 (other, _) => {
                     eprintln!("error: unknown command {other} (try .help)");
