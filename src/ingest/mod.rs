@@ -48,11 +48,13 @@ use crate::store::Dataset;
 use crate::store::writer::WriterOptions;
 
 mod assemble;
+mod conventions;
 mod convert;
 mod mapping;
 mod source;
 
 use assemble::*;
+use conventions::*;
 use convert::*;
 use mapping::*;
 use source::*;

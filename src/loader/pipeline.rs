@@ -70,7 +70,7 @@ pub(crate) fn check_in_flight(batch_bytes: u64, opts: &LoaderOptions) -> Result<
         &format!(
             "{batches} batches in flight ({workers} workers, prefetch {prefetch}, one being \
              consumed) of {} each",
-            crate::sample::human_bytes(batch_bytes)
+            crate::format::human_bytes(batch_bytes)
         ),
         batches.checked_mul(batch_bytes),
     )
@@ -246,6 +246,9 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
 ) {
     let mut k = lane.worker as u64;
     while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
+        // Not `crate::index::guard::quietly`: this panic is a bug, not bad input, and the
+        // consumer resumes it with `resume_unwind`, which runs no panic hook; the hook's message
+        // here, on the worker's thread, is the only place its text and location are printed.
         let item = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(k)));
         let failed = item.is_err();
         // A panic (a bug in a sampler or the gather) goes to the consumer at the item it happened

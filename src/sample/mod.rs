@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
+use crate::format::human_bytes;
 
 mod episode;
 mod epoch;
@@ -300,22 +301,6 @@ pub(crate) fn check_memory(argument: &str, what: &str, bytes: Option<u64>) -> Re
                 human_bytes(limit)
             ),
         )),
-    }
-}
-
-/// `bytes` in binary units (`1.5 GiB`).
-pub(crate) fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
     }
 }
 

@@ -204,7 +204,12 @@ impl Manifest {
     pub fn validate(&self, path: &Path, expected_version: u64) -> Result<()> {
         if self.format != FORMAT_NAME || self.format_version != FORMAT_VERSION {
             return Err(Error::IncompatibleFormat {
-                found: format!("{} v{}", self.format, self.format_version),
+                found: format!(
+                    "{} v{} in {}",
+                    self.format,
+                    self.format_version,
+                    path.display()
+                ),
                 supported: format!("{FORMAT_NAME} v{FORMAT_VERSION}"),
             });
         }
@@ -228,16 +233,19 @@ impl Manifest {
             }
             if let Some(p) = prev
                 && (s.id <= p.id
-                    || s.first_episode_id != p.first_episode_id + p.episodes
-                    || s.first_row != p.first_row + p.rows)
+                    || Some(s.first_episode_id) != p.first_episode_id.checked_add(p.episodes)
+                    || Some(s.first_row) != p.first_row.checked_add(p.rows))
             {
                 return bad(format!(
                     "segment {} does not continue segment {}",
                     s.id, p.id
                 ));
             }
-            rows += s.rows;
-            episodes += s.episodes;
+            let (Some(r), Some(e)) = (rows.checked_add(s.rows), episodes.checked_add(s.episodes))
+            else {
+                return bad(format!("segment {} overflows the counts", s.id));
+            };
+            (rows, episodes) = (r, e);
             prev = Some(s);
         }
         if rows != self.transitions || episodes != self.episodes {
@@ -247,8 +255,8 @@ impl Manifest {
             ));
         }
         if let Some(last) = self.segments.last()
-            && (last.first_episode_id + last.episodes != self.next_episode_id
-                || last.first_row + last.rows != self.next_row
+            && (last.first_episode_id.checked_add(last.episodes) != Some(self.next_episode_id)
+                || last.first_row.checked_add(last.rows) != Some(self.next_row)
                 || last.id >= self.next_segment_id)
         {
             return bad(

@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -241,12 +240,13 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
             data,
         )?;
         let block_data = map.slice_with_length(slice.0, slice.1);
-        let decoded = catch_unwind(AssertUnwindSafe(|| {
-            decoder.read_record_batch(block, &block_data)
-        }))
-        .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
-        .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
-        .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
+        let decoded =
+            crate::index::guard::quietly(|| decoder.read_record_batch(block, &block_data))
+                .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
+                .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
+                .ok_or_else(|| {
+                    corrupt(format!("record batch {i}: message is not a record batch"))
+                })?;
         batches.push(decoded);
     }
     // Scans (SQL, export, verify) read columns sequentially: give them the kernel's read-ahead.
@@ -317,10 +317,8 @@ pub(crate) fn footer_schema(path: &Path, footer: &arrow::ipc::Footer) -> Result<
         .schema()
         .ok_or_else(|| Error::corrupt(path, "footer has no schema"))?;
     // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
-    catch_unwind(AssertUnwindSafe(|| {
-        arrow::ipc::convert::fb_to_schema(fb_schema)
-    }))
-    .map_err(|_| Error::corrupt(path, "unreadable schema in footer"))
+    crate::index::guard::quietly(|| arrow::ipc::convert::fb_to_schema(fb_schema))
+        .map_err(|_| Error::corrupt(path, "unreadable schema in footer"))
 }
 
 /// The message of an IPC block, from the block's metadata bytes (an optional continuation

@@ -381,3 +381,17 @@ impl TestData {
         self.write(path).snapshot().unwrap()
     }
 }
+
+/// Copies the directory tree `from` to `to` (created), files and subdirectories.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        let q = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_tree(&p, &q);
+        } else {
+            std::fs::copy(&p, &q).unwrap();
+        }
+    }
+}

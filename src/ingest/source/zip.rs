@@ -22,6 +22,10 @@ pub(crate) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// The longest `.npy` header read from a deflated member (NumPy's own reader refuses headers
+/// over 10 000 bytes unless told otherwise).
+const MAX_NPY_HEADER: u64 = 1 << 20;
+
 /// One member of the central directory.
 pub(crate) struct Member {
     name: String,
@@ -146,6 +150,17 @@ pub(crate) fn zip_members(path: &Path, input: &Input) -> Result<Vec<Member>> {
         });
         at = next;
     }
+    // The end record's count and the directory's size must agree (a damaged count would
+    // otherwise silently leave arrays out).
+    if at != b.len() {
+        return Err(corrupt(
+            path,
+            &format!(
+                "the central directory holds {} bytes, its {entries} entries {at}",
+                b.len()
+            ),
+        ));
+    }
     Ok(out)
 }
 
@@ -252,6 +267,15 @@ pub(crate) fn open_zip(
                     .read_exact(&mut head)
                     .map_err(|e| what.data(format!("cannot inflate: {e}")))?;
                 let (pre, len) = preamble(&head, &what)?;
+                // NumPy's headers are a few hundred bytes; a length field that says more than
+                // the member holds (or than any header needs) is damage, not a header to inflate.
+                if (pre + len) as u64 > m.uncompressed.min(MAX_NPY_HEADER) {
+                    return Err(what.data(format!(
+                        "a .npy header of {} bytes in a member of {} bytes (damaged header)",
+                        pre + len,
+                        m.uncompressed
+                    )));
+                }
                 let mut text = vec![0u8; pre + len];
                 let copied = text.len().min(12);
                 text[..copied].copy_from_slice(&head[..copied]);

@@ -33,8 +33,10 @@ pub(crate) struct InfoArgs {
 pub(crate) const MAX_BINS: u64 = 10_000;
 
 pub(crate) fn episode_values(snap: &Catalog, name: &str) -> Vec<f64> {
-    let mut out = Vec::with_capacity(snap.num_episodes() as usize);
-    for a in snap.episode_column(name).unwrap_or_default() {
+    let columns = snap.episode_column(name).unwrap_or_default();
+    // Sized by the episode tables as read, not by the manifest's count.
+    let mut out = Vec::with_capacity(columns.iter().map(|a| a.len()).sum());
+    for a in columns {
         if let Some(x) = a.as_any().downcast_ref::<arrow::array::Float64Array>() {
             out.extend(x.values().iter().copied());
         } else if let Some(x) = a.as_any().downcast_ref::<arrow::array::UInt64Array>() {
