@@ -137,9 +137,15 @@ pub fn fsl(elem: DataType, n: usize) -> Result<DataType> {
     ))
 }
 
+/// The number of elements of a tensor of `shape`, `None` when it overflows.
+fn checked_size(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 /// A fixed-shape tensor field: flat `FixedSizeList` storage plus `arrow.fixed_shape_tensor` metadata.
 pub fn tensor_field(name: &str, elem: DataType, shape: &[usize], nullable: bool) -> Result<Field> {
-    let n = shape.iter().product();
+    let n = checked_size(shape)
+        .ok_or_else(|| Error::schema(name, format!("shape {shape:?} has too many elements")))?;
     let shape_json = serde_json::json!({ "shape": shape }).to_string();
     Ok(
         Field::new(name, fsl(elem, n)?, nullable).with_metadata(HashMap::from([
@@ -176,7 +182,7 @@ pub fn field_shape(field: &Field) -> Result<Vec<usize>> {
         .get("shape")
         .and_then(|s| serde_json::from_value(s.clone()).ok())
         .ok_or_else(|| bad("no integer `shape` array"))?;
-    if shape.iter().product::<usize>() != n {
+    if checked_size(&shape) != Some(n) {
         return Err(bad(&format!(
             "shape {shape:?} does not multiply to list size {n}"
         )));
@@ -571,6 +577,20 @@ fn names(schema: &Schema) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shape_whose_size_overflows_is_an_error_not_a_panic() {
+        let e = tensor_field("o", DataType::Float32, &[usize::MAX, 2], false).unwrap_err();
+        assert!(matches!(e, Error::SchemaMismatch { .. }), "{e}");
+        let mut f = tensor_field("o", DataType::Float32, &[2, 3], false).unwrap();
+        let mut md = f.metadata().clone();
+        md.insert(
+            meta::EXTENSION_METADATA.to_string(),
+            format!("{{\"shape\": [{}, 4]}}", usize::MAX),
+        );
+        f = f.with_metadata(md);
+        assert!(matches!(field_shape(&f), Err(Error::SchemaMismatch { .. })));
+    }
 
     #[test]
     fn builder_produces_canonical_schema() {

@@ -42,8 +42,12 @@ impl Summary {
     }
 }
 
-/// Counts of `values` in `bins` equal-width bins over `[min, max]`.
+/// The most bins [`histogram`] makes (more are capped: a histogram is for reading).
+pub const MAX_BINS: usize = 1 << 16;
+
+/// Counts of `values` in `bins` equal-width bins over `[min, max]` (at most [`MAX_BINS`]).
 pub fn histogram(values: &[f64], bins: usize) -> (f64, f64, Vec<u64>) {
+    let bins = bins.min(MAX_BINS);
     let finite = values.iter().copied().filter(|x| x.is_finite());
     let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
         (a.min(x), b.max(x))
@@ -110,5 +114,7 @@ mod tests {
         assert_eq!(histogram(&[5.0, 5.0], 3).2, vec![2, 0, 0]);
         assert_eq!(Summary::of([]), Summary::default());
         assert_eq!(render_histogram(&[1.0, 2.0], 2, 10).lines().count(), 2);
+        // A bin count from a command line cannot allocate without bound.
+        assert_eq!(histogram(&[1.0, 2.0], usize::MAX).2.len(), MAX_BINS);
     }
 }

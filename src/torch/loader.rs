@@ -12,7 +12,7 @@ use super::streaming::StreamWorker;
 use super::{TensorBatch, check_device};
 use crate::error::{Error, Result};
 use crate::gather::Gatherer;
-use crate::loader::{Pipeline, WorkerPlans, loader_end};
+use crate::loader::{Pipeline, WorkerPlans, check_in_flight, loader_end};
 use crate::sample::Sampler;
 
 /// Yields [`TensorBatch`]es on the target device in a fixed order: batch `k` of rank `r` is the
@@ -79,6 +79,13 @@ impl TorchLoader {
             })?;
         }
         let end = loader_end(sampler.as_ref(), &opts.loader)?;
+        // Host batches in flight (workers, prefetch queue, the one handed out) must fit memory:
+        // checked before any thread starts or anything is allocated.
+        let batch_bytes =
+            gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
+        if opts.resident_budget.is_none() {
+            check_in_flight(batch_bytes, &opts.loader)?;
+        }
         let layout = Layout::new(
             &gatherer,
             sampler.num_slices(),
