@@ -262,12 +262,7 @@ impl Gatherer {
                         "columns",
                         format!(
                             "no column `{name}` (have: {})",
-                            schema
-                                .fields()
-                                .iter()
-                                .map(|f| f.name().as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            crate::schema::names(&schema)
                         ),
                     ));
                 }

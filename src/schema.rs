@@ -565,7 +565,8 @@ fn value_bytes(dt: &DataType) -> f64 {
     }
 }
 
-fn names(schema: &Schema) -> String {
+/// The column names of `schema`, comma-separated (for messages).
+pub(crate) fn names(schema: &Schema) -> String {
     schema
         .fields()
         .iter()

@@ -252,14 +252,7 @@ impl Mapping {
                 ));
             }
         }
-        let all_names = || {
-            file_schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let all_names = || crate::schema::names(&file_schema);
         // Every input column used, with the role it plays (to reject double use).
         let mut used: Vec<(String, &'static str)> = vec![];
         let mut take = |name: &str, role: &'static str, flag: &str| -> Result<FieldRef> {
