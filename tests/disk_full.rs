@@ -107,3 +107,49 @@ fn a_full_disk_at_any_write_point_keeps_the_previous_version() {
     }
     assert_eq!(failures, 10);
 }
+
+/// The CLI on a full disk: one error line that says the OS cause once and which version the
+/// dataset keeps; the kept version verifies.
+#[test]
+fn a_full_disk_under_the_cli_says_so_once_and_names_the_kept_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path().join("fs");
+    let Some(_fs) = Tmpfs::mount(&at, 900) else {
+        eprintln!("note: skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let d = at.join("d");
+    let out = Command::new(env!("CARGO_BIN_EXE_trajstore"))
+        .args([
+            "demo",
+            d.to_str().unwrap(),
+            "--transitions",
+            "200000",
+            "--obs-dim",
+            "8",
+        ])
+        .args([
+            "--mean-episode-len",
+            "50",
+            "--commit-every",
+            "5",
+            "--segment-size",
+            "64KiB",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .expect("an error line");
+    assert_eq!(line.matches("No space left on device").count(), 1, "{line}");
+    let snap = Dataset::open(&d).unwrap().snapshot().unwrap();
+    assert!(
+        line.contains(&format!("keeps version {}", snap.version())),
+        "{line}"
+    );
+    trajstore::store::verify::verify(&snap, |_| {}).unwrap();
+}
