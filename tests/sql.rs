@@ -17,6 +17,20 @@ use trajstore::{Dataset, Sampler, SliceOptions, SliceSampler, Snapshot};
 
 const BIN: &str = env!("CARGO_BIN_EXE_trajstore");
 
+/// `trajstore sql DATASET --format csv` as an interactive shell fed `input` on stdin.
+fn shell(d: &str, input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["sql", d, "--format", "csv"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// 20k transitions in episodes of ~40 steps, in many small segments.
 fn dataset(dir: &std::path::Path) -> Snapshot {
     let snap = TestData::new()
@@ -532,21 +546,10 @@ fn cli_sql() {
     assert_eq!(code, 0);
     assert!(out.contains("DataSourceExec"), "{out}");
     // The shell, fed from stdin.
-    let mut child = Command::new(BIN)
-        .args(["sql", d, "--format", "csv"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b".tables\n.schema episodes\nSELECT COUNT(*) AS n\n  FROM episodes;\n.quit\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = shell(
+        d,
+        b".tables\n.schema episodes\nSELECT COUNT(*) AS n\n  FROM episodes;\n.quit\n",
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -1070,21 +1073,10 @@ fn cli_sql_is_read_only_unless_allow_writes() {
         );
     }
     // The shell refuses it too.
-    let mut child = Command::new(BIN)
-        .args(["sql", d, "--format", "csv"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{copy};\nSET datafusion.execution.batch_size = 1;\n").as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = shell(
+        d,
+        format!("{copy};\nSET datafusion.execution.batch_size = 1;\n").as_bytes(),
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("COPY") && err.contains("SET"), "{err}");
