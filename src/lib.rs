@@ -74,6 +74,7 @@ pub mod synth;
 pub mod torch;
 
 mod fault;
+mod guard;
 
 pub use error::{ConflictKind, Error, Result};
 pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};

@@ -5,12 +5,12 @@
 
 use std::path::{Path, PathBuf};
 
-/// Bottom to top. A module may use those before it; `fault` (crash points) may be used by all.
+/// Bottom to top. A module may use those before it; `fault` (crash points) and `guard` (quiet panic catching) may be used by all.
 const ORDER: &[&str] = &[
     "error", "progress", "format", "schema", "stats", "index", "store", "synth", "ingest",
     "sample", "gather", "loader", "torch", "remote", "open", "sql",
 ];
-const ANYWHERE: &[&str] = &["fault", "Error", "Result"];
+const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {

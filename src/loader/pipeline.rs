@@ -246,7 +246,7 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
 ) {
     let mut k = lane.worker as u64;
     while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
-        // Not `crate::index::guard::quietly`: this panic is a bug, not bad input, and the
+        // Not `crate::guard::quietly`: this panic is a bug, not bad input, and the
         // consumer resumes it with `resume_unwind`, which runs no panic hook; the hook's message
         // here, on the worker's thread, is the only place its text and location are printed.
         let item = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(k)));

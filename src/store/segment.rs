@@ -240,13 +240,10 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
             data,
         )?;
         let block_data = map.slice_with_length(slice.0, slice.1);
-        let decoded =
-            crate::index::guard::quietly(|| decoder.read_record_batch(block, &block_data))
-                .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
-                .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
-                .ok_or_else(|| {
-                    corrupt(format!("record batch {i}: message is not a record batch"))
-                })?;
+        let decoded = crate::guard::quietly(|| decoder.read_record_batch(block, &block_data))
+            .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
+            .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
+            .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
         batches.push(decoded);
     }
     // Scans (SQL, export, verify) read columns sequentially: give them the kernel's read-ahead.
@@ -317,7 +314,7 @@ pub(crate) fn footer_schema(path: &Path, footer: &arrow::ipc::Footer) -> Result<
         .schema()
         .ok_or_else(|| Error::corrupt(path, "footer has no schema"))?;
     // `fb_to_schema` panics on some malformed schemas in arrow 59 (`try_fb_to_schema` is 60 only).
-    crate::index::guard::quietly(|| arrow::ipc::convert::fb_to_schema(fb_schema))
+    crate::guard::quietly(|| arrow::ipc::convert::fb_to_schema(fb_schema))
         .map_err(|_| Error::corrupt(path, "unreadable schema in footer"))
 }
 

@@ -23,7 +23,7 @@ use arrow::ipc::{Block, MetadataVersion};
 
 use super::Source;
 use crate::error::{Error, Result};
-use crate::index::guard::quietly;
+use crate::guard::quietly;
 
 /// Whether `head` (a file's first bytes) starts like an Arrow IPC stream rather than a file.
 pub(crate) fn is_stream(head: &[u8]) -> bool {

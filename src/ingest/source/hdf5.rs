@@ -71,7 +71,7 @@ fn h5_error(at: &Loc, e: impl fmt::Display) -> Error {
 /// Runs a call of the HDF5 reader, which may panic on a malformed file: a panic is an
 /// [`Error::InvalidData`] at `at`.
 fn guarded<T>(at: &Loc, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    crate::index::guard::quietly(f).unwrap_or_else(|panic| {
+    crate::guard::quietly(f).unwrap_or_else(|panic| {
         let msg = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())

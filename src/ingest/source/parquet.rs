@@ -223,7 +223,7 @@ fn guarded<T>(
     what: &str,
     f: impl FnOnce() -> std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>,
 ) -> Result<T> {
-    let reason = match crate::index::guard::quietly(f) {
+    let reason = match crate::guard::quietly(f) {
         Ok(Ok(v)) => return Ok(v),
         Ok(Err(e)) => e.to_string(),
         Err(panic) => {
