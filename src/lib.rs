@@ -79,7 +79,7 @@ mod guard;
 pub use error::{ConflictKind, Error, Result};
 pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};
 pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
-pub use loader::{Loader, LoaderOptions};
+pub use loader::{Loader, LoaderOptions, Recycler, StagedBatch, StagedLoader, StagingSlot};
 pub use open::{DatasetBuilder, open};
 pub use progress::{Progress, ProgressSink};
 pub use sample::{

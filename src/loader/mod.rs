@@ -8,11 +8,13 @@ use crate::gather::{Batch, Gatherer};
 use crate::sample::Sampler;
 
 mod pipeline;
+mod staged;
 
 #[cfg(feature = "torch")]
 pub(crate) use pipeline::Lane;
 pub use pipeline::MAX_WORKERS;
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
+pub use staged::{StagedBatch, StagedLoader, StagingSlot};
 
 /// Options of a [`Loader`].
 #[derive(Debug, Clone)]
@@ -28,6 +30,10 @@ pub struct LoaderOptions {
     pub world_size: u64,
     /// Stop after this many batches (default: endless, or one epoch for epoch samplers).
     pub max_batches: Option<u64>,
+    /// The number of the first batch (default 0): the sampler's batch `start * world_size + rank`
+    /// comes first. Resumes a stream exactly where a run stopped, or starts epoch `e` of an epoch
+    /// sampler (`start = e * batches_per_epoch`).
+    pub start: u64,
     /// `madvise(WILLNEED)` the pages of the batch each worker gathers next, so that data not in
     /// the page cache (datasets larger than RAM, cold starts) is read from disk while the current
     /// batch is copied. Default off: on data already in the page cache the system calls cost more
@@ -43,6 +49,7 @@ impl Default for LoaderOptions {
             rank: 0,
             world_size: 1,
             max_batches: None,
+            start: 0,
             readahead: false,
         }
     }
@@ -75,6 +82,11 @@ impl LoaderOptions {
         self.max_batches = Some(n);
         self
     }
+    /// Starts at batch `k` (see [`LoaderOptions::start`]).
+    pub fn with_start(mut self, k: u64) -> Self {
+        self.start = k;
+        self
+    }
 }
 
 /// Yields gathered [`Batch`]es in order: batch `k` of rank `r` is the sampler's batch
@@ -82,7 +94,31 @@ impl LoaderOptions {
 /// workers.
 pub struct Loader {
     pipeline: Pipeline<Batch>,
-    pool: Arc<Mutex<Vec<Batch>>>,
+    pool: Recycler,
+}
+
+/// Hands consumed batches back to a [`Loader`]'s pool from anywhere (for instance when the last
+/// Python tensor viewing a batch is freed). Cheap to clone; batches recycled after the loader is
+/// gone are simply dropped.
+#[derive(Debug, Clone, Default)]
+pub struct Recycler(Arc<Mutex<Vec<Batch>>>);
+
+impl Recycler {
+    /// Keeps `batch` for a worker to gather into (at most 16 are kept).
+    pub fn recycle(&self, batch: Batch) {
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < 16 {
+            pool.push(batch);
+        }
+    }
+
+    fn take(&self) -> Batch {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
 }
 
 impl std::fmt::Debug for Loader {
@@ -111,27 +147,30 @@ impl Loader {
         let batch_bytes =
             gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
         check_in_flight(batch_bytes, &opts)?;
-        let pool: Arc<Mutex<Vec<Batch>>> = Arc::new(Mutex::new(Vec::new()));
-        let pipeline = Pipeline::start(opts.workers, opts.prefetch, end, "loader", |lane| {
-            let (gatherer, pool) = (gatherer.clone(), pool.clone());
-            let mut planner = WorkerPlans::new(sampler.clone(), &opts);
-            move |k: u64| {
-                planner.plan(k, lane, &gatherer);
-                let mut batch = pool
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop()
-                    .unwrap_or_default();
-                if let Err(e) = gatherer.gather(planner.current(), &mut batch) {
-                    // Only a sampler that plans outside its snapshot gets here (a bug, see
-                    // `next_batch`); the panic reaches the consumer.
-                    panic!(
-                        "batch {k}: the sampler planned a batch the gatherer cannot gather: {e}"
-                    );
+        let pool = Recycler::default();
+        let pipeline = Pipeline::start(
+            opts.workers,
+            opts.prefetch,
+            opts.start,
+            end,
+            "loader",
+            |lane| {
+                let (gatherer, pool) = (gatherer.clone(), pool.clone());
+                let mut planner = WorkerPlans::new(sampler.clone(), &opts);
+                move |k: u64| {
+                    planner.plan(k, lane, &gatherer);
+                    let mut batch = pool.take();
+                    if let Err(e) = gatherer.gather(planner.current(), &mut batch) {
+                        // Only a sampler that plans outside its snapshot gets here (a bug, see
+                        // `next_batch`); the panic reaches the consumer.
+                        panic!(
+                            "batch {k}: the sampler planned a batch the gatherer cannot gather: {e}"
+                        );
+                    }
+                    batch
                 }
-                batch
-            }
-        })?;
+            },
+        )?;
         Ok(Self { pipeline, pool })
     }
 
@@ -152,10 +191,12 @@ impl Loader {
 
     /// Hands a consumed batch back so a worker reuses its buffers (no allocation in steady state).
     pub fn recycle(&self, batch: Batch) {
-        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < 16 {
-            pool.push(batch);
-        }
+        self.pool.recycle(batch);
+    }
+
+    /// A handle that recycles batches into this loader's pool (see [`Recycler`]).
+    pub fn recycler(&self) -> Recycler {
+        self.pool.clone()
     }
 }
 

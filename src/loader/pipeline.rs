@@ -14,8 +14,9 @@ use crate::gather::Gatherer;
 use crate::index::SliceRef;
 use crate::sample::Sampler;
 
-/// The number of batches a loader over `sampler` yields: `max_batches`, else one epoch's share of
-/// this rank for epoch samplers, else endless.
+/// The number one past the last batch a loader over `sampler` yields (batches are numbered from
+/// `opts.start`): `start + max_batches`, else the end of one epoch's share of this rank for epoch
+/// samplers, else endless.
 pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
     if opts.world_size == 0 {
         return Err(Error::argument(
@@ -35,11 +36,12 @@ pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<
             ),
         ));
     }
-    Ok(opts.max_batches.or_else(|| {
+    let count = opts.max_batches.or_else(|| {
         sampler
             .batches_per_epoch()
             .map(|per| per.div_ceil(opts.world_size).max(1))
-    }))
+    });
+    Ok(count.map(|n| opts.start.saturating_add(n)))
 }
 
 /// The most worker threads a loader starts (each is an OS thread with its own stack and batch).
@@ -130,8 +132,8 @@ impl WorkerPlans {
 /// Which batch numbers one worker produces: `first, first + step, ...` below `end`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Lane {
-    /// The worker's number (its first batch).
-    pub(crate) worker: usize,
+    /// The worker's first batch.
+    first: u64,
     step: u64,
     end: Option<u64>,
 }
@@ -158,11 +160,13 @@ pub(crate) struct Pipeline<T> {
 }
 
 impl<T: Send + 'static> Pipeline<T> {
-    /// Starts `workers` threads; worker `w` produces items `w, w + workers, ...` (below `end`)
-    /// with the closure `make(lane)` returns, at most `prefetch` items ahead of the consumer.
+    /// Starts `workers` threads; worker `w` produces items `first + w, first + w + workers, ...`
+    /// (below `end`) with the closure `make(lane)` returns, at most `prefetch` items ahead of the
+    /// consumer.
     pub(crate) fn start<F>(
         workers: usize,
         prefetch: usize,
+        first: u64,
         end: Option<u64>,
         name: &str,
         make: impl Fn(Lane) -> F,
@@ -176,7 +180,7 @@ impl<T: Send + 'static> Pipeline<T> {
         let handles = (0..workers)
             .map(|w| {
                 let lane = Lane {
-                    worker: w,
+                    first: first.saturating_add(w as u64),
                     step: workers as u64,
                     end,
                 };
@@ -196,7 +200,7 @@ impl<T: Send + 'static> Pipeline<T> {
         Ok(Self {
             rx: Some(rx),
             pending: BTreeMap::new(),
-            next: 0,
+            next: first,
             end,
             stop,
             workers: handles,
@@ -244,7 +248,7 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
     tx: SyncSender<Produced<T>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut k = lane.worker as u64;
+    let mut k = lane.first;
     while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
         // Not `crate::guard::quietly`: this panic is a bug, not bad input, and the
         // consumer resumes it with `resume_unwind`, which runs no panic hook; the hook's message

@@ -6,6 +6,7 @@
 pub mod dataset;
 mod episode;
 pub mod export;
+pub mod info;
 pub mod manifest;
 pub mod segment;
 pub mod verify;

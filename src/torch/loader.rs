@@ -100,27 +100,34 @@ impl TorchLoader {
         }
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let lo = &opts.loader;
-        let pipeline = Pipeline::start(lo.workers, lo.prefetch, end, "torch-loader", |lane| {
-            let mut worker = StreamWorker {
-                gatherer: gatherer.clone(),
-                layout: layout.clone(),
-                device,
-                pin: match device {
-                    Device::Cuda(_) => Some(device),
-                    _ if opts.pin_output => Some(Device::Cuda(0)),
-                    _ => None,
-                },
-                cast: opts.cast,
-                transform: opts.transform.clone(),
-                pool: pool.clone(),
-                planner: WorkerPlans::new(sampler.clone(), lo),
-                slots: Vec::new(),
-                max_slots: opts.staging_slots.max(2),
-                next_slot: 0,
-                pending: Vec::new(),
-            };
-            move |k: u64| worker.produce(k, lane)
-        })?;
+        let pipeline = Pipeline::start(
+            lo.workers,
+            lo.prefetch,
+            lo.start,
+            end,
+            "torch-loader",
+            |lane| {
+                let mut worker = StreamWorker {
+                    gatherer: gatherer.clone(),
+                    layout: layout.clone(),
+                    device,
+                    pin: match device {
+                        Device::Cuda(_) => Some(device),
+                        _ if opts.pin_output => Some(Device::Cuda(0)),
+                        _ => None,
+                    },
+                    cast: opts.cast,
+                    transform: opts.transform.clone(),
+                    pool: pool.clone(),
+                    planner: WorkerPlans::new(sampler.clone(), lo),
+                    slots: Vec::new(),
+                    max_slots: opts.staging_slots.max(2),
+                    next_slot: 0,
+                    pending: Vec::new(),
+                };
+                move |k: u64| worker.produce(k, lane)
+            },
+        )?;
         Ok(Self {
             inner: Inner::Streaming { pipeline, pool },
             device,

@@ -167,7 +167,7 @@ impl Resident {
             rank: opts.loader.rank,
             world: opts.loader.world_size,
             end,
-            next: 0,
+            next: opts.loader.start,
             columns,
             snap,
             episode_flags,

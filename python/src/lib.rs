@@ -1,0 +1,34 @@
+//! `trajstore._native`: the Rust half of the Python package. The pure-Python package `trajstore`
+//! (in `python/trajstore/`) wraps these classes into the documented API; nothing here is meant to
+//! be imported directly.
+//!
+//! Every call that reads data, samples, gathers, runs SQL or writes releases the GIL. Tables
+//! reach pyarrow through the Arrow PyCapsule interface and batches reach PyTorch or NumPy through
+//! DLPack, both without copies and without linking pyarrow or libtorch.
+
+use pyo3::prelude::*;
+
+mod arrow_io;
+mod dataset;
+mod dlpack;
+mod errors;
+mod loader;
+mod writer;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<dataset::Dataset>()?;
+    m.add_class::<arrow_io::ArrowStream>()?;
+    m.add_class::<arrow_io::ArrowBatch>()?;
+    m.add_class::<dlpack::Buffer>()?;
+    m.add_class::<loader::Plan>()?;
+    m.add_class::<loader::BatchLoader>()?;
+    m.add_class::<loader::SlotLoader>()?;
+    m.add_class::<writer::Writer>()?;
+    m.add_function(wrap_pyfunction!(dataset::open, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::create, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::ingest, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::max_batch_bytes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! Writing from Python: `create` a dataset, append whole episodes (Arrow record batches that the
+//! Python side builds from NumPy or torch arrays), commit; and `ingest` files like the CLI.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use trajstore::format::parse_type;
+use trajstore::ingest::{IngestOptions, InputFormat};
+use trajstore::schema::tensor_field;
+use trajstore::{Dataset, DatasetWriter, EpisodeEnd, TransitionSchema, WriterOptions};
+
+use crate::arrow_io::{ArrowStream, import_batch};
+use crate::errors::{IntoPyResult, argument};
+
+/// Creates the dataset at `path` with this schema (observation `observation_shape` of
+/// `observation_dtype`; a continuous action of `action_shape` or a discrete `int64` action when
+/// `action_shape` is None; `next_observation` stored or derived; extra per-step columns
+/// `{name: (dtype, shape)}`), or opens it for appending when `append` and it exists (the schemas
+/// must match). Returns its writer, which holds the dataset's lock.
+#[pyfunction]
+#[pyo3(signature = (path, observation_shape, action_shape=None, *, observation_dtype="float32".to_string(), store_next_observation=false, columns=None, append=false, segment_bytes=None, lock_wait_ms=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn create(
+    py: Python<'_>,
+    path: PathBuf,
+    observation_shape: Vec<usize>,
+    action_shape: Option<Vec<usize>>,
+    observation_dtype: String,
+    store_next_observation: bool,
+    columns: Option<Vec<(String, String, Vec<usize>)>>,
+    append: bool,
+    segment_bytes: Option<u64>,
+    lock_wait_ms: Option<u64>,
+) -> PyResult<Writer> {
+    let obs_dt = parse_type(&observation_dtype).py()?;
+    let mut b =
+        TransitionSchema::builder(&observation_shape, 0).observation(obs_dt, &observation_shape);
+    b = match action_shape.as_deref() {
+        None => b.discrete_action(),
+        Some([n]) => b.continuous_action(*n),
+        Some([]) => b.continuous_action(1),
+        Some(other) => {
+            return Err(argument(
+                "action_shape",
+                format!("actions are vectors: action_shape must be (n,), got {other:?}"),
+            ));
+        }
+    };
+    b = b.next_observation(store_next_observation);
+    for (name, dtype, shape) in columns.unwrap_or_default() {
+        let dt = parse_type(&dtype).py()?;
+        let field = if shape.is_empty() {
+            arrow::datatypes::Field::new(&name, dt, false)
+        } else {
+            tensor_field(&name, dt, &shape, false).py()?
+        };
+        b = b.column(field);
+    }
+    let schema = b.build().py()?;
+    let mut opts = WriterOptions::default();
+    if let Some(n) = segment_bytes {
+        opts = opts.with_segment_bytes(n);
+    }
+    if let Some(ms) = lock_wait_ms {
+        opts = opts.with_lock_wait(std::time::Duration::from_millis(ms));
+    }
+    let writer = py
+        .detach(|| -> trajstore::Result<DatasetWriter> {
+            let exists = path.join("versions").is_dir();
+            let ds = if exists {
+                if !append {
+                    return Err(trajstore::Error::argument(
+                        "path",
+                        format!(
+                            "{} is already a dataset: pass append=True to add episodes to it",
+                            path.display()
+                        ),
+                    ));
+                }
+                let ds = Dataset::open(&path)?;
+                ds.latest_manifest()?;
+                ds
+            } else {
+                Dataset::create(&path, &schema)?
+            };
+            let w = ds.writer(opts)?;
+            w.schema().check_same(schema.arrow_schema())?;
+            Ok(w)
+        })
+        .py()?;
+    Ok(Writer::new(writer))
+}
+
+/// Opens the existing dataset at `path` for appending.
+pub(crate) fn open_writer(path: &PathBuf, opts: WriterOptions) -> trajstore::Result<DatasetWriter> {
+    Dataset::open(path)?.writer(opts)
+}
+
+/// The single writer of a dataset (holds its lock until `close`).
+#[pyclass(frozen, module = "trajstore._native")]
+pub struct Writer {
+    inner: Mutex<Option<DatasetWriter>>,
+}
+
+impl Writer {
+    fn new(w: DatasetWriter) -> Self {
+        Self {
+            inner: Mutex::new(Some(w)),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut DatasetWriter) -> trajstore::Result<T>) -> PyResult<T> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let w = g
+            .as_mut()
+            .ok_or_else(|| argument("writer", "the writer is closed"))?;
+        f(w).py()
+    }
+}
+
+#[pymethods]
+impl Writer {
+    /// Opens the existing dataset at `path` for appending.
+    #[staticmethod]
+    #[pyo3(signature = (path, lock_wait_ms=None))]
+    fn open(py: Python<'_>, path: PathBuf, lock_wait_ms: Option<u64>) -> PyResult<Self> {
+        let mut opts = WriterOptions::default();
+        if let Some(ms) = lock_wait_ms {
+            opts = opts.with_lock_wait(std::time::Duration::from_millis(ms));
+        }
+        Ok(Self::new(py.detach(|| open_writer(&path, opts)).py()?))
+    }
+
+    /// The payload schema episodes are appended in (`pyarrow.schema(...)` of the returned
+    /// stream): observation, action, reward, [next_observation], user columns.
+    fn payload_schema(&self) -> PyResult<ArrowStream> {
+        self.with(|w| {
+            Ok(ArrowStream::new(
+                w.schema().payload_schema().clone(),
+                vec![],
+            ))
+        })
+    }
+
+    /// The id the next appended episode gets.
+    fn next_episode_id(&self) -> PyResult<u64> {
+        self.with(|w| Ok(w.next_episode_id()))
+    }
+
+    /// The version the writer started from.
+    fn base_version(&self) -> PyResult<u64> {
+        self.with(|w| Ok(w.base_version()))
+    }
+
+    /// Appends one episode: `batch` (a record batch of the payload columns, one row per step),
+    /// how it ended, and its final observation (a one-row batch with an `observation` column,
+    /// kept when next_observation is derived). Not durable before `commit`. Returns its id.
+    #[pyo3(signature = (batch, terminated, truncated, final_observation=None))]
+    fn append_episode(
+        &self,
+        py: Python<'_>,
+        batch: &Bound<'_, PyAny>,
+        terminated: bool,
+        truncated: bool,
+        final_observation: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let batch = import_batch(batch)?;
+        let final_obs: Option<ArrayRef> = match final_observation {
+            None => None,
+            Some(f) => {
+                let b = import_batch(f)?;
+                Some(b.column_by_name("observation").cloned().ok_or_else(|| {
+                    argument(
+                        "final_observation",
+                        "expected a batch with an `observation` column",
+                    )
+                })?)
+            }
+        };
+        py.detach(|| {
+            self.with(|w| {
+                let schema = w.schema().payload_schema().clone();
+                // The columns in the dataset's order and with its field metadata.
+                let columns = schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        let c = batch.column_by_name(f.name()).cloned().ok_or_else(|| {
+                            trajstore::Error::argument(
+                                "episode",
+                                format!("the episode has no `{}` column", f.name()),
+                            )
+                        })?;
+                        Ok(conform(c, f.data_type()))
+                    })
+                    .collect::<trajstore::Result<Vec<_>>>()?;
+                if let Some(extra) = batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .find(|f| schema.field_with_name(f.name()).is_err())
+                {
+                    return Err(trajstore::Error::argument(
+                        "episode",
+                        format!("the dataset has no column `{}`", extra.name()),
+                    ));
+                }
+                let batch = RecordBatch::try_new(schema, columns).map_err(|e| {
+                    trajstore::Error::argument(
+                        "episode",
+                        format!("columns do not fit the dataset's schema: {e}"),
+                    )
+                })?;
+                let mut end = EpisodeEnd {
+                    terminated,
+                    truncated,
+                    ..EpisodeEnd::default()
+                };
+                if let Some(f) = final_obs {
+                    end = end.with_final_observation(f);
+                }
+                w.append_episode(&batch, end)
+            })
+        })
+    }
+
+    /// Sets a dataset property (saved with the next commit).
+    fn set_property(&self, key: String, value: String) -> PyResult<()> {
+        self.with(|w| {
+            w.set_property(key, value);
+            Ok(())
+        })
+    }
+
+    /// Makes everything appended so far durable and visible as a new version (atomically).
+    /// Returns the version.
+    fn commit(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.with(|w| w.commit()))
+    }
+
+    /// Releases the lock without committing (appended, uncommitted episodes are discarded).
+    fn close(&self) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+}
+
+/// Ingests `input` into the dataset at `dataset` (created, or appended to), as `trajstore
+/// ingest` does; `options` holds the column mapping. Returns the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (input, dataset, options=None))]
+pub fn ingest(
+    py: Python<'_>,
+    input: PathBuf,
+    dataset: PathBuf,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<String> {
+    let mut o = IngestOptions::default();
+    let mut format: Option<String> = None;
+    let mut wopts = WriterOptions::default();
+    if let Some(d) = options {
+        for (k, v) in d.iter() {
+            if v.is_none() {
+                continue;
+            }
+            let key: String = k.extract()?;
+            let s = || v.extract::<String>();
+            let list = || v.extract::<Vec<String>>();
+            match key.as_str() {
+                "format" => format = Some(s()?),
+                "episode_col" => o.episode_col = Some(s()?),
+                "terminated_col" => o.terminated_col = Some(s()?),
+                "truncated_col" => o.truncated_col = Some(s()?),
+                "observation_col" => o.observation_col = s()?,
+                "observation_cols" => o.observation_cols = list()?,
+                "action_col" => o.action_col = s()?,
+                "action_cols" => o.action_cols = list()?,
+                "reward_col" => o.reward_col = s()?,
+                "no_reward" => o.no_reward = v.extract()?,
+                "next_observation_col" => o.next_observation_col = Some(s()?),
+                "drop_cols" => o.drop_cols = list()?,
+                "batch_rows" => o.batch_rows = v.extract()?,
+                "segment_bytes" => wopts = wopts.with_segment_bytes(v.extract()?),
+                other => {
+                    return Err(argument(other, format!("unknown ingest option `{other}`")));
+                }
+            }
+        }
+    }
+    let format = match format.as_deref() {
+        None => InputFormat::detect(&input).py()?,
+        Some("parquet") => InputFormat::Parquet,
+        Some("numpy" | "npz" | "npy") => InputFormat::Numpy,
+        Some("torchrl") => InputFormat::TorchRl,
+        Some("hdf5" | "d4rl" | "minari") => InputFormat::Hdf5,
+        Some("arrow" | "ipc" | "feather") => InputFormat::Arrow,
+        Some(other) => {
+            return Err(argument(
+                "format",
+                format!("unknown format `{other}`: use parquet, numpy, hdf5, arrow or torchrl"),
+            ));
+        }
+    };
+    let report = py
+        .detach(|| trajstore::ingest::ingest(&input, format, &dataset, &o, wopts))
+        .py()?;
+    Ok(serde_json::json!({
+        "rows": report.rows,
+        "episodes": report.episodes,
+        "version": report.version,
+        "seconds": report.seconds,
+        "columns": report.columns,
+        "boundaries": report.boundaries,
+    })
+    .to_string())
+}
+
+/// `array` with the list child field of `want` when only the child's name or nullability
+/// differs (pyarrow names list children `item`, nullable); anything else is left for the schema
+/// check to report.
+fn conform(array: ArrayRef, want: &arrow::datatypes::DataType) -> ArrayRef {
+    use arrow::array::{Array, AsArray, FixedSizeListArray};
+    use arrow::datatypes::DataType;
+    match (array.data_type(), want) {
+        (DataType::FixedSizeList(have, n), DataType::FixedSizeList(child, m))
+            if n == m && have.data_type() == child.data_type() && have != child =>
+        {
+            let list = array.as_fixed_size_list();
+            if list.values().null_count() > 0 && !child.is_nullable() {
+                return array;
+            }
+            FixedSizeListArray::try_new(
+                child.clone(),
+                *m,
+                list.values().clone(),
+                list.nulls().cloned(),
+            )
+            .map(|a| std::sync::Arc::new(a) as ArrayRef)
+            .unwrap_or(array)
+        }
+        _ => array,
+    }
+}

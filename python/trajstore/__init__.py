@@ -1,0 +1,66 @@
+"""trajstore: an Apache Arrow columnar store for reinforcement-learning transitions.
+
+Open a dataset, explore it in SQL, and sample fixed-length slices inside episodes as batches of
+PyTorch tensors (or NumPy arrays), gathered by Rust worker threads without the GIL and handed
+over without copies::
+
+    import trajstore
+    ds = trajstore.open("hopper.trajstore")
+    for batch in ds.loader(slice_len=64, num_slices=256, device="cuda", max_batches=1000):
+        obs, act = batch["observation"], batch["action"]        # [256, 64, 17], [256, 64, 6]
+        mask = batch["mask"]                                     # [256, 64] bool
+
+Writing from collectors::
+
+    with trajstore.create("new.trajstore", observation_shape=(17,), action_shape=(6,)) as w:
+        w.append_episode(observation=obs, action=act, reward=rew, terminated=True)
+        w.commit()
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._dataset import Dataset, open
+from ._loader import Batch, Loader
+from ._native import __version__
+from ._writer import Writer, create, ingest
+from .errors import (
+    ConflictError,
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    IncompatibleFormatError,
+    InvalidArgumentError,
+    InvalidDataError,
+    LockedError,
+    RemoteError,
+    SchemaError,
+    SqlError,
+    StreamBrokenError,
+    TrajstoreError,
+    TrajstoreIOError,
+)
+
+__all__ = [
+    "__version__",
+    "open",
+    "create",
+    "ingest",
+    "Dataset",
+    "Loader",
+    "Batch",
+    "Writer",
+    "errors",
+    "TrajstoreError",
+    "DatasetNotFoundError",
+    "CorruptDatasetError",
+    "IncompatibleFormatError",
+    "SchemaError",
+    "InvalidDataError",
+    "InvalidArgumentError",
+    "LockedError",
+    "ConflictError",
+    "RemoteError",
+    "StreamBrokenError",
+    "TrajstoreIOError",
+    "SqlError",
+]

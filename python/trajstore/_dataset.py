@@ -1,0 +1,205 @@
+"""Datasets: one committed version, memory-mapped."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+
+from . import _native
+
+if TYPE_CHECKING:
+    from ._loader import Loader
+    from ._writer import Writer
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def open(
+    uri: PathLike, version: Optional[int] = None, *, cache_dir: Optional[PathLike] = None
+) -> "Dataset":
+    """Opens the dataset at ``uri``: a local directory, ``file://...``, or ``s3://bucket/prefix``
+    (mirrored into ``cache_dir``, default ``$TRAJSTORE_CACHE`` or ``~/.cache/trajstore``, then
+    memory-mapped). Opens the newest committed version, or ``version``.
+
+    Raises :class:`~trajstore.DatasetNotFoundError` when there is no dataset there and
+    :class:`~trajstore.CorruptDatasetError` when its files are damaged."""
+    native = _native.open(
+        os.fspath(uri), version, None if cache_dir is None else os.fspath(cache_dir)
+    )
+    return Dataset(native)
+
+
+class Dataset:
+    """One committed version of a dataset. Its transitions are memory-mapped: opening costs
+    O(episodes), nothing is read until used, and many processes share the page cache.
+
+    ``len(ds)`` is the number of transitions; ``ds.num_episodes`` the number of episodes."""
+
+    def __init__(self, native: _native.Dataset) -> None:
+        self._n = native
+
+    # --- what it is -------------------------------------------------------------------------
+    @property
+    def uri(self) -> str:
+        """What it was opened from."""
+        return self._n.uri
+
+    @property
+    def path(self) -> str:
+        """The local directory mapped (a dataset in object storage: its mirror)."""
+        return os.fspath(self._n.path)
+
+    @property
+    def version(self) -> int:
+        """The committed version this object reads."""
+        return self._n.version
+
+    @property
+    def num_transitions(self) -> int:
+        return self._n.num_transitions
+
+    @property
+    def num_episodes(self) -> int:
+        return self._n.num_episodes
+
+    @property
+    def first_episode_id(self) -> int:
+        """Episode ids are dense: ``first_episode_id .. first_episode_id + num_episodes``."""
+        return self._n.first_episode_id
+
+    def __len__(self) -> int:
+        return self._n.num_transitions
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The transitions' schema (observation, action, reward, boundary columns, ...)."""
+        return pa.schema(self._n)
+
+    @property
+    def sample_columns(self) -> List[str]:
+        """The columns a loader can gather (``next_observation`` included, derived from the
+        episode when the dataset does not store it)."""
+        return list(self._n.sample_columns())
+
+    def versions(self) -> List[int]:
+        """Committed versions still on disk, oldest first."""
+        return list(self._n.versions())
+
+    def refresh(self) -> bool:
+        """Moves this object to the newest committed version (a collector may have committed
+        since); returns whether it changed. Loaders already made keep their version."""
+        return self._n.refresh()
+
+    def info(self, bins: int = 12) -> str:
+        """What ``trajstore info`` prints: counts, sizes, schema, and episode length and return
+        summaries with histograms of ``bins`` bins (0: none)."""
+        return self._n.info(bins)
+
+    def info_dict(self) -> Dict[str, Any]:
+        """What ``trajstore info --json`` prints, as a dict."""
+        return json.loads(self._n.info_json())
+
+    def __repr__(self) -> str:
+        return f"<trajstore.Dataset\n{self._n.info(0).rstrip()}\n>"
+
+    # --- reading ----------------------------------------------------------------------------
+    def episodes(self) -> pa.Table:
+        """The episode table: one row per episode (``episode_id``, ``start_row``, ``length``,
+        ``episode_return``, ``terminated``, ``truncated``, ...). Zero-copy."""
+        return pa.table(self._n.episodes())
+
+    def episode(self, episode_id: int) -> pa.RecordBatch:
+        """The transitions of one episode, a zero-copy view of the memory map."""
+        b = self._n.episode(int(episode_id))
+        if b is None:
+            first = self.first_episode_id
+            raise IndexError(
+                f"episode {episode_id} is not in this dataset (ids {first}..{first + self.num_episodes - 1})"
+            )
+        return pa.record_batch(b)
+
+    def sql(self, query: str, *, allow_writes: bool = False) -> pa.Table:
+        """Runs SQL (DataFusion) over the tables ``transitions`` and ``episodes``; the result as a
+        ``pyarrow.Table``. Read-only unless ``allow_writes`` (``COPY ... TO`` and the like).
+
+        >>> ds.sql("SELECT count(*) AS n, avg(episode_return) FROM episodes WHERE terminated")"""
+        return pa.table(self._n.sql(query, allow_writes))
+
+    def episodes_where(self, query: str) -> np.ndarray:
+        """The sorted, distinct episode ids returned by ``query`` (which must return an
+        ``episode_id`` column), as an ``int64`` array: a subset for :meth:`loader`'s
+        ``episodes=``."""
+        return np.from_dlpack(self._n.episodes_where(query))
+
+    # --- training ---------------------------------------------------------------------------
+    def loader(
+        self,
+        slice_len: int = 64,
+        num_slices: int = 256,
+        *,
+        columns: Optional[Sequence[str]] = None,
+        policy: str = "strict",
+        weighting: str = "windows",
+        episodes: Union[None, str, Sequence[int], np.ndarray] = None,
+        sampler: str = "uniform",
+        seed: int = 0,
+        alpha: float = 0.6,
+        beta: Optional[float] = None,
+        drop_last: bool = False,
+        workers: int = 2,
+        prefetch: int = 4,
+        device: Any = "cpu",
+        dtype_cast: Any = None,
+        rank: Union[int, str] = 0,
+        world_size: Optional[int] = None,
+        max_batches: Optional[int] = None,
+        backend: str = "torch",
+        transform: Any = None,
+        pin_memory: bool = False,
+        staging_slots: Optional[int] = None,
+        readahead: bool = False,
+    ) -> "Loader":
+        """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,
+        gathered ahead by ``workers`` Rust threads. See :class:`trajstore.Loader` for every
+        argument; each bad one raises :class:`~trajstore.InvalidArgumentError` here, before any
+        batch is sampled."""
+        from ._loader import make_loader
+
+        return make_loader(
+            self,
+            slice_len=slice_len,
+            num_slices=num_slices,
+            columns=columns,
+            policy=policy,
+            weighting=weighting,
+            episodes=episodes,
+            sampler=sampler,
+            seed=seed,
+            alpha=alpha,
+            beta=beta,
+            drop_last=drop_last,
+            workers=workers,
+            prefetch=prefetch,
+            device=device,
+            dtype_cast=dtype_cast,
+            rank=rank,
+            world_size=world_size,
+            max_batches=max_batches,
+            backend=backend,
+            transform=transform,
+            pin_memory=pin_memory,
+            staging_slots=staging_slots,
+            readahead=readahead,
+        )
+
+    # --- writing ----------------------------------------------------------------------------
+    def writer(self, *, lock_wait: float = 0.5) -> "Writer":
+        """The dataset's single writer, for appending episodes (waits up to ``lock_wait``
+        seconds for the lock, then raises :class:`~trajstore.LockedError`)."""
+        from ._writer import Writer
+
+        return Writer(_native.Writer.open(self.path, int(lock_wait * 1000)))

@@ -1,0 +1,499 @@
+"""The loader: batches of slices gathered by Rust worker threads, handed to PyTorch or NumPy.
+
+CPU (``device="cpu"``): each batch's columns are gathered by a worker into the batch's own
+buffers; the tensors (or arrays) handed out view those buffers through DLPack (no copy), and the
+buffers go back to the workers when the last tensor viewing them is freed. No CUDA call is made.
+
+CUDA (``device="cuda[:N]"``): a ring of pinned staging buffers is allocated once by PyTorch; the
+workers gather straight into them (GIL released), each batch is copied to the device without
+blocking on a dedicated CUDA stream, and a staging slot is reused only after an event recorded
+after its copy has completed. The current stream waits on that event, so the batch is ready to
+use in ordinary code.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from .errors import InvalidArgumentError
+
+FLAGS = ("mask", "is_first", "is_last", "terminated", "truncated", "slice_end")
+PER_SLICE = ("episode_id", "start_step")
+SAMPLERS = ("uniform", "epoch", "epoch_episodes", "episodes", "prioritized")
+
+
+class Batch(dict):
+    """One batch: a dict of ``[B, L, ...]`` tensors (or NumPy arrays), one per requested column,
+    plus ``mask`` (real steps; padding is False), ``is_first``, ``is_last``, ``terminated``,
+    ``truncated``, ``slice_end`` (``[B, L]`` bool), ``episode_id`` and ``start_step``
+    (``[B]`` int64), and ``weight`` (``[B]`` float32 importance weights) when a prioritized
+    loader was given ``beta``.
+
+    ``index`` is the batch's number in the stream (what :meth:`Loader.update_priorities` and
+    resuming take)."""
+
+    index: int
+
+    def __init__(self, index: int, items: Any) -> None:
+        super().__init__(items)
+        self.index = index
+
+    @property
+    def num_slices(self) -> int:
+        return int(self["episode_id"].shape[0])
+
+    def to(self, *args: Any, **kwargs: Any) -> "Batch":
+        """Every tensor ``.to(*args, **kwargs)`` (torch backend)."""
+        return Batch(self.index, {k: v.to(*args, **kwargs) for k, v in self.items()})
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {_describe(v)}" for k, v in self.items())
+        return f"Batch(index={self.index}, {cols})"
+
+
+def _describe(v: Any) -> str:
+    dtype = str(getattr(v, "dtype", "?")).replace("torch.", "")
+    return f"{dtype}{list(v.shape)}"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised without torch only
+        raise InvalidArgumentError(
+            "backend='torch' needs PyTorch (pip install torch); or pass backend='numpy'"
+        ) from e
+    return torch
+
+
+def _resolve_rank(rank: Union[int, str], world_size: Optional[int]) -> Tuple[int, int]:
+    if rank == "auto":
+        r, w = 0, 1
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                r, w = dist.get_rank(), dist.get_world_size()
+            else:
+                r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        except ImportError:
+            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        if world_size is not None and world_size != w:
+            raise InvalidArgumentError(
+                f"rank='auto' found world size {w}, but world_size={world_size} was given"
+            )
+        return r, w
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise InvalidArgumentError(f"rank must be an int or 'auto', got {rank!r}")
+    w = 1 if world_size is None else world_size
+    if w < 1 or not 0 <= rank < w:
+        raise InvalidArgumentError(f"rank {rank} is not in 0..world_size {w}")
+    return rank, w
+
+
+def _parse_device(device: Any):
+    """A ``torch.device`` for ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a device, an
+    int), checked against this machine. ``cpu`` makes no CUDA call."""
+    torch = _torch()
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgumentError(f"device {device!r}: use 'cpu', 'cuda' or 'cuda:N' ({e})") from None
+    if d.type == "cpu":
+        return d
+    if d.type != "cuda":
+        raise InvalidArgumentError(f"device {device!r}: only 'cpu' and 'cuda' devices are supported")
+    if not torch.cuda.is_available():
+        raise InvalidArgumentError(
+            f"device {device!r}: PyTorch sees no CUDA device (no GPU or driver, or a CPU-only "
+            "PyTorch); use device='cpu'"
+        )
+    index = 0 if d.index is None else d.index
+    if index >= torch.cuda.device_count():
+        raise InvalidArgumentError(
+            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return torch.device("cuda", index)
+
+
+class Loader:
+    """An iterable of :class:`Batch` es sampled from a :class:`~trajstore.Dataset`.
+
+    Made by :meth:`Dataset.loader`. Arguments:
+
+    - ``slice_len``, ``num_slices``: each batch holds ``num_slices`` slices of ``slice_len``
+      consecutive steps of one episode each.
+    - ``columns``: which columns to gather (default: every stored column plus
+      ``next_observation``).
+    - ``policy``: ``"strict"`` (slices lie inside episodes), ``"pad"`` (slices may start before
+      or run past an episode, masked), ``"span:L:R"``.
+    - ``weighting``: ``"windows"`` (every window equally likely), ``"episodes"`` (every episode
+      equally likely), ``"length"``.
+    - ``episodes``: restrict sampling to these episode ids, or to those a SQL query returns
+      (``"SELECT episode_id FROM episodes WHERE episode_return > 3000"``).
+    - ``sampler``: ``"uniform"`` (with replacement, endless), ``"epoch"`` (every window once
+      per epoch), ``"epoch_episodes"`` (one window of every episode per epoch), ``"episodes"``
+      (whole episodes, padded or cut to ``slice_len``), ``"prioritized"`` (proportional to
+      priorities set with :meth:`update_priorities`; ``alpha``, and ``beta`` for importance
+      weights in ``batch["weight"]``).
+    - ``seed``: same seed, same batches, whatever ``workers``.
+    - ``workers``, ``prefetch``: Rust threads gathering, and batches queued ahead.
+    - ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
+    - ``dtype_cast``: cast floating columns (e.g. ``torch.bfloat16``), on the device.
+    - ``rank``, ``world_size``: data-parallel shard (ranks draw disjoint batches); ``"auto"``
+      reads ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
+    - ``max_batches``: batches per iteration (default: one epoch of an epoch sampler, else
+      endless).
+    - ``backend``: ``"torch"`` or ``"numpy"`` (CPU only; PyTorch not needed).
+    - ``transform``: a function of the host batch (run before the copy to the device) returning
+      the batch (or None after changing it in place). Tensors it makes are pinned again before
+      a CUDA copy.
+    - ``pin_memory``: on CPU, hand out pinned tensors (for code doing its own transfers).
+    - ``staging_slots``: pinned staging buffers on CUDA (default ``workers + prefetch + 2``).
+    - ``readahead``: ``madvise`` the pages of upcoming batches (datasets larger than RAM).
+
+    Iterating yields one epoch of an epoch sampler, ``max_batches`` batches, or (uniform and
+    prioritized samplers without ``max_batches``) batches forever; iterating again continues
+    the stream where it stopped. ``len(loader)`` is the number of batches of one iteration where
+    finite. Works as a ``torch.utils.data.IterableDataset``: ``DataLoader(loader,
+    batch_size=None)`` (keep ``num_workers=0``: the loader has its own workers).
+    """
+
+    def __init__(self, dataset: Any, **kw: Any) -> None:
+        self._dataset = dataset
+        backend = kw.pop("backend")
+        if backend not in ("torch", "numpy"):
+            raise InvalidArgumentError(f"backend {backend!r}: use 'torch' or 'numpy'")
+        self._backend = backend
+        sampler = kw["sampler"]
+        if sampler not in SAMPLERS:
+            raise InvalidArgumentError(f"sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
+        self._rank, self._world = _resolve_rank(kw.pop("rank"), kw.pop("world_size"))
+        device = kw.pop("device")
+        self._transform: Optional[Callable[[Batch], Optional[Batch]]] = kw.pop("transform")
+        if self._transform is not None and not callable(self._transform):
+            raise InvalidArgumentError("transform must be callable (a function of the batch)")
+        self._pin = bool(kw.pop("pin_memory"))
+        cast = kw.pop("dtype_cast")
+        self._beta: Optional[float] = kw.pop("beta")
+        if self._beta is not None and sampler != "prioritized":
+            raise InvalidArgumentError("beta (importance weights) needs sampler='prioritized'")
+        staging = kw.pop("staging_slots")
+        if backend == "numpy":
+            if device not in ("cpu", None) or self._pin or cast is not None:
+                raise InvalidArgumentError(
+                    "backend='numpy' hands out host arrays: device='cpu', no pin_memory, no dtype_cast"
+                )
+            self._device = None
+            self._cast = None
+        else:
+            self._device = _parse_device(device)
+            torch = _torch()
+            if cast is not None and not (isinstance(cast, torch.dtype) and cast.is_floating_point):
+                raise InvalidArgumentError(f"dtype_cast {cast!r}: a floating torch.dtype (torch.bfloat16, ...)")
+            self._cast = cast
+            if self._pin and self._device.type == "cpu" and not torch.cuda.is_available():
+                raise InvalidArgumentError("pin_memory=True needs CUDA (pinned memory is a CUDA feature)")
+        episodes = kw.pop("episodes")
+        options: Dict[str, Any] = dict(kw)
+        if isinstance(episodes, str):
+            options["episodes_sql"] = episodes
+        elif episodes is not None:
+            options["episode_ids"] = [int(i) for i in np.asarray(episodes).reshape(-1)]
+        if options.get("columns") is not None:
+            if isinstance(options["columns"], str):
+                raise InvalidArgumentError("columns must be a list of names, not a string")
+            options["columns"] = list(options["columns"])
+        else:
+            options["columns"] = dataset.sample_columns
+        options["rank"], options["world_size"] = self._rank, self._world
+        self._per_iteration: Optional[int] = options.pop("max_batches")
+        if self._per_iteration is not None and self._per_iteration < 1:
+            raise InvalidArgumentError(f"max_batches={self._per_iteration}: at least 1")
+        self._options = options
+        self._cuda = self._device is not None and self._device.type == "cuda"
+        self._pin = self._pin and not self._cuda
+        self._staging = staging if staging is not None else options["workers"] + options["prefetch"] + 2
+        if self._cuda and self._staging < 2:
+            raise InvalidArgumentError(f"staging_slots={staging}: at least 2")
+        self._position = 0
+        self._recent: Deque[Tuple[int, Any, Any]] = collections.deque(maxlen=256)
+        # Sampler and gatherer: every bad argument fails here.
+        self._plan = _native.Plan(dataset._n, options)
+        self._names = [c[0] for c in self._plan.columns()]
+        self._inflight: Deque[Tuple[int, Any]] = collections.deque()
+        self._stream_native: Any = None
+        # The first stream starts now, so that its workers gather while the caller sets up.
+        self._native: Any = self._start(0)
+
+    # --- the stream -------------------------------------------------------------------------
+    def _count(self) -> Optional[int]:
+        """Batches per iteration."""
+        if self._per_iteration is not None:
+            return self._per_iteration
+        per = self._plan.batches_per_epoch
+        if per is None:
+            return None
+        return max(1, -(-per // self._world))
+
+    def _start(self, start: int) -> Any:
+        count = self._count()
+        if self._cuda:
+            return self._cuda_native(start, count)
+        return _native.BatchLoader(self._plan, start, count)
+
+    def __len__(self) -> int:
+        n = self._count()
+        if n is None:
+            raise TypeError("an endless loader has no len(); pass max_batches= or an epoch sampler")
+        return n
+
+    @property
+    def position(self) -> int:
+        """The number of the next batch of the stream."""
+        return self._position
+
+    @property
+    def columns(self) -> List[str]:
+        """The gathered columns, in batch order (flags and per-slice ids follow)."""
+        return list(self._names)
+
+    @property
+    def batches_per_epoch(self) -> Optional[int]:
+        """Batches in one epoch of an epoch sampler (all ranks together), else None."""
+        return self._plan.batches_per_epoch
+
+    def state_dict(self) -> Dict[str, int]:
+        """Where the stream is: pass to :meth:`load_state_dict` of a loader made with the same
+        arguments to continue exactly there (after a preemption)."""
+        return {"position": self._position}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self._close()
+        self._position = int(state["position"])
+
+    def __iter__(self) -> Iterator[Batch]:
+        native = self._native
+        if native is None or native.position() != self._position:
+            self._close()
+            native = self._native = self._start(self._position)
+        self._native = None  # one iteration per native stream
+        try:
+            if self._cuda:
+                yield from self._iter_cuda(native)
+            else:
+                yield from self._iter_host(native)
+        finally:
+            if self._cuda:
+                self._drain()
+
+    def _close(self) -> None:
+        self._drain()
+        self._native = None
+
+    def __del__(self) -> None:
+        try:
+            self._close()
+        except Exception:
+            pass
+
+    # --- CPU --------------------------------------------------------------------------------
+    def _wrap(self, buffers: List[Any]) -> List[Any]:
+        if self._backend == "numpy":
+            return [np.from_dlpack(b) for b in buffers]
+        from_dlpack = _torch().from_dlpack
+        return [from_dlpack(b) for b in buffers]
+
+    def _finish_host(self, batch: Batch) -> Batch:
+        if self._transform is not None:
+            out = self._transform(batch)
+            if out is not None:
+                batch = out if isinstance(out, Batch) else Batch(batch.index, out)
+        if self._cast is not None:
+            for k, v in batch.items():
+                if v.is_floating_point():
+                    batch[k] = v.to(self._cast)
+        if self._pin:
+            for k, v in batch.items():
+                if not v.is_pinned():
+                    batch[k] = v.pin_memory()
+        return batch
+
+    def _iter_host(self, native: Any) -> Iterator[Batch]:
+        names = self._names + list(FLAGS) + list(PER_SLICE)
+        while True:
+            got = native.next()
+            if got is None:
+                return
+            k, _, buffers = got
+            batch = Batch(k, zip(names, self._wrap(buffers)))
+            self._position = k + 1
+            self._weights(batch)
+            yield self._finish_host(batch)
+
+    # --- priorities -------------------------------------------------------------------------
+    def _ids(self, batch: Any) -> Tuple[List[int], List[int]]:
+        ids, starts = batch["episode_id"], batch["start_step"]
+        return [int(i) for i in ids.tolist()], [int(s) for s in starts.tolist()]
+
+    def _weights(self, batch: Batch) -> None:
+        if self._options["sampler"] != "prioritized":
+            return
+        ids, starts = self._ids(batch)
+        self._recent.append((batch.index, ids, starts))
+        if self._beta is not None:
+            w = np.asarray(
+                self._plan.importance_weights(ids, starts, float(self._beta)),
+                dtype=np.float32,
+            )
+            batch["weight"] = w if self._backend == "numpy" else _torch().from_numpy(w)
+
+    def update_priorities(self, batch: Union[int, Batch], priorities: Any) -> None:
+        """Sets the priorities (e.g. ``|TD error| + eps``) of the slices of ``batch`` (a batch
+        this loader yielded, or its ``index``), one per slice (prioritized sampler). Later
+        batches are drawn in proportion to ``priority ** alpha``."""
+        if self._options["sampler"] != "prioritized":
+            raise InvalidArgumentError("update_priorities needs sampler='prioritized'")
+        if isinstance(batch, dict):
+            ids, starts = self._ids(batch)
+        else:
+            found = [r for r in self._recent if r[0] == int(batch)]
+            if not found:
+                raise InvalidArgumentError(
+                    f"batch {batch} is not among the last {self._recent.maxlen} batches; pass the batch itself"
+                )
+            _, ids, starts = found[0]
+        p = priorities
+        if hasattr(p, "detach"):
+            p = p.detach().float().cpu().numpy()
+        p = np.asarray(p, dtype=np.float64).reshape(-1)
+        if p.shape[0] != len(ids):
+            raise InvalidArgumentError(f"{p.shape[0]} priorities for a batch of {len(ids)} slices")
+        self._plan.update_priorities(ids, starts, p.tolist())
+
+    # --- CUDA -------------------------------------------------------------------------------
+    def _cuda_native(self, start: int, count: Optional[int]) -> Any:
+        torch = _torch()
+        b, l = self._plan.num_slices, self._plan.slice_len
+        if not getattr(self, "_slots", None):
+            # Allocated once per loader, by PyTorch, so that they are page-locked memory its
+            # copies recognise as pinned.
+            self._slots: List[Dict[str, Any]] = []
+            for _ in range(self._staging):
+                slot: Dict[str, Any] = {}
+                for name, dtype, shape in self._plan.columns():
+                    slot[name] = torch.empty((b, l, *shape), dtype=_torch_dtype(torch, dtype), pin_memory=True)
+                for name in FLAGS:
+                    slot[name] = torch.empty((b, l), dtype=torch.bool, pin_memory=True)
+                for name in PER_SLICE:
+                    slot[name] = torch.empty((b,), dtype=torch.int64, pin_memory=True)
+                self._slots.append(slot)
+            self._copy_stream = torch.cuda.Stream(device=self._device)
+        regions = [[(t.data_ptr(), t.numel() * t.element_size()) for t in slot.values()] for slot in self._slots]
+        return _native.SlotLoader(self._plan, start, count, regions, self._slots)
+
+    def _release_done(self, native: Any, upto: int) -> None:
+        """Releases the slots whose copies finished, and (waiting for them) those of every batch
+        up to ``upto``."""
+        while self._inflight:
+            k, event = self._inflight[0]
+            if k > upto and not event.query():
+                break
+            event.synchronize()
+            self._inflight.popleft()
+            native.release(k)
+
+    def _drain(self) -> None:
+        """Waits for the copies in flight and releases their slots."""
+        native = self._stream_native
+        while self._inflight:
+            k, event = self._inflight.popleft()
+            event.synchronize()
+            if native is not None:
+                native.release(k)
+
+    def _iter_cuda(self, native: Any) -> Iterator[Batch]:
+        torch = _torch()
+        self._stream_native = native
+        R = self._staging
+        names = self._names + list(FLAGS) + list(PER_SLICE)
+        device, cast = self._device, self._cast
+        while True:
+            self._release_done(native, native.position() - R)
+            got = native.next()
+            if got is None:
+                return
+            k, slot, nb = got
+            host = Batch(k, ((n, self._slots[slot][n][:nb]) for n in names))
+            self._position = k + 1
+            self._weights(host)
+            if self._transform is not None:
+                out = self._transform(host)
+                if out is not None:
+                    host = out if isinstance(out, Batch) else Batch(k, out)
+                for n, t in list(host.items()):
+                    if not t.is_pinned():
+                        host[n] = t.pin_memory()
+            current = torch.cuda.current_stream(device)
+            with torch.cuda.stream(self._copy_stream):
+                # The copy stream must not read the slot before work queued earlier on the
+                # consumer's stream (e.g. a transform on the GPU) is done.
+                self._copy_stream.wait_stream(current)
+                out: Dict[str, Any] = {}
+                for n, t in host.items():
+                    d = t.to(device, non_blocking=True)
+                    if cast is not None and d.is_floating_point():
+                        d = d.to(cast)
+                    out[n] = d
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            current.wait_event(event)
+            for t in out.values():
+                t.record_stream(current)
+            self._inflight.append((k, event))
+            yield Batch(k, out)
+
+
+def _torch_dtype(torch: Any, name: str) -> Any:
+    table = {
+        "bool": torch.bool,
+        "float16": torch.float16,
+        "float32": torch.float32,
+        "float64": torch.float64,
+        "int8": torch.int8,
+        "int16": torch.int16,
+        "int32": torch.int32,
+        "int64": torch.int64,
+        "uint8": torch.uint8,
+    }
+    if name not in table:
+        # uint16/32/64 have limited PyTorch support; gathered bytes stay exact in int of the width.
+        table.update({"uint16": torch.int16, "uint32": torch.int32, "uint64": torch.int64})
+    return table[name]
+
+
+_TORCH_LOADER: Optional[type] = None
+
+
+def _loader_class(backend: str) -> type:
+    """``Loader``, also a ``torch.utils.data.IterableDataset`` with the torch backend."""
+    global _TORCH_LOADER
+    if backend != "torch":
+        return Loader
+    if _TORCH_LOADER is None:
+        from torch.utils.data import IterableDataset
+
+        _TORCH_LOADER = type("Loader", (Loader, IterableDataset), {"__module__": __name__, "__doc__": Loader.__doc__})
+    return _TORCH_LOADER
+
+
+def make_loader(dataset: Any, **kw: Any) -> Loader:
+    cls = _loader_class(kw["backend"])
+    if kw["backend"] == "torch":
+        _torch()
+    return cls(dataset, **kw)

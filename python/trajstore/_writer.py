@@ -1,0 +1,232 @@
+"""Writing: datasets from collectors (whole episodes or step by step) and from files."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+
+from . import _native
+from .errors import InvalidArgumentError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+BOUNDARY = ("observation", "action", "reward", "next_observation")
+
+
+def create(
+    path: PathLike,
+    observation_shape: Sequence[int],
+    action_shape: Optional[Sequence[int]] = None,
+    *,
+    observation_dtype: str = "float32",
+    store_next_observation: bool = False,
+    columns: Optional[Mapping[str, Tuple[str, Sequence[int]]]] = None,
+    append: bool = False,
+    segment_bytes: Optional[int] = None,
+    lock_wait: float = 0.5,
+) -> "Writer":
+    """Creates a dataset at ``path`` and returns its (single) writer.
+
+    - ``observation_shape``: e.g. ``(17,)`` or ``(3, 84, 84)`` with ``observation_dtype="uint8"``.
+    - ``action_shape``: ``(6,)`` for continuous ``float32`` actions; ``None`` for a discrete
+      action (one ``int64`` per step).
+    - ``store_next_observation``: store o_{t+1} per step (default: derived from the next step
+      and each episode's final observation, half the bytes).
+    - ``columns``: extra per-step columns, ``{"qpos": ("float64", (15,)), "cost": ("float32", ())}``.
+    - ``append``: if ``path`` already holds a dataset, append to it (its schema must match)
+      instead of failing.
+
+    Use it as a context manager: leaving the block normally commits what was appended; an
+    exception discards everything since the last :meth:`Writer.commit` and releases the lock::
+
+        with trajstore.create("new.trajstore", observation_shape=(17,), action_shape=(6,)) as w:
+            w.append_episode(observation=obs, action=act, reward=rew, terminated=True)
+    """
+    cols = None
+    if columns:
+        cols = [(name, str(dtype), [int(d) for d in shape]) for name, (dtype, shape) in columns.items()]
+    native = _native.create(
+        os.fspath(path),
+        [int(d) for d in observation_shape],
+        None if action_shape is None else [int(d) for d in action_shape],
+        observation_dtype=str(observation_dtype),
+        store_next_observation=store_next_observation,
+        columns=cols,
+        append=append,
+        segment_bytes=segment_bytes,
+        lock_wait_ms=int(lock_wait * 1000),
+    )
+    return Writer(native)
+
+
+def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]:
+    """Ingests a file (or directory) into the dataset at ``dataset`` (created, or appended to
+    when it exists with the same schema), as ``trajstore ingest`` does: Parquet, NumPy
+    (``.npz`` or a directory of ``.npy``), D4RL/Minari HDF5, Arrow IPC, LeRobot (Parquet
+    directory) and TorchRL (``rb.dumps`` directory). Options (as the CLI's flags):
+    ``format``, ``episode_col``, ``terminated_col``, ``truncated_col``, ``observation_col``,
+    ``observation_cols``, ``action_col``, ``action_cols``, ``reward_col``, ``no_reward``,
+    ``next_observation_col``, ``drop_cols``, ``batch_rows``, ``segment_bytes``.
+
+    Returns the report: rows, episodes, version, seconds, column mapping, boundaries. Nothing is
+    committed when it fails."""
+    return json.loads(_native.ingest(os.fspath(input), os.fspath(dataset), options))
+
+
+def _numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+class Writer:
+    """The single writer of a dataset: holds its lock (a second writer gets
+    :class:`~trajstore.LockedError`) until :meth:`close`. Appended episodes become durable and
+    visible to readers, atomically, at :meth:`commit`; a crash before it loses only what was
+    appended since the last commit."""
+
+    def __init__(self, native: _native.Writer) -> None:
+        self._n = native
+        self._schema: pa.Schema = pa.schema(native.payload_schema())
+        self._steps: List[Dict[str, np.ndarray]] = []
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The columns of one step (observation, action, reward, [next_observation], extras)."""
+        return self._schema
+
+    @property
+    def next_episode_id(self) -> int:
+        return self._n.next_episode_id()
+
+    @property
+    def closed(self) -> bool:
+        return self._n.closed
+
+    def _column(self, field: pa.Field, value: Any, steps: Optional[int]) -> pa.Array:
+        t = field.type
+        if pa.types.is_fixed_size_list(t):
+            elem, width = t.value_type, t.list_size
+        else:
+            elem, width = t, 1
+        arr = _numpy(value)
+        if arr.dtype == object:
+            raise InvalidArgumentError(f"column `{field.name}`: expected a numeric array")
+        try:
+            arr = np.ascontiguousarray(arr, dtype=elem.to_pandas_dtype())
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"column `{field.name}`: cannot convert to {elem}: {e}") from None
+        n = arr.shape[0] if arr.ndim > 0 else 1
+        if steps is not None and n != steps:
+            raise InvalidArgumentError(
+                f"column `{field.name}` has {n} steps, `observation` has {steps}"
+            )
+        if arr.size != n * width:
+            raise InvalidArgumentError(
+                f"column `{field.name}` holds {arr.size // max(n, 1)} values per step, the dataset's "
+                f"has {width} (shape {tuple(arr.shape)})"
+            )
+        flat = pa.array(arr.reshape(-1))
+        if pa.types.is_fixed_size_list(t):
+            return pa.FixedSizeListArray.from_arrays(flat, width)
+        return flat
+
+    def append_episode(
+        self,
+        observation: Any,
+        action: Any,
+        reward: Any,
+        *,
+        terminated: bool = False,
+        truncated: Optional[bool] = None,
+        next_observation: Any = None,
+        final_observation: Any = None,
+        **columns: Any,
+    ) -> int:
+        """Appends one episode of ``T`` steps (NumPy arrays, torch tensors or lists; converted
+        to the dataset's types): ``observation [T, *obs_shape]``, ``action [T, act_dim]`` (or
+        ``[T]`` integers), ``reward [T]``, the extra columns by name, and how it ended:
+        ``terminated`` (a terminal state), else ``truncated`` (default: not terminated).
+        ``final_observation`` (o_T) is kept when ``next_observation`` is derived;
+        ``next_observation [T, ...]`` is required when the dataset stores it.
+
+        Not durable before :meth:`commit`. Returns the episode's id."""
+        values = dict(columns, observation=observation, action=action, reward=reward)
+        if next_observation is not None:
+            values["next_observation"] = next_observation
+        steps = _numpy(observation).shape[0] if _numpy(observation).ndim > 0 else None
+        arrays = []
+        for field in self._schema:
+            if field.name not in values:
+                raise InvalidArgumentError(f"the episode has no `{field.name}` column")
+            arrays.append(self._column(field, values.pop(field.name), steps))
+        if values:
+            raise InvalidArgumentError(
+                f"the dataset has no column(s) {', '.join(sorted(values))} (its columns: "
+                f"{', '.join(self._schema.names)})"
+            )
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+        final = None
+        if final_observation is not None:
+            obs_field = self._schema.field("observation")
+            final = pa.RecordBatch.from_arrays(
+                [self._column(obs_field, _numpy(final_observation)[None, ...], 1)], names=["observation"]
+            )
+        if truncated is None:
+            truncated = not terminated
+        return self._n.append_episode(batch, bool(terminated), bool(truncated), final)
+
+    def append_step(
+        self, observation: Any, action: Any, reward: float, *, next_observation: Any = None, **columns: Any
+    ) -> None:
+        """Adds one step to the episode in progress (for collectors that produce steps); the
+        episode is appended by :meth:`end_episode`. A process that dies mid-episode loses that
+        episode only."""
+        step = dict(columns, observation=_numpy(observation), action=_numpy(action), reward=np.float32(reward))
+        if next_observation is not None:
+            step["next_observation"] = _numpy(next_observation)
+        self._steps.append(step)
+
+    def end_episode(
+        self, *, terminated: bool = False, truncated: Optional[bool] = None, final_observation: Any = None
+    ) -> int:
+        """Appends the episode built with :meth:`append_step`; returns its id."""
+        if not self._steps:
+            raise InvalidArgumentError("end_episode: no step was appended since the last episode")
+        steps, self._steps = self._steps, []
+        cols = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
+        return self.append_episode(
+            terminated=terminated, truncated=truncated, final_observation=final_observation, **cols
+        )
+
+    def set_property(self, key: str, value: str) -> None:
+        """A dataset property (``env_id``, ``policy``, ...), saved with the next commit."""
+        self._n.set_property(str(key), str(value))
+
+    def commit(self) -> int:
+        """Makes the appended episodes durable and visible as a new version, atomically.
+        Returns the version."""
+        return self._n.commit()
+
+    def close(self) -> None:
+        """Releases the lock; episodes appended since the last commit are discarded."""
+        self._steps = []
+        self._n.close()
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None and not self.closed:
+                self.commit()
+        finally:
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"next episode {self.next_episode_id}"
+        return f"<trajstore.Writer {state}; columns {', '.join(self._schema.names)}>"
