@@ -311,6 +311,23 @@ impl Plan {
         p.importance_weights(&windows, beta, &mut out);
         Ok(out)
     }
+    /// Benchmark hook: runs the Rust loader alone (no Python objects per batch) over batches
+    /// `start .. start + count`, recycling each batch, and returns the seconds it took; the
+    /// baseline the Python loader's overhead is measured against, in the same process.
+    fn time_rust_loader(&self, py: Python<'_>, start: u64, count: u64) -> PyResult<f64> {
+        let (sampler, gatherer) = (self.spec.sampler.clone(), self.spec.gatherer.clone());
+        let opts = self.options(start, Some(count));
+        py.detach(|| -> trajstore::Result<f64> {
+            let t = std::time::Instant::now();
+            let mut loader = Loader::try_new(sampler, gatherer, opts)?;
+            while let Some(b) = loader.next_batch() {
+                std::hint::black_box(&b);
+                loader.recycle(b);
+            }
+            Ok(t.elapsed().as_secs_f64())
+        })
+        .py()
+    }
 }
 
 impl Plan {
