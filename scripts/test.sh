@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command of the README: sets up Python (pyarrow for the interop test, moto for the S3
-# server of tests/remote.rs), runs every test with the
-# default features, then sets up libtorch (pip torch==2.11.0, once) and runs them again with the
-# `torch` feature. Extra arguments go to both `cargo test` runs (e.g. `scripts/test.sh --test
-# crash`); TRAJSTORE_SKIP_TORCH=1 skips the torch run.
+# server of tests/remote.rs), runs every test with the default features, then the Python
+# package's pytest suite (scripts/test-python.sh: PyTorch from pip, the extension built in the
+# same target directory), then sets up libtorch (the same pip torch==2.11.0) and runs the Rust
+# tests again with the `torch` feature. Extra arguments go to both `cargo test` runs (e.g.
+# `scripts/test.sh --test crash`); TRAJSTORE_SKIP_PYTHON=1 skips the pytest suite and
+# TRAJSTORE_SKIP_TORCH=1 the torch run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if py=$(scripts/setup-python.sh 2>/dev/null | tail -n 1) && [ -x "$py" ]; then
@@ -16,6 +18,12 @@ else
 fi
 echo "== cargo test (default features)" >&2
 cargo test --features fault-injection "$@"
+if [ "${TRAJSTORE_SKIP_PYTHON:-}" = "1" ]; then
+    echo "note: TRAJSTORE_SKIP_PYTHON=1: the Python package was not tested" >&2
+else
+    echo "== the Python package (scripts/test-python.sh)" >&2
+    scripts/test-python.sh
+fi
 if [ "${TRAJSTORE_SKIP_TORCH:-}" = "1" ]; then
     echo "note: TRAJSTORE_SKIP_TORCH=1: the torch feature was not tested" >&2
     exit 0

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+# pyarrow and NumPy are imported where they are used: the loader needs neither (a GPU machine
+# with only PyTorch can train from a dataset).
+
 import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
-import numpy as np
-import pyarrow as pa
-
 from . import _native
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
     from ._loader import Loader
     from ._writer import Writer
 
@@ -75,8 +78,10 @@ class Dataset:
         return self._n.num_transitions
 
     @property
-    def schema(self) -> pa.Schema:
+    def schema(self) -> "pa.Schema":
         """The transitions' schema (observation, action, reward, boundary columns, ...)."""
+        import pyarrow as pa
+
         return pa.schema(self._n)
 
     @property
@@ -110,9 +115,11 @@ class Dataset:
     def episodes(self) -> pa.Table:
         """The episode table: one row per episode (``episode_id``, ``start_row``, ``length``,
         ``episode_return``, ``terminated``, ``truncated``, ...). Zero-copy."""
+        import pyarrow as pa
+
         return pa.table(self._n.episodes())
 
-    def episode(self, episode_id: int) -> pa.RecordBatch:
+    def episode(self, episode_id: int) -> "pa.RecordBatch":
         """The transitions of one episode, a zero-copy view of the memory map."""
         b = self._n.episode(int(episode_id))
         if b is None:
@@ -120,19 +127,25 @@ class Dataset:
             raise IndexError(
                 f"episode {episode_id} is not in this dataset (ids {first}..{first + self.num_episodes - 1})"
             )
+        import pyarrow as pa
+
         return pa.record_batch(b)
 
-    def sql(self, query: str, *, allow_writes: bool = False) -> pa.Table:
+    def sql(self, query: str, *, allow_writes: bool = False) -> "pa.Table":
         """Runs SQL (DataFusion) over the tables ``transitions`` and ``episodes``; the result as a
         ``pyarrow.Table``. Read-only unless ``allow_writes`` (``COPY ... TO`` and the like).
 
         >>> ds.sql("SELECT count(*) AS n, avg(episode_return) FROM episodes WHERE terminated")"""
+        import pyarrow as pa
+
         return pa.table(self._n.sql(query, allow_writes))
 
-    def episodes_where(self, query: str) -> np.ndarray:
+    def episodes_where(self, query: str) -> "np.ndarray":
         """The sorted, distinct episode ids returned by ``query`` (which must return an
         ``episode_id`` column), as an ``int64`` array: a subset for :meth:`loader`'s
         ``episodes=``."""
+        import numpy as np
+
         return np.from_dlpack(self._n.episodes_where(query))
 
     # --- training ---------------------------------------------------------------------------
@@ -144,7 +157,7 @@ class Dataset:
         columns: Optional[Sequence[str]] = None,
         policy: str = "strict",
         weighting: str = "windows",
-        episodes: Union[None, str, Sequence[int], np.ndarray] = None,
+        episodes: Union[None, str, Sequence[int], "np.ndarray"] = None,
         sampler: str = "uniform",
         seed: int = 0,
         alpha: float = 0.6,

@@ -17,8 +17,6 @@ import collections
 import os
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
 from . import _native
 from .errors import InvalidArgumentError
 
@@ -204,7 +202,9 @@ class Loader:
         if isinstance(episodes, str):
             options["episodes_sql"] = episodes
         elif episodes is not None:
-            options["episode_ids"] = [int(i) for i in np.asarray(episodes).reshape(-1)]
+            if hasattr(episodes, "tolist"):  # NumPy array or tensor
+                episodes = episodes.tolist()
+            options["episode_ids"] = [int(i) for i in episodes]
         if options.get("columns") is not None:
             if isinstance(options["columns"], str):
                 raise InvalidArgumentError("columns must be a list of names, not a string")
@@ -305,6 +305,8 @@ class Loader:
     # --- CPU --------------------------------------------------------------------------------
     def _wrap(self, buffers: List[Any]) -> List[Any]:
         if self._backend == "numpy":
+            import numpy as np
+
             return [np.from_dlpack(b) for b in buffers]
         from_dlpack = _torch().from_dlpack
         return [from_dlpack(b) for b in buffers]
@@ -347,11 +349,13 @@ class Loader:
         ids, starts = self._ids(batch)
         self._recent.append((batch.index, ids, starts))
         if self._beta is not None:
-            w = np.asarray(
-                self._plan.importance_weights(ids, starts, float(self._beta)),
-                dtype=np.float32,
-            )
-            batch["weight"] = w if self._backend == "numpy" else _torch().from_numpy(w)
+            w = self._plan.importance_weights(ids, starts, float(self._beta))
+            if self._backend == "numpy":
+                import numpy as np
+
+                batch["weight"] = np.asarray(w, dtype=np.float32)
+            else:
+                batch["weight"] = _torch().tensor(w, dtype=_torch().float32)
 
     def update_priorities(self, batch: Union[int, Batch], priorities: Any) -> None:
         """Sets the priorities (e.g. ``|TD error| + eps``) of the slices of ``batch`` (a batch
@@ -369,12 +373,14 @@ class Loader:
                 )
             _, ids, starts = found[0]
         p = priorities
-        if hasattr(p, "detach"):
-            p = p.detach().float().cpu().numpy()
-        p = np.asarray(p, dtype=np.float64).reshape(-1)
-        if p.shape[0] != len(ids):
-            raise InvalidArgumentError(f"{p.shape[0]} priorities for a batch of {len(ids)} slices")
-        self._plan.update_priorities(ids, starts, p.tolist())
+        if hasattr(p, "detach"):  # a tensor, maybe on the GPU
+            p = p.detach().double().cpu().reshape(-1).tolist()
+        elif hasattr(p, "tolist"):
+            p = p.reshape(-1).tolist()
+        p = [float(x) for x in p]
+        if len(p) != len(ids):
+            raise InvalidArgumentError(f"{len(p)} priorities for a batch of {len(ids)} slices")
+        self._plan.update_priorities(ids, starts, p)
 
     # --- CUDA -------------------------------------------------------------------------------
     def _cuda_native(self, start: int, count: Optional[int]) -> Any:

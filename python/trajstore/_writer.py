@@ -6,11 +6,14 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from . import _native
 from .errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -77,7 +80,9 @@ def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]
     return json.loads(_native.ingest(os.fspath(input), os.fspath(dataset), options))
 
 
-def _numpy(x: Any) -> np.ndarray:
+def _numpy(x: Any) -> "np.ndarray":
+    import numpy as np
+
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
         x = x.detach().cpu().numpy()
     return np.asarray(x)
@@ -90,12 +95,14 @@ class Writer:
     appended since the last commit."""
 
     def __init__(self, native: _native.Writer) -> None:
+        import pyarrow as pa
+
         self._n = native
-        self._schema: pa.Schema = pa.schema(native.payload_schema())
-        self._steps: List[Dict[str, np.ndarray]] = []
+        self._schema: "pa.Schema" = pa.schema(native.payload_schema())
+        self._steps: List[Dict[str, "np.ndarray"]] = []
 
     @property
-    def schema(self) -> pa.Schema:
+    def schema(self) -> "pa.Schema":
         """The columns of one step (observation, action, reward, [next_observation], extras)."""
         return self._schema
 
@@ -107,7 +114,10 @@ class Writer:
     def closed(self) -> bool:
         return self._n.closed
 
-    def _column(self, field: pa.Field, value: Any, steps: Optional[int]) -> pa.Array:
+    def _column(self, field: "pa.Field", value: Any, steps: Optional[int]) -> "pa.Array":
+        import numpy as np
+        import pyarrow as pa
+
         t = field.type
         if pa.types.is_fixed_size_list(t):
             elem, width = t.value_type, t.list_size
@@ -169,6 +179,8 @@ class Writer:
                 f"the dataset has no column(s) {', '.join(sorted(values))} (its columns: "
                 f"{', '.join(self._schema.names)})"
             )
+        import pyarrow as pa
+
         batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
         final = None
         if final_observation is not None:
@@ -186,6 +198,8 @@ class Writer:
         """Adds one step to the episode in progress (for collectors that produce steps); the
         episode is appended by :meth:`end_episode`. A process that dies mid-episode loses that
         episode only."""
+        import numpy as np
+
         step = dict(columns, observation=_numpy(observation), action=_numpy(action), reward=np.float32(reward))
         if next_observation is not None:
             step["next_observation"] = _numpy(next_observation)
@@ -197,6 +211,8 @@ class Writer:
         """Appends the episode built with :meth:`append_step`; returns its id."""
         if not self._steps:
             raise InvalidArgumentError("end_episode: no step was appended since the last episode")
+        import numpy as np
+
         steps, self._steps = self._steps, []
         cols = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
         return self.append_episode(
