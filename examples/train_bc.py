@@ -7,7 +7,7 @@
 Steps: (1) without --input, write a small synthetic file in D4RL's hopper layout; (2) ingest
 it into a trajstore dataset; (3) sample batches of (observation, action) with the loader's Rust
 workers; (4) fit an MLP policy by mean-squared error; (5) evaluate on held-out episodes.
-Needs only torch, numpy, h5py and trajstore. Exits 1 if the training loss did not fall.
+Needs only torch, numpy, h5py and trajstore. Exits 1 unless the training loss fell by 20%.
 """
 
 import argparse
@@ -104,16 +104,16 @@ def main():
     if os.path.exists(path):
         print(f"reusing the dataset at {path}")
     else:
-        hdf5 = args.input
+        hdf5, expected = args.input, None
         if hdf5 is None:
             hdf5 = os.path.join(tmp.name, "synthetic_hopper.hdf5")
-            write_synthetic_d4rl(hdf5, seed=args.seed)
+            expected = write_synthetic_d4rl(hdf5, seed=args.seed)
         with h5py.File(hdf5, "r") as f:
             rows = len(f["observations"])
         report = trajstore.ingest(hdf5, path)
         print(f"ingested {report['rows']} transitions in {report['episodes']} episodes "
               f"({report['seconds']:.2f} s); boundaries: {report['boundaries']}")
-        if report["rows"] != rows or report["episodes"] < 1:
+        if report["rows"] != rows or expected not in (None, report["episodes"]):
             sys.exit(f"unexpected ingest report: {report}")
 
     # 3. Open it and hold out the last 5% of episodes for evaluation.
@@ -121,13 +121,16 @@ def main():
     ids = np.arange(ds.first_episode_id, ds.first_episode_id + ds.num_episodes)
     n_eval = max(1, len(ids) // 20)
     train_ids, eval_ids = ids[:-n_eval], ids[-n_eval:]
+    if len(train_ids) == 0:  # a single episode: train and evaluate on it
+        train_ids = eval_ids
     print(f"{len(ds)} transitions, {len(train_ids)} training and {n_eval} held-out episodes")
 
     # Normalisation statistics from one large sample (NumPy backend: no torch needed).
     stats = ds.loader(slice_len=1, num_slices=10_000, columns=["observation"], episodes=train_ids,
                       backend="numpy", seed=args.seed, max_batches=1)
-    sample = next(iter(stats))["observation"].reshape(-1, ds.schema.field("observation").type.list_size)
+    sample = next(iter(stats))["observation"][:, 0]  # [10000, obs_dim]
     mean, std = sample.mean(0), sample.std(0) + 1e-3
+    act_dim = episode_arrays(ds, eval_ids[0])[1].shape[1]
 
     # The training stream: `batch_size` slices of `slice_len` steps per batch, gathered ahead by
     # Rust threads (copied to the GPU on a side stream with device="cuda"). Slices longer than
@@ -139,8 +142,7 @@ def main():
                        device=args.device, seed=args.seed, max_batches=args.steps)
 
     # 4. Behaviour cloning: regress the dataset's actions from its observations.
-    policy = Policy(sample.shape[-1], ds.schema.field("action").type.list_size, mean, std)
-    policy = policy.to(args.device)
+    policy = Policy(sample.shape[1], act_dim, mean, std).to(args.device)
     opt = torch.optim.Adam(policy.parameters(), lr=args.lr)
     losses = []
     for step, batch in enumerate(loader, 1):
@@ -158,14 +160,14 @@ def main():
     with torch.no_grad():
         sq, n = 0.0, 0
         for eid in eval_ids:
-            o, a = (torch.from_numpy(x).to(args.device) for x in episode_arrays(ds, eid))
+            o, a = (torch.tensor(x, device=args.device) for x in episode_arrays(ds, eid))
             sq += (policy(o) - a).square().mean(-1).sum().item()
             n += len(o)
     print(f"held-out MSE {sq / n:.5f} over {n} transitions of {n_eval} episodes")
 
     first, final = losses[0], float(np.mean(losses[-max(1, len(losses) // 10):]))
     print(f"final loss {final:.5f} (first {first:.5f})")
-    if not final < first:
+    if not final < 0.8 * first:  # noise alone moves it a few percent
         sys.exit("the loss did not fall")
 
 

@@ -113,7 +113,7 @@ class Dataset:
 
     # --- reading ----------------------------------------------------------------------------
     def episodes(self) -> pa.Table:
-        """The episode table: one row per episode (``episode_id``, ``start_row``, ``length``,
+        """The episode table: one row per episode (``episode_id``, ``row_start``, ``length``,
         ``episode_return``, ``terminated``, ``truncated``, ...). Zero-copy."""
         import pyarrow as pa
 
