@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds what a GPU machine without Rust needs to check the `torch` feature, into gpu-bundle/
-# (ignored by git; ~26 MB, under the device tool's 64 MiB carry limit): the loader-only CLI
-# (no DataFusion) and the torch test binaries, release-built and stripped, plus run.sh, which
-# finds that machine's PyTorch 2.11 libraries and runs the CUDA tests and benchmarks there:
+# Builds what a GPU machine without Rust needs to check the `torch` feature and the Python
+# package, into gpu-bundle/ (ignored by git; under the device tool's 64 MiB carry limit): the
+# loader-only CLI (no DataFusion) and the torch test binaries, release-built and stripped; the
+# Python package (its .py files and the release extension, stripped and gzipped: ~33 MB) with
+# python/tests/cuda_check.py; and run.sh, which finds that machine's PyTorch 2.11 libraries and
+# runs the CUDA tests, the Python package's CUDA checks and the benchmarks there:
 #
 #     scripts/gpu-bundle.sh                      # here
 #     gpu-bundle/run.sh [DATASET_TRANSITIONS]    # there (with carry: ["gpu-bundle"])
@@ -18,9 +20,15 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])')
 target="${CARGO_TARGET_DIR:-target}"
-rm -rf gpu-bundle && mkdir -p gpu-bundle
+rm -rf gpu-bundle && mkdir -p gpu-bundle/python/trajstore
 strip -o gpu-bundle/trajstore "$target/release/trajstore"
 while read -r name exe; do strip -o "gpu-bundle/test-$name" "$exe"; done <<< "$tests"
+# The Python package as a wheel would install it (the interpreter only names the ABI: abi3).
+PYO3_PYTHON="$VIRTUAL_ENV/bin/python" PYO3_BUILD_EXTENSION_MODULE=1 cargo build --release -p trajstore-python
+cp python/trajstore/*.py python/trajstore/py.typed gpu-bundle/python/trajstore/
+strip -o gpu-bundle/python/trajstore/_native.abi3.so "$target/release/lib_native.so"
+gzip -9 gpu-bundle/python/trajstore/_native.abi3.so
+cp python/tests/cuda_check.py gpu-bundle/python/
 cat > gpu-bundle/run.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on a GPU machine with PyTorch 2.11 (no Rust needed). Results go to $OUT when set.
@@ -38,6 +46,9 @@ pid=$!
 for _ in 1 2 3 4 5; do nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >> "$out/cpu-run-gpu-procs.txt"; sleep 0.2; done
 wait $pid
 ./trajstore demo /tmp/gpu-demo.trajstore --transitions "$n" --json > "$out/demo.json"
+# The Python package's CUDA path (needs only PyTorch there).
+gunzip -kf python/trajstore/_native.abi3.so.gz
+PYTHONPATH="$PWD/python" python3 python/cuda_check.py /tmp/gpu-demo.trajstore --out "$out/python-cuda.json" 2>&1 | tee "$out/python-cuda.txt"
 for args in "--device cuda" "--device cuda --resident" "--device cuda --resident --cast bf16" \
             "--device cuda --resident --num-slices 4096" "--device cpu"; do
     # shellcheck disable=SC2086
