@@ -302,6 +302,13 @@ fn epoch_sampler_across_ranks_covers_every_window() {
             n,
             "world {world}: every window visited"
         );
+        // Ranks stay inside the epoch: only the padding batches (fewer than `world`) repeat
+        // windows, never the next epoch's.
+        let visits: u64 = counts.values().map(|&c| c as u64).sum();
+        assert!(
+            visits <= n + (world - 1) * 41,
+            "world {world}: {visits} visits of {n} windows"
+        );
     }
 }
 

@@ -358,7 +358,7 @@ impl Drop for BatchOwner {
 /// buffers.
 #[pyclass(frozen, module = "trajstore._native")]
 pub struct BatchLoader {
-    loader: Mutex<Loader>,
+    loader: Mutex<Option<Loader>>,
     recycler: Recycler,
     plan: Py<Plan>,
 }
@@ -378,17 +378,24 @@ impl BatchLoader {
             .py()?;
         Ok(Self {
             recycler: loader.recycler(),
-            loader: Mutex::new(loader),
+            loader: Mutex::new(Some(loader)),
             plan,
         })
     }
 
-    /// The number of the batch `next` returns next.
-    fn position(&self) -> u64 {
+    /// The number of the batch `next` returns next (None once closed).
+    fn position(&self) -> Option<u64> {
         self.loader
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .position()
+            .as_ref()
+            .map(Loader::position)
+    }
+
+    /// Stops and joins the workers (batches handed out stay valid). `next` then returns None.
+    fn close(&self, py: Python<'_>) {
+        let taken = self.loader.lock().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(|| drop(taken));
     }
 
     /// The next batch as `(number, num_slices, buffers)`: one buffer per column `[B, L, ...]`,
@@ -396,8 +403,9 @@ impl BatchLoader {
     /// episode_id and start_step (`[B]` int64). None at the end.
     fn next(&self, py: Python<'_>) -> PyResult<Option<(u64, usize, Vec<Buffer>)>> {
         let got = py.detach(|| {
-            let mut l = self.loader.lock().unwrap_or_else(|e| e.into_inner());
-            let k = l.position();
+            let mut g = self.loader.lock().unwrap_or_else(|e| e.into_inner());
+            let l = g.as_mut()?;
+            let k = Loader::position(l);
             l.next_batch().map(|b| (k, b))
         });
         let Some((k, mut batch)) = got else {
@@ -489,7 +497,7 @@ impl StagingSlot for PtrSlot {
 #[pyclass(frozen, module = "trajstore._native")]
 pub struct SlotLoader {
     // Dropped first: stops and joins the workers before the memory they write goes.
-    loader: Mutex<StagedLoader>,
+    loader: Mutex<Option<StagedLoader>>,
     _keep: Py<PyAny>,
 }
 
@@ -555,7 +563,7 @@ impl SlotLoader {
             .detach(|| StagedLoader::try_new(sampler, gatherer, opts, staged))
             .py()?;
         Ok(Self {
-            loader: Mutex::new(loader),
+            loader: Mutex::new(Some(loader)),
             _keep: keep,
         })
     }
@@ -567,7 +575,8 @@ impl SlotLoader {
             self.loader
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .next_batch()
+                .as_mut()
+                .and_then(StagedLoader::next_batch)
         });
         match got {
             None => Ok(None),
@@ -578,20 +587,32 @@ impl SlotLoader {
         }
     }
 
-    /// Hands batch `number`'s slot back to the workers.
+    /// Hands batch `number`'s slot back to the workers (nothing once closed).
     fn release(&self, number: u64) -> PyResult<()> {
-        self.loader
+        match self
+            .loader
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .release(number)
-            .py()
+            .as_ref()
+        {
+            Some(l) => l.release(number).py(),
+            None => Ok(()),
+        }
     }
 
-    /// The number of the batch `next` returns next.
-    fn position(&self) -> u64 {
+    /// The number of the batch `next` returns next (None once closed).
+    fn position(&self) -> Option<u64> {
         self.loader
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .position()
+            .as_ref()
+            .map(StagedLoader::position)
+    }
+
+    /// Stops and joins the workers: none writes into the slots after this returns (call it
+    /// before another loader uses the same slots).
+    fn close(&self, py: Python<'_>) {
+        let taken = self.loader.lock().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(|| drop(taken));
     }
 }

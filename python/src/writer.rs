@@ -69,7 +69,7 @@ pub fn create(
     }
     let writer = py
         .detach(|| -> trajstore::Result<DatasetWriter> {
-            let exists = path.join("versions").is_dir();
+            let exists = trajstore::store::manifest::versions_dir(&path).is_dir();
             let ds = if exists {
                 if !append {
                     return Err(trajstore::Error::argument(

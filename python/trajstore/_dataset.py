@@ -121,7 +121,7 @@ class Dataset:
 
     def episode(self, episode_id: int) -> "pa.RecordBatch":
         """The transitions of one episode, a zero-copy view of the memory map."""
-        b = self._n.episode(int(episode_id))
+        b = self._n.episode(int(episode_id)) if int(episode_id) >= 0 else None
         if b is None:
             first = self.first_episode_id
             raise IndexError(

@@ -131,7 +131,7 @@ class Loader:
     - ``policy``: ``"strict"`` (slices lie inside episodes), ``"pad"`` (slices may start before
       or run past an episode, masked), ``"span:L:R"``.
     - ``weighting``: ``"windows"`` (every window equally likely), ``"episodes"`` (every episode
-      equally likely), ``"length"``.
+      equally likely).
     - ``episodes``: restrict sampling to these episode ids, or to those a SQL query returns
       (``"SELECT episode_id FROM episodes WHERE episode_return > 3000"``).
     - ``sampler``: ``"uniform"`` (with replacement, endless), ``"epoch"`` (every window once
@@ -228,21 +228,26 @@ class Loader:
         self._names = [c[0] for c in self._plan.columns()]
         self._inflight: Deque[Tuple[int, Any]] = collections.deque()
         self._stream_native: Any = None
+        self._active: Any = None
         # The first stream starts now, so that its workers gather while the caller sets up.
         self._native: Any = self._start(0)
 
     # --- the stream -------------------------------------------------------------------------
-    def _count(self) -> Optional[int]:
-        """Batches per iteration."""
+    def _epoch_len(self) -> Optional[int]:
+        """This rank's batches per epoch of an epoch sampler (ranks take equal shares)."""
+        per = self._plan.batches_per_epoch
+        return None if per is None else max(1, -(-per // self._world))
+
+    def _count(self, start: int = 0) -> Optional[int]:
+        """Batches of an iteration starting at batch ``start``: ``max_batches``, else to the end
+        of the epoch ``start`` is in, else endless."""
         if self._per_iteration is not None:
             return self._per_iteration
-        per = self._plan.batches_per_epoch
-        if per is None:
-            return None
-        return max(1, -(-per // self._world))
+        c = self._epoch_len()
+        return None if c is None else c - start % c
 
     def _start(self, start: int) -> Any:
-        count = self._count()
+        count = self._count(start)
         if self._cuda:
             return self._cuda_native(start, count)
         return _native.BatchLoader(self._plan, start, count)
@@ -282,19 +287,25 @@ class Loader:
         if native is None or native.position() != self._position:
             self._close()
             native = self._native = self._start(self._position)
-        self._native = None  # one iteration per native stream
+        # One iteration per native stream: the next `iter()` starts another where this one
+        # stopped (after closing this one, so that no two write the same staging slots).
+        self._active, self._native = native, None
         try:
             if self._cuda:
                 yield from self._iter_cuda(native)
             else:
                 yield from self._iter_host(native)
         finally:
-            if self._cuda:
-                self._drain()
+            self._drain()
 
     def _close(self) -> None:
+        """Stops every native stream of this loader (joins their workers)."""
         self._drain()
-        self._native = None
+        for attr in ("_active", "_native"):
+            native = getattr(self, attr, None)
+            if native is not None:
+                native.close()
+                setattr(self, attr, None)
 
     def __del__(self) -> None:
         try:

@@ -119,6 +119,8 @@ class Writer:
         import pyarrow as pa
 
         t = field.type
+        if isinstance(t, pa.BaseExtensionType):  # observations: arrow.fixed_shape_tensor
+            t = t.storage_type
         if pa.types.is_fixed_size_list(t):
             elem, width = t.value_type, t.list_size
         else:
@@ -181,7 +183,9 @@ class Writer:
             )
         import pyarrow as pa
 
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+        # Plain storage types; the Rust side puts the columns in the dataset's schema (with its
+        # field metadata, the tensor extension's among them).
+        batch = pa.RecordBatch.from_arrays(arrays, names=self._schema.names)
         final = None
         if final_observation is not None:
             obs_field = self._schema.field("observation")

@@ -12,7 +12,7 @@ mod staged;
 
 #[cfg(feature = "torch")]
 pub(crate) use pipeline::Lane;
-pub use pipeline::MAX_WORKERS;
+pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
 pub use staged::{StagedBatch, StagedLoader, StagingSlot};
 
@@ -90,7 +90,8 @@ impl LoaderOptions {
 }
 
 /// Yields gathered [`Batch`]es in order: batch `k` of rank `r` is the sampler's batch
-/// `k * world_size + r`, whatever the number of workers. Dropping the loader stops and joins its
+/// [`global_batch`]`(k, r, world_size, ..)` (`k * world_size + r` for endless samplers), whatever
+/// the number of workers. Dropping the loader stops and joins its
 /// workers.
 pub struct Loader {
     pipeline: Pipeline<Batch>,

@@ -3,9 +3,9 @@
 //! threads that produce numbered items into a bounded queue consumed in order ([`Pipeline`]).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use super::LoaderOptions;
@@ -14,9 +14,27 @@ use crate::gather::Gatherer;
 use crate::index::SliceRef;
 use crate::sample::Sampler;
 
+/// The sampler's batch that batch `k` of `rank` among `world` ranks is. Endless samplers: `k *
+/// world + rank` (ranks interleave). Epoch samplers of `per` batches per epoch: each rank takes
+/// `c = ceil(per / world)` batches per epoch, batch `i` of epoch `e` being the epoch's batch
+/// `(i * world + rank) mod per`, so that ranks stay inside the same epoch and take the same number
+/// of batches (data-parallel steps stay in lockstep); when `world` does not divide `per`, the
+/// last batches of some ranks repeat batches of the epoch another rank took, as
+/// `DistributedSampler` pads.
+pub fn global_batch(k: u64, rank: u64, world: u64, per_epoch: Option<u64>) -> u64 {
+    match per_epoch {
+        Some(per) if per > 0 && world > 1 => {
+            let c = per.div_ceil(world).max(1);
+            let (e, i) = (k / c, k % c);
+            e * per + (i * world + rank) % per
+        }
+        _ => k * world + rank,
+    }
+}
+
 /// The number one past the last batch a loader over `sampler` yields (batches are numbered from
-/// `opts.start`): `start + max_batches`, else the end of one epoch's share of this rank for epoch
-/// samplers, else endless.
+/// `opts.start`): `start + max_batches`, else the end of the epoch `start` is in for epoch
+/// samplers (this rank's share: `ceil(per_epoch / world_size)` batches per epoch), else endless.
 pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
     if opts.world_size == 0 {
         return Err(Error::argument(
@@ -37,9 +55,10 @@ pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<
         ));
     }
     let count = opts.max_batches.or_else(|| {
-        sampler
-            .batches_per_epoch()
-            .map(|per| per.div_ceil(opts.world_size).max(1))
+        sampler.batches_per_epoch().map(|per| {
+            let c = per.div_ceil(opts.world_size).max(1);
+            c - opts.start % c
+        })
     });
     Ok(count.map(|n| opts.start.saturating_add(n)))
 }
@@ -78,13 +97,14 @@ pub(crate) fn check_in_flight(batch_bytes: u64, opts: &LoaderOptions) -> Result<
     )
 }
 
-/// One worker's plans: batch `k` of this rank is the sampler's batch `k * world_size + rank`;
+/// One worker's plans: batch `k` of this rank is the sampler's batch [`global_batch`];
 /// with read-ahead, the plan of the worker's next batch is made one batch early and its pages
 /// `madvise`d while the current one is gathered.
 pub(crate) struct WorkerPlans {
     sampler: Arc<dyn Sampler>,
     rank: u64,
     world: u64,
+    per_epoch: Option<u64>,
     readahead: bool,
     plan: Vec<SliceRef>,
     ahead: Vec<SliceRef>,
@@ -94,6 +114,7 @@ pub(crate) struct WorkerPlans {
 impl WorkerPlans {
     pub(crate) fn new(sampler: Arc<dyn Sampler>, opts: &LoaderOptions) -> Self {
         Self {
+            per_epoch: sampler.batches_per_epoch(),
             sampler,
             rank: opts.rank,
             world: opts.world_size,
@@ -107,7 +128,7 @@ impl WorkerPlans {
     /// Makes the plan of this worker's batch `k` (the worker produces the batches of `lane`),
     /// then [`WorkerPlans::current`].
     pub(crate) fn plan(&mut self, k: u64, lane: Lane, gatherer: &Gatherer) {
-        let global = |k: u64| k * self.world + self.rank;
+        let global = |k: u64| global_batch(k, self.rank, self.world, self.per_epoch);
         if self.readahead {
             if !self.primed {
                 self.sampler.plan(global(k), &mut self.ahead);
@@ -156,7 +177,36 @@ pub(crate) struct Pipeline<T> {
     pub(crate) next: u64,
     end: Option<u64>,
     stop: Arc<AtomicBool>,
+    window: Arc<Window>,
     pub(crate) workers: Vec<JoinHandle<()>>,
+}
+
+/// How far ahead of the consumer workers may go: item `k` is produced only once the consumer
+/// asked for item `k - ahead` (so at most `ahead` items exist besides the consumer's, however
+/// unevenly the workers run; without it, items finished out of order pile up in `pending`).
+pub(crate) struct Window {
+    next: Mutex<u64>,
+    moved: Condvar,
+    ahead: u64,
+}
+
+impl Window {
+    /// Blocks until item `k` may be produced; `false` when the pipeline stops meanwhile.
+    fn wait_for(&self, k: u64, stop: &AtomicBool) -> bool {
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        while k >= next.saturating_add(self.ahead) {
+            if stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            next = self.moved.wait(next).unwrap_or_else(|e| e.into_inner());
+        }
+        !stop.load(Ordering::SeqCst)
+    }
+
+    fn advance(&self, next: u64) {
+        *self.next.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        self.moved.notify_all();
+    }
 }
 
 impl<T: Send + 'static> Pipeline<T> {
@@ -177,6 +227,11 @@ impl<T: Send + 'static> Pipeline<T> {
         let workers = workers.max(1);
         let (tx, rx) = sync_channel(prefetch.max(1));
         let stop = Arc::new(AtomicBool::new(false));
+        let window = Arc::new(Window {
+            next: Mutex::new(first),
+            moved: Condvar::new(),
+            ahead: (workers + prefetch.max(1)) as u64,
+        });
         let handles = (0..workers)
             .map(|w| {
                 let lane = Lane {
@@ -185,10 +240,10 @@ impl<T: Send + 'static> Pipeline<T> {
                     end,
                 };
                 let produce = make(lane);
-                let (tx, stop) = (tx.clone(), stop.clone());
+                let (tx, stop, window) = (tx.clone(), stop.clone(), window.clone());
                 std::thread::Builder::new()
                     .name(format!("trajstore-{name}-{w}"))
-                    .spawn(move || run_lane(lane, produce, tx, stop))
+                    .spawn(move || run_lane(lane, produce, tx, stop, &window))
                     .map_err(|e| {
                         Error::argument(
                             "workers",
@@ -203,6 +258,7 @@ impl<T: Send + 'static> Pipeline<T> {
             next: first,
             end,
             stop,
+            window,
             workers: handles,
         })
     }
@@ -216,6 +272,7 @@ impl<T: Send + 'static> Pipeline<T> {
         loop {
             if let Some(b) = self.pending.remove(&self.next) {
                 self.next += 1;
+                self.window.advance(self.next);
                 return Some(b.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
             }
             let (k, b) = self.rx.as_ref()?.recv().ok()?;
@@ -232,6 +289,8 @@ impl<T: Send + 'static> Pipeline<T> {
 impl<T> Drop for Pipeline<T> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Wake workers waiting for the window.
+        self.window.advance(u64::MAX);
         // Dropping the receiver (and the items waiting in it) wakes workers blocked on a full
         // queue.
         self.rx.take();
@@ -247,9 +306,13 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
     mut produce: F,
     tx: SyncSender<Produced<T>>,
     stop: Arc<AtomicBool>,
+    window: &Window,
 ) {
     let mut k = lane.first;
     while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
+        if !window.wait_for(k, &stop) {
+            return;
+        }
         // Not `crate::guard::quietly`: this panic is a bug, not bad input, and the
         // consumer resumes it with `resume_unwind`, which runs no panic hook; the hook's message
         // here, on the worker's thread, is the only place its text and location are printed.
@@ -261,5 +324,38 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
             return;
         }
         k += lane.step;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::global_batch;
+
+    #[test]
+    fn ranks_split_each_epoch_evenly_and_stay_inside_it() {
+        for per in [1u64, 4, 5, 7, 12] {
+            for world in [1u64, 2, 3, 4] {
+                let c = per.div_ceil(world);
+                let mut seen = std::collections::BTreeSet::new();
+                for rank in 0..world {
+                    for e in 0..3 {
+                        for i in 0..c {
+                            let g = global_batch(e * c + i, rank, world, Some(per));
+                            assert!((e * per..(e + 1) * per).contains(&g), "{per} {world} {g}");
+                            if e == 0 {
+                                seen.insert(g);
+                            }
+                        }
+                    }
+                }
+                assert_eq!(
+                    seen.len() as u64,
+                    per,
+                    "per {per} world {world}: every batch"
+                );
+            }
+        }
+        // Endless samplers interleave.
+        assert_eq!(global_batch(5, 1, 3, None), 16);
     }
 }

@@ -71,7 +71,7 @@ impl Gate {
 /// caller hands back with [`StagedLoader::release`] once it no longer reads the slot.
 ///
 /// Same sampling, sharding and determinism as [`super::Loader`] (batch `k` of rank `r` is the
-/// sampler's batch `k * world_size + r`, whatever the number of workers).
+/// sampler's batch [`super::global_batch`], whatever the number of workers).
 pub struct StagedLoader {
     pipeline: Pipeline<Result<StagedBatch>>,
     gate: Arc<Gate>,

@@ -16,7 +16,7 @@ use crate::loader::{Pipeline, WorkerPlans, check_in_flight, loader_end};
 use crate::sample::Sampler;
 
 /// Yields [`TensorBatch`]es on the target device in a fixed order: batch `k` of rank `r` is the
-/// sampler's batch `k * world_size + r`, whatever the number of workers, and equal (bit for bit,
+/// sampler's batch [`crate::loader::global_batch`], whatever the number of workers, and equal (bit for bit,
 /// before any cast) to what [`Gatherer::gather`] makes of that plan.
 ///
 /// - **CUDA**: each worker owns a ring of pinned staging slots allocated once; it gathers a batch

@@ -78,6 +78,7 @@ pub(crate) struct Resident {
     device: Device,
     rank: u64,
     world: u64,
+    per_epoch: Option<u64>,
     end: Option<u64>,
     next: u64,
     /// Per requested column: its device tensor, whether it is the derived next observation,
@@ -161,6 +162,7 @@ impl Resident {
         let episode_flags = gatherer.episode_flags().to_vec();
         let offsets = Tensor::f_arange(layout.l as i64, (Kind::Int64, device))?.f_view([1, -1])?;
         Ok(Self {
+            per_epoch: sampler.batches_per_epoch(),
             sampler,
             layout,
             device,
@@ -191,8 +193,10 @@ impl Resident {
     }
 
     fn batch(&mut self, k: u64) -> Result<TensorBatch> {
-        self.sampler
-            .plan(k * self.world + self.rank, &mut self.plan);
+        self.sampler.plan(
+            crate::loader::global_batch(k, self.rank, self.world, self.per_epoch),
+            &mut self.plan,
+        );
         let (b, l) = (self.layout.b, self.layout.l);
         if self.plan.len() > b {
             return Err(Error::argument(
