@@ -468,13 +468,16 @@ struct PtrSlot {
 
 impl StagingSlot for PtrSlot {
     fn dest(&mut self) -> GatherInto<'_> {
-        // SAFETY: `SlotLoader::new` checked every region (non-null, aligned, sized by the
-        // caller's tensors), the tensors are kept alive by the loader, and the staged loader
-        // gives a slot to one worker at a time, while the consumer holds none of it.
+        /// # Safety
+        /// `p` must address `n` writable bytes that nothing else accesses while the slice lives.
         unsafe fn bytes<'a>((p, n): (usize, usize)) -> &'a mut [u8] {
+            // SAFETY: the caller's contract.
             unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n) }
         }
-        // SAFETY: as above; the per-slice regions are 8-byte aligned (checked).
+        // SAFETY: `SlotLoader::new` checked every region (non-null, sized for a batch, the
+        // per-slice ones 8-byte aligned); the Python tensors owning them are kept alive by the
+        // loader (dropped after its workers are joined); the staged loader hands a slot to one
+        // worker at a time, and only while the consumer holds none of it.
         unsafe {
             GatherInto {
                 columns: self.columns.iter().map(|&r| bytes(r)).collect(),
