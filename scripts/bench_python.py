@@ -7,7 +7,10 @@ action [6] f32, reward, terminated/truncated, episode lengths ~ exponential, mea
   (a) TorchRL: ReplayBuffer(LazyMemmapStorage(N)) + SliceSampler(num_slices=256,
       end_key="done" as ../shared/peers/torchrl_slice_bench.py does by default (--torchrl-key
       episode: traj_key="episode"), cache_values=True, strict_length=False),
-      batch_size=256*64: `rb.sample()` timed one by one (median), first sample timed alone.
+      batch_size=256*64: `rb.sample()` timed one by one (median), first sample timed alone;
+      timed with torch.set_num_threads(cpu_count) as the peer script runs it and with 1 thread
+      (on a loaded 2-core machine 2 intra-op threads can take ~100 ms a sample), and the ratios
+      are taken against the faster of the two (median sample time; stalls ignored: conservative).
   (b) trajstore's Python loader: `ds.loader(slice_len=64, num_slices=256, columns=...,
       device="cpu", workers=2, prefetch=4, max_batches=M)` iterated (CPU torch tensors, each batch
       touched by reading batch["observation"].shape, nothing copied), for
@@ -25,8 +28,8 @@ action [6] f32, reward, terminated/truncated, episode lengths ~ exponential, mea
 
 Every system is warmed up before it is timed; the whole set is repeated --rounds times, in a
 rotated order, so that the noise of this shared machine shows in the min-max spread. Prints one
-JSON line per measurement ("kind": "run"), one per configuration ("kind": "summary") and a
-markdown table.
+JSON line per measurement ("kind": "run"), one per configuration ("kind": "summary"; Python/Rust
+is the median of the pairwise ratios, also pooled over all variants) and markdown tables.
 
 Setup (once) and run, from the repository root:
 
@@ -38,12 +41,16 @@ Setup (once) and run, from the repository root:
     cp python/trajstore/*.py python/trajstore/py.typed /tmp/bench-pkg/trajstore/
     cp $HOME/.cache/trajstore-bench-target/release/lib_native.so /tmp/bench-pkg/trajstore/_native.abi3.so
     PYTHONPATH=/tmp/bench-pkg ~/.cache/trajstore-torch/bin/python scripts/bench_python.py --n 2000000
-    PYTHONPATH=/tmp/bench-pkg ~/.cache/trajstore-torch/bin/python scripts/bench_python.py --n 20000000 --torchrl-iters 50
+    PYTHONPATH=/tmp/bench-pkg ~/.cache/trajstore-torch/bin/python scripts/bench_python.py --n 20000000
 
 (scripts/bench_python.sh does all of this.) The package is taken from PYTHONPATH: use a release
 build of the extension (a debug build is many times slower) and not python/trajstore, whose
 _native.abi3.so is the test suite's debug symlink. --breakdown adds a per-batch account of the
-Python layer's main-thread time (native next, DLPack wrapping, the Batch dict).
+Python layer's main-thread time (native next, DLPack wrapping, the Batch dict) and of a cheaper
+wrapping (DLPack capsules handed to torch directly). --workers 1 is worth a run on 2 cores: the
+gather is itself parallel (rayon), so 2 workers oversubscribe the cores. Big files go in --workdir
+(default /tmp/trajstore-bench-python: Parquet, trajstore dataset, TorchRL memmap; ~6.5 GB at 20M)
+and are removed at the end unless --keep.
 """
 import argparse, gc, importlib.util, json, os, shutil, statistics, sys, tempfile, time
 
@@ -311,6 +318,7 @@ def main():
                    help="torch thread counts TorchRL is timed with, comma-separated (default: "
                         "cpu_count as the peer script, and 1); ratios are taken against the fastest")
     p.add_argument("--breakdown", action="store_true", help="also account the Python layer's per-batch time")
+    p.add_argument("--breakdown-reps", type=int, default=5, help="runs of each breakdown step")
     p.add_argument("--keep", action="store_true", help="keep the Parquet file and datasets")
     a = p.parse_args()
 
@@ -434,7 +442,7 @@ def main():
 
         if a.breakdown:
             for name in (VARIANTS[0][0], VARIANTS[2][0]):
-                bd = breakdown(loaders[name], a.batches)
+                bd = breakdown(loaders[name], a.batches, a.breakdown_reps)
                 emit(dict(kind="breakdown", n=a.n, variant=name,
                           **{k: ([round(x * 1e6, 2) if x is not None else None for x in v] if isinstance(v, tuple) else v)
                              for k, v in bd.items()},

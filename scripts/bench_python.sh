@@ -22,9 +22,7 @@ cp python/trajstore/*.py python/trajstore/py.typed "$pkg/trajstore/"
 cp "$target/release/lib_native.so" "$pkg/trajstore/_native.abi3.so"
 [ $# -gt 0 ] || set -- 2000000 20000000
 for n in "$@"; do
-    extra=()
-    [ "$n" -ge 10000000 ] && extra=(--torchrl-iters 50)
     # shellcheck disable=SC2086
-    PYTHONPATH="$pkg" "$py" scripts/bench_python.py --n "$n" "${extra[@]}" ${ARGS:-} \
+    PYTHONPATH="$pkg" "$py" scripts/bench_python.py --n "$n" ${ARGS:-} \
         2> >(tee "$out/bench-python-$n.log" >&2) | tee "$out/bench-python-$n.txt"
 done
