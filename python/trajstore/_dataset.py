@@ -163,7 +163,7 @@ class Dataset:
         alpha: float = 0.6,
         beta: Optional[float] = None,
         drop_last: bool = False,
-        workers: int = 2,
+        workers: Optional[int] = None,
         prefetch: int = 4,
         device: Any = "cpu",
         dtype_cast: Any = None,

@@ -140,7 +140,8 @@ class Loader:
       priorities set with :meth:`update_priorities`; ``alpha``, and ``beta`` for importance
       weights in ``batch["weight"]``).
     - ``seed``: same seed, same batches, whatever ``workers``.
-    - ``workers``, ``prefetch``: Rust threads gathering, and batches queued ahead.
+    - ``workers``, ``prefetch``: Rust threads gathering (default 2, 1 on a machine of two cores
+      or fewer: each gather is itself parallel), and batches queued ahead.
     - ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
     - ``dtype_cast``: cast floating columns (e.g. ``torch.bfloat16``), on the device.
     - ``rank``, ``world_size``: data-parallel shard (ranks draw disjoint batches); ``"auto"``
@@ -198,6 +199,10 @@ class Loader:
             if self._pin and self._device.type == "cpu" and not torch.cuda.is_available():
                 raise InvalidArgumentError("pin_memory=True needs CUDA (pinned memory is a CUDA feature)")
         episodes = kw.pop("episodes")
+        if kw["workers"] is None:
+            # Each worker's gather is itself parallel (rayon, one thread per core): on two cores a
+            # second worker only oversubscribes them (BENCHMARKS.md).
+            kw["workers"] = 1 if (os.cpu_count() or 1) <= 2 else 2
         options: Dict[str, Any] = dict(kw)
         if isinstance(episodes, str):
             options["episodes_sql"] = episodes
@@ -319,8 +324,11 @@ class Loader:
             import numpy as np
 
             return [np.from_dlpack(b) for b in buffers]
-        from_dlpack = _torch().from_dlpack
-        return [from_dlpack(b) for b in buffers]
+        # The capsule, not the object: torch.from_dlpack(obj) spends ~1 us per tensor in Python
+        # (device query, keyword fallbacks) before it reaches the same C++ import (BENCHMARKS.md).
+        from torch.utils.dlpack import from_dlpack
+
+        return [from_dlpack(b.__dlpack__()) for b in buffers]
 
     def _finish_host(self, batch: Batch) -> Batch:
         if self._transform is not None:
