@@ -12,7 +12,7 @@ action [6] f32, reward, terminated/truncated, episode lengths ~ exponential, mea
       (on a loaded 2-core machine 2 intra-op threads can take ~100 ms a sample), and the ratios
       are taken against the faster of the two (median sample time; stalls ignored: conservative).
   (b) trajstore's Python loader: `ds.loader(slice_len=64, num_slices=256, columns=...,
-      device="cpu", workers=2, prefetch=4, max_batches=M)` iterated (CPU torch tensors, each batch
+      device="cpu", workers=W, prefetch=4, max_batches=M)` iterated (CPU torch tensors, each batch
       touched by reading batch["observation"].shape, nothing copied), for
       weighting="episodes", policy="pad" (TorchRL's semantics) and weighting="windows",
       policy="strict" (the default), each with columns [observation, action, reward] and with
@@ -311,7 +311,8 @@ def main():
     p.add_argument("--torchrl-iters", type=int, default=200, help="TorchRL samples timed per round")
     p.add_argument("--memcpy-reps", type=int, default=500)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=None,
+                   help="loader workers (default: the package's, 1 on two cores or fewer, else 2)")
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--torchrl-key", default="done", choices=["done", "episode"])
     p.add_argument("--torchrl-threads", default="",
