@@ -143,5 +143,11 @@ pub(crate) fn import_batch(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
             ),
         ));
     };
+    if s.null_count() > 0 {
+        return Err(argument(
+            "batch",
+            "a record batch has no null rows (got a struct array with nulls)",
+        ));
+    }
     Ok(RecordBatch::from(s.clone()))
 }

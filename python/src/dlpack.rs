@@ -4,7 +4,8 @@
 //! its owner is dropped (a batch goes back to its loader's pool).
 //!
 //! Only the legacy (unversioned) `dltensor` capsule is produced: every PyTorch >= 1.10 and NumPy
-//! >= 1.22 consumes it, including when it passes `max_version`.
+//! >= 1.22 consumes it, including when it passes `max_version` (booleans, `kDLBool`: PyTorch >=
+//! 2.1 and NumPy >= 1.25).
 
 use std::any::Any;
 use std::ffi::{CStr, c_void};

@@ -14,6 +14,7 @@ use in ordinary code.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -139,7 +140,8 @@ class Loader:
       (whole episodes, padded or cut to ``slice_len``), ``"prioritized"`` (proportional to
       priorities set with :meth:`update_priorities`; ``alpha``, and ``beta`` for importance
       weights in ``batch["weight"]``).
-    - ``seed``: same seed, same batches, whatever ``workers``.
+    - ``seed``: same seed, same batches, whatever ``workers`` (the prioritized sampler excepted:
+      its batches depend on when priorities were updated, and ``state_dict`` does not hold them).
     - ``workers``, ``prefetch``: Rust threads gathering (default 2, 1 on a machine of two cores
       or fewer: each gather is itself parallel), and batches queued ahead.
     - ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
@@ -151,7 +153,7 @@ class Loader:
     - ``backend``: ``"torch"`` or ``"numpy"`` (CPU only; PyTorch not needed).
     - ``transform``: a function of the host batch (run before the copy to the device) returning
       the batch (or None after changing it in place). Tensors it makes are pinned again before
-      a CUDA copy.
+      a CUDA copy. On CUDA it sees views of the staging buffers, valid only during the call.
     - ``pin_memory``: on CPU, hand out pinned tensors (for code doing its own transfers).
     - ``staging_slots``: pinned staging buffers on CUDA (default ``workers + prefetch + 2``).
     - ``readahead``: ``madvise`` the pages of upcoming batches (datasets larger than RAM).
@@ -222,6 +224,12 @@ class Loader:
             raise InvalidArgumentError(f"max_batches={self._per_iteration}: at least 1")
         self._options = options
         self._cuda = self._device is not None and self._device.type == "cuda"
+        # Test hook: the staged path (slots, release order, closing) on CPU, with plain host
+        # slots and a clone standing for the device copy, so that machines without a GPU test it.
+        self._staged_on_cpu = (
+            not self._cuda and self._device is not None and os.environ.get("TRAJSTORE_STAGED_CPU") == "1"
+        )
+        self._cuda = self._cuda or self._staged_on_cpu
         self._pin = self._pin and not self._cuda
         self._staging = staging if staging is not None else options["workers"] + options["prefetch"] + 2
         if self._cuda and self._staging < 2:
@@ -231,6 +239,12 @@ class Loader:
         # Sampler and gatherer: every bad argument fails here.
         self._plan = _native.Plan(dataset._n, options)
         self._names = [c[0] for c in self._plan.columns()]
+        reserved = sorted(set(self._names) & set(FLAGS + PER_SLICE + ("weight",)))
+        if reserved:
+            raise InvalidArgumentError(
+                f"column(s) {', '.join(reserved)}: every batch has these keys already (the flags "
+                f"{', '.join(FLAGS)}, and {', '.join(PER_SLICE)}, weight); leave them out of columns="
+            )
         self._inflight: Deque[Tuple[int, Any]] = collections.deque()
         self._stream_native: Any = None
         self._active: Any = None
@@ -258,7 +272,7 @@ class Loader:
         return _native.BatchLoader(self._plan, start, count)
 
     def __len__(self) -> int:
-        n = self._count()
+        n = self._count(self._position)
         if n is None:
             raise TypeError("an endless loader has no len(); pass max_batches= or an epoch sampler")
         return n
@@ -285,6 +299,7 @@ class Loader:
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
         self._close()
+        self._recent.clear()
         self._position = int(state["position"])
 
     def __iter__(self) -> Iterator[Batch]:
@@ -353,9 +368,10 @@ class Loader:
                 return
             k, _, buffers = got
             batch = Batch(k, zip(names, self._wrap(buffers)))
-            self._position = k + 1
             self._weights(batch)
-            yield self._finish_host(batch)
+            batch = self._finish_host(batch)
+            self._position = k + 1
+            yield batch
 
     # --- priorities -------------------------------------------------------------------------
     def _ids(self, batch: Any) -> Tuple[List[int], List[int]]:
@@ -385,7 +401,7 @@ class Loader:
         if isinstance(batch, dict):
             ids, starts = self._ids(batch)
         else:
-            found = [r for r in self._recent if r[0] == int(batch)]
+            found = [r for r in reversed(self._recent) if r[0] == int(batch)]
             if not found:
                 raise InvalidArgumentError(
                     f"batch {batch} is not among the last {self._recent.maxlen} batches; pass the batch itself"
@@ -405,22 +421,30 @@ class Loader:
     def _cuda_native(self, start: int, count: Optional[int]) -> Any:
         torch = _torch()
         b, l = self._plan.num_slices, self._plan.slice_len
+        pin = not self._staged_on_cpu
         if not getattr(self, "_slots", None):
             # Allocated once per loader, by PyTorch, so that they are page-locked memory its
             # copies recognise as pinned.
             self._slots: List[Dict[str, Any]] = []
-            for _ in range(self._staging):
-                slot: Dict[str, Any] = {}
-                for name, dtype, shape in self._plan.columns():
-                    slot[name] = torch.empty((b, l, *shape), dtype=_torch_dtype(torch, dtype), pin_memory=True)
-                for name in FLAGS:
-                    slot[name] = torch.empty((b, l), dtype=torch.bool, pin_memory=True)
-                for name in PER_SLICE:
-                    slot[name] = torch.empty((b,), dtype=torch.int64, pin_memory=True)
-                self._slots.append(slot)
-            self._copy_stream = torch.cuda.Stream(device=self._device)
+            # Under the target device, so that pinning creates no CUDA context on another GPU.
+            ctx = torch.cuda.device(self._device) if pin else contextlib.nullcontext()
+            with ctx:
+                self._alloc_slots(torch, b, l, pin)
+            if pin:
+                self._copy_stream = torch.cuda.Stream(device=self._device)
         regions = [[(t.data_ptr(), t.numel() * t.element_size()) for t in slot.values()] for slot in self._slots]
         return _native.SlotLoader(self._plan, start, count, regions, self._slots)
+
+    def _alloc_slots(self, torch: Any, b: int, l: int, pin: bool) -> None:
+        for _ in range(self._staging):
+            slot: Dict[str, Any] = {}
+            for name, dtype, shape in self._plan.columns():
+                slot[name] = torch.empty((b, l, *shape), dtype=_torch_dtype(torch, dtype), pin_memory=pin)
+            for name in FLAGS:
+                slot[name] = torch.empty((b, l), dtype=torch.bool, pin_memory=pin)
+            for name in PER_SLICE:
+                slot[name] = torch.empty((b,), dtype=torch.int64, pin_memory=pin)
+            self._slots.append(slot)
 
     def _release_done(self, native: Any, upto: int) -> None:
         """Releases the slots whose copies finished, and (waiting for them) those of every batch
@@ -449,26 +473,37 @@ class Loader:
         names = self._names + list(FLAGS) + list(PER_SLICE)
         device, cast = self._device, self._cast
         while True:
-            self._release_done(native, native.position() - R)
+            pos = native.position()
+            if pos is None:  # closed by another iteration or load_state_dict
+                return
+            self._release_done(native, pos - R)
             got = native.next()
             if got is None:
                 return
             k, slot, nb = got
             host = Batch(k, ((n, self._slots[slot][n][:nb]) for n in names))
-            self._position = k + 1
             self._weights(host)
             if self._transform is not None:
                 out = self._transform(host)
                 if out is not None:
                     host = out if isinstance(out, Batch) else Batch(k, out)
                 for n, t in list(host.items()):
-                    if not t.is_pinned():
+                    if not self._staged_on_cpu and t.device.type == "cpu" and not t.is_pinned():
                         host[n] = t.pin_memory()
+            if self._staged_on_cpu:
+                out = {
+                    n: (t.to(cast, copy=True) if cast is not None and t.is_floating_point() else t.clone())
+                    for n, t in host.items()
+                }
+                self._inflight.append((k, _Done()))
+                self._position = k + 1
+                yield Batch(k, out)
+                continue
             current = torch.cuda.current_stream(device)
             with torch.cuda.stream(self._copy_stream):
-                # The copy stream must not read the slot before work queued earlier on the
-                # consumer's stream (e.g. a transform on the GPU) is done.
-                self._copy_stream.wait_stream(current)
+                # Host-to-device copies of host memory only: the copy stream does not wait for the
+                # consumer's stream, so that batch k+1's copy overlaps step k's compute. (A tensor
+                # a transform put on the device is already there: `.to` returns it as is.)
                 out: Dict[str, Any] = {}
                 for n, t in host.items():
                     d = t.to(device, non_blocking=True)
@@ -481,7 +516,18 @@ class Loader:
             for t in out.values():
                 t.record_stream(current)
             self._inflight.append((k, event))
+            self._position = k + 1
             yield Batch(k, out)
+
+
+class _Done:
+    """The event of a copy that is already complete (the staged path's CPU test hook)."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
 
 
 def _torch_dtype(torch: Any, name: str) -> Any:

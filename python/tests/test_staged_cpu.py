@@ -1,0 +1,73 @@
+"""The staged path of the CUDA loader (workers gather into a ring of caller-owned slots; a slot
+is handed back only after its batch was copied out) exercised on CPU through the
+TRAJSTORE_STAGED_CPU=1 test hook: plain host slots, and a clone standing for the device copy. The
+GPU-specific parts (pinned memory, the copy stream, events) are in test_cuda.py and
+cuda_check.py; the ring, its release order and closing a stream before another reuses the slots
+are tested here, on every machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from trajref import assert_batch_matches, same_batches, take
+
+torch = pytest.importorskip("torch")
+
+COLUMNS = ["observation", "action", "reward", "next_observation"]
+
+
+@pytest.fixture
+def staged(monkeypatch):
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+
+
+@pytest.mark.parametrize("workers,slots", [(1, 2), (2, 3), (4, 7)])
+def test_staged_batches_equal_plain_batches(demo_ds, ref, monkeypatch, workers, slots):
+    kw = dict(slice_len=16, num_slices=16, policy="pad", seed=21, max_batches=30, columns=COLUMNS)
+    plain = take(demo_ds.loader(**kw), 30)
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    loader = demo_ds.loader(**kw, workers=workers, staging_slots=slots)
+    assert loader._staged_on_cpu
+    got = take(loader, 30)
+    assert len(got) == 30
+    assert same_batches(got, plain)
+    for b in got[:3]:
+        assert_batch_matches(ref, b, COLUMNS)
+
+
+def test_staged_epoch_with_a_short_last_batch(discrete_ds, staged, monkeypatch):
+    kw = dict(slice_len=8, num_slices=48, sampler="epoch", seed=2)
+    staged_batches = take(discrete_ds.loader(**kw, staging_slots=2), 10**9)
+    monkeypatch.delenv("TRAJSTORE_STAGED_CPU")
+    plain = take(discrete_ds.loader(**kw), 10**9)
+    assert len(staged_batches) == len(plain) > 1
+    assert same_batches(staged_batches, plain)
+    # The last batch of the epoch is short: its tensors are trimmed views of the slot.
+    assert staged_batches[-1]["episode_id"].shape[0] <= 48
+
+
+def test_staged_break_and_iterate_again_continues_without_overwriting(demo_ds, staged, monkeypatch):
+    kw = dict(slice_len=8, num_slices=8, seed=5, max_batches=12)
+    loader = demo_ds.loader(**kw, staging_slots=3, workers=2)
+    first = []
+    for i, b in enumerate(loader):
+        first.append({k: v.numpy().copy() for k, v in b.items()})
+        if i == 4:
+            break
+    assert loader.position == 5
+    rest = take(loader, 10**9)  # the next iteration: 12 more batches from batch 5
+    monkeypatch.delenv("TRAJSTORE_STAGED_CPU")
+    plain = take(demo_ds.loader(**dict(kw, max_batches=17)), 17)
+    assert same_batches(first, plain[:5])
+    assert same_batches(rest, plain[5:17])
+
+
+def test_staged_dtype_cast_and_transform(demo_ds, staged):
+    def transform(batch):
+        batch["reward"] = batch["reward"] * 0 + 1
+        return batch
+
+    b = next(iter(demo_ds.loader(slice_len=8, num_slices=4, dtype_cast=torch.bfloat16, transform=transform)))
+    assert b["observation"].dtype == torch.bfloat16
+    assert b["episode_id"].dtype == torch.int64 and b["mask"].dtype == torch.bool
+    assert torch.all(b["reward"] == 1)
