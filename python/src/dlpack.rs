@@ -3,9 +3,9 @@
 //! array over the same bytes. The memory lives until the last tensor viewing it is freed; then
 //! its owner is dropped (a batch goes back to its loader's pool).
 //!
-//! Only the legacy (unversioned) `dltensor` capsule is produced: every PyTorch >= 1.10 and NumPy
-//! >= 1.22 consumes it, including when it passes `max_version` (booleans, `kDLBool`: PyTorch >=
-//! 2.1 and NumPy >= 1.25).
+//! Only the legacy (unversioned) `dltensor` capsule is produced: every PyTorch from 1.10 and
+//! NumPy from 1.22 consumes it, including when it passes `max_version` (booleans, `kDLBool`:
+//! PyTorch from 2.1, NumPy from 1.25).
 
 use std::any::Any;
 use std::ffi::{CStr, c_void};

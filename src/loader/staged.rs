@@ -108,8 +108,17 @@ impl StagedLoader {
         let end = loader_end(sampler.as_ref(), &opts)?;
         let batch_bytes =
             gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
-        // The slots are the caller's; what the loader adds is nothing but plans.
-        check_in_flight(batch_bytes, &opts.clone().with_prefetch(1).with_workers(1))?;
+        // The workers hold no batch of their own (the worker count is still bounded); the
+        // caller's slots are the batches in flight.
+        check_in_flight(0, &opts)?;
+        crate::sample::check_memory(
+            "slots",
+            &format!(
+                "{n} staging slots of {} each",
+                crate::format::human_bytes(batch_bytes)
+            ),
+            (n as u64).checked_mul(batch_bytes),
+        )?;
         let first_for = |s: u64| {
             let (start, n) = (opts.start, n as u64);
             start + (s + n - start % n) % n
