@@ -564,7 +564,6 @@ def _loader_class(backend: str) -> type:
 
 
 def make_loader(dataset: Any, **kw: Any) -> Loader:
-    cls = _loader_class(kw["backend"])
     if kw["backend"] == "torch":
-        _torch()
-    return cls(dataset, **kw)
+        _torch()  # a clear error without PyTorch, before the IterableDataset base is imported
+    return _loader_class(kw["backend"])(dataset, **kw)
