@@ -78,15 +78,12 @@ impl Spec {
         let episode_ids: Option<Vec<u64>> = get(opts, "episode_ids", None)?;
         let episodes_sql: Option<String> = get(opts, "episodes_sql", None)?;
         let columns: Vec<String> = get(opts, "columns", vec![])?;
-        let mut lo = LoaderOptions::default()
+        // Where a stream starts and how long it runs are the loaders' (`Plan::options`).
+        let lo = LoaderOptions::default()
             .with_workers(get(opts, "workers", 2)?)
             .with_prefetch(get(opts, "prefetch", 4)?)
             .with_rank(get(opts, "rank", 0)?, get(opts, "world_size", 1)?)
-            .with_readahead(get(opts, "readahead", false)?)
-            .with_start(get(opts, "start", 0)?);
-        if let Some(n) = get::<Option<u64>>(opts, "max_batches", None)? {
-            lo = lo.with_max_batches(n);
-        }
+            .with_readahead(get(opts, "readahead", false)?);
         let policy: BoundaryPolicy = policy.parse().py()?;
         let weighting: Weighting = weighting.parse().py()?;
         py.detach(move || -> trajstore::Result<Self> {
