@@ -189,9 +189,13 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     // (a file replaced under the same name keeps the old inode alive for this map). Modifying a
     // committed file from outside trajstore is outside the format's contract.
     let mmap = unsafe { memmap2::Mmap::map(&file) }.at(path)?;
-    // Validation touches only the footer and one message header per record batch, scattered
-    // over the file: without this hint each touch of a cold file reads ahead ~128 KiB of column
-    // data (about 1.7 s to open 100M transitions from a cold page cache). Restored below.
+    // Random access is the default for the whole life of the map: validation touches only the
+    // footer and one message header per record batch, and sampling touches a few pages per
+    // slice. With the kernel's read-around (up to `read_ahead_kb`, 8 MiB on some devices) each
+    // cold fault would read megabytes around the page it needs: opening 100M transitions read
+    // ~1.7 s of column data, and random slices read the whole dataset in their first batches.
+    // Sequential readers (SQL scans, export, verify, uploads) ask for their ranges explicitly
+    // with [`Segment::read_ahead`]; random samplers with [`Segment::advise_willneed`].
     let _ = mmap.advise(memmap2::Advice::Random);
     let mmap = Arc::new(mmap);
     let ptr = std::ptr::NonNull::new(mmap.as_ptr() as *mut u8).expect("a mapping is never null");
@@ -246,8 +250,6 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
             .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
         batches.push(decoded);
     }
-    // Scans (SQL, export, verify) read columns sequentially: give them the kernel's read-ahead.
-    let _ = mmap.advise(memmap2::Advice::Normal);
     Ok(MappedIpc {
         batches,
         metadata,
@@ -520,6 +522,30 @@ impl Segment {
                 .file
                 .mmap
                 .advise_range(memmap2::Advice::WillNeed, p - base, len);
+        }
+    }
+    /// Starts reading `bytes` (a slice of this segment's mapping, e.g. a record batch's column)
+    /// into the page cache in large requests, for a reader about to go through it in order.
+    /// Segments are mapped for random access (a fault reads only its page), so sequential
+    /// readers call this for the range they read next. Same contract as
+    /// [`Segment::advise_willneed`]: a hint, bytes outside the mapping ignored.
+    pub fn read_ahead(&self, bytes: &[u8]) {
+        self.advise_willneed(bytes);
+    }
+    /// The whole mapped file in chunks of `chunk` bytes, each read ahead one chunk before it is
+    /// handed to `f` (for checksums and copies of whole files).
+    pub fn for_each_chunk(&self, chunk: usize, mut f: impl FnMut(&[u8])) {
+        let data = self.mapped_bytes();
+        let chunk = chunk.max(4096);
+        let mut chunks = data.chunks(chunk).peekable();
+        if let Some(first) = chunks.peek() {
+            self.read_ahead(first);
+        }
+        while let Some(c) = chunks.next() {
+            if let Some(next) = chunks.peek() {
+                self.read_ahead(next);
+            }
+            f(c);
         }
     }
     /// Maps every page of this segment into the process's page tables now (reading it from disk

@@ -48,7 +48,9 @@ pub fn verify(snap: &Snapshot, on_segment: impl Fn(u64) + Sync) -> Result<Verify
 fn check_segment(snap: &Snapshot, seg: &Segment) -> Result<()> {
     let e = seg.entry();
     let path = snap.path().join(&e.path);
-    let crc = checksum_string(crc32c::crc32c(seg.mapped_bytes()));
+    let mut crc = 0u32;
+    seg.for_each_chunk(8 << 20, |c| crc = crc32c::crc32c_append(crc, c));
+    let crc = checksum_string(crc);
     if crc != e.checksum {
         return Err(Error::corrupt(
             &path,
