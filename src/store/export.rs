@@ -27,11 +27,7 @@ pub fn export_parquet(snap: &Snapshot, out: &Path, on_rows: impl Fn(u64)) -> Res
         let mut rows = 0u64;
         for seg in snap.segments() {
             for batch in seg.batches() {
-                for c in batch.columns() {
-                    for b in c.to_data().buffers() {
-                        seg.read_ahead(b.as_slice());
-                    }
-                }
+                seg.read_ahead_batch(batch);
                 w.write(batch)?;
                 rows += batch.num_rows() as u64;
                 on_rows(batch.num_rows() as u64);

@@ -532,6 +532,21 @@ impl Segment {
     pub fn read_ahead(&self, bytes: &[u8]) {
         self.advise_willneed(bytes);
     }
+    /// [`Segment::read_ahead`] of every buffer of `batch`'s columns (child arrays included):
+    /// for scans of a record batch (or of a slice or projection of one) from this segment.
+    pub fn read_ahead_batch(&self, batch: &RecordBatch) {
+        fn walk(seg: &Segment, d: &arrow::array::ArrayData) {
+            for b in d.buffers() {
+                seg.read_ahead(b.as_slice());
+            }
+            for c in d.child_data() {
+                walk(seg, c);
+            }
+        }
+        for c in batch.columns() {
+            walk(self, &c.to_data());
+        }
+    }
     /// The whole mapped file in chunks of `chunk` bytes, each read ahead one chunk before it is
     /// handed to `f` (for checksums and copies of whole files).
     pub fn for_each_chunk(&self, chunk: usize, mut f: impl FnMut(&[u8])) {
