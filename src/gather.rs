@@ -16,6 +16,10 @@ use crate::format::col;
 use crate::index::SliceRef;
 use crate::store::Snapshot;
 
+#[path = "gather_readahead.rs"]
+mod readahead;
+pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults, page_size, will_need};
+
 /// One gathered column: `num_slices * slice_len` steps of `width` values of `data_type` each,
 /// row-major `[B, L, width]`, in a 64-byte aligned buffer.
 #[derive(Debug)]
@@ -222,6 +226,8 @@ pub struct Gatherer {
     episode_flags: Vec<u8>,
     /// Per segment: position of its first episode in the episode index.
     segment_first_episode: Vec<usize>,
+    /// Whether and when gathers read ahead (data not in memory).
+    ra: readahead::ReadAheadState,
 }
 
 pub(crate) fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
@@ -349,6 +355,7 @@ impl Gatherer {
             columns: plans,
             episode_flags,
             segment_first_episode,
+            ra: Default::default(),
         })
     }
 
@@ -551,6 +558,7 @@ impl Gatherer {
             .iter()
             .map(|c| b * l * c.width * elem_size(&c.data_type))
             .sum();
+        self.before_gather(plan);
         let work = |(i, s): (usize, &SliceRef)| {
             // Start loading the next slice's rows while this one is copied: the copies are bound
             // by memory latency (a few KiB at random places), which the prefetch overlaps.
@@ -569,6 +577,7 @@ impl Gatherer {
         } else {
             plan.par_iter().enumerate().with_min_len(8).for_each(work);
         }
+        self.after_gather();
         Ok(())
     }
 
@@ -744,6 +753,8 @@ unsafe impl Send for SendPtr {}
 // SAFETY: as above; the pointer itself is never written through by two threads for one range.
 unsafe impl Sync for SendPtr {}
 
+#[path = "gather_pages.rs"]
+mod pages;
 #[cfg(test)]
 #[path = "gather_tests.rs"]
 mod tests;

@@ -58,6 +58,7 @@ pub mod format;
 pub mod gather;
 pub mod index;
 pub mod ingest;
+pub mod iofloor;
 pub mod loader;
 pub mod open;
 pub mod progress;
@@ -77,7 +78,7 @@ mod fault;
 mod guard;
 
 pub use error::{ConflictKind, Error, Result};
-pub use gather::{Batch, BatchColumn, GatherInto, Gatherer};
+pub use gather::{Batch, BatchColumn, GatherInto, Gatherer, ReadAhead};
 pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
 pub use loader::{Loader, LoaderOptions, Recycler, StagedBatch, StagedLoader, StagingSlot};
 pub use open::{DatasetBuilder, open};

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top. A module may use those before it; `fault` (crash points) and `guard` (quiet panic catching) may be used by all.
 const ORDER: &[&str] = &[
-    "error", "progress", "format", "schema", "stats", "index", "store", "synth", "ingest",
-    "sample", "gather", "loader", "torch", "remote", "open", "sql",
+    "error", "progress", "iofloor", "format", "schema", "stats", "index", "store", "synth",
+    "ingest", "sample", "gather", "loader", "torch", "remote", "open", "sql",
 ];
 const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 
@@ -24,7 +24,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// The top-level module a library file belongs to (`src/store/writer.rs` → `store`; unit tests
-/// `#[path]`-included from a sibling file, `src/gather_tests.rs` → `gather`).
+/// `#[path]`-included from a sibling file, `src/gather_tests.rs` → `gather`, and any other part
+/// `src/<module>_<part>.rs` that `src/<module>.rs` includes with `#[path]`,
+/// `src/gather_pages.rs` → `gather`).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
     let first = rel.components().next()?.as_os_str().to_str()?;
@@ -32,7 +34,18 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
         "lib.rs" | "bin" => None,
         f => {
             let m = f.trim_end_matches(".rs");
-            Some(m.strip_suffix("_tests").unwrap_or(m).to_string())
+            if let Some(parent) = m.strip_suffix("_tests") {
+                return Some(parent.to_string());
+            }
+            let included_by = |parent: &str| {
+                std::fs::read_to_string(src.join(format!("{parent}.rs")))
+                    .is_ok_and(|t| t.contains(&format!("#[path = \"{f}\"]")))
+            };
+            let mut parents = m
+                .char_indices()
+                .filter(|&(_, c)| c == '_')
+                .map(|(i, _)| &m[..i]);
+            Some(parents.find(|p| included_by(p)).unwrap_or(m).to_string())
         }
     }
 }

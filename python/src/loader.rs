@@ -11,8 +11,8 @@ use pyo3::types::PyDict;
 use trajstore::sql::SnapshotSql;
 use trajstore::{
     Batch, BoundaryPolicy, EpisodeSampler, EpochSampler, GatherInto, Gatherer, Loader,
-    LoaderOptions, PrioritizedSampler, Recycler, Sampler, SliceOptions, SliceRef, SliceSampler,
-    Snapshot, StagedLoader, StagingSlot, Weighting,
+    LoaderOptions, PrioritizedSampler, ReadAhead, Recycler, Sampler, SliceOptions, SliceRef,
+    SliceSampler, Snapshot, StagedLoader, StagingSlot, Weighting,
 };
 
 use crate::dataset::Dataset;
@@ -62,6 +62,19 @@ where
     }
 }
 
+/// The `readahead` option: "auto" (default), "always", "never", or a bool (True: always).
+fn read_ahead(opts: &Bound<'_, PyDict>) -> PyResult<ReadAhead> {
+    match opts.get_item("readahead")? {
+        None => Ok(ReadAhead::Auto),
+        Some(v) if v.is_none() => Ok(ReadAhead::Auto),
+        Some(v) => match v.extract::<bool>() {
+            Ok(true) => Ok(ReadAhead::Always),
+            Ok(false) => Ok(ReadAhead::Never),
+            Err(_) => v.extract::<String>()?.parse::<ReadAhead>().py(),
+        },
+    }
+}
+
 impl Spec {
     /// Reads the loader options of `opts` (a dict the Python `Dataset.loader` fills) and builds
     /// the sampler and gatherer over `snap`. Every bad argument fails here, before any thread
@@ -83,7 +96,8 @@ impl Spec {
             .with_workers(get(opts, "workers", 2)?)
             .with_prefetch(get(opts, "prefetch", 4)?)
             .with_rank(get(opts, "rank", 0)?, get(opts, "world_size", 1)?)
-            .with_readahead(get(opts, "readahead", false)?);
+            .with_read_ahead(read_ahead(opts)?);
+        let ra = lo.read_ahead;
         let policy: BoundaryPolicy = policy.parse().py()?;
         let weighting: Weighting = weighting.parse().py()?;
         py.detach(move || -> trajstore::Result<Self> {
@@ -114,6 +128,7 @@ impl Spec {
             }
             let names: Vec<&str> = columns.iter().map(String::as_str).collect();
             let gatherer = Gatherer::try_new(&snap, &names)?;
+            gatherer.set_read_ahead(ra);
             let mut cols = Vec::new();
             for ((name, dt, shape), step) in gatherer.columns().zip(gatherer.step_bytes()) {
                 let dtype = DlType::of(dt).ok_or_else(|| {

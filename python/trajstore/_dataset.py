@@ -174,7 +174,7 @@ class Dataset:
         transform: Any = None,
         pin_memory: bool = False,
         staging_slots: Optional[int] = None,
-        readahead: bool = False,
+        readahead: Union[str, bool] = "auto",
     ) -> "Loader":
         """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,
         gathered ahead by ``workers`` Rust threads. See :class:`trajstore.Loader` for every

@@ -156,7 +156,11 @@ class Loader:
       a CUDA copy. On CUDA it sees views of the staging buffers, valid only during the call.
     - ``pin_memory``: on CPU, hand out pinned tensors (for code doing its own transfers).
     - ``staging_slots``: pinned staging buffers on CUDA (default ``workers + prefetch + 2``).
-    - ``readahead``: ``madvise`` the pages of upcoming batches (datasets larger than RAM).
+    - ``readahead``: how pages of a dataset that is not in memory are read. ``"auto"``
+      (default): once batches take major page faults, each worker asks the kernel for all the
+      pages of its next batch at once (many reads in flight) and stops when they are found in
+      memory; nothing is done for data already in memory. ``"always"``/``True``, ``"never"``/
+      ``False`` force it.
 
     Iterating yields one epoch of an epoch sampler, ``max_batches`` batches, or (uniform and
     prioritized samplers without ``max_batches``) batches forever; iterating again continues

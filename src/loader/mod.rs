@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
-use crate::gather::{Batch, Gatherer};
+use crate::gather::{Batch, Gatherer, ReadAhead};
 use crate::sample::Sampler;
 
 mod pipeline;
@@ -34,11 +34,13 @@ pub struct LoaderOptions {
     /// comes first. Resumes a stream exactly where a run stopped, or starts epoch `e` of an epoch
     /// sampler (`start = e * batches_per_epoch`).
     pub start: u64,
-    /// `madvise(WILLNEED)` the pages of the batch each worker gathers next, so that data not in
-    /// the page cache (datasets larger than RAM, cold starts) is read from disk while the current
-    /// batch is copied. Default off: on data already in the page cache the system calls cost more
-    /// than they save (see BENCHMARKS.md).
-    pub readahead: bool,
+    /// Whether each worker asks the kernel for the pages of the batch it gathers next while it
+    /// copies the current one (`madvise(WILLNEED)`), so that data not in the page cache
+    /// (datasets larger than RAM, cold starts) arrives with many reads in flight.
+    /// [`ReadAhead::Auto`] (default) does it while the gatherer finds data missing from memory
+    /// and costs nothing on data in memory; see [`Gatherer::set_read_ahead`] for the gather
+    /// itself.
+    pub read_ahead: ReadAhead,
 }
 
 impl Default for LoaderOptions {
@@ -50,7 +52,7 @@ impl Default for LoaderOptions {
             world_size: 1,
             max_batches: None,
             start: 0,
-            readahead: false,
+            read_ahead: ReadAhead::Auto,
         }
     }
 }
@@ -72,10 +74,18 @@ impl LoaderOptions {
         self.world_size = world_size;
         self
     }
-    /// Turns read-ahead of upcoming slices on or off.
-    pub fn with_readahead(mut self, on: bool) -> Self {
-        self.readahead = on;
+    /// Sets the read-ahead of upcoming batches (see [`LoaderOptions::read_ahead`]).
+    pub fn with_read_ahead(mut self, mode: ReadAhead) -> Self {
+        self.read_ahead = mode;
         self
+    }
+    /// `true`: [`ReadAhead::Always`]; `false`: [`ReadAhead::Never`].
+    pub fn with_readahead(self, on: bool) -> Self {
+        self.with_read_ahead(if on {
+            ReadAhead::Always
+        } else {
+            ReadAhead::Never
+        })
     }
     /// Stops after `n` batches.
     pub fn with_max_batches(mut self, n: u64) -> Self {

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use super::LoaderOptions;
 use crate::error::{Error, Result};
-use crate::gather::Gatherer;
+use crate::gather::{Gatherer, ReadAhead};
 use crate::index::SliceRef;
 use crate::sample::Sampler;
 
@@ -98,14 +98,14 @@ pub(crate) fn check_in_flight(batch_bytes: u64, opts: &LoaderOptions) -> Result<
 }
 
 /// One worker's plans: batch `k` of this rank is the sampler's batch [`global_batch`];
-/// with read-ahead, the plan of the worker's next batch is made one batch early and its pages
-/// `madvise`d while the current one is gathered.
+/// unless read-ahead is [`ReadAhead::Never`], the plan of the worker's next batch is made one
+/// batch early so that its pages can be `madvise`d while the current one is gathered.
 pub(crate) struct WorkerPlans {
     sampler: Arc<dyn Sampler>,
     rank: u64,
     world: u64,
     per_epoch: Option<u64>,
-    readahead: bool,
+    read_ahead: ReadAhead,
     plan: Vec<SliceRef>,
     ahead: Vec<SliceRef>,
     primed: bool,
@@ -118,7 +118,7 @@ impl WorkerPlans {
             sampler,
             rank: opts.rank,
             world: opts.world_size,
-            readahead: opts.readahead,
+            read_ahead: opts.read_ahead,
             plan: Vec::new(),
             ahead: Vec::new(),
             primed: false,
@@ -129,7 +129,7 @@ impl WorkerPlans {
     /// then [`WorkerPlans::current`].
     pub(crate) fn plan(&mut self, k: u64, lane: Lane, gatherer: &Gatherer) {
         let global = |k: u64| global_batch(k, self.rank, self.world, self.per_epoch);
-        if self.readahead {
+        if self.read_ahead != ReadAhead::Never {
             if !self.primed {
                 self.sampler.plan(global(k), &mut self.ahead);
                 self.primed = true;
@@ -137,7 +137,7 @@ impl WorkerPlans {
             std::mem::swap(&mut self.plan, &mut self.ahead);
             if let Some(next) = lane.after(k) {
                 self.sampler.plan(global(next), &mut self.ahead);
-                gatherer.advise(&self.ahead);
+                gatherer.advise_ahead(&self.ahead, self.read_ahead == ReadAhead::Always);
             }
         } else {
             self.sampler.plan(global(k), &mut self.plan);

@@ -98,7 +98,9 @@ impl DataSource for SegmentScan {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        self.inner.open(partition, context)
+        Ok(super::readahead::read_ahead(
+            self.inner.open(partition, context)?,
+        ))
     }
 
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {

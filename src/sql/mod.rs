@@ -67,6 +67,7 @@ use crate::store::{Catalog, Snapshot};
 
 mod episode_agg;
 mod functions;
+mod readahead;
 mod table;
 
 use episode_agg::{EpisodeGroupBy, SegmentScan};

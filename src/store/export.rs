@@ -27,7 +27,7 @@ pub fn export_parquet(snap: &Snapshot, out: &Path, on_rows: impl Fn(u64)) -> Res
         let mut rows = 0u64;
         for seg in snap.segments() {
             for batch in seg.batches() {
-                seg.read_ahead_batch(batch);
+                crate::store::segment::will_need_batch(batch);
                 w.write(batch)?;
                 rows += batch.num_rows() as u64;
                 on_rows(batch.num_rows() as u64);

@@ -532,21 +532,6 @@ impl Segment {
     pub fn read_ahead(&self, bytes: &[u8]) {
         self.advise_willneed(bytes);
     }
-    /// [`Segment::read_ahead`] of every buffer of `batch`'s columns (child arrays included):
-    /// for scans of a record batch (or of a slice or projection of one) from this segment.
-    pub fn read_ahead_batch(&self, batch: &RecordBatch) {
-        fn walk(seg: &Segment, d: &arrow::array::ArrayData) {
-            for b in d.buffers() {
-                seg.read_ahead(b.as_slice());
-            }
-            for c in d.child_data() {
-                walk(seg, c);
-            }
-        }
-        for c in batch.columns() {
-            walk(self, &c.to_data());
-        }
-    }
     /// The whole mapped file in chunks of `chunk` bytes, each read ahead one chunk before it is
     /// handed to `f` (for checksums and copies of whole files).
     pub fn for_each_chunk(&self, chunk: usize, mut f: impl FnMut(&[u8])) {
@@ -573,6 +558,50 @@ impl Segment {
     /// The whole mapped file (for checksums).
     pub fn mapped_bytes(&self) -> &[u8] {
         self.file.map.as_slice()
+    }
+}
+
+/// The system's page size.
+pub fn page_size() -> usize {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if p > 0 {
+            return p as usize;
+        }
+    }
+    4096
+}
+
+/// `madvise(WILLNEED)` of the pages holding `bytes`, which must lie in one mapping. A hint:
+/// errors are ignored. For file mappings the kernel starts reading the range and returns.
+pub fn will_need(bytes: &[u8]) {
+    #[cfg(unix)]
+    if !bytes.is_empty() {
+        let ps = page_size();
+        let start = (bytes.as_ptr() as usize) & !(ps - 1);
+        let end = bytes.as_ptr() as usize + bytes.len();
+        // SAFETY: MADV_WILLNEED changes no memory contents and no mapping; a range that is not
+        // mapped is an error (ENOMEM), not UB.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED) };
+    }
+}
+
+/// [`will_need`] of every buffer of `batch`'s columns, child arrays included: for scans of a
+/// record batch (or of a slice or projection of one) of a mapped segment, about to be read in
+/// order. Buffers that are not mapped files (heap memory) are unaffected.
+pub fn will_need_batch(batch: &RecordBatch) {
+    fn walk(d: &arrow::array::ArrayData) {
+        for b in d.buffers() {
+            will_need(b.as_slice());
+        }
+        for c in d.child_data() {
+            walk(c);
+        }
+    }
+    for c in batch.columns() {
+        walk(&c.to_data());
     }
 }
 

@@ -1,0 +1,311 @@
+//! Read-ahead for data that is not in memory: a [`Gatherer`] notices when its gathers take major
+//! page faults (the mapped segments are on disk, not in the page cache) and from then on asks the
+//! kernel for every page of a plan at once (`madvise(WILLNEED)`, many reads in flight) before
+//! copying, instead of faulting the pages in one at a time. It stops again once the pages it
+//! probes are already resident, so that data in memory pays no system call per slice.
+//!
+//! Segments are mapped with `MADV_RANDOM` (see [`crate::store::segment`]): a fault reads only
+//! its own page, never megabytes around it, and the reads the disk sees are the pages a batch
+//! needs.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use super::*;
+pub use crate::store::segment::{page_size, will_need};
+
+/// How a [`Gatherer`] reads mapped data that is not in the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadAhead {
+    /// Read ahead while gathers find data missing from memory: major page faults switch it on,
+    /// and it switches off after [`WARM_AFTER`] plans in a row whose probed pages were all
+    /// resident before they were asked for. Costs one `getrusage` per batch while off.
+    #[default]
+    Auto,
+    /// Always `madvise(WILLNEED)` the pages of every plan before gathering it (and of the next
+    /// plan, in loaders). Costs about a microsecond per slice and column on data in memory.
+    Always,
+    /// Never: pages are faulted in one at a time as the copy reaches them.
+    Never,
+}
+
+impl FromStr for ReadAhead {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "always" | "on" | "true" => Ok(Self::Always),
+            "never" | "off" | "false" => Ok(Self::Never),
+            _ => Err(Error::argument(
+                "read_ahead",
+                format!("`{s}`: expected auto, always or never"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ReadAhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Always => "always",
+            Self::Never => "never",
+        })
+    }
+}
+
+/// Major faults within one gather (process-wide) that switch [`ReadAhead::Auto`] on.
+pub const COLD_FAULTS: u64 = 4;
+/// Plans in a row found resident that switch [`ReadAhead::Auto`] off again.
+pub const WARM_AFTER: u32 = 8;
+/// Slices probed per plan (one `mincore` each) while reading ahead.
+const PROBES: usize = 16;
+/// Fingerprints of plans advised ahead that are remembered, so that gathering them does not
+/// advise them again.
+const RECENT: usize = 32;
+
+/// The process's major page faults so far (faults that had to read from disk).
+pub fn major_faults() -> u64 {
+    #[cfg(unix)]
+    {
+        let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage writes a `rusage` into the pointer, which is valid for one.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
+        if rc == 0 {
+            // SAFETY: initialised by the successful call above (and zeroed before it).
+            return unsafe { u.assume_init() }.ru_majflt as u64;
+        }
+    }
+    0
+}
+
+/// Whether the page holding `p` is in the page cache (`mincore`); `true` where that cannot be
+/// told, so that a failed probe never turns read-ahead on by itself.
+fn resident(p: *const u8) -> bool {
+    #[cfg(unix)]
+    {
+        let ps = page_size();
+        let page = (p as usize) & !(ps - 1);
+        let mut v = 0u8;
+        // SAFETY: mincore reads no memory of the range; it writes one byte per page of the
+        // one-page range into `v`. An unmapped range is an error (ENOMEM), not UB.
+        let rc = unsafe { libc::mincore(page as *mut libc::c_void, ps, &mut v) };
+        return rc != 0 || v & 1 != 0;
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = p;
+        true
+    }
+}
+
+/// The read-ahead state of one [`Gatherer`], shared by the threads that gather with it.
+#[derive(Debug)]
+pub(super) struct ReadAheadState {
+    mode: AtomicU8,
+    on: AtomicBool,
+    faults: AtomicU64,
+    warm_streak: AtomicU32,
+    recent: [AtomicU64; RECENT],
+    next: AtomicUsize,
+    advised: AtomicU64,
+}
+
+impl Default for ReadAheadState {
+    fn default() -> Self {
+        Self {
+            mode: AtomicU8::new(0),
+            on: AtomicBool::new(false),
+            faults: AtomicU64::new(major_faults()),
+            warm_streak: AtomicU32::new(0),
+            recent: std::array::from_fn(|_| AtomicU64::new(0)),
+            next: AtomicUsize::new(0),
+            advised: AtomicU64::new(0),
+        }
+    }
+}
+
+fn fingerprint(plan: &[SliceRef]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ plan.len() as u64;
+    let mut mix = |x: u64| {
+        h ^= x;
+        h = h.wrapping_mul(0x100_0000_01b3).rotate_left(29);
+    };
+    for s in plan.iter().take(4).chain(plan.iter().rev().take(4)) {
+        mix(s.episode as u64);
+        mix(s.start as u64);
+        mix(s.len as u64);
+    }
+    h | 1
+}
+
+impl Gatherer {
+    /// Sets how this gatherer reads data that is not in memory (default [`ReadAhead::Auto`]).
+    /// Takes `&self`: a gatherer shared by loaders can be switched while they run.
+    pub fn set_read_ahead(&self, mode: ReadAhead) {
+        let m = match mode {
+            ReadAhead::Auto => 0,
+            ReadAhead::Always => 1,
+            ReadAhead::Never => 2,
+        };
+        self.ra.mode.store(m, Ordering::Relaxed);
+    }
+
+    /// The read-ahead mode (see [`Gatherer::set_read_ahead`]).
+    pub fn read_ahead(&self) -> ReadAhead {
+        match self.ra.mode.load(Ordering::Relaxed) {
+            0 => ReadAhead::Auto,
+            1 => ReadAhead::Always,
+            _ => ReadAhead::Never,
+        }
+    }
+
+    /// Whether gathers currently read ahead: always with [`ReadAhead::Always`], never with
+    /// [`ReadAhead::Never`], and with [`ReadAhead::Auto`] while the data was last found missing
+    /// from memory.
+    pub fn reading_ahead(&self) -> bool {
+        match self.read_ahead() {
+            ReadAhead::Auto => self.ra.on.load(Ordering::Relaxed),
+            ReadAhead::Always => true,
+            ReadAhead::Never => false,
+        }
+    }
+
+    /// Plans whose pages this gatherer asked the kernel for so far.
+    pub fn plans_read_ahead(&self) -> u64 {
+        self.ra.advised.load(Ordering::Relaxed)
+    }
+
+    /// How many of up to [`PROBES`] slices of `plan` (spread over it) have the first page of
+    /// their first stored column missing from the page cache.
+    fn probe_missing(&self, plan: &[SliceRef]) -> usize {
+        let Some(bufs) = self.columns.iter().find_map(|c| match &c.source {
+            ColumnSource::Stored(b) | ColumnSource::DerivedNext { obs: b, .. } => {
+                Some((b, c.width * elem_size(&c.data_type)))
+            }
+            ColumnSource::StoredBool(_) => None,
+        }) else {
+            return 0;
+        };
+        let (bufs, step) = bufs;
+        let every = plan.len().div_ceil(PROBES).max(1);
+        let mut missing = 0;
+        for s in plan.iter().step_by(every) {
+            if s.episode as usize >= self.snap.episodes().len() {
+                continue;
+            }
+            let loc = self.snap.episodes().get(s.episode as usize);
+            let a = s.start.max(0);
+            if a >= loc.length as i64 {
+                continue;
+            }
+            let (bi, r) = self.snap.segments()[loc.segment].locate(loc.segment_row + a as u64);
+            let buf = bufs[loc.segment][bi].as_slice();
+            if let Some(p) = buf.get(r * step) {
+                missing += usize::from(!resident(p));
+            }
+        }
+        missing
+    }
+
+    /// Probes `plan` and advises it if some of it is missing; counts towards switching
+    /// [`ReadAhead::Auto`] off when none is.
+    fn probe_and_advise(&self, plan: &[SliceRef]) {
+        if self.read_ahead() == ReadAhead::Always || self.probe_missing(plan) > 0 {
+            self.ra.warm_streak.store(0, Ordering::Relaxed);
+            self.advise(plan);
+            self.ra.advised.fetch_add(1, Ordering::Relaxed);
+        } else if self.ra.warm_streak.fetch_add(1, Ordering::Relaxed) + 1 >= WARM_AFTER {
+            self.ra.on.store(false, Ordering::Relaxed);
+            self.ra.faults.store(major_faults(), Ordering::Relaxed);
+        }
+    }
+
+    fn remember(&self, plan: &[SliceRef]) {
+        let i = self.ra.next.fetch_add(1, Ordering::Relaxed) % RECENT;
+        self.ra.recent[i].store(fingerprint(plan), Ordering::Relaxed);
+    }
+
+    fn advised_recently(&self, plan: &[SliceRef]) -> bool {
+        let f = fingerprint(plan);
+        self.ra
+            .recent
+            .iter()
+            .any(|r| r.load(Ordering::Relaxed) == f)
+    }
+
+    /// For loaders: `plan` will be gathered next by this thread; while reading ahead, ask the
+    /// kernel for its pages now so that they arrive while the current plan is copied.
+    /// With `always`, unconditionally.
+    pub(crate) fn advise_ahead(&self, plan: &[SliceRef], always: bool) {
+        if always {
+            self.advise(plan);
+            self.ra.advised.fetch_add(1, Ordering::Relaxed);
+        } else if self.reading_ahead() {
+            self.probe_and_advise(plan);
+        } else {
+            return;
+        }
+        self.remember(plan);
+    }
+
+    /// Before a gather: while reading ahead, ask for all of `plan`'s pages at once (unless a
+    /// loader already did).
+    pub(super) fn before_gather(&self, plan: &[SliceRef]) {
+        if self.reading_ahead() && !self.advised_recently(plan) {
+            self.probe_and_advise(plan);
+        }
+    }
+
+    /// After a gather: in [`ReadAhead::Auto`], major faults since the last look switch read-ahead
+    /// on.
+    pub(super) fn after_gather(&self) {
+        if self.read_ahead() != ReadAhead::Auto || self.ra.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = major_faults();
+        let before = self.ra.faults.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(before) >= COLD_FAULTS {
+            self.ra.warm_streak.store(0, Ordering::Relaxed);
+            self.ra.on.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print() {
+        for m in [ReadAhead::Auto, ReadAhead::Always, ReadAhead::Never] {
+            assert_eq!(m.to_string().parse::<ReadAhead>().unwrap(), m);
+        }
+        assert_eq!("on".parse::<ReadAhead>().unwrap(), ReadAhead::Always);
+        let e = "sometimes".parse::<ReadAhead>().unwrap_err().to_string();
+        assert!(e.contains("auto, always or never"), "{e}");
+    }
+
+    #[test]
+    fn fingerprints_tell_plans_apart() {
+        let s = |e, st| SliceRef {
+            episode: e,
+            start: st,
+            len: 8,
+        };
+        let a = vec![s(1, 0), s(2, 5)];
+        let b = vec![s(1, 0), s(2, 6)];
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+    }
+
+    #[test]
+    fn probes_of_anonymous_memory_say_resident() {
+        let v = vec![1u8; 1 << 16];
+        assert!(resident(v.as_ptr()));
+        will_need(&v);
+        assert!(major_faults() < u64::MAX);
+        assert!(page_size().is_power_of_two());
+    }
+}
