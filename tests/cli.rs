@@ -220,3 +220,101 @@ fn ingest_numpy_says_which_columns_it_used() {
         "{out}"
     );
 }
+
+/// `bench --json --io-floor`: pages per batch, the disk reads of each phase, the loader on batches
+/// no earlier phase read, and the disk's random-read floor with the loader's ratio to it; the
+/// text output shows the same, and `--help` says how to measure a cold run.
+#[test]
+fn bench_reports_pages_phases_and_the_io_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d.trajstore");
+    let d = d.to_str().unwrap();
+    let (code, _, err) = run(&["demo", d, "--transitions", "20000"]);
+    assert_eq!(code, 0, "{err}");
+    let args = [
+        "bench",
+        d,
+        "--iters",
+        "5",
+        "--io-floor",
+        "--io-floor-secs",
+        "0.05",
+    ];
+    let (code, out, err) = run(&[&args[..], &["--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert!(f("pages_per_batch") > 0.0, "{v}");
+    assert_eq!(v["bytes_per_batch"], v["batch_bytes"]);
+    assert!(f("bytes_per_batch") > 0.0);
+    assert!(f("page_size") >= 4096.0);
+    // The loader starts after the single-threaded loop's batches 0..2*iters.
+    assert_eq!(v["loader_first_batch"].as_u64(), Some(10));
+    for p in ["open_and_first_batch", "single_thread", "loader"] {
+        let p = &v["phases"][p];
+        assert!(p["secs"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["batches"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["major_faults"].is_u64(), "{p}");
+        assert!(p["disk_read_bytes"].is_u64(), "{p}");
+    }
+    assert_eq!(v["phases"]["loader"]["batches"].as_u64(), Some(5));
+    assert!(f("loader_disk_bytes_per_batch") >= 0.0);
+    assert!(f("floor_batches_per_s") > 0.0, "{v}");
+    assert!(f("loader_over_floor") > 0.0, "{v}");
+    let io = &v["io_floor"];
+    let qds: Vec<u64> = io["random_4k"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert!(r["ios_per_s"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["ios"].as_u64().unwrap() > 0, "{r}");
+            assert_eq!(r["block"].as_u64(), Some(4096));
+            r["queue_depth"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(qds, [1, 4, 16, 64]);
+    assert_eq!(io["bandwidth"]["block"].as_u64(), Some(1 << 20));
+    assert!(
+        io["bandwidth"]["bytes_per_s"].as_f64().unwrap() > 0.0,
+        "{io}"
+    );
+    assert!(io["direct"].is_boolean());
+    assert_eq!(io["files"].as_u64(), Some(1));
+    // The floor is the lower of the two bounds.
+    let bound = |r: &serde_json::Value| r["batches_per_s"].as_f64().unwrap();
+    let floor = bound(&io["random_4k"][3]).min(bound(&io["bandwidth"]));
+    assert!(
+        (f("floor_batches_per_s") - floor).abs() <= 1e-9 * floor,
+        "{io}"
+    );
+
+    // Without --io-floor the floor fields are null; the text output has the tables.
+    let (code, out, err) = run(&["bench", d, "--iters", "5", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["io_floor"].is_null() && v["loader_over_floor"].is_null());
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    for s in [
+        "pages per batch",
+        "major faults",
+        "O_DIRECT",
+        "loader / floor",
+    ] {
+        assert!(
+            out.contains(s) || (s == "O_DIRECT" && out.contains("buffered")),
+            "{s}: {out}"
+        );
+    }
+    let (code, out, _) = run(&["bench", "--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("drop_caches") && out.contains("--io-floor"),
+        "{out}"
+    );
+    // The hidden duration needs --io-floor and a sane value.
+    let (code, _, err) = run(&["bench", d, "--io-floor", "--io-floor-secs", "0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--io-floor-secs"), "{err}");
+}

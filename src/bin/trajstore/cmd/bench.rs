@@ -1,6 +1,8 @@
-//! `trajstore bench`: sampling, gather and loader throughput against memcpy of the same bytes.
+//! `trajstore bench`: sampling, gather and loader throughput against memcpy of the same bytes,
+//! with the disk reads of each phase (cold or warm), and with `--io-floor` against the disk's own
+//! random-read limit on the same files.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
@@ -12,7 +14,38 @@ use super::*;
 use crate::open::*;
 use crate::output::*;
 
+/// `bench --help`, after the options: what the figures mean and how to measure a cold run.
+const AFTER_HELP: &str = "\
+What is measured, in this order:
+  open + first batch   open the dataset, build the gatherer and sampler, gather batch 0.
+  sample + gather      one thread plans and gathers batches 0 to 2*ITERS-1 (the first ITERS
+                       warm up); medians, set against a memcpy of the same number of bytes.
+  loader               WORKERS threads gather ITERS batches from batch 2*ITERS on: batches no
+                       earlier phase read, so the loader is as cold as the data is.
+  pages per batch      distinct memory pages one batch's gather reads from the mapped segments
+                       (mean of 64 batches): on data not in memory, one random disk read each.
+Each phase reports its major page faults (getrusage) and the bytes the process read from disk
+(/proc/self/io): both near zero when the data is in the page cache (warm), large when it is not.
+
+Cold runs: drop the page cache first (as root), so that every batch reads from disk:
+  sync; echo 3 > /proc/sys/vm/drop_caches          # or: sync; echo 3 | sudo tee /proc/sys/vm/drop_caches
+  trajstore bench big.trajstore --io-floor
+A dataset larger than RAM is cold by nature: most of its pages are not in memory.
+
+--io-floor measures, after everything else, what the disk can do at all on the same segment
+files: random reads with O_DIRECT (they neither hit nor fill the page cache), 4 KiB at 1, 4, 16
+and 64 in flight (IOPS), and 1 MiB at 16 in flight (bandwidth), about 2 s each. The floor is the
+batches/s the disk serves if every page of a batch is one random read:
+  floor = min(IOPS at queue depth 64 / pages per batch, bandwidth / (pages per batch x page size))
+and loader / floor says how close the loader comes to it. Above 1, the loader's batches came
+(in part) from the page cache, not from the disk.
+
+Examples:
+  trajstore bench demo.trajstore --json
+  sync; echo 3 > /proc/sys/vm/drop_caches; trajstore bench big.trajstore --io-floor --workers 8";
+
 #[derive(Args)]
+#[command(after_long_help = AFTER_HELP)]
 pub(crate) struct BenchArgs {
     #[command(flatten)]
     s: SliceArgs,
@@ -38,6 +71,14 @@ pub(crate) struct BenchArgs {
     /// instead of the first touches' page faults.
     #[arg(long)]
     prefault: bool,
+    /// After every other measurement, measure the disk's random-read limit on the dataset's
+    /// segment files (O_DIRECT, about 10 s) and report the loader as a fraction of the batches/s
+    /// that limit allows (see below).
+    #[arg(long)]
+    io_floor: bool,
+    /// Seconds of each of the five --io-floor measurements.
+    #[arg(long, hide = true, default_value_t = 2.0, requires = "io_floor")]
+    io_floor_secs: f64,
     /// Run the torch loader to this device (cpu, cuda, cuda:N) after the CPU figures: batches/s,
     /// GB/s, and on CUDA the bandwidth of a plain pinned host-to-device copy of the same bytes
     /// as the baseline. Needs a build with `--features torch`.
@@ -81,6 +122,128 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// What this process has read from disk so far: major page faults (a mapped page read from disk;
+/// all threads, joined ones included) and bytes read from storage (`read_bytes` of
+/// /proc/self/io; `None` where it cannot be read).
+#[derive(Clone, Copy, Debug)]
+struct DiskReads {
+    major_faults: u64,
+    read_bytes: Option<u64>,
+}
+
+impl DiskReads {
+    fn now() -> Self {
+        // SAFETY: an all-zero `rusage` is a valid value of the plain C struct getrusage fills.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, exclusively borrowed `rusage` for the call to fill.
+        let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0;
+        let read_bytes = std::fs::read_to_string("/proc/self/io").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("read_bytes:"))
+                .and_then(|v| v.trim().parse().ok())
+        });
+        Self {
+            major_faults: if ok { ru.ru_majflt as u64 } else { 0 },
+            read_bytes,
+        }
+    }
+
+    /// The reads between `before` and now.
+    fn since(before: Self) -> Self {
+        let now = Self::now();
+        Self {
+            major_faults: now.major_faults.saturating_sub(before.major_faults),
+            read_bytes: now
+                .read_bytes
+                .zip(before.read_bytes)
+                .map(|(a, b)| a.saturating_sub(b)),
+        }
+    }
+}
+
+/// One timed phase: its length, the batches it gathered and what it read from disk.
+fn phase(secs: f64, batches: u64, r: DiskReads) -> serde_json::Value {
+    json!({
+        "secs": secs,
+        "batches": batches,
+        "major_faults": r.major_faults,
+        "disk_read_bytes": r.read_bytes,
+    })
+}
+
+/// The mean of [`trajstore::Gatherer::pages_touched`] over 64 plans from batch `from` on.
+fn pages_per_batch(
+    sampler: &dyn trajstore::Sampler,
+    gatherer: &trajstore::Gatherer,
+    from: u64,
+) -> f64 {
+    let mut plan = vec![];
+    let n = 64;
+    let total: usize = (from..from + n)
+        .map(|k| {
+            sampler.plan(k, &mut plan);
+            gatherer.pages_touched(&plan)
+        })
+        .sum();
+    total as f64 / n as f64
+}
+
+/// `--io-floor`: random reads over the snapshot's segment files at several queue depths, and the
+/// batches/s they allow for batches of `pages` pages of `page` bytes.
+fn io_floor(
+    snap: &trajstore::Snapshot,
+    secs: f64,
+    seed: u64,
+    pages: f64,
+    page: usize,
+) -> Result<serde_json::Value> {
+    use trajstore::iofloor::random_reads;
+    let files: Vec<std::path::PathBuf> = snap
+        .segments()
+        .iter()
+        .map(|s| snap.path().join(&s.entry().path))
+        .collect();
+    let file_bytes: u64 = snap.segments().iter().map(|s| s.entry().bytes).sum();
+    let d = Duration::from_secs_f64(secs.max(0.01));
+    let mut random_4k = vec![];
+    let mut direct = true;
+    let mut iops_64 = 0.0;
+    for qd in [1, 4, 16, 64] {
+        let r = random_reads(&files, 4096, qd, d, seed)?;
+        direct &= r.direct;
+        iops_64 = r.ios_per_s;
+        random_4k.push(json!({
+            "block": r.block,
+            "queue_depth": r.queue_depth,
+            "ios_per_s": r.ios_per_s,
+            "bytes_per_s": r.bytes_per_s,
+            "ios": r.ios,
+            "secs": r.secs,
+            "batches_per_s": r.ios_per_s / pages,
+        }));
+    }
+    let bw = random_reads(&files, 1 << 20, 16, d, seed)?;
+    direct &= bw.direct;
+    let batch_touched = pages * page as f64;
+    let floor = (iops_64 / pages).min(bw.bytes_per_s / batch_touched);
+    Ok(json!({
+        "direct": direct,
+        "files": files.len(),
+        "file_bytes": file_bytes,
+        "random_4k": random_4k,
+        "bandwidth": {
+            "block": bw.block,
+            "queue_depth": bw.queue_depth,
+            "ios_per_s": bw.ios_per_s,
+            "bytes_per_s": bw.bytes_per_s,
+            "ios": bw.ios,
+            "secs": bw.secs,
+            "batches_per_s": bw.bytes_per_s / batch_touched,
+        },
+        "floor_batches_per_s": floor,
+    }))
+}
+
 pub(crate) fn run(a: BenchArgs) -> Result<()> {
     use std::hint::black_box;
     use trajstore::Sampler;
@@ -93,6 +256,20 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     if a.device.is_some() {
         anyhow::bail!(NO_TORCH);
     }
+    if !(a.io_floor_secs > 0.0 && a.io_floor_secs <= 600.0) {
+        anyhow::bail!(
+            "--io-floor-secs {}: must be more than 0 and at most 600",
+            a.io_floor_secs
+        );
+    }
+    let iters = a.iters;
+    // Batch numbers of each phase, none used twice: the single-threaded loop gathers 0..2*iters,
+    // the loader 2*iters..3*iters, the torch loader 3*iters..5*iters; pages are counted on
+    // 64 batches after those (counting reads no data).
+    let loader_start = 2 * iters as u64;
+    let torch_start = 3 * iters as u64;
+    let pages_from = 5 * iters as u64;
+    let reads0 = DiskReads::now();
     let t0 = Instant::now();
     let snap = open_snapshot(&a.s.dataset, None)?;
     let mut prefault_ms = 0.0;
@@ -109,25 +286,16 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let mut batch = trajstore::Batch::default();
     sampler.plan(0, &mut plan);
     gatherer.gather(&plan, &mut batch)?;
-    let first_batch_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let iters = a.iters;
+    let first_batch_s = t0.elapsed().as_secs_f64();
+    let first_batch_ms = first_batch_s * 1e3;
+    let open_reads = DiskReads::since(reads0);
+    let bytes = batch.data_bytes();
+    // The single-threaded loop: index-only sampling, then sample + gather, of batches
+    // 0..2*iters (the first half warms up).
     let mut index_us = Vec::with_capacity(iters);
     let mut sample_us = Vec::with_capacity(iters);
-    let mut memcpy_us = Vec::with_capacity(iters);
-    // The memcpy floor: the same number of bytes as one batch's data, copied in one go from the
-    // mapped data into a destination allocated once. The source moves through the largest segment
-    // every iteration, so that it comes from memory (as the gathered slices do), not from a CPU
-    // cache that a repeated copy of the same bytes would hit.
-    let bytes = batch.data_bytes();
-    let big = snap
-        .segments()
-        .iter()
-        .max_by_key(|s| s.num_rows())
-        .expect("a segment");
-    let src = big.mapped_bytes();
-    let n = bytes.min(src.len()).max(1);
-    let spots = (src.len() / n).max(1);
-    let mut dst = vec![0u8; n];
+    let reads = DiskReads::now();
+    let t = Instant::now();
     for k in 0..2 * iters as u64 {
         let t = Instant::now();
         sampler.plan(k, &mut plan);
@@ -138,25 +306,18 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         gatherer.gather(&plan, &mut batch)?;
         black_box(&batch);
         let both = t.elapsed().as_secs_f64();
-        let from = ((k as usize * 7919) % spots) * n;
-        let t = Instant::now();
-        dst.copy_from_slice(&src[from..from + n]);
-        black_box(&dst);
-        let copy = t.elapsed().as_secs_f64();
         if k >= iters as u64 {
             index_us.push(index * 1e6);
             sample_us.push(both * 1e6);
-            memcpy_us.push(copy * 1e6);
         }
     }
-    let (index_med, sample_med, memcpy_med) = (
-        median(&mut index_us),
-        median(&mut sample_us),
-        median(&mut memcpy_us),
-    );
+    let loop_s = t.elapsed().as_secs_f64();
+    let loop_reads = DiskReads::since(reads);
+    let (index_med, sample_med) = (median(&mut index_us), median(&mut sample_us));
     let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
-    // The loader: background workers sampling and gathering ahead.
+    // The loader: background workers sampling and gathering ahead, on batches nothing above read.
     let loader_batches = iters as u64;
+    let reads = DiskReads::now();
     let t = Instant::now();
     let mut loader = trajstore::Loader::try_new(
         sampler.clone(),
@@ -165,6 +326,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             .with_workers(a.workers)
             .with_prefetch(prefetch_that_fits(bytes, a.workers))
             .with_readahead(a.readahead)
+            .with_start(loader_start)
             .with_max_batches(loader_batches),
     )
     .map_err(|e| anyhow::anyhow!("--workers {}: {e}", a.workers))?;
@@ -174,7 +336,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         loader.recycle(b);
     }
     let loader_s = t.elapsed().as_secs_f64();
+    // Joined workers' faults and reads count in the process's totals.
     drop(loader);
+    let loader_reads = DiskReads::since(reads);
+    let loader_bps = got as f64 / loader_s;
     let torch = match &a.device {
         Some(d) => Some(torch_bench(
             &a,
@@ -182,10 +347,54 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             sampler.clone(),
             gatherer.clone(),
             bytes,
+            torch_start,
         )?),
         None => None,
     };
+    let page = trajstore::iofloor::page_size();
+    let pages = pages_per_batch(sampler.as_ref(), &gatherer, pages_from);
+    // The memcpy floor: the same number of bytes as one batch's data, copied in one go from the
+    // mapped data into a destination allocated once. The source moves through the largest segment
+    // every iteration, so that it comes from memory (as the gathered slices do), not from a CPU
+    // cache that a repeated copy of the same bytes would hit. Measured after the loader (whose
+    // batches its reads would warm), with its sources read into the page cache first: a floor of
+    // copies from memory, not from disk.
+    let big = snap
+        .segments()
+        .iter()
+        .max_by_key(|s| s.num_rows())
+        .expect("a segment");
+    let src = big.mapped_bytes();
+    let n = bytes.min(src.len()).max(1);
+    let spots = (src.len() / n).max(1);
+    let spot = |k: u64| ((k as usize * 7919) % spots) * n;
+    for k in 0..2 * iters as u64 {
+        big.read_ahead(&src[spot(k)..spot(k) + n]);
+    }
+    let mut memcpy_us = Vec::with_capacity(iters);
+    let mut dst = vec![0u8; n];
+    for k in 0..2 * iters as u64 {
+        let from = spot(k);
+        let t = Instant::now();
+        dst.copy_from_slice(&src[from..from + n]);
+        black_box(&dst);
+        if k >= iters as u64 {
+            memcpy_us.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let memcpy_med = median(&mut memcpy_us);
     let (rss_anon, rss_file) = rss_mib();
+    // Last: the disk's own limit (O_DIRECT reads leave the page cache as the phases left it).
+    let floor = if a.io_floor {
+        Some(io_floor(&snap, a.io_floor_secs, a.s.seed, pages, page)?)
+    } else {
+        None
+    };
+    let floor_bps = floor
+        .as_ref()
+        .and_then(|f| f["floor_batches_per_s"].as_f64());
+    let per_batch =
+        |r: DiskReads, batches: u64| r.read_bytes.map(|b| b as f64 / batches.max(1) as f64);
     let v = json!({
         "rss_anon_mib": rss_anon,
         "rss_file_mib": rss_file,
@@ -194,6 +403,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "slice_len": a.s.slice_len,
         "num_slices": a.s.num_slices,
         "batch_bytes": bytes,
+        "bytes_per_batch": bytes,
+        "page_size": page,
+        "pages_per_batch": pages,
+        "bytes_touched_per_batch": pages * page as f64,
         "open_and_first_batch_ms": first_batch_ms,
         "prefault_ms": prefault_ms,
         "index_median_us": index_med,
@@ -203,49 +416,161 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "sample_over_memcpy": sample_med / memcpy_med,
         "transitions_per_s": steps / (sample_med * 1e-6),
         "loader_workers": a.workers,
-        "loader_batches_per_s": got as f64 / loader_s,
+        "loader_first_batch": loader_start,
+        "loader_batches_per_s": loader_bps,
         "loader_transitions_per_s": got as f64 * steps / loader_s,
+        "loader_disk_bytes_per_batch": per_batch(loader_reads, got),
+        "phases": {
+            "open_and_first_batch": phase(first_batch_s, 1, open_reads),
+            "single_thread": phase(loop_s, 2 * iters as u64, loop_reads),
+            "loader": phase(loader_s, got, loader_reads),
+        },
+        "io_floor": floor,
+        "floor_batches_per_s": floor_bps,
+        "loader_over_floor": floor_bps.map(|f| loader_bps / f),
         "torch": torch,
     });
     if a.s.json {
         outln!("{v}");
-    } else {
+        return Ok(());
+    }
+    outln!(
+        "{} transitions, {} episodes; batches of {} slices x {} steps ({})",
+        HumanCount(snap.num_transitions()),
+        HumanCount(snap.num_episodes()),
+        a.s.num_slices,
+        a.s.slice_len,
+        HumanBytes(bytes as u64)
+    );
+    outln!(
+        "pages per batch        {pages:>10.1} pages of {} = {} read from the mapped segments",
+        HumanBytes(page as u64),
+        HumanBytes((pages * page as f64) as u64)
+    );
+    outln!("open + first batch     {first_batch_ms:>10.2} ms");
+    if a.prefault {
+        outln!("prefault (excluded)    {prefault_ms:>10.2} ms");
+    }
+    outln!("index-only sampling    {index_med:>10.1} us (median of {iters})");
+    outln!(
+        "sample + gather        {sample_med:>10.1} us  = {:.2}x the memcpy floor",
+        sample_med / memcpy_med
+    );
+    outln!("memcpy of same bytes   {memcpy_med:>10.1} us");
+    outln!(
+        "throughput             {:>10} transitions/s",
+        HumanCount((steps / (sample_med * 1e-6)) as u64)
+    );
+    outln!(
+        "{:<23}{loader_bps:>10.0} batches/s, {} transitions/s (from batch {loader_start})",
+        format!("loader ({} workers)", a.workers),
+        HumanCount((got as f64 * steps / loader_s) as u64)
+    );
+    if let Some(t) = &torch {
+        print_torch_bench(t);
+    }
+    outln!(
+        "resident memory        {rss_anon:>10.1} MiB anonymous, {rss_file:.1} MiB of mapped segments (page cache)"
+    );
+    outln!("");
+    outln!(
+        "read from disk         {:>10} {:>14} {:>14}",
+        "batches",
+        "major faults",
+        "bytes"
+    );
+    let disk = |r: DiskReads| {
+        r.read_bytes
+            .map_or("?".to_string(), |b| HumanBytes(b).to_string())
+    };
+    for (name, batches, r) in [
+        ("open + first batch", 1, open_reads),
+        ("single-threaded loop", 2 * iters as u64, loop_reads),
+        ("loader", got, loader_reads),
+    ] {
         outln!(
-            "{} transitions, {} episodes; batches of {} slices x {} steps ({})",
-            HumanCount(snap.num_transitions()),
-            HumanCount(snap.num_episodes()),
-            a.s.num_slices,
-            a.s.slice_len,
-            HumanBytes(bytes as u64)
-        );
-        outln!("open + first batch     {first_batch_ms:>10.2} ms");
-        if a.prefault {
-            outln!("prefault (excluded)    {prefault_ms:>10.2} ms");
-        }
-        outln!("index-only sampling    {index_med:>10.1} us (median of {iters})");
-        outln!(
-            "sample + gather        {sample_med:>10.1} us  = {:.2}x the memcpy floor",
-            sample_med / memcpy_med
-        );
-        outln!("memcpy of same bytes   {memcpy_med:>10.1} us");
-        outln!(
-            "throughput             {:>10} transitions/s",
-            HumanCount((steps / (sample_med * 1e-6)) as u64)
-        );
-        outln!(
-            "loader ({} workers)    {:>10.0} batches/s, {} transitions/s",
-            a.workers,
-            got as f64 / loader_s,
-            HumanCount((got as f64 * steps / loader_s) as u64)
-        );
-        if let Some(t) = &torch {
-            print_torch_bench(t);
-        }
-        outln!(
-            "resident memory        {rss_anon:>10.1} MiB anonymous, {rss_file:.1} MiB of mapped segments (page cache)"
+            "  {name:<21}{:>10} {:>14} {:>14}",
+            HumanCount(batches).to_string(),
+            HumanCount(r.major_faults).to_string(),
+            disk(r)
         );
     }
+    if let Some(b) = per_batch(loader_reads, got) {
+        outln!(
+            "  loader, per batch    {:>10} {:>14} {:>14} of {} touched{}",
+            "",
+            "",
+            HumanBytes(b as u64).to_string(),
+            HumanBytes((pages * page as f64) as u64),
+            if b < 0.01 * pages * page as f64 {
+                " (warm: the pages were in memory)"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(f) = &floor {
+        print_io_floor(f, loader_bps);
+    }
     Ok(())
+}
+
+/// The `--io-floor` table and the loader's fraction of the floor, as text.
+fn print_io_floor(f: &serde_json::Value, loader_bps: f64) {
+    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    outln!("");
+    outln!(
+        "disk random reads      {} over {} segment file{} ({}){}",
+        if f["direct"] == true {
+            "O_DIRECT"
+        } else {
+            "buffered"
+        },
+        f["files"],
+        if f["files"] == 1 { "" } else { "s" },
+        HumanBytes(f["file_bytes"].as_u64().unwrap_or(0)),
+        if f["direct"] == true {
+            ""
+        } else {
+            " - the file system refused O_DIRECT: cached pages make these optimistic"
+        }
+    );
+    outln!(
+        "  {:>7} {:>5} {:>12} {:>12} {:>16}",
+        "block",
+        "QD",
+        "reads/s",
+        "bytes/s",
+        "batches/s bound"
+    );
+    let rows = f["random_4k"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain([&f["bandwidth"]]);
+    for r in rows {
+        outln!(
+            "  {:>7} {:>5} {:>12} {:>12} {:>16.1}",
+            HumanBytes(r["block"].as_u64().unwrap_or(0)).to_string(),
+            r["queue_depth"].as_u64().unwrap_or(0),
+            HumanCount(num(r, "ios_per_s") as u64).to_string(),
+            format!("{}/s", HumanBytes(num(r, "bytes_per_s") as u64)),
+            num(r, "batches_per_s")
+        );
+    }
+    let floor = num(f, "floor_batches_per_s");
+    outln!(
+        "floor                  {floor:>10.1} batches/s  (the lower bound above: QD 64, or bandwidth)"
+    );
+    outln!(
+        "loader / floor         {:>10.2}x     ({loader_bps:.1} batches/s){}",
+        loader_bps / floor,
+        if loader_bps > floor {
+            "; above 1: batches came from the page cache, not the disk"
+        } else {
+            ""
+        }
+    );
 }
 
 /// The torch loader's figures for `bench --device`.
@@ -256,6 +581,7 @@ pub(crate) fn torch_bench(
     sampler: std::sync::Arc<trajstore::SliceSampler>,
     gatherer: std::sync::Arc<trajstore::Gatherer>,
     batch_bytes: usize,
+    start: u64,
 ) -> Result<serde_json::Value> {
     use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
     let dev = parse_device(device).map_err(one_line)?;
@@ -265,6 +591,7 @@ pub(crate) fn torch_bench(
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
             .with_readahead(a.readahead)
+            .with_start(start)
             .with_max_batches(2 * iters),
     );
     if a.resident {
@@ -329,6 +656,7 @@ pub(crate) fn torch_bench(
     _sampler: std::sync::Arc<trajstore::SliceSampler>,
     _gatherer: std::sync::Arc<trajstore::Gatherer>,
     _batch_bytes: usize,
+    _start: u64,
 ) -> Result<serde_json::Value> {
     anyhow::bail!(NO_TORCH)
 }
