@@ -13,7 +13,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::*;
-pub use crate::store::segment::{page_size, will_need};
+pub use crate::iofloor::page_size;
+pub use crate::store::segment::will_need;
 
 /// How a [`Gatherer`] reads mapped data that is not in the page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

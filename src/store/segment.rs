@@ -561,25 +561,12 @@ impl Segment {
     }
 }
 
-/// The system's page size.
-pub fn page_size() -> usize {
-    #[cfg(unix)]
-    {
-        // SAFETY: sysconf has no preconditions.
-        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        if p > 0 {
-            return p as usize;
-        }
-    }
-    4096
-}
-
 /// `madvise(WILLNEED)` of the pages holding `bytes`, which must lie in one mapping. A hint:
 /// errors are ignored. For file mappings the kernel starts reading the range and returns.
 pub fn will_need(bytes: &[u8]) {
     #[cfg(unix)]
     if !bytes.is_empty() {
-        let ps = page_size();
+        let ps = crate::iofloor::page_size();
         let start = (bytes.as_ptr() as usize) & !(ps - 1);
         let end = bytes.as_ptr() as usize + bytes.len();
         // SAFETY: MADV_WILLNEED changes no memory contents and no mapping; a range that is not
