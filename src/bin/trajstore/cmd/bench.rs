@@ -64,9 +64,12 @@ pub(crate) struct BenchArgs {
             .range(1..=trajstore::loader::MAX_WORKERS as u64)
     )]
     workers: usize,
-    /// Let loader workers madvise(WILLNEED) the next batch's pages (for data not in the page cache).
-    #[arg(long)]
-    readahead: bool,
+    /// How pages that are not in memory are read: `auto` asks the kernel for all the pages of
+    /// a batch at once (and loader workers for their next batch's) while gathers take major page
+    /// faults, and stops once the pages are found in memory; `always`; `never` (each page is
+    /// faulted in when the copy reaches it).
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = |s: &str| s.parse::<trajstore::ReadAhead>())]
+    read_ahead: trajstore::ReadAhead,
     /// Map every page before timing (MADV_POPULATE_READ), to measure steady state from the start
     /// instead of the first touches' page faults.
     #[arg(long)]
@@ -116,6 +119,9 @@ pub(crate) fn prefetch_that_fits(batch_bytes: usize, workers: usize) -> usize {
     let fit = trajstore::sample::max_batch_bytes() / (batch_bytes as u64).max(1);
     fit.saturating_sub(workers as u64 + 1).clamp(1, 4) as usize
 }
+
+/// Batches of the "open + first batches" figure.
+const FIRST_K: u64 = 50;
 
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -280,6 +286,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     }
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
     let gatherer = std::sync::Arc::new(trajstore::Gatherer::try_new(&snap, &cols)?);
+    gatherer.set_read_ahead(a.read_ahead);
     check_batch_size(&gatherer, &a.s)?;
     let sampler = std::sync::Arc::new(slice_sampler(&snap, &a.s)?);
     let mut plan = vec![];
@@ -294,6 +301,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     // 0..2*iters (the first half warms up).
     let mut index_us = Vec::with_capacity(iters);
     let mut sample_us = Vec::with_capacity(iters);
+    // Open + the first FIRST_K batches of this loop (batch 0 again is not counted twice): the
+    // time until a training loop that gathers on its own thread has had FIRST_K batches.
+    let mut first_k_s = first_batch_s;
     let reads = DiskReads::now();
     let t = Instant::now();
     for k in 0..2 * iters as u64 {
@@ -306,6 +316,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         gatherer.gather(&plan, &mut batch)?;
         black_box(&batch);
         let both = t.elapsed().as_secs_f64();
+        if (1..FIRST_K).contains(&k) {
+            first_k_s += both;
+        }
         if k >= iters as u64 {
             index_us.push(index * 1e6);
             sample_us.push(both * 1e6);
@@ -325,7 +338,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
             .with_prefetch(prefetch_that_fits(bytes, a.workers))
-            .with_readahead(a.readahead)
+            .with_read_ahead(a.read_ahead)
             .with_start(loader_start)
             .with_max_batches(loader_batches),
     )
@@ -408,6 +421,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "pages_per_batch": pages,
         "bytes_touched_per_batch": pages * page as f64,
         "open_and_first_batch_ms": first_batch_ms,
+        "first_50_batches_s": (2 * iters as u64 >= FIRST_K).then_some(first_k_s),
+        "read_ahead": a.read_ahead.to_string(),
+        "reading_ahead_at_end": gatherer.reading_ahead(),
+        "plans_read_ahead": gatherer.plans_read_ahead(),
         "prefault_ms": prefault_ms,
         "index_median_us": index_med,
         "sample_median_us": sample_med,
@@ -448,6 +465,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         HumanBytes((pages * page as f64) as u64)
     );
     outln!("open + first batch     {first_batch_ms:>10.2} ms");
+    if 2 * iters as u64 >= FIRST_K {
+        outln!("open + first {FIRST_K} batches {first_k_s:>9.3} s (one thread)");
+    }
     if a.prefault {
         outln!("prefault (excluded)    {prefault_ms:>10.2} ms");
     }
@@ -590,7 +610,7 @@ pub(crate) fn torch_bench(
     let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
-            .with_readahead(a.readahead)
+            .with_read_ahead(a.read_ahead)
             .with_start(start)
             .with_max_batches(2 * iters),
     );
