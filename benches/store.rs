@@ -11,7 +11,8 @@ use trajstore::{Dataset, WriterOptions};
 fn spec(transitions: u64) -> SynthSpec {
     SynthSpec {
         transitions,
-        obs_dim: 17,
+        obs_shape: vec![17],
+        obs_dtype: trajstore::synth::ObsDtype::Float32,
         act_dim: 6,
         discrete_actions: false,
         mean_episode_len: 1000.0,

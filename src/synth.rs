@@ -1,14 +1,33 @@
-//! A seeded synthetic D4RL-shaped dataset generator, used by `trajstore demo`, tests and benches.
+//! A seeded synthetic dataset generator, used by `trajstore demo`, tests and benches: D4RL-shaped
+//! vector observations, or Atari-like image observations.
 //!
 //! Episode lengths follow an exponential distribution with the given mean, clamped to
 //! `[min(10, mean), 4 * mean]` (the same law as `../shared/peers/torchrl_slice_bench.py`).
-//! Observations are random walks, actions uniform in `[-1, 1]`, rewards a smooth function of both;
-//! half the episodes end terminated, half truncated. The same spec always gives the same bytes,
-//! whatever the number of threads.
+//! Half the episodes end terminated, half truncated. The same spec always gives the same bytes,
+//! whatever the number of threads: every episode draws from its own RNG, seeded by the spec's
+//! seed and the episode's index.
+//!
+//! **Vector observations** (a shape of one dimension, `[d]`): random walks, actions uniform in
+//! `[-1, 1]` (or in `0..act_dim`), rewards a smooth function of both. As `uint8`, the walk is
+//! quantized to `128 + 40 x` (clamped).
+//!
+//! **Image observations** (a shape of two dimensions or more, row-major `[H, W, C...]`): frames of
+//! a small Breakout-like game drawn over a per-episode background of random bricks: a ball
+//! bounces in the frame, a paddle at the bottom moves with the actions, and the reward is `+1`
+//! when the ball bounces off the paddle, `-1` when it reaches the bottom beside it, `0`
+//! otherwise. The `C` values of a pixel (the product of the dimensions after the second) are a
+//! frame stack, oldest first, as in DQN's Atari replay (`84,84,4`): channel `c` of step `t` is
+//! the scene of step `t - (C - 1) + c`, the first frame repeated before the episode starts, so
+//! that `next_observation` shares `C - 1` frames with `observation`. Pixels are `uint8`, or their
+//! value / 255 as `float32`. Drawing is a copy of the background and two small rectangles per
+//! step: generation runs at memory speed.
 
+use std::str::FromStr;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+use arrow::array::{
+    ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, UInt8Array,
+};
 use arrow::datatypes::{DataType, Field};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -20,13 +39,71 @@ use crate::format::col;
 use crate::schema::TransitionSchema;
 use crate::store::writer::{DatasetWriter, EpisodeEnd};
 
+/// Element type of generated observations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ObsDtype {
+    /// `float32` (vectors: the random walk; images: pixel / 255).
+    #[default]
+    Float32,
+    /// `uint8` (images: pixels; vectors: the quantized random walk).
+    UInt8,
+}
+
+impl ObsDtype {
+    /// The Arrow type of one element.
+    pub fn data_type(self) -> DataType {
+        match self {
+            ObsDtype::Float32 => DataType::Float32,
+            ObsDtype::UInt8 => DataType::UInt8,
+        }
+    }
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            ObsDtype::Float32 => 4,
+            ObsDtype::UInt8 => 1,
+        }
+    }
+    /// The name in the manifest grammar (`float32`, `uint8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ObsDtype::Float32 => "float32",
+            ObsDtype::UInt8 => "uint8",
+        }
+    }
+}
+
+impl std::fmt::Display for ObsDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ObsDtype {
+    type Err = Error;
+    /// `float32` (or `f32`) and `uint8` (or `u8`), case-insensitive.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "float32" | "f32" => Ok(ObsDtype::Float32),
+            "uint8" | "u8" => Ok(ObsDtype::UInt8),
+            _ => Err(Error::argument(
+                "obs_dtype",
+                format!("`{s}` is not an observation type (float32, uint8)"),
+            )),
+        }
+    }
+}
+
 /// What to generate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SynthSpec {
     /// Total transitions.
     pub transitions: u64,
-    /// Observation dimension.
-    pub obs_dim: usize,
+    /// Shape of one observation, row-major: `[d]` for vectors, `[H, W, C...]` for images (see
+    /// the module documentation). Every dimension must be positive.
+    pub obs_shape: Vec<usize>,
+    /// Element type of observations.
+    pub obs_dtype: ObsDtype,
     /// Action dimension (ignored when `discrete_actions` is set).
     pub act_dim: usize,
     /// Discrete actions in `0..act_dim` (stored as int64) instead of continuous ones.
@@ -41,7 +118,8 @@ impl Default for SynthSpec {
     fn default() -> Self {
         Self {
             transitions: 1_000_000,
-            obs_dim: 17,
+            obs_shape: vec![17],
+            obs_dtype: ObsDtype::Float32,
             act_dim: 6,
             discrete_actions: false,
             mean_episode_len: 1000.0,
@@ -50,10 +128,31 @@ impl Default for SynthSpec {
     }
 }
 
+/// [`SynthSpec::write`] generates episodes in groups of at most this many bytes (or one
+/// episode), so that image episodes do not pile up in memory.
+const GROUP_BYTES: usize = 128 << 20;
+
 impl SynthSpec {
+    /// The defaults with vector observations of `dim` values (`obs_shape: vec![dim]`).
+    pub fn with_obs_dim(mut self, dim: usize) -> Self {
+        self.obs_shape = vec![dim];
+        self
+    }
+
+    /// Number of values in one observation.
+    pub fn obs_len(&self) -> usize {
+        self.obs_shape.iter().product()
+    }
+
+    /// Whether observations are images (a shape of two dimensions or more).
+    pub fn is_image(&self) -> bool {
+        self.obs_shape.len() >= 2
+    }
+
     /// The schema of the generated data.
     pub fn schema(&self) -> Result<TransitionSchema> {
-        let b = TransitionSchema::builder(&[self.obs_dim], self.act_dim.max(1));
+        let b = TransitionSchema::builder(&self.obs_shape, self.act_dim.max(1))
+            .observation(self.obs_dtype.data_type(), &self.obs_shape);
         if self.discrete_actions {
             b.discrete_action()
         } else {
@@ -88,11 +187,38 @@ impl SynthSpec {
         Ok(out)
     }
 
-    /// Episode number `index` (0-based within this spec) of `len` steps.
+    /// Episode number `index` (0-based within this spec) of `len` steps. The batch has the
+    /// columns `observation`, `action` and `reward`; the end carries the `final_observation`.
     pub fn episode(&self, index: u64, len: u64) -> (RecordBatch, EpisodeEnd) {
         let mut rng =
             ChaCha8Rng::seed_from_u64(self.seed ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(index + 1));
-        let (n, d) = (len as usize, self.obs_dim);
+        let n = len as usize;
+        let (obs, final_obs, action, reward) = if self.is_image() {
+            self.image_episode(&mut rng, n)
+        } else {
+            self.vector_episode(&mut rng, n)
+        };
+        let batch = RecordBatch::try_from_iter([
+            (col::OBSERVATION, obs),
+            (col::ACTION, action),
+            (
+                col::REWARD,
+                Arc::new(Float32Array::from(reward)) as ArrayRef,
+            ),
+        ])
+        .expect("consistent columns");
+        let end = if rng.random_bool(0.5) {
+            EpisodeEnd::terminated()
+        } else {
+            EpisodeEnd::truncated()
+        };
+        (batch, end.with_final_observation(final_obs))
+    }
+
+    /// Random-walk observations (the D4RL-like default; the draws of float32 `[d]` are those of
+    /// every earlier version, so their bytes did not change).
+    fn vector_episode(&self, rng: &mut ChaCha8Rng, n: usize) -> EpisodeColumns {
+        let d = self.obs_len();
         let mut obs = Vec::with_capacity((n + 1) * d);
         for _ in 0..d {
             obs.push(rng.sample::<f32, _>(StandardNormal));
@@ -104,15 +230,6 @@ impl SynthSpec {
             }
         }
         let final_obs: Vec<f32> = obs.split_off(n * d);
-        let item = Arc::new(Field::new("item", DataType::Float32, false));
-        let fsl = |v: Vec<f32>, w: usize| -> ArrayRef {
-            Arc::new(FixedSizeListArray::new(
-                item.clone(),
-                w as i32,
-                Arc::new(Float32Array::from(v)),
-                None,
-            ))
-        };
         let (action, reward): (ArrayRef, Vec<f32>) = if self.discrete_actions {
             let a: Vec<i64> = (0..n)
                 .map(|_| rng.random_range(0..self.act_dim.max(1) as i64))
@@ -132,56 +249,236 @@ impl SynthSpec {
                         - 0.05 * act.iter().map(|x| x * x).sum::<f32>()
                 })
                 .collect();
-            (fsl(a, m), r)
+            (fsl_f32(a, m), r)
         };
-        let batch = RecordBatch::try_from_iter([
-            (col::OBSERVATION, fsl(obs, d)),
-            (col::ACTION, action),
-            (
-                col::REWARD,
-                Arc::new(Float32Array::from(reward)) as ArrayRef,
-            ),
-        ])
-        .expect("consistent columns");
-        let end = if rng.random_bool(0.5) {
-            EpisodeEnd::terminated()
+        let (obs, final_obs) = match self.obs_dtype {
+            ObsDtype::Float32 => (fsl_f32(obs, d), fsl_f32(final_obs, d)),
+            ObsDtype::UInt8 => {
+                let q = |v: Vec<f32>| -> Vec<u8> {
+                    v.into_iter()
+                        .map(|x| (128.0 + 40.0 * x).round().clamp(0.0, 255.0) as u8)
+                        .collect()
+                };
+                (fsl_u8(q(obs), d), fsl_u8(q(final_obs), d))
+            }
+        };
+        (obs, final_obs, action, reward)
+    }
+
+    /// Frames of the little game of the module documentation.
+    fn image_episode(&self, rng: &mut ChaCha8Rng, n: usize) -> EpisodeColumns {
+        let (h, w) = (self.obs_shape[0], self.obs_shape[1]);
+        let c: usize = self.obs_shape[2..].iter().product();
+        let hw = h * w;
+        // Background: a dark level, and bricks (tiles of about 1/12 of the frame) in the top
+        // third, each present with probability 0.6, of a random brightness.
+        let tile_h = (h / 12).max(1);
+        let tile_w = (w / 12).max(1);
+        let bg: u8 = rng.random_range(0..48);
+        let mut base = vec![bg; hw];
+        for ty in 0..h.div_ceil(tile_h).div_ceil(3) {
+            for tx in 0..w.div_ceil(tile_w) {
+                if rng.random_bool(0.6) {
+                    let v: u8 = rng.random_range(96..=220);
+                    for y in ty * tile_h..((ty + 1) * tile_h).min(h) {
+                        // One dark pixel between bricks, where a brick is wider than that.
+                        let x0 = tx * tile_w;
+                        let x1 = ((tx + 1) * tile_w).min(w) - usize::from(tile_w > 1);
+                        base[y * w + x0..y * w + x1.max(x0 + 1)].fill(v);
+                    }
+                }
+            }
+        }
+        // Ball and paddle, in pixels (positions as f32 so that speeds can be fractional).
+        let ball = (h.min(w) / 21).max(1);
+        let (pad_w, pad_h) = ((w / 6).max(1), (ball / 2).max(1));
+        let pad_y = h.saturating_sub(2 * pad_h);
+        let (max_y, max_x) = (h.saturating_sub(ball) as f32, w.saturating_sub(ball) as f32);
+        let mut by = rng.random_range(0.0..=max_y / 2.0);
+        let mut bx = rng.random_range(0.0..=max_x);
+        let speed = (h.min(w) as f32 / 60.0).max(0.5);
+        let mut vy = speed * rng.random_range(0.5..1.5f32);
+        let mut vx = speed * rng.random_range(-1.5..1.5f32);
+        let mut px = rng.random_range(0..=w - pad_w.min(w)) as f32;
+        let (action, moves): (ArrayRef, Vec<f32>) = if self.discrete_actions {
+            // 0: stay, 1: fire (stay), 2: right, 3: left, more: stay (as Breakout's).
+            let a: Vec<i64> = (0..n)
+                .map(|_| rng.random_range(0..self.act_dim.max(1) as i64))
+                .collect();
+            let m = a
+                .iter()
+                .map(|&a| match a {
+                    2 => speed * 2.0,
+                    3 => -speed * 2.0,
+                    _ => 0.0,
+                })
+                .collect();
+            (Arc::new(Int64Array::from(a)), m)
         } else {
-            EpisodeEnd::truncated()
+            let k = self.act_dim.max(1);
+            let a: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0f32)).collect();
+            let m = (0..n).map(|t| a[t * k] * speed * 2.0).collect();
+            (fsl_f32(a, k), m)
         };
-        (batch, end.with_final_observation(fsl(final_obs, d)))
+        // Scene t for t in 0..=n (the last one is the final observation), and the rewards.
+        let mut scenes = vec![0u8; (n + 1) * hw];
+        let mut reward = Vec::with_capacity(n);
+        let rect = |frame: &mut [u8], y0: usize, x0: usize, rh: usize, rw: usize, v: u8| {
+            for y in y0.min(h)..(y0 + rh).min(h) {
+                frame[y * w + x0.min(w)..y * w + (x0 + rw).min(w)].fill(v);
+            }
+        };
+        for (t, frame) in scenes.chunks_exact_mut(hw).enumerate() {
+            frame.copy_from_slice(&base);
+            rect(frame, pad_y, px as usize, pad_h, pad_w, 200);
+            rect(frame, by as usize, bx as usize, ball, ball, 255);
+            if t == n {
+                break;
+            }
+            px = (px + moves[t]).clamp(0.0, (w - pad_w.min(w)) as f32);
+            by += vy;
+            bx += vx;
+            let mut r = 0.0;
+            if bx <= 0.0 || bx >= max_x {
+                vx = -vx;
+                bx = bx.clamp(0.0, max_x);
+            }
+            if by <= 0.0 {
+                vy = -vy;
+                by = 0.0;
+            } else if by >= (pad_y as f32 - ball as f32).max(0.0) {
+                // At the paddle's height: bounce; a hit if the ball overlaps the paddle.
+                let hit = bx + ball as f32 > px && bx < px + pad_w as f32;
+                r = if hit { 1.0 } else { -1.0 };
+                vy = -vy.abs();
+                by = (pad_y as f32 - ball as f32).max(0.0);
+            }
+            reward.push(r);
+        }
+        // Frame stacks: channel k of step t is scene max(t + k + 1 - c, 0).
+        let stack = |t: usize, out: &mut [u8]| {
+            if c == 1 {
+                out.copy_from_slice(&scenes[t * hw..(t + 1) * hw]);
+                return;
+            }
+            let srcs: Vec<&[u8]> = (0..c)
+                .map(|k| {
+                    let s = (t + k + 1).saturating_sub(c);
+                    &scenes[s * hw..(s + 1) * hw]
+                })
+                .collect();
+            for (p, px) in out.chunks_exact_mut(c).enumerate() {
+                for (v, src) in px.iter_mut().zip(&srcs) {
+                    *v = src[p];
+                }
+            }
+        };
+        let d = hw * c;
+        let mut obs = vec![0u8; (n + 1) * d];
+        obs.par_chunks_mut(d)
+            .with_min_len(64)
+            .enumerate()
+            .for_each(|(t, out)| stack(t, out));
+        let final_obs = obs.split_off(n * d);
+        let (obs, final_obs) = match self.obs_dtype {
+            ObsDtype::UInt8 => (fsl_u8(obs, d), fsl_u8(final_obs, d)),
+            ObsDtype::Float32 => {
+                let f =
+                    |v: Vec<u8>| -> Vec<f32> { v.into_iter().map(|x| x as f32 / 255.0).collect() };
+                (fsl_f32(f(obs), d), fsl_f32(f(final_obs), d))
+            }
+        };
+        (obs, final_obs, action, reward)
     }
 
     /// Appends the whole dataset to `writer`, generating episodes in parallel and appending them
     /// in order. Commits every `commit_every` episodes if given (as a live collector would), and
     /// once at the end. `on_rows` is called with the rows appended (for progress bars).
+    ///
+    /// Episodes are generated in groups (of at most [`GROUP_BYTES`], or one episode) on the
+    /// current rayon pool, the next group while this thread appends the current one: at most two
+    /// groups are in memory.
     pub fn write(
         &self,
         writer: &mut DatasetWriter,
         commit_every: Option<usize>,
         on_rows: impl Fn(u64),
     ) -> Result<u64> {
+        let schema = self.schema()?;
         let lens = self.episode_lengths()?;
-        let chunk = rayon::current_num_threads() * 16;
-        let mut index = 0u64;
-        let mut since_commit = 0usize;
-        for group in lens.chunks(chunk) {
-            let start = index;
-            let episodes: Vec<_> = group
+        let row_bytes = schema.row_bytes().max(1.0) as usize;
+        let max_episodes = rayon::current_num_threads() * 16;
+        // (first episode index, lengths) of each group.
+        let mut groups = vec![];
+        let (mut rest, mut index) = (lens.as_slice(), 0u64);
+        while !rest.is_empty() {
+            let mut bytes = 0usize;
+            let take = rest
+                .iter()
+                .take(max_episodes)
+                .take_while(|&&l| {
+                    bytes = bytes.saturating_add(l as usize * row_bytes);
+                    bytes <= GROUP_BYTES
+                })
+                .count()
+                .max(1);
+            let (group, tail) = rest.split_at(take);
+            groups.push((index, group));
+            index += take as u64;
+            rest = tail;
+        }
+        let generate = |&(start, group): &(u64, &[u64])| -> Vec<(RecordBatch, EpisodeEnd)> {
+            group
                 .par_iter()
                 .enumerate()
                 .map(|(i, &l)| self.episode(start + i as u64, l))
-                .collect();
-            for (batch, end) in episodes {
-                writer.append_episode(&batch, end)?;
-                on_rows(batch.num_rows() as u64);
-                since_commit += 1;
-                if commit_every.is_some_and(|c| since_commit >= c) {
-                    writer.commit()?;
-                    since_commit = 0;
+                .collect()
+        };
+        let mut since_commit = 0usize;
+        let mut current = groups.first().map(generate).unwrap_or_default();
+        for k in 0..groups.len() {
+            let mut next = None;
+            rayon::in_place_scope(|s| {
+                if let Some(g) = groups.get(k + 1) {
+                    let (next, generate) = (&mut next, &generate);
+                    s.spawn(move |_| *next = Some(generate(g)));
                 }
-            }
-            index += group.len() as u64;
+                for (batch, end) in current.drain(..) {
+                    writer.append_episode(&batch, end)?;
+                    on_rows(batch.num_rows() as u64);
+                    since_commit += 1;
+                    if commit_every.is_some_and(|c| since_commit >= c) {
+                        writer.commit()?;
+                        since_commit = 0;
+                    }
+                }
+                Ok::<_, Error>(())
+            })?;
+            current = next.unwrap_or_default();
         }
         writer.commit()
     }
+}
+
+/// Observation, final observation, action and reward columns of one episode.
+type EpisodeColumns = (ArrayRef, ArrayRef, ArrayRef, Vec<f32>);
+
+fn fsl_f32(v: Vec<f32>, w: usize) -> ArrayRef {
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    Arc::new(FixedSizeListArray::new(
+        item,
+        w as i32,
+        Arc::new(Float32Array::from(v)),
+        None,
+    ))
+}
+
+fn fsl_u8(v: Vec<u8>, w: usize) -> ArrayRef {
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    Arc::new(FixedSizeListArray::new(
+        item,
+        w as i32,
+        Arc::new(UInt8Array::from(v)),
+        None,
+    ))
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, FixedSizeListArray, Float32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float32Type};
-use trajstore::synth::SynthSpec;
+use trajstore::synth::{ObsDtype, SynthSpec};
 use trajstore::{Dataset, EpisodeEnd, Snapshot, TransitionSchema, WriterOptions};
 
 /// (terminated, truncated) of every episode, read from the boundary columns of its last row.
@@ -226,7 +226,8 @@ impl TestData {
         Self {
             spec: SynthSpec {
                 transitions: 0,
-                obs_dim: 2,
+                obs_shape: vec![2],
+                obs_dtype: ObsDtype::Float32,
                 act_dim: 2,
                 discrete_actions: false,
                 mean_episode_len: 20.0,
@@ -241,7 +242,7 @@ impl TestData {
 
     /// Observation dimension.
     pub fn obs_dim(mut self, dim: usize) -> Self {
-        self.spec.obs_dim = dim;
+        self.spec.obs_shape = vec![dim];
         self
     }
 

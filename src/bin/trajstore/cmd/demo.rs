@@ -8,7 +8,7 @@ use clap::Args;
 use indicatif::{HumanBytes, HumanCount, ProgressBar};
 use serde_json::json;
 use trajstore::Dataset;
-use trajstore::synth::SynthSpec;
+use trajstore::synth::{ObsDtype, SynthSpec};
 
 use super::info::*;
 use super::sample::*;
@@ -16,6 +16,11 @@ use super::*;
 use crate::output::*;
 
 #[derive(Args)]
+#[command(after_help = "Examples:\n  \
+trajstore demo                  # 1M D4RL-shaped transitions: 17 float32 observations, 6 actions\n  \
+trajstore demo atari.trajstore --obs-shape 84,84,4 --obs-dtype uint8 --discrete --act-dim 4 \\\n      \
+--transitions 200000 --mean-episode-len 500\n      \
+# Atari-like (DQN replay): 84x84 uint8 frames in stacks of 4, 28 KB per transition")]
 pub(crate) struct DemoArgs {
     /// Dataset directory to write. An existing dataset is refused unless --append or --overwrite
     /// says what to do with it.
@@ -24,9 +29,17 @@ pub(crate) struct DemoArgs {
     /// Number of transitions.
     #[arg(long, default_value_t = 1_000_000)]
     transitions: u64,
-    /// Observation dimension.
-    #[arg(long, default_value_t = 17)]
-    obs_dim: usize,
+    /// Observation dimension: vector observations, the shorthand of --obs-shape D (default 17).
+    #[arg(long, value_name = "D", conflicts_with = "obs_shape")]
+    obs_dim: Option<usize>,
+    /// Observation shape, comma-separated positive dimensions. One dimension: vectors (random
+    /// walks); two or more, [H, W, C...]: image frames of a small Breakout-like game, the C
+    /// values of a pixel a frame stack (84,84,4 is Atari's DQN-replay layout).
+    #[arg(long, value_name = "DIMS", value_parser = parse_shape)]
+    obs_shape: Option<Shape>,
+    /// Observation element type: float32 or uint8 (images: pixels, or pixel / 255 as float32).
+    #[arg(long, value_name = "TYPE", default_value = "float32")]
+    obs_dtype: ObsDtype,
     /// Action dimension (number of actions with --discrete).
     #[arg(long, default_value_t = 6)]
     act_dim: usize,
@@ -56,19 +69,45 @@ pub(crate) struct DemoArgs {
     json: bool,
 }
 
+/// An observation shape (one value to clap, not a list of values).
+#[derive(Clone, Debug)]
+struct Shape(Vec<usize>);
+
+/// `84,84,4` (or `84x84x4`) as `[84, 84, 4]`: positive dimensions.
+fn parse_shape(s: &str) -> std::result::Result<Shape, String> {
+    let dims = s
+        .split([',', 'x'])
+        .map(|d| match d.trim().parse::<usize>() {
+            Ok(0) => Err(format!("`{s}`: dimensions must be positive")),
+            Ok(n) => Ok(n),
+            Err(_) => Err(format!(
+                "`{s}` is not a shape: give positive dimensions separated by commas, e.g. 84,84,4"
+            )),
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Shape(dims))
+}
+
 pub(crate) fn run(a: DemoArgs) -> Result<()> {
+    let obs_shape = match (&a.obs_shape, a.obs_dim) {
+        (Some(shape), _) => shape.0.clone(),
+        (None, d) => vec![d.unwrap_or(17)],
+    };
     let spec = SynthSpec {
         transitions: a.transitions,
-        obs_dim: a.obs_dim,
+        obs_shape,
+        obs_dtype: a.obs_dtype,
         act_dim: a.act_dim,
         discrete_actions: a.discrete,
         mean_episode_len: a.mean_episode_len,
         seed: a.seed,
     };
-    if a.transitions == 0 || a.obs_dim == 0 || a.act_dim == 0 {
+    if a.transitions == 0 || spec.obs_len() == 0 || a.act_dim == 0 {
         bail!("--transitions, --obs-dim and --act-dim must be positive");
     }
     let schema = spec.schema()?;
+    // Bytes of one transition as stored (columns, without validity bitmaps).
+    let transition_bytes = schema.row_bytes();
     // An empty directory is as good as none.
     let exists = a.dataset.exists()
         && std::fs::read_dir(&a.dataset).map_or(true, |mut d| d.next().is_some());
@@ -96,8 +135,8 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
     let mut writer = ds.writer(a.write.options())?;
     if writer.schema() != &schema {
         bail!(
-            "the dataset's schema differs from the demo's (check --obs-dim/--act-dim/--discrete); \
-             write the demo to another directory"
+            "the dataset's schema differs from the demo's (check --obs-dim/--obs-shape/--obs-dtype/\
+             --act-dim/--discrete); write the demo to another directory"
         );
     }
     if a.overwrite {
@@ -130,11 +169,15 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
     if a.json {
         let mut v = info_json(&snap.catalog(), &a.dataset.display().to_string());
         v["write_seconds"] = json!(secs);
+        v["transition_bytes"] = json!(transition_bytes);
+        v["write_transitions_per_second"] = json!(a.transitions as f64 / secs);
+        v["write_bytes_per_second"] = json!(transition_bytes * a.transitions as f64 / secs);
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         outln!(
-            "wrote {} transitions in {:.2} s ({}/s, {}/s) -> version {version}\n",
+            "wrote {} transitions ({} each) in {:.2} s ({}/s, {}/s) -> version {version}\n",
             HumanCount(a.transitions),
+            HumanBytes(transition_bytes.round() as u64),
             secs,
             HumanCount((a.transitions as f64 / secs) as u64),
             HumanBytes(
@@ -148,7 +191,9 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
             &a.dataset.display().to_string(),
             12,
         ));
-        if let Ok(text) = demo_sample(&snap) {
+        // The sample takes 100 batches of 256 x 64 transitions: seconds of copying for images.
+        let small = transition_bytes * 256.0 * 64.0 <= (64 << 20) as f64;
+        if small && let Ok(text) = demo_sample(&snap) {
             emit(&text);
         }
         let d = a.dataset.display();
@@ -160,7 +205,12 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
             String::new()
         };
         outln!(
-            "\nnext:\n  trajstore sample {d} --slice-len 64 --num-slices 8\n  trajstore bench {d}{sql}\n  trajstore verify {d}"
+            "\nnext:\n  trajstore sample {d} --slice-len 64 --num-slices 8\n  trajstore bench {d}{bench}{sql}\n  trajstore verify {d}",
+            bench = if small {
+                ""
+            } else {
+                " --num-slices 32 --slice-len 16"
+            }
         );
     }
     Ok(())
