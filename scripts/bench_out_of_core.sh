@@ -125,14 +125,16 @@ for r in rows:
     j = r["result"]
     if r["system"] == "trajstore":
         f = j.get("io_floor") or {}
-        batches = 1 + 2 * j["iters"] + j.get("loader_batches", j["iters"]) if "iters" in j else None
         print(
             f"trajstore: open+first batch {j['open_and_first_batch_ms']:.0f} ms, "
             f"first 50 batches {j.get('first_50_batches_s', float('nan')):.2f} s, "
             f"loader {j['loader_batches_per_s']:.1f} batches/s "
-            f"(floor {j.get('floor_batches_per_s', float('nan')):.1f}, "
-            f"{100 * j.get('loader_over_floor', float('nan')):.0f}%), "
-            f"pages/batch {j.get('pages_per_batch', float('nan')):.0f}, "
+            f"(floor {j.get('floor_batches_per_s', float('nan')):.1f}: "
+            f"{100 * j.get('loader_over_floor', float('nan')):.0f}%; runs floor "
+            f"{(j.get('io_floor') or {}).get('runs_floor_batches_per_s', float('nan')):.1f}: "
+            f"{100 * (j.get('loader_over_runs_floor') or float('nan')):.0f}%), "
+            f"pages/batch {j.get('pages_per_batch', float('nan')):.0f} "
+            f"in {j.get('page_runs_per_batch', float('nan')):.0f} runs, "
             f"loader disk read/batch {j.get('loader_disk_bytes_per_batch', float('nan')) / 2**20:.2f} MiB, "
             f"anon RSS {j['rss_anon_mib']:.0f} MiB; process {r['process_wall_s']:.1f} s, "
             f"{r['disk_read_bytes'] / 1e9:.2f} GB read"

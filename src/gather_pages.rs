@@ -16,6 +16,13 @@ impl Gatherer {
     /// On data not in the page cache, this is the number of random disk reads a batch costs (the
     /// kernel reads a mapped file a page per fault, the segments being mapped for random access).
     pub fn pages_touched(&self, plan: &[SliceRef]) -> usize {
+        self.reads_touched(plan).0
+    }
+
+    /// [`Gatherer::pages_touched`], and the number of runs of adjacent pages among them: where
+    /// read-ahead asks for a slice's pages at once, the kernel reads each run with one request,
+    /// so a batch costs `runs` random reads of the disk (of one or a few pages each).
+    pub fn reads_touched(&self, plan: &[SliceRef]) -> (usize, usize) {
         let page = crate::iofloor::page_size();
         let mut pages: Vec<usize> = vec![];
         let mut add = |bytes: &[u8]| {
@@ -72,7 +79,9 @@ impl Gatherer {
         }
         pages.sort_unstable();
         pages.dedup();
-        pages.len()
+        let runs =
+            pages.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(!pages.is_empty());
+        (pages.len(), runs)
     }
 }
 
@@ -194,6 +203,13 @@ mod tests {
                     "episode {e}, start {start}, {slice_len} steps"
                 );
                 assert!(!want.is_empty());
+                // Runs of adjacent pages: a page whose predecessor is not touched starts one.
+                let runs = want
+                    .iter()
+                    .filter(|&&p| !want.contains(&(p.wrapping_sub(1))))
+                    .count();
+                assert_eq!(g.reads_touched(&plan), (want.len(), runs));
+                assert!(runs <= want.len());
             }
         }
     }
