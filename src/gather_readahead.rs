@@ -19,9 +19,10 @@ pub use crate::store::segment::will_need;
 /// How a [`Gatherer`] reads mapped data that is not in the page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReadAhead {
-    /// Read ahead while gathers find data missing from memory: major page faults switch it on,
-    /// and it switches off after [`WARM_AFTER`] plans in a row whose probed pages were all
-    /// resident before they were asked for. Costs one `getrusage` per batch while off.
+    /// Read ahead while gathers find data missing from memory: on at first, off after
+    /// [`WARM_AFTER`] plans in a row whose probed pages were all resident before they were asked
+    /// for, on again when a gather takes major page faults. Costs one `getrusage` per batch
+    /// while off.
     #[default]
     Auto,
     /// Always `madvise(WILLNEED)` the pages of every plan before gathering it (and of the next
@@ -117,7 +118,9 @@ impl Default for ReadAheadState {
     fn default() -> Self {
         Self {
             mode: AtomicU8::new(0),
-            on: AtomicBool::new(false),
+            // On until shown otherwise: a cold first batch is then read with all its pages in
+            // flight, and data in memory turns it off after WARM_AFTER plans (a few `mincore`s).
+            on: AtomicBool::new(true),
             faults: AtomicU64::new(major_faults()),
             warm_streak: AtomicU32::new(0),
             recent: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -299,6 +302,57 @@ mod tests {
         let b = vec![s(1, 0), s(2, 6)];
         assert_ne!(fingerprint(&a), fingerprint(&b));
         assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+    }
+
+    /// Drops the files under `dir` from the page cache; `false` where the kernel kept them.
+    fn evict(dir: &std::path::Path) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut kept = false;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                kept |= !evict(&p);
+                continue;
+            }
+            let f = std::fs::File::open(&p).unwrap();
+            // SAFETY: a hint on an open descriptor.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            // SAFETY: read-only map of a file nobody writes during the test.
+            let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+            kept |= map.len() > 0 && resident(map.as_ptr());
+        }
+        !kept
+    }
+
+    #[test]
+    fn major_faults_switch_auto_back_on() {
+        use crate::sample::{SliceOptions, SliceSampler};
+        use crate::store::Dataset;
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::synth::SynthSpec {
+            transitions: 200_000,
+            obs_shape: vec![64],
+            ..Default::default()
+        };
+        let ds = Dataset::create(dir.path().join("d"), &spec.schema().unwrap()).unwrap();
+        let mut w = ds.writer(Default::default()).unwrap();
+        spec.write(&mut w, None, |_| {}).unwrap();
+        if !evict(dir.path()) {
+            eprintln!("skipped: the page cache keeps the files after DONTNEED here");
+            return;
+        }
+        let snap = ds.snapshot().unwrap();
+        let g = Gatherer::try_new(&snap, &[col::OBSERVATION]).unwrap();
+        assert!(g.reading_ahead(), "Auto starts on");
+        // As if earlier plans had been found in memory.
+        g.ra.on.store(false, Ordering::Relaxed);
+        g.ra.faults.store(major_faults(), Ordering::Relaxed);
+        let index = snap.slice_index(8, crate::BoundaryPolicy::Strict).unwrap();
+        let s = SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(8, 64)).unwrap();
+        let (mut plan, mut b) = (vec![], Batch::default());
+        crate::Sampler::plan(&s, 0, &mut plan);
+        g.gather(&plan, &mut b).unwrap();
+        assert!(g.reading_ahead(), "a gather of evicted pages took no major fault");
     }
 
     #[test]
