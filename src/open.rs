@@ -82,8 +82,8 @@ impl DatasetBuilder {
         self.load_reported().map(|(s, _)| s)
     }
 
-    /// The catalog (manifest and episode tables) of the requested version: for a URL only the
-    /// episode tables are fetched, not the transitions.
+    /// The catalog (manifest and episode tables) of the requested version: no transition file is
+    /// opened (for a URL only the episode tables are fetched). O(episodes).
     pub fn load_catalog(self) -> Result<Catalog> {
         self.load_catalog_reported().map(|(c, _)| c)
     }
@@ -112,7 +112,7 @@ impl DatasetBuilder {
     #[cfg(feature = "remote")]
     pub fn load_catalog_reported(self) -> Result<(Catalog, Option<PullReport>)> {
         if !self.is_remote() {
-            return Ok((self.local_snapshot()?.catalog(), None));
+            return Ok((self.local_catalog()?, None));
         }
         let cache = self.cache.unwrap_or_else(crate::remote::default_cache_dir);
         let (catalog, report) =
@@ -130,7 +130,20 @@ impl DatasetBuilder {
 
     #[cfg(not(feature = "remote"))]
     fn load_catalog_reported(self) -> Result<(Catalog, Option<()>)> {
-        self.load_reported().map(|(s, r)| (s.catalog(), r))
+        if self.is_remote() {
+            return Err(self.no_remote());
+        }
+        Ok((self.local_catalog()?, None))
+    }
+
+    /// The catalog of a directory: its manifest and episode tables, no transition file opened
+    /// (as for a URL, whose mirror holds only those).
+    fn local_catalog(&self) -> Result<Catalog> {
+        let ds = Dataset::open(&self.uri)?;
+        match self.version {
+            Some(v) => ds.catalog_at(v),
+            None => ds.catalog(),
+        }
     }
 
     fn local_snapshot(&self) -> Result<Snapshot> {

@@ -1,15 +1,22 @@
 //! The episode index: where every episode of a snapshot lives, built from episode tables only.
 
 /// Position and extent of every episode of a snapshot, in id order. O(episodes) memory
-/// (28 bytes per episode); built from the segments' episode tables without touching transitions.
+/// (16 bytes per episode, plus 16 per segment); built from the segments' episode tables without
+/// touching transitions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EpisodeIndex {
     first_id: u64,
-    segment: Vec<u32>,
-    segment_row: Vec<u64>,
     start: Vec<u64>,
     length: Vec<u64>,
     rows: u64,
+    /// Position of each segment's first episode (ascending).
+    seg_first: Vec<usize>,
+    /// Snapshot row of each segment's first row: an episode's row within its segment is its
+    /// `start` minus its segment's.
+    seg_row0: Vec<u64>,
+    /// Every episode's row within its segment, kept only when some segment's `row_start`s are
+    /// not the running sums of its lengths (never for an episode table that opened).
+    segment_row: Option<Vec<u64>>,
 }
 
 /// Where one episode lives.
@@ -39,21 +46,51 @@ impl EpisodeIndex {
             first_id,
             ..Default::default()
         };
-        for (seg, (starts, lengths)) in segments.into_iter().enumerate() {
-            idx.push_segment(seg as u32, starts, lengths);
-        }
+        idx.push_segments(segments);
         idx
     }
 
-    fn push_segment(&mut self, seg: u32, starts: &[u64], lengths: &[u64]) {
-        for (r, l) in starts.iter().zip(lengths) {
-            self.segment.push(seg);
-            self.segment_row.push(*r);
-            self.start.push(self.rows);
-            self.length.push(*l);
+    /// Appends `segments`, each with bulk copies of its columns (one pass for the running sums):
+    /// nothing per episode but one addition.
+    fn push_segments<'a>(&mut self, segments: impl IntoIterator<Item = (&'a [u64], &'a [u64])>) {
+        let segments: Vec<_> = segments.into_iter().collect();
+        let n: usize = segments.iter().map(|(s, l)| s.len().min(l.len())).sum();
+        self.start.reserve_exact(n);
+        self.length.reserve_exact(n);
+        for (starts, lengths) in segments {
+            let n = starts.len().min(lengths.len());
+            let (starts, lengths, pos) = (&starts[..n], &lengths[..n], self.start.len());
+            let row0 = self.rows;
+            self.seg_first.push(pos);
+            self.seg_row0.push(row0);
+            self.length.extend_from_slice(lengths);
             // Saturating: lengths come from episode tables on disk.
-            self.rows = self.rows.saturating_add(*l);
+            let (mut rows, mut contiguous) = (row0, true);
+            self.start
+                .extend(starts.iter().zip(lengths).map(|(&r, &l)| {
+                    let s = rows;
+                    contiguous &= r == s - row0;
+                    rows = rows.saturating_add(l);
+                    s
+                }));
+            self.rows = rows;
+            if !contiguous && self.segment_row.is_none() {
+                self.segment_row = Some((0..pos).map(|i| self.derived_row(i)).collect());
+            }
+            if let Some(r) = &mut self.segment_row {
+                r.extend_from_slice(starts);
+            }
         }
+    }
+
+    /// The segment of the `i`-th episode. O(log segments).
+    fn segment_of(&self, i: usize) -> usize {
+        self.seg_first.partition_point(|&f| f <= i) - 1
+    }
+
+    /// The row within its segment of the `i`-th episode, from the running sums.
+    fn derived_row(&self, i: usize) -> u64 {
+        self.start[i] - self.seg_row0[self.segment_of(i)]
     }
 
     /// The index after dropping the first `dropped_segments` segments (retention) and appending
@@ -64,29 +101,28 @@ impl EpisodeIndex {
         dropped_segments: usize,
         new_segments: impl IntoIterator<Item = (&'a [u64], &'a [u64])>,
     ) -> Self {
-        let cut = self
-            .segment
-            .partition_point(|&s| (s as usize) < dropped_segments);
+        let dropped = dropped_segments.min(self.seg_first.len());
+        let cut = self.seg_first.get(dropped).copied().unwrap_or(self.len());
         let row_cut = self.start.get(cut).copied().unwrap_or(self.rows);
         let mut idx = EpisodeIndex {
             first_id: self.first_id + cut as u64,
-            segment: self.segment[cut..]
-                .iter()
-                .map(|s| s - dropped_segments as u32)
-                .collect(),
-            segment_row: self.segment_row[cut..].to_vec(),
             start: self.start[cut..].iter().map(|s| s - row_cut).collect(),
             length: self.length[cut..].to_vec(),
             rows: self.rows - row_cut,
+            seg_first: self.seg_first[dropped..].iter().map(|f| f - cut).collect(),
+            seg_row0: self.seg_row0[dropped..]
+                .iter()
+                .map(|r| r - row_cut)
+                .collect(),
+            segment_row: self.segment_row.as_ref().map(|r| r[cut..].to_vec()),
         };
-        let next_seg = self
-            .segment
-            .last()
-            .map_or(0, |s| *s as usize + 1)
-            .saturating_sub(dropped_segments);
-        for (i, (starts, lengths)) in new_segments.into_iter().enumerate() {
-            idx.push_segment((next_seg + i) as u32, starts, lengths);
+        // Kept only while some segment needs it (the one that did may be gone).
+        if let Some(rows) = &idx.segment_row
+            && (0..idx.len()).all(|i| rows[i] == idx.derived_row(i))
+        {
+            idx.segment_row = None;
         }
+        idx.push_segments(new_segments);
         idx
     }
 
@@ -118,8 +154,11 @@ impl EpisodeIndex {
     pub fn get(&self, i: usize) -> EpisodeLocation {
         EpisodeLocation {
             episode_id: self.first_id + i as u64,
-            segment: self.segment[i] as usize,
-            segment_row: self.segment_row[i],
+            segment: self.segment_of(i),
+            segment_row: match &self.segment_row {
+                Some(r) => r[i],
+                None => self.derived_row(i),
+            },
             start: self.start[i],
             length: self.length[i],
         }
@@ -135,5 +174,63 @@ impl EpisodeIndex {
             return None;
         }
         Some(self.start.partition_point(|&s| s <= row) - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(segment, segment_row, start, length)` of every episode, as the old layout stored them.
+    fn rows(idx: &EpisodeIndex) -> Vec<(usize, u64, u64, u64)> {
+        (0..idx.len())
+            .map(|i| idx.get(i))
+            .map(|l| (l.segment, l.segment_row, l.start, l.length))
+            .collect()
+    }
+
+    #[test]
+    fn locations_and_extension_match_a_rebuild_with_or_without_running_row_starts() {
+        let a: (&[u64], &[u64]) = (&[0, 3, 5], &[3, 2, 4]);
+        let b: (&[u64], &[u64]) = (&[0, 7], &[7, 1]);
+        // Not running sums: rows left between episodes (never in an episode table that opens).
+        let gaps: (&[u64], &[u64]) = (&[2, 10], &[3, 5]);
+        let idx = EpisodeIndex::from_segments(4, [a, b]);
+        assert!(idx.segment_row.is_none(), "derived from the running sums");
+        assert_eq!(
+            rows(&idx),
+            [
+                (0, 0, 0, 3),
+                (0, 3, 3, 2),
+                (0, 5, 5, 4),
+                (1, 0, 9, 7),
+                (1, 7, 16, 1)
+            ]
+        );
+        assert_eq!(idx.by_id(7).unwrap().segment, 1);
+        assert_eq!(idx.position_of_row(16), Some(4));
+        let with_gaps = EpisodeIndex::from_segments(4, [a, gaps, b]);
+        assert_eq!(
+            rows(&with_gaps)[3..5],
+            [(1, 2, 9, 3), (1, 10, 12, 5)],
+            "rows within the segment as given"
+        );
+        assert_eq!(rows(&with_gaps)[5], (2, 0, 17, 7));
+        // Extending equals rebuilding, including once the segment with gaps is dropped.
+        let empty: (&[u64], &[u64]) = (&[], &[]);
+        for (base, dropped, new, rebuilt) in [
+            (&idx, 1, vec![a], vec![b, a]),
+            (&with_gaps, 1, vec![b], vec![gaps, b, b]),
+            (&with_gaps, 2, vec![a], vec![b, a]),
+            (&idx, 2, vec![empty, b], vec![empty, b]),
+        ] {
+            let first =
+                base.first_id() + base.seg_first.get(dropped).copied().unwrap_or(base.len()) as u64;
+            assert_eq!(
+                base.extended(dropped, new),
+                EpisodeIndex::from_segments(first, rebuilt),
+                "dropped {dropped}"
+            );
+        }
     }
 }

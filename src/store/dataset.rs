@@ -12,8 +12,9 @@ use crate::format::{self};
 use crate::index::EpisodeIndex;
 use crate::index::{BoundaryPolicy, SliceIndex};
 use crate::schema::TransitionSchema;
+use crate::store::episode::open_episode_table;
 use crate::store::manifest::{self, Manifest};
-use crate::store::segment::{EpisodeTable, Segment, open_episode_table};
+use crate::store::segment::{self, EpisodeTable, Segment};
 use crate::store::writer::{DatasetWriter, WriterOptions};
 
 /// The accessors of what a [`Catalog`] and a [`Snapshot`] both describe: one committed version,
@@ -216,6 +217,61 @@ fn manifest_schema(root: &Path, manifest: &Manifest) -> Result<TransitionSchema>
     })
 }
 
+/// How many threads [`open_each`] opens the files of a cold dataset on. Opening a cold dataset
+/// waits on small reads (footers, message headers, episode-table columns), a few at a time per
+/// file: threads are how those waits overlap, up to a queue depth the disk serves well. A warm
+/// open is CPU work (and `mmap`s that serialize in the kernel): at most one thread per core.
+const COLD_OPEN_THREADS: usize = 16;
+
+/// `open(entry)` for every entry of `entries` (whose file is `file(entry)`), on several threads,
+/// the results in order. The error returned is the one of the first failing entry, as a loop
+/// in order would return it (entries after a failure are skipped).
+fn open_each<T: Send>(
+    entries: &[manifest::SegmentEntry],
+    file: impl Fn(&manifest::SegmentEntry) -> PathBuf,
+    open: impl Fn(&manifest::SegmentEntry) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    // Cold if the first or the last file is: one `pread` each, at most.
+    let mut ends = [entries.first(), entries.last()].into_iter().flatten();
+    let threads = if ends.all(|e| segment::tail_cached(&file(e))) {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        COLD_OPEN_THREADS
+    };
+    let threads = threads.min(entries.len());
+    if threads <= 1 {
+        return entries.iter().map(open).collect();
+    }
+    let (next, failed) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
+    let work = || {
+        let mut done = vec![];
+        loop {
+            let i = next.fetch_add(1, Relaxed);
+            if i >= entries.len() || i > failed.load(Relaxed) {
+                return done;
+            }
+            let r = open(&entries[i]);
+            if r.is_err() {
+                failed.fetch_min(i, Relaxed);
+            }
+            done.push((i, r));
+        }
+    };
+    let mut slots: Vec<Option<Result<T>>> = entries.iter().map(|_| None).collect();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads).map(|_| s.spawn(&work)).collect();
+        for w in workers {
+            let done = w.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            for (i, r) in done {
+                slots[i] = Some(r);
+            }
+        }
+    });
+    // Every entry before the first failure was opened: only later ones are skipped.
+    slots.into_iter().map_while(|r| r).collect()
+}
+
 /// A per-episode column (`episode_return`, `terminated`, ...) of each episode table.
 fn episode_column<'a>(
     tables: impl Iterator<Item = &'a EpisodeTable>,
@@ -246,11 +302,11 @@ impl Catalog {
     /// Opens and checks the episode tables `manifest` names under `root`.
     pub(crate) fn load(root: &Path, manifest: Manifest) -> Result<Self> {
         let schema = manifest_schema(root, &manifest)?;
-        let tables = manifest
-            .segments
-            .iter()
-            .map(|e| open_episode_table(root, e, &schema))
-            .collect::<Result<Vec<_>>>()?;
+        let tables = open_each(
+            &manifest.segments,
+            |e| root.join(&e.episodes_path),
+            |e| open_episode_table(root, e, &schema),
+        )?;
         Ok(Catalog {
             root: root.to_path_buf(),
             manifest: Arc::new(manifest),
@@ -295,14 +351,14 @@ impl Snapshot {
                     .collect()
             })
             .unwrap_or_default();
-        let segments = manifest
-            .segments
-            .iter()
-            .map(|e| match reuse.get(&e.id) {
+        let segments = open_each(
+            &manifest.segments,
+            |e| root.join(&e.path),
+            |e| match reuse.get(&e.id) {
                 Some(s) if s.entry() == e => Ok(s.clone()),
                 _ => Segment::open(root, e, &schema).map(Arc::new),
-            })
-            .collect::<Result<Vec<_>>>()?;
+            },
+        )?;
         let first_id = manifest
             .segments
             .first()

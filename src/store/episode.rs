@@ -1,15 +1,22 @@
 //! An episode being appended: how it ends ([`EpisodeEnd`]), the values of one step ([`Step`],
-//! [`Values`]), and the column buffers a writer accumulates them in.
+//! [`Values`]), and the column buffers a writer accumulates them in; and, on the way back, a
+//! segment's episode table opened and checked against its manifest entry.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::ArrayData;
-use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, make_array};
+use arrow::array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, make_array};
 use arrow::buffer::Buffer;
+use arrow::compute::concat_batches;
 use arrow::datatypes::DataType;
 use arrow::datatypes::ToByteSlice;
 
 use crate::error::{Error, Result};
+use crate::format::{self, ep, meta};
+use crate::schema::TransitionSchema;
+use crate::store::manifest::SegmentEntry;
+use crate::store::segment::{EpisodeTable, MappedIpc, open_ipc_cold};
 
 /// How an episode ended.
 #[derive(Debug, Clone, Default)]
@@ -206,4 +213,121 @@ pub(crate) struct EpisodeRows {
     pub(crate) terminated: Vec<bool>,
     pub(crate) truncated: Vec<bool>,
     pub(crate) finals: Vec<Option<ArrayRef>>,
+}
+
+/// The footer and row count of `f` (file `path`) against the manifest `entry`: size `bytes`,
+/// file kind `kind`, segment id, `rows` rows.
+pub(super) fn check_file(
+    path: &Path,
+    f: &MappedIpc,
+    entry: &SegmentEntry,
+    bytes: u64,
+    kind: &str,
+    rows: u64,
+) -> Result<()> {
+    let bad = |r: String| Err(Error::corrupt(path, r));
+    if f.bytes != bytes {
+        return bad(format!("{} bytes, manifest says {bytes}", f.bytes));
+    }
+    if f.metadata.get(meta::FILE_KIND).map(String::as_str) != Some(kind) {
+        return bad(format!("footer does not mark it as a `{kind}` file"));
+    }
+    if f.metadata.get(meta::SEGMENT_ID) != Some(&format::segment_name(entry.id)) {
+        return bad(format!("footer names another segment than {}", entry.id));
+    }
+    if f.num_rows() != rows {
+        return bad(format!("{} rows, manifest says {rows}", f.num_rows()));
+    }
+    Ok(())
+}
+
+/// The episode-table columns that opening a snapshot or catalog reads (checks, index, `info`).
+const READ_ON_OPEN: [&str; 6] = [
+    ep::EPISODE_ID,
+    ep::ROW_START,
+    ep::LENGTH,
+    ep::EPISODE_RETURN,
+    ep::TERMINATED,
+    ep::TRUNCATED,
+];
+
+/// Opens and checks the episode table of segment `entry` under `root` (see [`episode_table`]).
+pub(crate) fn open_episode_table(
+    root: &Path,
+    entry: &SegmentEntry,
+    schema: &TransitionSchema,
+) -> Result<EpisodeTable> {
+    let path = root.join(&entry.episodes_path);
+    let (file, cold) = open_ipc_cold(&path, schema.episode_schema())?;
+    episode_table(&path, file, cold, entry, schema)
+}
+
+/// The episode table in `file` (opened from `path`, `cold` if it was not in the page cache),
+/// checked: its footer against the manifest entry, then ids consecutive and rows contiguous,
+/// covering the segment. O(episodes), over whole columns (no per-episode Arrow accessor).
+fn episode_table(
+    path: &Path,
+    file: MappedIpc,
+    cold: bool,
+    entry: &SegmentEntry,
+    schema: &TransitionSchema,
+) -> Result<EpisodeTable> {
+    check_file(
+        path,
+        &file,
+        entry,
+        entry.episodes_bytes,
+        meta::KIND_EPISODES,
+        entry.episodes,
+    )?;
+    // A cold file: ask for the pages of the columns every open reads, in one request (the map is
+    // advised random: faults would read them a page at a time); `final_observation`, most of the
+    // file, is left to the gathers that need it.
+    let (base, mut span) = (file.map.as_ptr() as usize, (usize::MAX, 0));
+    for b in file.batches.iter().filter(|_| cold) {
+        let read = READ_ON_OPEN.iter().filter_map(|c| b.column_by_name(c));
+        for d in read.map(|c| c.to_data()) {
+            for buf in d.buffers().iter().filter(|b| !b.is_empty()) {
+                let off = buf.as_ptr() as usize - base;
+                span = (span.0.min(off), span.1.max(off + buf.len()));
+            }
+        }
+    }
+    if span.0 < span.1 {
+        let _ = (file.mmap).advise_range(memmap2::Advice::WillNeed, span.0, span.1 - span.0);
+    }
+    let t = match file.batches.len() {
+        1 => file.batches[0].clone(),
+        _ => concat_batches(schema.episode_schema(), &file.batches)?,
+    };
+    let mut t = EpisodeTable::try_new(t).map_err(|e| Error::corrupt(path, e.to_string()))?;
+    t.file = Some(file.map);
+    let bad = |i: usize| {
+        let (id, start, len) = (t.ids()[i], t.row_starts()[i], t.lengths()[i]);
+        Err(Error::corrupt(
+            path,
+            format!(
+                "episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"
+            ),
+        ))
+    };
+    let mut row = 0u64;
+    let first = entry.first_episode_id;
+    let rows = t.ids().iter().zip(t.row_starts()).zip(t.lengths());
+    for (i, ((&id, &start), &len)) in rows.enumerate() {
+        if id != first.wrapping_add(i as u64) || start != row || len == 0 {
+            return bad(i);
+        }
+        row = match row.checked_add(len) {
+            Some(r) => r,
+            None => return bad(i),
+        };
+    }
+    if row != entry.rows {
+        return Err(Error::corrupt(
+            path,
+            format!("episodes cover {row} rows, segment has {}", entry.rows),
+        ));
+    }
+    Ok(t)
 }

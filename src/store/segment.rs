@@ -12,10 +12,9 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
 use arrow::buffer::Buffer;
 use arrow::buffer::ScalarBuffer;
-use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Float64Type, UInt64Type};
 use arrow::datatypes::{Schema, SchemaRef};
-use arrow::ipc::reader::FileDecoder;
+use arrow::ipc::reader::RecordBatchDecoder;
 use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use arrow::ipc::{Block, MetadataVersion};
 
@@ -173,9 +172,16 @@ impl MappedIpc {
 /// Maps `path` read-only and decodes it without copying, after checking magic, footer, schema
 /// (names, types and nullability must equal `expected`), message bounds and buffer alignment.
 ///
-/// Cost: O(record batches) plus the pages holding the footer and message headers; column data is
-/// not read. Every failed check is [`Error::Corrupt`] naming the path.
+/// Cost: O(record batches). The footer and message headers are read (`pread`: a fault through
+/// the map would make a page-table entry to tear down again), column data is not. A cold file's
+/// ends, then its headers, are asked for (`MADV_WILLNEED`) before any is waited for, so that its
+/// reads are in flight together. Every failed check is [`Error::Corrupt`] naming the path.
 pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
+    open_ipc_cold(path, expected).map(|(f, _)| f)
+}
+
+/// [`open_ipc`], and whether the file was cold (its tail not in the page cache).
+pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc, bool)> {
     let file = File::open(path).at(path)?;
     let len = file.metadata().at(path)?.len() as usize;
     let corrupt = |reason: String| Error::corrupt(path, reason);
@@ -197,16 +203,33 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     // Sequential readers (SQL scans, export, verify, uploads) ask for their ranges explicitly
     // with [`Segment::read_ahead`]; random samplers with [`Segment::advise_willneed`].
     let _ = mmap.advise(memmap2::Advice::Random);
-    let mmap = Arc::new(mmap);
-    let ptr = std::ptr::NonNull::new(mmap.as_ptr() as *mut u8).expect("a mapping is never null");
-    // SAFETY: `ptr` and `len` describe the whole read-only mapping, which the `Arc<Mmap>` owner
-    // passed along keeps alive for as long as any buffer sliced from it exists.
-    let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
-    let data = map.as_slice();
-    let (footer_start, footer_end) = footer_span(path, &data[..8], &data[len - 10..], len as u64)?;
-    let (footer_start, footer_end) = (footer_start as usize, footer_end as usize);
-    let footer = arrow::ipc::root_as_footer(&data[footer_start..footer_end])
-        .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
+    let will_need = |off, n| drop(mmap.advise_range(memmap2::Advice::WillNeed, off, n));
+    let read = |off: usize, n: usize| {
+        let mut buf = vec![0; n];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, off as u64).at(path)?;
+        Ok::<_, Error>(buf)
+    };
+    let tail_start = len - TAIL.min(len);
+    let (tail, cold) = match read_cached(&file, tail_start, len - tail_start) {
+        Some(tail) => (tail, false),
+        None => {
+            will_need(0, TAIL.min(len));
+            will_need(tail_start, len - tail_start);
+            (read(tail_start, len - tail_start)?, true)
+        }
+    };
+    let (start, end) = footer_span(path, &read(0, 8)?, &tail[tail.len() - 10..], len as u64)?;
+    let (start, end) = (start as usize, end as usize);
+    let far;
+    let footer = match start.checked_sub(tail_start) {
+        Some(s) => &tail[s..end - tail_start],
+        None => {
+            far = read(start, end - start)?;
+            &far[..]
+        }
+    };
+    let footer =
+        arrow::ipc::root_as_footer(footer).map_err(|e| corrupt(format!("invalid footer: {e}")))?;
     if footer.version() != MetadataVersion::V5 {
         return Err(corrupt(format!(
             "metadata version {:?}, expected V5",
@@ -215,11 +238,9 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
     }
     let schema = footer_schema(path, &footer)?;
     let mut metadata = HashMap::new();
-    if let Some(kv) = footer.custom_metadata() {
-        for e in kv {
-            if let (Some(k), Some(v)) = (e.key(), e.value()) {
-                metadata.insert(k.to_string(), v.to_string());
-            }
+    for e in footer.custom_metadata().into_iter().flatten() {
+        if let (Some(k), Some(v)) = (e.key(), e.value()) {
+            metadata.insert(k.to_string(), v.to_string());
         }
     }
     check_schema(path, expected, &schema)?;
@@ -228,35 +249,69 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
             "dictionary batches are not part of the format".into(),
         ));
     }
-    let schema: SchemaRef = Arc::new(schema);
-    let decoder =
-        FileDecoder::new(schema.clone(), MetadataVersion::V5).with_require_alignment(true);
-    let blocks = footer
-        .recordBatches()
-        .map(|b| b.iter().copied().collect::<Vec<_>>());
-    let mut batches = Vec::new();
-    for (i, block) in blocks.unwrap_or_default().iter().enumerate() {
-        let slice = check_block(
-            path,
-            &format!("record batch {i}"),
-            block,
-            footer_start,
-            data,
-        )?;
-        let block_data = map.slice_with_length(slice.0, slice.1);
-        let decoded = crate::guard::quietly(|| decoder.read_record_batch(block, &block_data))
-            .map_err(|_| corrupt(format!("record batch {i}: undecodable message")))?
-            .map_err(|e| corrupt(format!("record batch {i}: {e}")))?
-            .ok_or_else(|| corrupt(format!("record batch {i}: message is not a record batch")))?;
-        batches.push(decoded);
+    let blocks = (footer.recordBatches().into_iter().flatten().enumerate())
+        .map(|(i, b)| block_span(path, &format!("record batch {i}"), b, start as u64))
+        .collect::<Result<Vec<_>>>()?;
+    for &(off, meta_len, _) in blocks.iter().filter(|_| cold) {
+        will_need(off, meta_len);
     }
-    Ok(MappedIpc {
+    let schema: SchemaRef = Arc::new(schema);
+    let mmap = Arc::new(mmap);
+    let ptr = std::ptr::NonNull::new(mmap.as_ptr() as *mut u8).expect("a mapping is never null");
+    // SAFETY: `ptr` and `len` describe the whole read-only mapping, which the `Arc<Mmap>` owner
+    // passed along keeps alive for as long as any buffer sliced from it exists.
+    let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
+    let mut batches = Vec::with_capacity(blocks.len());
+    for (i, &(off, meta_len, body_len)) in blocks.iter().enumerate() {
+        let body = map.slice_with_length(off + meta_len, body_len);
+        batches.push(decode_block(
+            path,
+            i,
+            &read(off, meta_len)?,
+            &body,
+            &schema,
+        )?);
+    }
+    let f = MappedIpc {
         batches,
         metadata,
         bytes: len as u64,
         map,
         mmap,
-    })
+    };
+    Ok((f, cold))
+}
+
+/// How much of the end of a file [`open_ipc`] reads for the footer (and asks for at both ends
+/// of a cold file: the head holds the magic, the schema and usually the first batch's header).
+const TAIL: usize = 4 << 10;
+
+/// Whether the last byte of file `path` is in the page cache (`false` if it cannot be read).
+pub(crate) fn tail_cached(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    let len = file.metadata().map_or(0, |m| m.len() as usize);
+    len > 0 && read_cached(&file, len - 1, 1).is_some()
+}
+
+/// `len` bytes of `file` at `off` if they are all in the page cache (`preadv2(RWF_NOWAIT)`):
+/// `None` says the file is cold (or not Linux).
+fn read_cached(file: &File, off: usize, len: usize) -> Option<Vec<u8>> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut buf = vec![0u8; len];
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+        // SAFETY: `iov` describes `buf`, which outlives the call, and `fd` is open.
+        let n = unsafe { libc::preadv2(fd, &iov, 1, off as i64, libc::RWF_NOWAIT) };
+        (n == len as isize).then_some(buf)
+    }
+    #[cfg(not(target_os = "linux"))]
+    (file, off, len, None).3
 }
 
 /// Where the footer of IPC file `path` lies, `(start, end)`, from the file's first 8 and last 10
@@ -379,25 +434,29 @@ fn check_schema(path: &Path, expected: &Schema, found: &Schema) -> Result<()> {
     Ok(())
 }
 
-/// Checks that a block (`what`, e.g. `record batch 3`) and the buffers its message declares lie
-/// inside file `path`, so that decoding never indexes out of bounds; a bad one is
-/// [`Error::Corrupt`]. Returns the (offset, length) of the block.
-fn check_block(
+/// Decodes record batch `i` of file `path` from its message `header` (the block's metadata
+/// bytes) and `body`, after checking that the message is a V5 record batch of the body's length,
+/// uncompressed, whose buffers lie inside the body (so that decoding never indexes out of
+/// bounds); buffers must be aligned. A bad one is [`Error::Corrupt`].
+fn decode_block(
     path: &Path,
-    what: &str,
-    block: &Block,
-    footer_start: usize,
-    data: &[u8],
-) -> Result<(usize, usize)> {
+    i: usize,
+    header: &[u8],
+    body: &Buffer,
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
+    let what = format!("record batch {i}");
     let corrupt = |reason: String| Error::corrupt(path, format!("{what}: {reason}"));
-    let (off, meta_len, body_len) = block_span(path, what, block, footer_start as u64)?;
-    let end = off + meta_len + body_len;
-    let message = block_message(path, what, &data[off..off + meta_len])?;
+    let body_len = body.len();
+    let message = block_message(path, &what, header)?;
     if message.bodyLength() as usize != body_len {
         return Err(corrupt(format!(
             "message body length {} differs from the footer's {body_len}",
             message.bodyLength()
         )));
+    }
+    if message.version() != MetadataVersion::V5 {
+        return Err(corrupt(format!("message version {:?}", message.version())));
     }
     let rb = message
         .header_as_record_batch()
@@ -415,7 +474,14 @@ fn check_block(
             )));
         }
     }
-    Ok((off, end - off))
+    let none = HashMap::new();
+    crate::guard::quietly(|| {
+        RecordBatchDecoder::try_new(body, rb, schema.clone(), &none, &MetadataVersion::V5)?
+            .with_require_alignment(true)
+            .read_record_batch()
+    })
+    .map_err(|_| corrupt("undecodable message".into()))?
+    .map_err(|e| corrupt(e.to_string()))
 }
 
 /// One mapped segment: its transition batches and its episode table.
@@ -435,9 +501,9 @@ impl Segment {
         entry: &SegmentEntry,
         schema: &TransitionSchema,
     ) -> Result<Self> {
-        let path = root.join(&entry.path);
+        let (path, ep_path) = (root.join(&entry.path), root.join(&entry.episodes_path));
         let file = open_ipc(&path, schema.arrow_schema())?;
-        check_file(
+        super::episode::check_file(
             &path,
             &file,
             entry,
@@ -445,7 +511,7 @@ impl Segment {
             meta::KIND_TRANSITIONS,
             entry.rows,
         )?;
-        let episodes = open_episode_table(root, entry, schema)?;
+        let episodes = super::episode::open_episode_table(root, entry, schema)?;
         let mut batch_starts = vec![0u64];
         for b in &file.batches {
             batch_starts.push(batch_starts.last().unwrap() + b.num_rows() as u64);
@@ -455,7 +521,7 @@ impl Segment {
         for &b in &batch_starts[..batch_starts.len() - 1] {
             if starts.binary_search(&b).is_err() {
                 return Err(Error::corrupt(
-                    root.join(&entry.episodes_path),
+                    ep_path,
                     format!("an episode spans record batches at row {b}"),
                 ));
             }
@@ -592,75 +658,6 @@ pub fn will_need_batch(batch: &RecordBatch) {
     }
 }
 
-fn check_file(
-    path: &Path,
-    f: &MappedIpc,
-    entry: &SegmentEntry,
-    bytes: u64,
-    kind: &str,
-    rows: u64,
-) -> Result<()> {
-    let bad = |r: String| Err(Error::corrupt(path, r));
-    if f.bytes != bytes {
-        return bad(format!("{} bytes, manifest says {bytes}", f.bytes));
-    }
-    if f.metadata.get(meta::FILE_KIND).map(String::as_str) != Some(kind) {
-        return bad(format!("footer does not mark it as a `{kind}` file"));
-    }
-    if f.metadata.get(meta::SEGMENT_ID) != Some(&format::segment_name(entry.id)) {
-        return bad(format!("footer names another segment than {}", entry.id));
-    }
-    if f.num_rows() != rows {
-        return bad(format!("{} rows, manifest says {rows}", f.num_rows()));
-    }
-    Ok(())
-}
-
-/// Opens and checks a segment's episode table: the file's footer against the manifest entry,
-/// then ids consecutive and rows contiguous, covering the segment. O(episodes).
-pub(crate) fn open_episode_table(
-    root: &Path,
-    entry: &SegmentEntry,
-    schema: &TransitionSchema,
-) -> Result<EpisodeTable> {
-    let path = root.join(&entry.episodes_path);
-    let file = open_ipc(&path, schema.episode_schema())?;
-    check_file(
-        &path,
-        &file,
-        entry,
-        entry.episodes_bytes,
-        meta::KIND_EPISODES,
-        entry.episodes,
-    )?;
-    let t = match file.batches.len() {
-        1 => file.batches[0].clone(),
-        _ => concat_batches(schema.episode_schema(), &file.batches)?,
-    };
-    let mut t = EpisodeTable::try_new(t).map_err(|e| Error::corrupt(&path, e.to_string()))?;
-    t.file = Some(file.map.clone());
-    let mut row = 0u64;
-    for i in 0..t.len() {
-        let (id, start, len) = (t.ids()[i], t.row_starts()[i], t.lengths()[i]);
-        if id != entry.first_episode_id + i as u64 || start != row || len == 0 {
-            return Err(Error::corrupt(
-                &path,
-                format!(
-                    "episode row {i} (id {id}, row_start {start}, length {len}) breaks the episode sequence"
-                ),
-            ));
-        }
-        row += len;
-    }
-    if row != entry.rows {
-        return Err(Error::corrupt(
-            &path,
-            format!("episodes cover {row} rows, segment has {}", entry.rows),
-        ));
-    }
-    Ok(t)
-}
-
 /// A segment's episode table (one row per episode), with its required columns typed once when
 /// the segment opens: `episode_id`, `row_start`, `length`, `episode_return`, `terminated`,
 /// `truncated`, and `final_observation` when the dataset derives `next_observation`. Cloning is
@@ -670,7 +667,7 @@ pub struct EpisodeTable {
     batch: RecordBatch,
     /// The whole mapped file, when the table was opened from one (for checksums without
     /// reopening the file by path, which retention may have removed since).
-    file: Option<arrow::buffer::Buffer>,
+    pub(super) file: Option<arrow::buffer::Buffer>,
     ids: ScalarBuffer<u64>,
     row_starts: ScalarBuffer<u64>,
     lengths: ScalarBuffer<u64>,

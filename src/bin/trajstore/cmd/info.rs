@@ -1,4 +1,5 @@
-//! `trajstore info`: counts, sizes, schema and episode histograms, from the catalog only.
+//! `trajstore info`: counts, sizes, schema and episode histograms, from the catalog only (or,
+//! with `--snapshot`, after opening every segment as training does).
 
 use std::path::Path;
 use std::time::Instant;
@@ -23,11 +24,24 @@ pub(crate) struct InfoArgs {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_BINS)
     )]
     bins: usize,
+    /// Open the dataset as training does: also map every segment and check its transition file
+    /// (footer, schema, message headers). `open_ms` then times that open; without it, only the
+    /// manifest and the episode tables are read.
+    #[arg(long)]
+    snapshot: bool,
 }
 
 pub(crate) fn run(a: InfoArgs) -> Result<()> {
     let start = Instant::now();
-    let (snap, name) = open_catalog(&a.v.dataset, a.v.version)?;
+    // The snapshot stays open (mapped) until the end, out of the time measured.
+    let snapshot = match a.snapshot {
+        true => Some(open_snapshot(&a.v.dataset, a.v.version)?),
+        false => None,
+    };
+    let (snap, name) = match &snapshot {
+        Some(s) => (s.catalog(), a.v.dataset.display().to_string()),
+        None => open_catalog(&a.v.dataset, a.v.version)?,
+    };
     let open_ms = start.elapsed().as_secs_f64() * 1e3;
     if a.v.json {
         let mut v = info_json(&snap, &name);
