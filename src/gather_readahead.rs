@@ -347,12 +347,17 @@ mod tests {
         // As if earlier plans had been found in memory.
         g.ra.on.store(false, Ordering::Relaxed);
         g.ra.faults.store(major_faults(), Ordering::Relaxed);
-        let index = snap.slice_index(8, crate::index::BoundaryPolicy::Strict).unwrap();
+        let index = snap
+            .slice_index(8, crate::index::BoundaryPolicy::Strict)
+            .unwrap();
         let s = SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(8, 64)).unwrap();
         let (mut plan, mut b) = (vec![], Batch::default());
         crate::sample::Sampler::plan(&s, 0, &mut plan);
         g.gather(&plan, &mut b).unwrap();
-        assert!(g.reading_ahead(), "a gather of evicted pages took no major fault");
+        assert!(
+            g.reading_ahead(),
+            "a gather of evicted pages took no major fault"
+        );
     }
 
     #[test]
