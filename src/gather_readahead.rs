@@ -319,7 +319,7 @@ mod tests {
             unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
             // SAFETY: read-only map of a file nobody writes during the test.
             let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
-            kept |= map.len() > 0 && resident(map.as_ptr());
+            kept |= !map.is_empty() && resident(map.as_ptr());
         }
         !kept
     }

@@ -260,7 +260,7 @@ fn open_each<T: Send>(
     };
     let mut slots: Vec<Option<Result<T>>> = entries.iter().map(|_| None).collect();
     std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads).map(|_| s.spawn(&work)).collect();
+        let workers: Vec<_> = (0..threads).map(|_| s.spawn(work)).collect();
         for w in workers {
             let done = w.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             for (i, r) in done {
