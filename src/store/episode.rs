@@ -127,7 +127,7 @@ impl Values<'_> {
     }
 }
 
-/// One transition for [`DatasetWriter::append_step`].
+/// One transition for [`DatasetWriter::append_step`](crate::store::DatasetWriter::append_step).
 #[derive(Debug, Clone, Copy)]
 pub struct Step<'a> {
     /// o_t, flattened row-major.
