@@ -277,7 +277,10 @@ fn bench_reports_pages_phases_and_the_io_floor() {
     // Runs of adjacent pages: at least one per batch, never more than its pages.
     let runs = f("page_runs_per_batch");
     assert!(runs >= 1.0 && runs <= f("pages_per_batch"), "{io}");
-    assert!(io["runs_floor_batches_per_s"].as_f64().unwrap() > 0.0, "{io}");
+    assert!(
+        io["runs_floor_batches_per_s"].as_f64().unwrap() > 0.0,
+        "{io}"
+    );
     assert_eq!(io["bandwidth"]["block"].as_u64(), Some(1 << 20));
     assert!(
         io["bandwidth"]["bytes_per_s"].as_f64().unwrap() > 0.0,
