@@ -18,7 +18,7 @@ use crate::store::Snapshot;
 
 #[path = "gather_readahead.rs"]
 mod readahead;
-pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults, page_size, will_need};
+pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
 
 /// One gathered column: `num_slices * slice_len` steps of `width` values of `data_type` each,
 /// row-major `[B, L, width]`, in a 64-byte aligned buffer.

@@ -13,8 +13,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::*;
-pub use crate::iofloor::page_size;
-pub use crate::store::segment::will_need;
+use crate::iofloor::page_size;
 
 /// How a [`Gatherer`] reads mapped data that is not in the page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -364,7 +363,7 @@ mod tests {
     fn probes_of_anonymous_memory_say_resident() {
         let v = vec![1u8; 1 << 16];
         assert!(resident(v.as_ptr()));
-        will_need(&v);
+        crate::store::segment::will_need(&v);
         assert!(major_faults() < u64::MAX);
         assert!(page_size().is_power_of_two());
     }

@@ -149,7 +149,7 @@ fn evict(path: &Path) -> bool {
         let len = file.metadata().unwrap().len() as usize;
         // SAFETY: read-only map of a file nobody modifies during the test.
         let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-        let pages = len.div_ceil(trajstore::gather::page_size());
+        let pages = len.div_ceil(trajstore::iofloor::page_size());
         let mut v = vec![0u8; pages];
         // SAFETY: `v` has one byte per page of the mapping.
         let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, v.as_mut_ptr()) };

@@ -201,7 +201,7 @@ pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc
     // cold fault would read megabytes around the page it needs: opening 100M transitions read
     // ~1.7 s of column data, and random slices read the whole dataset in their first batches.
     // Sequential readers (SQL scans, export, verify, uploads) ask for their ranges explicitly
-    // with [`Segment::read_ahead`]; random samplers with [`Segment::advise_willneed`].
+    // with [`Segment::for_each_chunk`] and [`will_need_batch`]; samplers through the gatherer.
     let _ = mmap.advise(memmap2::Advice::Random);
     let will_need = |off, n| drop(mmap.advise_range(memmap2::Advice::WillNeed, off, n));
     let read = |off: usize, n: usize| {
@@ -584,19 +584,8 @@ impl Segment {
         let base = self.file.mmap.as_ptr() as usize;
         let (p, len) = (bytes.as_ptr() as usize, bytes.len());
         if p >= base && p + len <= base + self.file.mmap.len() {
-            let _ = self
-                .file
-                .mmap
-                .advise_range(memmap2::Advice::WillNeed, p - base, len);
+            will_need(bytes);
         }
-    }
-    /// Starts reading `bytes` (a slice of this segment's mapping, e.g. a record batch's column)
-    /// into the page cache in large requests, for a reader about to go through it in order.
-    /// Segments are mapped for random access (a fault reads only its page), so sequential
-    /// readers call this for the range they read next. Same contract as
-    /// [`Segment::advise_willneed`]: a hint, bytes outside the mapping ignored.
-    pub fn read_ahead(&self, bytes: &[u8]) {
-        self.advise_willneed(bytes);
     }
     /// The whole mapped file in chunks of `chunk` bytes, each read ahead one chunk before it is
     /// handed to `f` (for checksums and copies of whole files).
@@ -605,11 +594,11 @@ impl Segment {
         let chunk = chunk.max(4096);
         let mut chunks = data.chunks(chunk).peekable();
         if let Some(first) = chunks.peek() {
-            self.read_ahead(first);
+            self.advise_willneed(first);
         }
         while let Some(c) = chunks.next() {
             if let Some(next) = chunks.peek() {
-                self.read_ahead(next);
+                self.advise_willneed(next);
             }
             f(c);
         }

@@ -139,17 +139,13 @@ struct DiskReads {
 
 impl DiskReads {
     fn now() -> Self {
-        // SAFETY: an all-zero `rusage` is a valid value of the plain C struct getrusage fills.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `ru` is a valid, exclusively borrowed `rusage` for the call to fill.
-        let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0;
         let read_bytes = std::fs::read_to_string("/proc/self/io").ok().and_then(|s| {
             s.lines()
                 .find_map(|l| l.strip_prefix("read_bytes:"))
                 .and_then(|v| v.trim().parse().ok())
         });
         Self {
-            major_faults: if ok { ru.ru_majflt as u64 } else { 0 },
+            major_faults: trajstore::gather::major_faults(),
             read_bytes,
         }
     }
@@ -391,7 +387,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let spots = (src.len() / n).max(1);
     let spot = |k: u64| ((k as usize * 7919) % spots) * n;
     for k in 0..2 * iters as u64 {
-        big.read_ahead(&src[spot(k)..spot(k) + n]);
+        big.advise_willneed(&src[spot(k)..spot(k) + n]);
     }
     let mut memcpy_us = Vec::with_capacity(iters);
     let mut dst = vec![0u8; n];
