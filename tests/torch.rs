@@ -385,9 +385,14 @@ fn bad_devices_are_clear_errors() {
     }
 }
 
+/// The CUDA device, or None (the test reports itself skipped). With `TRAJSTORE_REQUIRE_CUDA`
+/// set (the GPU check, scripts/gpu-check.sh) a missing device fails the test instead, so that
+/// a GPU run cannot pass by skipping.
 fn cuda() -> Option<Device> {
     if tch::Cuda::is_available() {
         Some(Device::Cuda(0))
+    } else if std::env::var_os("TRAJSTORE_REQUIRE_CUDA").is_some() {
+        panic!("TRAJSTORE_REQUIRE_CUDA is set but libtorch sees no CUDA device");
     } else {
         common::skipped("no CUDA device");
         None
@@ -544,4 +549,161 @@ fn a_short_last_batch_of_an_epoch_is_padded() {
         let ids: Vec<i64> = Vec::try_from(&tail(&last.episode_id)).unwrap();
         assert!(ids.iter().all(|&i| i == -1), "{ids:?}");
     }
+}
+
+/// An exact, order-sensitive checksum of every tensor of a batch, computed where the batch is
+/// (integer arithmetic on the raw bytes, so the GPU and the CPU agree bit for bit).
+fn checksum(t: &TensorBatch) -> Tensor {
+    let mut total: Option<Tensor> = None;
+    for (_, x) in t.tensors() {
+        let dev = x.device();
+        let bytes = x.contiguous().view_dtype(Kind::Uint8).view([-1]).to_kind(Kind::Int64);
+        let n = bytes.size()[0];
+        let w = Tensor::arange(n, (Kind::Int64, dev)).remainder(251) + 1;
+        let s = (bytes * w).sum(Kind::Int64);
+        total = Some(match total {
+            Some(t) => t * 1_000_003 + s,
+            None => s,
+        });
+    }
+    total.expect("a batch has tensors")
+}
+
+#[test]
+fn cuda_staging_ring_never_overwrites_a_batch_in_flight() {
+    let Some(dev) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let snap = TestData::new()
+        .transitions(200_000)
+        .obs_dim(17)
+        .act_dim(6)
+        .mean_episode_len(300.0)
+        .seed(5)
+        .snapshot(&dir.path().join("d"));
+    let index = snap.slice_index(32, BoundaryPolicy::Pad).unwrap();
+    let opts = SliceOptions::new(32, 64)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(21);
+    let s = Arc::new(SliceSampler::try_new(index, snap.episodes(), &opts).unwrap());
+    let batches = 3000u64;
+    let cols = ["observation", "action", "reward", "next_observation"];
+    // Reference: the same plan on the CPU.
+    let mut want = Vec::new();
+    let mut l = loader(&snap, s.clone(), &cols, cpu(2, batches));
+    while let Some(t) = l.next_batch() {
+        let t = t.unwrap();
+        want.push(i64::try_from(checksum(&t)).unwrap());
+        l.recycle(t);
+    }
+    // Four workers through the smallest ring (two slots each). The consumer never waits for the
+    // device and queues a matrix product per batch, so the copies of several batches are still
+    // queued whenever a worker comes back to a slot.
+    let opts = TorchLoaderOptions::new(dev)
+        .with_loader(
+            LoaderOptions::default()
+                .with_workers(4)
+                .with_max_batches(batches),
+        )
+        .with_staging_slots(2);
+    let mut l = loader(&snap, s, &cols, opts);
+    let load = Tensor::ones([1024, 1024], (Kind::Float, dev));
+    let mut sums = Vec::new();
+    let mut acc = load.shallow_clone();
+    while let Some(t) = l.next_batch() {
+        let t = t.unwrap();
+        acc = acc.matmul(&load) / 1024.0;
+        sums.push(checksum(&t));
+    }
+    let got: Vec<i64> = Vec::try_from(&Tensor::stack(&sums, 0).to_device(Device::Cpu)).unwrap();
+    assert_eq!(got.len(), want.len());
+    let torn: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    assert!(
+        torn.is_empty(),
+        "{} of {batches} batches differ from the CPU plan (first: {:?})",
+        torn.len(),
+        &torn[..torn.len().min(8)]
+    );
+    assert!(f64::try_from(acc.sum(Kind::Float)).unwrap().is_finite());
+}
+
+#[test]
+fn cuda_staging_slots_are_pinned_when_the_transform_runs() {
+    let Some(dev) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let s = sampler(&snap, BoundaryPolicy::Strict, 3);
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let unpinned = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (seen2, unpinned2) = (seen.clone(), unpinned.clone());
+    let opts = TorchLoaderOptions::new(dev)
+        .with_loader(
+            LoaderOptions::default()
+                .with_workers(2)
+                .with_max_batches(12),
+        )
+        .with_transform(move |b: &mut TensorBatch| {
+            // The host batch handed to the transform is the staging slot itself.
+            for (name, x) in b.tensors() {
+                if !x.is_pinned(dev) {
+                    unpinned2.lock().unwrap().push(name.to_string());
+                }
+            }
+            seen2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let x = b.get("observation").unwrap() * 2.0; // a new, pageable tensor
+            b.insert("observation", x);
+            Ok(())
+        });
+    let mut l = loader(&snap, s.clone(), &["observation", "reward"], opts);
+    let mut k = 0;
+    while let Some(t) = l.next_batch() {
+        let t = t.unwrap();
+        let b = gathered(&snap, s.as_ref(), &["observation", "reward"], k);
+        let obs = t.get("observation").unwrap().to_device(Device::Cpu);
+        let want = Tensor::from_slice(b.columns[0].values::<f32>()).view_as(&obs) * 2.0;
+        assert!(obs.equal(&want), "batch {k}: the transformed column arrived changed");
+        k += 1;
+    }
+    assert_eq!(k, 12);
+    assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 12);
+    let bad = unpinned.lock().unwrap();
+    assert!(bad.is_empty(), "staging tensors not pinned: {bad:?}");
+}
+
+#[test]
+fn cuda_resident_beyond_free_device_memory_is_an_error_not_a_crash() {
+    let Some(dev) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let snap = TestData::new()
+        .transitions(300_000)
+        .obs_dim(64)
+        .mean_episode_len(200.0)
+        .snapshot(&dir.path().join("d"));
+    let cols = ["observation", "reward"];
+    let g = Arc::new(Gatherer::try_new(&snap, &cols).unwrap());
+    let need = resident_bytes(&g, FloatCast::None).unwrap();
+    assert!(need > 64 << 20, "the dataset must outgrow the memory left: {need}");
+    let s = sampler(&snap, BoundaryPolicy::Pad, 2);
+    // Take the device's memory until less than 64 MiB is left.
+    let mut hog = Vec::new();
+    for size in [1i64 << 30, 256 << 20, 64 << 20] {
+        while let Ok(t) = Tensor::f_empty([size], (Kind::Uint8, dev)) {
+            hog.push(t);
+        }
+    }
+    assert!(!hog.is_empty());
+    let opts = TorchLoaderOptions::new(dev)
+        .with_loader(LoaderOptions::default().with_max_batches(2))
+        .with_resident(u64::MAX);
+    let e = match TorchLoader::try_new(s.clone(), g.clone(), opts.clone()) {
+        Ok(_) => panic!("a resident upload of {need} bytes fit in less than 64 MiB"),
+        Err(e) => e,
+    };
+    let msg = e.to_string();
+    assert!(msg.contains("resident"), "{msg}");
+    assert!(msg.to_lowercase().contains("out of memory"), "{msg}");
+    assert!(msg.lines().count() <= 3, "a short error, not a dump: {msg}");
+    // The process is fine: with the memory back, the same loader uploads and samples.
+    drop(hog);
+    let mut l = TorchLoader::try_new(s, g, opts).unwrap();
+    assert!(l.next_batch().unwrap().is_ok());
 }

@@ -142,7 +142,22 @@ impl Resident {
         let device = opts.device;
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
         for u in &uploads {
-            tensors.push((u.source.clone(), upload(&snap, u, device)?));
+            let t = upload(&snap, u, device).map_err(|e| match e {
+                // Most often the device's memory is taken (by this process's other tensors or
+                // another process): say so in one line, not libtorch's backtrace.
+                Error::Torch(t) => Error::argument(
+                    "resident_budget",
+                    format!(
+                        "resident mode could not upload {} ({}) to {device:?}: {}; free device \
+                         memory, cast floats to bf16, request fewer columns, or stream instead",
+                        u.source,
+                        crate::format::human_bytes(u.bytes),
+                        t.to_string().lines().next().unwrap_or("libtorch error").trim()
+                    ),
+                ),
+                other => other,
+            })?;
+            tensors.push((u.source.clone(), t));
         }
         let schema = snap.schema().arrow_schema().clone();
         let columns = gatherer

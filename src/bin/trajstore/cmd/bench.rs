@@ -93,6 +93,10 @@ pub(crate) struct BenchArgs {
     /// Device memory the resident columns may take.
     #[arg(long, default_value = "8GiB", value_parser = parse_size, requires = "resident")]
     resident_budget: u64,
+    /// With --device: measure the device loader only (no CPU phases; what the GPU check uses
+    /// for batches too large to time on the CPU). JSON: {"transitions", ..., "torch": {...}}.
+    #[arg(long, requires = "device")]
+    device_only: bool,
     /// With --device: cast floating columns on the device (none, bf16, f16).
     #[cfg(feature = "torch")]
     #[arg(long, default_value = "none", requires = "device")]
@@ -300,6 +304,25 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     gatherer.gather(&plan, &mut batch)?;
     let first_batch_s = t0.elapsed().as_secs_f64();
     let first_batch_ms = first_batch_s * 1e3;
+    if a.device_only {
+        let device = a.device.as_deref().expect("clap: requires --device");
+        let torch = torch_bench(&a, device, sampler, gatherer, batch.data_bytes(), 0)?;
+        let v = json!({
+            "transitions": snap.num_transitions(),
+            "episodes": snap.num_episodes(),
+            "slice_len": a.s.slice_len,
+            "num_slices": a.s.num_slices,
+            "batch_bytes": batch.data_bytes(),
+            "open_and_first_batch_ms": first_batch_ms,
+            "torch": torch,
+        });
+        if a.s.json {
+            outln!("{v}");
+        } else {
+            print_torch_bench(&v["torch"]);
+        }
+        return Ok(());
+    }
     let open_reads = DiskReads::since(reads0);
     let bytes = batch.data_bytes();
     // The single-threaded loop: index-only sampling, then sample + gather, of batches

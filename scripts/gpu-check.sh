@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves (README, "Check a GPU setup"):
+#
+#     scripts/gpu-check.sh build [DIR]      # here, with Rust: the bundle into DIR (gpu-bundle/)
+#     gpu-bundle/run.sh OUT [--quick]       # there, with PyTorch 2.11 and no Rust: every check
+#                                           # and figure into OUT/results.json and summary.txt
+#     scripts/gpu-check.sh all OUT [...]    # both on one machine (a workstation with a GPU)
+#
+# The bundle (under the 64 MiB a device call carries; `build` fails above it): the loader-only
+# CLI (no DataFusion) and the test binaries of tests/torch.rs and tests/torch_cpu_only.rs,
+# release-built, stripped and xz-compressed; the Python package (its .py files and the release
+# extension, likewise) with its CUDA tests; wheels of what a bare PyTorch machine lacks for the
+# TorchRL anchors (torchrl, tensordict and their small dependencies, for CPython 3.12, cached in
+# ~/.cache/trajstore-gpu-wheels; skipped with a note if they cannot be fetched); the runner
+# scripts/gpu_check.py and run.sh. `run.sh` exits 1 if any check fails; without a CUDA device
+# the CUDA checks are reported skipped and the CPU half still runs (what CI does).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+limit=$((64 * 1024 * 1024))
+
+build() {
+    local dir="${1:-gpu-bundle}"
+    eval "$(scripts/setup-libtorch.sh)"
+    local flags=(--release --no-default-features --features cli,torch)
+    cargo build "${flags[@]}" --bin trajstore
+    local tests
+    tests=$(cargo test "${flags[@]}" --test torch --test torch_cpu_only --no-run --message-format=json |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])')
+    # The Python package as a wheel would install it (the interpreter only names the ABI: abi3).
+    PYO3_PYTHON="$VIRTUAL_ENV/bin/python" PYO3_BUILD_EXTENSION_MODULE=1 cargo build --release -p trajstore-python
+    local target="${CARGO_TARGET_DIR:-target}"
+    rm -rf "$dir" && mkdir -p "$dir/python/trajstore" "$dir/python/tests" "$dir/wheels"
+    strip -o "$dir/trajstore" "$target/release/trajstore"
+    while read -r name exe; do strip -o "$dir/test-$name" "$exe"; done <<< "$tests"
+    cp python/trajstore/*.py python/trajstore/py.typed "$dir/python/trajstore/"
+    strip -o "$dir/python/trajstore/_native.abi3.so" "$target/release/lib_native.so"
+    # xz: the binaries are 130 MB stripped, ~25 MB compressed; run.sh unpacks them.
+    xz -9 -T0 "$dir/trajstore" "$dir"/test-* "$dir/python/trajstore/_native.abi3.so"
+    cp python/tests/{conftest.py,trajref.py,test_cuda.py,test_cpu_no_cuda.py} "$dir/python/tests/"
+    cp scripts/gpu_check.py "$dir/"
+    wheels "$dir/wheels"
+    cat > "$dir/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# The GPU check's second half (scripts/gpu-check.sh): run.sh OUT [--quick] [--transitions N].
+# Needs python3 with PyTorch 2.11 (PYTHON= picks another interpreter); no Rust, no network.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+py="${PYTHON:-python3}"
+lib=$("$py" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))") ||
+    { echo "run.sh: $py cannot import torch (PyTorch 2.11 is needed)" >&2; exit 2; }
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Unpack the xz-compressed binaries once (Python's lzma: no xz program needed).
+"$py" - "$here" <<'PY' || exit 2
+import lzma, os, shutil, sys
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        if f.endswith(".xz") and not os.path.exists(os.path.join(root, f[:-3])):
+            src = os.path.join(root, f)
+            with lzma.open(src) as i, open(src[:-3] + ".part", "wb") as o:
+                shutil.copyfileobj(i, o, 1 << 22)
+            os.chmod(src[:-3] + ".part", 0o755)
+            os.rename(src[:-3] + ".part", src[:-3])
+PY
+if ! "$py" -c "import torchrl" 2>/dev/null && ls "$here"/wheels/*.whl >/dev/null 2>&1; then
+    site=$(mktemp -d /tmp/trajstore-gpu-site.XXXXXX)
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$here"/wheels/*.whl &&
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+exec "$py" "$here/gpu_check.py" "$@"
+RUN
+    chmod +x "$dir/run.sh" "$dir/gpu_check.py"
+    local size
+    size=$(du -sb "$dir" | cut -f1)
+    echo "bundle: $dir, $((size / 1024 / 1024)) MiB ($size bytes; limit 64 MiB)" >&2
+    if [ "$size" -ge "$limit" ]; then
+        echo "the bundle is over 64 MiB: a device call cannot carry it" >&2
+        exit 1
+    fi
+}
+
+# Wheels (CPython 3.12, manylinux x86-64) of the TorchRL anchor's packages a bare PyTorch machine
+# lacks; their versions are the ones the benchmarks here use.
+wheels() {
+    local dest="$1" cache="$HOME/.cache/trajstore-gpu-wheels"
+    local pkgs=(torchrl==0.14.1 tensordict==0.14.3 pyvers==0.2.3 hoptorch==0.1.4 orjson==3.13.0
+                importlib_metadata==10.2.0)
+    mkdir -p "$cache"
+    for p in "${pkgs[@]}"; do
+        local name="${p%%==*}" ver="${p##*==}"
+        if ! ls "$cache/${name}-${ver}-"*.whl >/dev/null 2>&1; then
+            python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+                --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+                --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$cache" "$p" >&2 ||
+                { echo "note: could not fetch $p; the TorchRL anchors will be skipped there" >&2; return 0; }
+        fi
+    done
+    for p in "${pkgs[@]}"; do cp "$cache/${p%%==*}-${p##*==}-"*.whl "$dest/"; done
+}
+
+case "${1:-}" in
+    build) shift; build "$@" ;;
+    run) shift; dir=gpu-bundle; exec "$dir/run.sh" "$@" ;;
+    all) shift; build gpu-bundle; PYTHON=$(scripts/setup-python-tests.sh | tail -n 1) exec gpu-bundle/run.sh "$@" ;;
+    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,649 @@
+#!/usr/bin/env python3
+"""The GPU check: every CUDA feature of trajstore checked and measured in one run, on a machine
+with PyTorch but no Rust toolchain. Built and carried by scripts/gpu-check.sh (`build` here,
+`gpu-bundle/run.sh OUT` there); this file is the bundle's runner.
+
+    python3 gpu_check.py OUT [--transitions N] [--quick]
+
+Writes OUT/results.json (every check and figure), OUT/summary.txt (what it printed) and
+OUT/log.txt (the output of everything it ran), and exits 1 if any check failed. Without a CUDA
+device the CUDA checks are reported `skip` and the rest (the CPU half) still runs.
+
+Checks (pass / fail / skip):
+- the Rust CUDA tests (tests/torch.rs, with TRAJSTORE_REQUIRE_CUDA=1 so that none can pass by
+  skipping) and the Python package's CUDA tests (python/tests/test_cuda.py, none skipped);
+- batches on cuda equal the CPU batches of the same seed and plan, every column, exactly; with
+  dtype_cast bf16 / f16 equal to the CPU values cast (within the format's rounding of f32);
+- a --device cpu run (Rust CLI, Rust test binary, Python) creates no CUDA context: its pid never
+  appears in `nvidia-smi --query-compute-apps` and libcuda is never mapped into it (the detector
+  is first shown to see a CUDA process);
+- staging buffers are page-locked, as the transform sees them, and batches a transform made are
+  pinned again (Python is_pinned; Rust in tests/torch.rs);
+- no staging slot is overwritten while its copy is in flight: a checksum of every batch computed
+  on the GPU equals the CPU plan's, over thousands of batches, several workers, two slots each;
+- GPU-resident mode refuses what does not fit (budget, or the device's free memory) with a
+  short error, and the process carries on.
+
+Figures, each beside an anchor measured in the same run on the same data:
+- host-to-device GB/s of the loaders (Rust, Python) against back-to-back
+  `torch.empty(n, pin_memory=True).to("cuda", non_blocking=True)` copies of a batch's bytes;
+- batches/s of 256x64 slices to cuda (Rust, Python) against TorchRL's
+  ReplayBuffer(LazyMemmapStorage, SliceSampler, pin_memory=True, prefetch=k) moved to the GPU;
+- GPU-resident sampling + gather in transitions/s against TorchRL's
+  LazyTensorStorage(device="cuda") + SliceSampler;
+- an MLP training step fed by the loader: the fraction of the step time spent waiting for data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COLUMNS = ["observation", "action", "reward", "next_observation"]
+B, L = 256, 64  # the issue's batch: 256 slices of 64 steps
+
+
+class Run:
+    def __init__(self, out: str) -> None:
+        self.out = out
+        os.makedirs(out, exist_ok=True)
+        self.checks: list = []
+        self.figures: dict = {}
+        self.info: dict = {}
+        self.log = open(os.path.join(out, "log.txt"), "w")
+        self.summary = open(os.path.join(out, "summary.txt"), "w")
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        self.summary.write(line + "\n")
+        self.summary.flush()
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def check(self, name: str, ok, detail: str = "", skip: str = "") -> None:
+        status = "skip" if skip else ("pass" if ok else "fail")
+        self.checks.append({"check": name, "status": status, "detail": skip or detail})
+        self.say(f"{status.upper():4}  {name}" + (f"  [{skip or detail}]" if (skip or detail) else ""))
+
+    def figure(self, key: str, **fields) -> None:
+        self.figures[key] = fields
+        parts = ", ".join(f"{k}={_fmt(v)}" for k, v in fields.items())
+        self.say(f"FIG   {key}: {parts}")
+
+    def sh(self, cmd, env=None, timeout=600, check=True) -> subprocess.CompletedProcess:
+        self.log.write(f"\n$ {' '.join(map(str, cmd))}\n")
+        self.log.flush()
+        p = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=timeout)
+        self.log.write(p.stdout + p.stderr)
+        self.log.flush()
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{os.path.basename(str(cmd[0]))} exited {p.returncode}: {_tail(p.stderr or p.stdout)}")
+        return p
+
+    def section(self, name: str, fn, *args) -> None:
+        """Runs one part; an exception is a failed check of that part, and the rest goes on."""
+        self.say(f"\n== {name}")
+        t = time.perf_counter()
+        try:
+            fn(self, *args)
+        except Exception as e:  # noqa: BLE001 - reported, not swallowed
+            self.log.write(traceback.format_exc())
+            self.check(f"{name}: ran to the end", False, f"{type(e).__name__}: {_tail(str(e))}")
+        self.info.setdefault("section_s", {})[name] = round(time.perf_counter() - t, 1)
+
+    def finish(self) -> int:
+        failed = [c for c in self.checks if c["status"] == "fail"]
+        counts = {s: sum(c["status"] == s for c in self.checks) for s in ("pass", "fail", "skip")}
+        result = {"info": self.info, "counts": counts, "checks": self.checks, "figures": self.figures}
+        with open(os.path.join(self.out, "results.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        self.say(f"\n{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; "
+                 f"results in {os.path.join(self.out, 'results.json')}")
+        return 1 if failed else 0
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return v
+
+
+def _tail(s: str, n: int = 400) -> str:
+    s = s.strip()
+    return s if len(s) <= n else "..." + s[-n:]
+
+
+# --- environment ---------------------------------------------------------------------------------
+def env_for(run: Run) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(HERE, "python") + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["TRAJSTORE_BIN"] = os.path.join(HERE, "trajstore")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def gpu_processes() -> set | None:
+    """Pids of the GPU's compute processes, or None when nvidia-smi cannot tell."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    return {int(x) for x in re.findall(r"\d+", p.stdout)}
+
+
+def maps_cuda_driver(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any(re.search(r"/libcuda\.so", line) for line in f)
+    except OSError:
+        return False
+
+
+def watch(cmd, env, seconds_min: float = 0.0):
+    """Runs cmd while sampling nvidia-smi's compute processes and the process's maps; returns
+    (completed process, pid, seen in nvidia-smi, libcuda mapped, samples)."""
+    p = subprocess.Popen(list(map(str, cmd)), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = mapped = False
+    samples = 0
+    out: dict = {}
+
+    def drain():
+        out["stdout"], out["stderr"] = p.communicate()
+
+    t = threading.Thread(target=drain)
+    t.start()
+    start = time.time()
+    while t.is_alive() or time.time() - start < seconds_min:
+        procs = gpu_processes()
+        if procs is not None:
+            samples += 1
+            seen |= p.pid in procs
+        mapped |= maps_cuda_driver(p.pid)
+        if not t.is_alive():
+            break
+        time.sleep(0.1)
+    t.join()
+    cp = subprocess.CompletedProcess(cmd, p.returncode, out.get("stdout", ""), out.get("stderr", ""))
+    return cp, p.pid, seen, mapped, samples
+
+
+def section_env(run: Run, a) -> None:
+    import torch
+
+    run.info.update(python=sys.version.split()[0], torch=torch.__version__, host=platform.node(),
+                    cpus=os.cpu_count(), cuda=torch.cuda.is_available(), transitions=a.transitions)
+    p = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current",
+                        "--format=csv,noheader"], capture_output=True, text=True) if _has("nvidia-smi") else None
+    run.info["nvidia_smi"] = p.stdout.strip() if p and p.returncode == 0 else None
+    if torch.cuda.is_available():
+        run.info["gpu"] = torch.cuda.get_device_name(0)
+        run.info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    run.say(f"python {run.info['python']}, torch {run.info['torch']}, {run.info['cpus']} cpus, "
+            f"gpu: {run.info.get('gpu', 'none')} ({run.info['nvidia_smi']})")
+
+
+def _has(prog: str) -> bool:
+    return any(os.access(os.path.join(d, prog), os.X_OK) for d in os.environ.get("PATH", "").split(":"))
+
+
+# --- Rust ----------------------------------------------------------------------------------------
+def section_rust_tests(run: Run, a) -> None:
+    import torch
+
+    env = env_for(run)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        env["TRAJSTORE_REQUIRE_CUDA"] = "1"
+    p = run.sh([os.path.join(HERE, "test-torch"), "--test-threads", "1"], env=env, check=False)
+    results = dict(re.findall(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", p.stdout, re.M))
+    if not results:
+        run.check("Rust torch tests ran", False, _tail(p.stderr or p.stdout))
+        return
+    cuda_tests = sorted(t for t in results if t.startswith("cuda") or "pinned" in t)
+    other = sorted(t for t in results if t not in cuda_tests)
+    for t in cuda_tests:
+        if not cuda:
+            run.check(f"Rust {t}", True, skip="no CUDA device")
+        else:
+            run.check(f"Rust {t}", results[t] == "ok", results[t])
+    bad = [t for t in other if results[t] != "ok"]
+    run.check(f"Rust torch tests on the CPU ({len(other)})", not bad, f"failed: {bad}" if bad else "")
+
+
+def section_cpu_run(run: Run, a, ds: str) -> None:
+    """A --device cpu run never creates a CUDA context (Rust CLI, Rust test binary, Python)."""
+    import torch
+
+    env = env_for(run)
+    cuda = torch.cuda.is_available()
+    smi = gpu_processes() is not None
+    detector = False
+    if cuda and smi:
+        # The detector first: a CUDA run of the same CLI must be seen by it.
+        cp, pid, seen, mapped, _ = watch([os.path.join(HERE, "trajstore"), "bench", ds, "--iters", "300", "--device", "cuda",
+                                          "--json"], env)
+        detector = seen and mapped
+        run.check("detector: a --device cuda run shows in nvidia-smi and maps libcuda", detector,
+                  f"seen={seen} mapped={mapped} rc={cp.returncode}")
+    runs = {
+        "Rust CLI bench --device cpu": [os.path.join(HERE, "trajstore"), "bench", ds, "--iters", "300", "--device", "cpu", "--json"],
+        "Rust test binary (CPU loader, streaming and resident)": [os.path.join(HERE, "test-torch_cpu_only")],
+        "Python loader device='cpu'": [sys.executable, "-c", CPU_PY, ds],
+    }
+    for name, cmd in runs.items():
+        cp, pid, seen, mapped, samples = watch(cmd, env, seconds_min=1.0)
+        detail = f"rc={cp.returncode}, nvidia-smi samples={samples}, in nvidia-smi={seen}, libcuda mapped={mapped}"
+        run.log.write(f"\n$ {' '.join(map(str, cmd))}\n{cp.stdout}{cp.stderr}")
+        ok = cp.returncode == 0 and not seen and not mapped
+        if name.startswith("Python"):
+            ok = ok and "initialized=False" in cp.stdout and "driver=[]" in cp.stdout
+            detail += "; " + cp.stdout.strip().splitlines()[-1] if cp.stdout.strip() else ""
+        if cuda and smi and not detector:
+            ok = False
+            detail += "; the detector did not see a CUDA process, so this proves nothing"
+        run.check(f"--device cpu creates no CUDA context: {name}", ok, detail)
+
+
+CPU_PY = r"""
+import re, sys, torch, trajstore
+ds = trajstore.open(sys.argv[1])
+n = 0
+for b in ds.loader(slice_len=64, num_slices=256, device="cpu", workers=2, max_batches=400):
+    n += b["observation"].shape[0] > 0
+maps = open("/proc/self/maps").read()
+driver = sorted({l.split()[-1] for l in maps.splitlines() if re.search(r"/libcuda\.so", l)})
+print(f"batches={n} initialized={torch.cuda.is_initialized()} driver={driver}")
+"""
+
+
+def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        run.check("Rust figures on cuda", True, skip="no CUDA device")
+        return
+    bin_ = os.path.join(HERE, "trajstore")
+    cols = ",".join(COLUMNS)
+    iters = "300" if a.quick else "2000"
+    for workers in (4, 8):
+        p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--num-slices", B, "--slice-len", L,
+                    "--columns", cols, "--workers", workers, "--iters", iters, "--json"], env=env_for(run))
+        t = json.loads(p.stdout)["torch"]
+        nbytes = t["gb_per_s"] * 1e9 / t["batches_per_s"]
+        gbps_anchor = anchor(int(nbytes))
+        run.figure(f"rust_cuda_{workers}w", batches_per_s=t["batches_per_s"], h2d_gb_per_s=t["gb_per_s"],
+                   pinned_copy_gb_per_s=gbps_anchor, over_pinned_copy=t["gb_per_s"] / gbps_anchor,
+                   synced_pinned_copy_gb_per_s=t.get("pinned_copy_gb_per_s"), batch_mb=nbytes / 1e6)
+    for slices in (B, 4096, 16384):
+        it = str(max(50, int(iters) * B // slices))
+        p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "60GiB",
+                    "--num-slices", slices, "--slice-len", L, "--columns", cols, "--iters", it, "--json"], env=env_for(run))
+        t = json.loads(p.stdout)["torch"]
+        run.figure(f"rust_resident_{slices}x{L}", transitions_per_s=t["transitions_per_s"],
+                   batches_per_s=t["batches_per_s"], setup_s=t["setup_s"])
+    # Refused, not crashed: a budget smaller than the columns.
+    p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "1MiB",
+                "--iters", "5"],
+               env=env_for(run), check=False)
+    err = (p.stderr or "").strip()
+    run.check("resident mode beyond its budget is a clear error (CLI)",
+              p.returncode not in (0,) and p.returncode > 0 and "budget" in err and len(err.splitlines()) <= 4,
+              f"rc={p.returncode}: {_tail(err, 200)}")
+
+
+# --- Python --------------------------------------------------------------------------------------
+def section_python_tests(run: Run, a) -> None:
+    import torch
+
+    xml = os.path.join(tempfile.mkdtemp(), "junit.xml")
+    tests = [os.path.join(HERE, "python", "tests", f) for f in ("test_cuda.py", "test_cpu_no_cuda.py")]
+    p = run.sh([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *tests],
+               env=env_for(run), check=False)
+    root = ET.parse(xml).getroot()
+    cases = list(root.iter("testcase"))
+    failed = [c.get("name") for c in cases if c.find("failure") is not None or c.find("error") is not None]
+    skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
+    cuda = torch.cuda.is_available()
+    n = len(cases)
+    if cuda:
+        run.check(f"Python CUDA tests ({n}, none skipped)", p.returncode == 0 and not failed and not skipped and n > 0,
+                  f"failed={failed} skipped={skipped}" if failed or skipped else "")
+    else:
+        run.check(f"Python tests on the CPU ({n - len(skipped)} ran)", not failed and p.returncode == 0,
+                  f"failed={failed}" if failed else "")
+        run.check(f"Python CUDA tests ({len(skipped)})", True, skip="no CUDA device")
+
+
+def checksum(torch, batch) -> "torch.Tensor":
+    """An exact, order-sensitive checksum of every tensor of a batch, where the batch is."""
+    total = None
+    for k in sorted(batch.keys()):
+        t = batch[k].contiguous()
+        if t.dtype == torch.bool:
+            t = t.to(torch.uint8)
+        b = t.view(torch.uint8).reshape(-1).to(torch.int64)
+        w = torch.arange(b.numel(), device=b.device, dtype=torch.int64) % 251 + 1
+        s = (b * w).sum()
+        total = s if total is None else total * 1_000_003 + s
+    return total
+
+
+def section_python_checks(run: Run, a, ds_path: str) -> None:
+    import torch
+    import trajstore
+
+    if not torch.cuda.is_available():
+        run.check("Python CUDA checks", True, skip="no CUDA device")
+        return
+    ds = trajstore.open(ds_path)
+    cols = ds.sample_columns
+    kw = dict(slice_len=32, num_slices=128, columns=cols, seed=3, max_batches=60)
+    cpu = [dict(b) for b in ds.loader(device="cpu", workers=2, **kw)]
+    gpu = []
+    for b in ds.loader(device="cuda", workers=3, staging_slots=2, **kw):
+        gpu.append({k: v.cpu() for k, v in b.items()})
+        devices = {v.device.type for v in b.values()}
+    same = len(gpu) == len(cpu) and all(
+        g.keys() == c.keys() and all(torch.equal(g[k], c[k]) for k in c) for g, c in zip(gpu, cpu))
+    run.check(f"Python: cuda batches equal the CPU batches, every column ({len(cols)} + flags, {len(cpu)} batches)",
+              same and devices == {"cuda"}, f"devices={devices}")
+    for dt, rel in ((torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11)):
+        exact = within = True
+        for c, b in zip(cpu[:10], ds.loader(device="cuda", dtype_cast=dt, **{**kw, "max_batches": 10})):
+            for k, v in b.items():
+                if c[k].is_floating_point():
+                    if v.dtype != dt:
+                        exact = within = False
+                        continue
+                    g = v.cpu()
+                    exact &= torch.equal(g, c[k].to(dt))
+                    within &= bool(((g.float() - c[k]).abs() <= c[k].abs() * rel + 1e-30).all())
+                else:
+                    exact &= torch.equal(v.cpu(), c[k])
+                    within &= torch.equal(v.cpu(), c[k])
+        run.check(f"Python: dtype_cast={str(dt).split('.')[-1]} is the CPU values cast (within {rel:.2g} relative)",
+                  within, f"bit-equal to the CPU cast: {exact}")
+
+    # Pinned staging, as the transform sees it, and repinned after it.
+    seen = []
+
+    def transform(batch):
+        seen.append(all(v.is_pinned() for v in batch.values()))
+        batch["observation"] = batch["observation"] * 2.0  # a new, pageable tensor
+        batch["return"] = batch["reward"].sum(-1)
+        return batch
+
+    got = list(ds.loader(device="cuda", transform=transform, **{**kw, "max_batches": 8}))
+    ok_vals = all(torch.equal(g["observation"].cpu(), c["observation"] * 2.0) for g, c in zip(got, cpu))
+    run.check("Python: staging buffers are pinned when the transform runs (cuda)", seen and all(seen) and ok_vals,
+              f"{sum(seen)}/{len(seen)} pinned, values after transform right: {ok_vals}")
+    pinned = list(ds.loader(device="cpu", pin_memory=True, transform=transform, **{**kw, "max_batches": 8}))
+    run.check("Python: pin_memory=True batches stay pinned after a transform that makes new tensors",
+              all(v.is_pinned() for b in pinned for v in b.values()), "")
+
+    # The staging ring under pressure: every batch's checksum on the GPU against the CPU plan.
+    n = 600 if a.quick else 3000
+    skw = dict(slice_len=L, num_slices=B, columns=COLUMNS, seed=17, max_batches=n)
+    want = [checksum(torch, b).item() for b in ds.loader(device="cpu", workers=4, **skw)]
+    load = torch.ones(2048, 2048, device="cuda")
+    acc = load
+    sums = []
+    t0 = time.perf_counter()
+    for b in ds.loader(device="cuda", workers=4, staging_slots=2, **skw):
+        acc = acc @ load / 2048.0  # keep the device busy so that copies queue up behind it
+        sums.append(checksum(torch, b))
+    got = torch.stack(sums).cpu().tolist()
+    dt = time.perf_counter() - t0
+    torn = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    run.check(f"Python: no staging slot overwritten in flight ({n} batches, 4 workers x 2 slots, GPU checksums)",
+              len(got) == len(want) == n and not torn, f"{len(torn)} differ; first {torn[:5]}; {n / dt:.0f} batches/s")
+
+
+def pinned_anchor(torch):
+    """GB/s of back-to-back pinned host-to-device copies of nbytes (the issue's anchor)."""
+    cache: dict = {}
+
+    def measure(nbytes: int) -> float:
+        if nbytes in cache:
+            return cache[nbytes]
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        host.fill_(1)
+        for _ in range(10):
+            host.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        reps = max(50, int(4e9 / max(nbytes, 1)))
+        reps = min(reps, 2000)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            host.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        cache[nbytes] = nbytes * reps / (time.perf_counter() - t0) / 1e9
+        return cache[nbytes]
+
+    return measure
+
+
+def section_python_figures(run: Run, a, ds_path: str, anchor) -> None:
+    import torch
+    import trajstore
+
+    if not torch.cuda.is_available():
+        run.check("Python figures on cuda", True, skip="no CUDA device")
+        return
+    ds = trajstore.open(ds_path)
+    n = 300 if a.quick else 2000
+    for workers in (4, 8):
+        loader = ds.loader(slice_len=L, num_slices=B, columns=COLUMNS, device="cuda", workers=workers, prefetch=4,
+                           max_batches=n + 50)
+        it = iter(loader)
+        for _ in range(50):
+            b = next(it)
+        nbytes = sum(v.numel() * v.element_size() for v in b.values())
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        k = 0
+        for b in it:
+            k += 1
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        gbps = k * nbytes / dt / 1e9
+        base = anchor(nbytes)
+        run.figure(f"python_cuda_{workers}w", batches_per_s=k / dt, h2d_gb_per_s=gbps, pinned_copy_gb_per_s=base,
+                   over_pinned_copy=gbps / base, batch_mb=nbytes / 1e6)
+
+
+def section_training(run: Run, a, ds_path: str) -> None:
+    """An MLP (behaviour cloning on observation -> action) fed by the loader: how much of each
+    step the loop waits for the next batch."""
+    import torch
+    import trajstore
+
+    if not torch.cuda.is_available():
+        run.check("training step fed by the loader", True, skip="no CUDA device")
+        return
+    ds = trajstore.open(ds_path)
+    steps = 200 if a.quick else 1000
+    for hidden, layers in ((256, 2), (1024, 3)):
+        torch.manual_seed(0)
+        mods, d = [], 17
+        for _ in range(layers):
+            mods += [torch.nn.Linear(d, hidden), torch.nn.ReLU()]
+            d = hidden
+        net = torch.nn.Sequential(*mods, torch.nn.Linear(d, 6)).cuda()
+        opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+
+        def step(b):
+            obs = b["observation"].reshape(-1, 17)
+            act = b["action"].reshape(-1, 6)
+            m = b["mask"].reshape(-1, 1)
+            loss = (((net(obs) - act) ** 2) * m).sum() / m.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss
+
+        # The GPU-only time of a step, on one batch held on the device.
+        held = next(iter(ds.loader(slice_len=L, num_slices=B, columns=COLUMNS, device="cuda", max_batches=1)))
+        for _ in range(20):
+            step(held)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            step(held)
+        torch.cuda.synchronize()
+        compute = (time.perf_counter() - t0) / 100
+        wait = 0.0
+        it = iter(ds.loader(slice_len=L, num_slices=B, columns=COLUMNS, device="cuda", workers=8, prefetch=4,
+                            max_batches=steps + 20))
+        for _ in range(20):
+            step(next(it))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            w = time.perf_counter()
+            b = next(it)
+            wait += time.perf_counter() - w
+            loss = step(b)
+        torch.cuda.synchronize()
+        total = time.perf_counter() - t0
+        run.figure(f"training_mlp_{hidden}x{layers}", step_ms=1e3 * total / steps, gpu_only_step_ms=1e3 * compute,
+                   wait_fraction=wait / total, gpu_idle_fraction=max(0.0, 1 - compute * steps / total),
+                   loss=float(loss))
+
+
+# --- TorchRL -------------------------------------------------------------------------------------
+def section_torchrl(run: Run, a, ds_path: str, figures: dict) -> None:
+    import numpy as np
+    import torch
+
+    if not torch.cuda.is_available():
+        run.check("TorchRL anchors", True, skip="no CUDA device")
+        return
+    try:
+        from tensordict import TensorDict
+        from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
+        from torchrl.data.replay_buffers.samplers import SliceSampler
+    except ImportError as e:
+        run.check("TorchRL anchors", True, skip=f"torchrl not importable: {e}")
+        return
+    sys.path.insert(0, os.path.join(HERE, "python", "tests"))
+    from trajref import Reference
+
+    t0 = time.perf_counter()
+    ref = Reference(ds_path)
+    n = ref.num_transitions
+    done = np.zeros(n, dtype=bool)
+    for e in ref.episodes.values():
+        done[e.start + e.length - 1] = True
+    data = {
+        "observation": torch.from_numpy(np.ascontiguousarray(ref.columns["observation"])),
+        "action": torch.from_numpy(np.ascontiguousarray(ref.columns["action"])),
+        "reward": torch.from_numpy(np.ascontiguousarray(ref.columns["reward"])),
+        "done": torch.from_numpy(done),
+    }
+    del ref
+    run.info["torchrl_load_s"] = round(time.perf_counter() - t0, 1)
+    iters = 30 if a.quick else 200
+
+    def fill(storage):
+        chunk = 1 << 21
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            storage.extend(TensorDict({k: v[s:e] for k, v in data.items()}, batch_size=[e - s]))
+
+    # Streaming: memmap storage, pinned, prefetching, each batch moved to the GPU.
+    scratch = tempfile.mkdtemp(prefix="torchrl-memmap-")
+    for prefetch in (4,):
+        rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=scratch),
+                          sampler=SliceSampler(num_slices=B, end_key="done", cache_values=True, strict_length=False),
+                          batch_size=B * L, pin_memory=True, prefetch=prefetch)
+        t0 = time.perf_counter()
+        fill(rb)
+        ingest = time.perf_counter() - t0
+        for _ in range(10):
+            rb.sample().to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            b = rb.sample().to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        bps = iters / dt
+        ours = {k: figures[k]["batches_per_s"] for k in figures if k.startswith(("rust_cuda", "python_cuda"))}
+        run.figure(f"torchrl_memmap_cuda_prefetch{prefetch}", batches_per_s=bps, ingest_s=ingest,
+                   pinned=bool(b["observation"].is_cuda), **{f"{k}_over_torchrl": v / bps for k, v in ours.items()})
+        del rb
+    # GPU-resident: tensor storage on the device.
+    for slices in (B, 4096, 16384):
+        rb = ReplayBuffer(storage=LazyTensorStorage(n, device="cuda"),
+                          sampler=SliceSampler(num_slices=slices, end_key="done", cache_values=True, strict_length=False),
+                          batch_size=slices * L)
+        fill(rb)
+        for _ in range(5):
+            rb.sample()
+        torch.cuda.synchronize()
+        reps = max(10, iters // (slices // B))
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            b = rb.sample()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        tps = reps * slices * L / dt
+        key = f"rust_resident_{slices}x{L}"
+        ours = figures.get(key, {}).get("transitions_per_s")
+        run.figure(f"torchrl_cuda_storage_{slices}x{L}", transitions_per_s=tps,
+                   **({f"{key}_over_torchrl": ours / tps} if ours else {}))
+        del rb, b
+        torch.cuda.empty_cache()
+
+
+# --- main ----------------------------------------------------------------------------------------
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", help="folder for results.json, summary.txt and log.txt")
+    p.add_argument("--transitions", type=int, default=10_000_000, help="size of the D4RL-shaped dataset it builds")
+    p.add_argument("--quick", action="store_true", help="fewer batches (a CPU machine, or a smoke run)")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip (torchrl, training, figures)")
+    a = p.parse_args()
+    run = Run(a.out)
+    skip = set(filter(None, a.skip.split(",")))
+    run.section("environment", section_env, a)
+    work = tempfile.mkdtemp(prefix="trajstore-gpu-check-")
+    ds = os.path.join(work, "d4rl.trajstore")
+    t0 = time.perf_counter()
+    run.sh([os.path.join(HERE, "trajstore"), "demo", ds, "--transitions", a.transitions, "--mean-episode-len", "1000",
+            "--json"], env=env_for(run))
+    run.info["demo_s"] = round(time.perf_counter() - t0, 1)
+    import torch
+
+    anchor = pinned_anchor(torch) if torch.cuda.is_available() else None
+    run.section("Rust tests", section_rust_tests, a)
+    run.section("Python tests", section_python_tests, a)
+    run.section("CPU runs leave the GPU alone", section_cpu_run, a, ds)
+    run.section("Python CUDA checks", section_python_checks, a, ds)
+    if "figures" not in skip:
+        run.section("Rust figures", section_rust_figures, a, ds, anchor)
+        run.section("Python figures", section_python_figures, a, ds, anchor)
+    if "training" not in skip:
+        run.section("training step", section_training, a, ds)
+    if "torchrl" not in skip:
+        run.section("TorchRL anchors", section_torchrl, a, ds, run.figures)
+    return run.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
