@@ -24,7 +24,7 @@ build() {
     local flags=(--release --no-default-features --features cli,torch)
     cargo build "${flags[@]}" --bin trajstore
     local tests
-    tests=$(cargo test "${flags[@]}" --test torch --test torch_cpu_only --no-run --message-format=json |
+    tests=$(cargo test "${flags[@]}" --test torch --test torch_cpu_only --test torch_oom --no-run --message-format=json |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -53,24 +53,33 @@ py="${PYTHON:-python3}"
 lib=$("$py" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))") ||
     { echo "run.sh: $py cannot import torch (PyTorch 2.11 is needed)" >&2; exit 2; }
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# Unpack the xz-compressed binaries once (Python's lzma: no xz program needed).
-"$py" - "$here" <<'PY' || exit 2
+# Unpack into a fresh folder (the bundle stays as carried): the xz-compressed binaries through
+# Python's lzma (no xz program needed), the rest copied.
+work=$(mktemp -d /tmp/trajstore-gpu-check.XXXXXX)
+"$py" - "$here" "$work" <<'PY' || exit 2
 import lzma, os, shutil, sys
-for root, _, files in os.walk(sys.argv[1]):
+src, dst = sys.argv[1], sys.argv[2]
+for root, _, files in os.walk(src):
+    out = os.path.join(dst, os.path.relpath(root, src))
+    os.makedirs(out, exist_ok=True)
     for f in files:
-        if f.endswith(".xz") and not os.path.exists(os.path.join(root, f[:-3])):
-            src = os.path.join(root, f)
-            with lzma.open(src) as i, open(src[:-3] + ".part", "wb") as o:
+        if f.endswith(".xz"):
+            with lzma.open(os.path.join(root, f)) as i, open(os.path.join(out, f[:-3]), "wb") as o:
                 shutil.copyfileobj(i, o, 1 << 22)
-            os.chmod(src[:-3] + ".part", 0o755)
-            os.rename(src[:-3] + ".part", src[:-3])
+            os.chmod(os.path.join(out, f[:-3]), 0o755)
+        else:
+            shutil.copy2(os.path.join(root, f), os.path.join(out, f))
 PY
+here="$work"
 if ! "$py" -c "import torchrl" 2>/dev/null && ls "$here"/wheels/*.whl >/dev/null 2>&1; then
     site=$(mktemp -d /tmp/trajstore-gpu-site.XXXXXX)
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$here"/wheels/*.whl &&
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec "$py" "$here/gpu_check.py" "$@"
+"$py" "$here/gpu_check.py" "$@"
+rc=$?
+rm -rf "$work" "${site:-}"
+exit $rc
 RUN
     chmod +x "$dir/run.sh" "$dir/gpu_check.py"
     local size

@@ -124,6 +124,7 @@ impl TorchLoader {
                     max_slots: opts.staging_slots.max(2),
                     next_slot: 0,
                     pending: Vec::new(),
+                    done: Vec::new(),
                 };
                 move |k: u64| worker.produce(k, lane)
             },

@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+mod events;
 mod layout;
 mod loader;
 mod options;

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Device;
 
+use super::events::CopyDone;
 use super::layout::{Layout, Slot};
 use super::options::Transform;
 use super::{FloatCast, TensorBatch};
@@ -28,6 +29,8 @@ pub(crate) struct StreamWorker {
     pub(crate) next_slot: usize,
     /// Per slot: a copy out of it may still be running.
     pub(crate) pending: Vec<bool>,
+    /// Per slot: the event recorded after its copies (None: synchronize the device instead).
+    pub(crate) done: Vec<Option<CopyDone>>,
 }
 
 impl StreamWorker {
@@ -80,12 +83,18 @@ impl StreamWorker {
         if i == self.slots.len() {
             self.slots.push(Slot::alloc(&self.layout, self.pin)?);
             self.pending.push(false);
+            self.done.push(CopyDone::new(index));
         }
         if self.pending[i] {
-            // The copy out of this slot was issued a ring ago: wait for it (and everything queued
-            // before it) before overwriting the slot.
-            tch::Cuda::synchronize(index as i64);
-            self.pending.iter_mut().for_each(|p| *p = false);
+            // The copies out of this slot were issued a ring ago: wait for them before
+            // overwriting the slot. With an event, for those copies (and what the stream held
+            // before them) only; without, for the whole device.
+            if self.done[i].as_ref().is_some_and(CopyDone::wait) {
+                self.pending[i] = false;
+            } else {
+                tch::Cuda::synchronize(index as i64);
+                self.pending.iter_mut().for_each(|p| *p = false);
+            }
         }
         let slot = &mut self.slots[i];
         slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
@@ -102,6 +111,10 @@ impl StreamWorker {
             let k = cast.apply(t.kind());
             Ok(if k == t.kind() { d } else { d.f_to_kind(k)? })
         })?;
+        if !self.done[i].as_ref().is_some_and(CopyDone::record) {
+            // Not recorded: the next wait on this slot synchronizes the device.
+            self.done[i] = None;
+        }
         self.pending[i] = true;
         Ok(out)
     }
