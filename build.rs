@@ -1,10 +1,11 @@
 //! Build script: only does something with the `torch` feature.
 //!
-//! The linker drops `libtorch_cuda.so` by default (`--as-needed`: no symbol of it is referenced
-//! directly), and without it libtorch reports "Cannot initialize CUDA without ATen_cuda library"
-//! on a GPU machine. When the libtorch torch-sys found has CUDA, link it explicitly. Also record
-//! libtorch's directory as an rpath, so binaries built here run without `LD_LIBRARY_PATH` (on
-//! another machine, point `LD_LIBRARY_PATH` at its `torch/lib`).
+//! Records libtorch's directory as an rpath, so binaries built here run without
+//! `LD_LIBRARY_PATH` (on another machine, point `LD_LIBRARY_PATH` at its `torch/lib`), and from
+//! there `trajstore::torch::load_cuda` opens `libtorch_cuda.so` when a CUDA device is first asked
+//! for. It is deliberately not linked: `--as-needed` would drop it anyway (no symbol of it is
+//! referenced), and linking it with `--no-as-needed` made every run, CPU runs too, load the CUDA
+//! libraries and the driver (`libcublasLt` opens `libcuda` as it loads), at 0.3 s a start.
 
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
@@ -17,9 +18,4 @@ fn main() {
     };
     let lib = std::path::PathBuf::from(lib);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    if lib.join("libtorch_cuda.so").exists() {
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
-        println!("cargo:rustc-link-arg=-ltorch_cuda");
-        println!("cargo:rustc-link-arg=-Wl,--as-needed");
-    }
 }

@@ -253,7 +253,10 @@ def section_cpu_run(run: Run, a, ds: str) -> None:
         run.log.write(f"\n$ {' '.join(map(str, cmd))}\n{cp.stdout}{cp.stderr}")
         ok = cp.returncode == 0 and not seen and not mapped
         if name.startswith("Python"):
-            ok = ok and "initialized=False" in cp.stdout and "driver=[]" in cp.stdout
+            # The interpreter's own `import torch` may map the driver (PyTorch's libcublasLt opens
+            # it as it loads): what counts is no context and nothing new mapped by trajstore.
+            ok = cp.returncode == 0 and not seen and "initialized=False" in cp.stdout and "new=[]" in cp.stdout
+            mapped = mapped and "mapped by import torch=True" not in cp.stdout
             detail += "; " + cp.stdout.strip().splitlines()[-1] if cp.stdout.strip() else ""
         if mapped:
             detail += "; " + who_loads_libcuda(run, cmd, env)
@@ -274,11 +277,13 @@ def who_loads_libcuda(run: Run, cmd, env) -> str:
 
 
 CPU_PY = r"""
-import re, sys, torch, trajstore
+import re, sys, torch
 def driver():
     maps = open("/proc/self/maps").read()
     return sorted({l.split()[-1] for l in maps.splitlines() if re.search(r"/libcuda\.so", l)})
+by_torch = driver()  # import torch (a CUDA build) may map it: PyTorch's libcublasLt opens it
 stages = [("import", driver())]
+import trajstore
 ds = trajstore.open(sys.argv[1])
 stages.append(("open", driver()))
 loader = ds.loader(slice_len=64, num_slices=256, device="cpu", workers=2, max_batches=400)
@@ -289,7 +294,9 @@ for b in loader:
     if n == 1:
         stages.append(("first batch", driver()))
 first = next((s for s, d in stages if d), "none")
-print(f"batches={n} initialized={torch.cuda.is_initialized()} first stage with libcuda={first} driver={driver()}")
+new = sorted(set(driver()) - set(by_torch))
+print(f"batches={n} initialized={torch.cuda.is_initialized()} mapped by import torch={by_torch != []} "
+      f"first stage with libcuda={first} new={new}")
 """
 
 
@@ -384,7 +391,7 @@ def section_python_checks(run: Run, a, ds_path: str) -> None:
         g.keys() == c.keys() and all(torch.equal(g[k], c[k]) for k in c) for g, c in zip(gpu, cpu))
     run.check(f"Python: cuda batches equal the CPU batches, every column ({len(cols)} + flags, {len(cpu)} batches)",
               same and devices == {"cuda"}, f"devices={devices}")
-    for dt, rel in ((torch.bfloat16, 2.0**-9), (torch.float16, 2.0**-12)):
+    for dt, rel in ((torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11)):
         exact = within = True
         for c, b in zip(cpu[:10], ds.loader(device="cuda", dtype_cast=dt, **{**kw, "max_batches": 10})):
             for k, v in b.items():
@@ -600,6 +607,8 @@ def section_torchrl(run: Run, a, ds_path: str, figures: dict) -> None:
         t0 = time.perf_counter()
         fill(rb)
         ingest = time.perf_counter() - t0
+        host = rb.sample()
+        pinned = all(v.is_pinned() for v in host.values(include_nested=True, leaves_only=True))
         for _ in range(10):
             rb.sample().to("cuda", non_blocking=True)
         torch.cuda.synchronize()
@@ -611,7 +620,7 @@ def section_torchrl(run: Run, a, ds_path: str, figures: dict) -> None:
         bps = iters / dt
         ours = {k: figures[k]["batches_per_s"] for k in figures if k.startswith(("rust_cuda", "python_cuda"))}
         run.figure(f"torchrl_memmap_cuda_prefetch{prefetch}", batches_per_s=bps, ingest_s=ingest,
-                   pinned=bool(b["observation"].is_cuda), **{f"{k}_over_torchrl": v / bps for k, v in ours.items()})
+                   sample_pinned=pinned, on_cuda=bool(b["observation"].is_cuda), **{f"{k}_over_torchrl": v / bps for k, v in ours.items()})
         del rb
     # GPU-resident: tensor storage on the device.
     for slices in (B, 4096, 16384):

@@ -369,7 +369,7 @@ fn bad_devices_are_clear_errors() {
         assert!(e.to_string().contains("cpu, cuda or cuda:N"), "{bad}: {e}");
     }
     assert_eq!(parse_device("CPU").unwrap(), Device::Cpu);
-    if !tch::Cuda::is_available() {
+    if !trajstore::torch::cuda_available() {
         let e = parse_device("cuda").unwrap_err();
         assert!(e.to_string().contains("no CUDA device"), "{e}");
         let dir = tempfile::tempdir().unwrap();
@@ -379,7 +379,7 @@ fn bad_devices_are_clear_errors() {
         let e = TorchLoader::try_new(s, g, TorchLoaderOptions::new(Device::Cuda(0))).unwrap_err();
         assert!(e.to_string().contains("no CUDA device"), "{e}");
     } else {
-        let n = tch::Cuda::device_count();
+        let n = trajstore::torch::cuda_device_count();
         let e = parse_device(&format!("cuda:{n}")).unwrap_err();
         assert!(e.to_string().contains("CUDA device(s)"), "{e}");
     }
@@ -389,7 +389,7 @@ fn bad_devices_are_clear_errors() {
 /// set (the GPU check, scripts/gpu-check.sh) a missing device fails the test instead, so that
 /// a GPU run cannot pass by skipping.
 fn cuda() -> Option<Device> {
-    if tch::Cuda::is_available() {
+    if trajstore::torch::cuda_available() {
         Some(Device::Cuda(0))
     } else if std::env::var_os("TRAJSTORE_REQUIRE_CUDA").is_some() {
         panic!("TRAJSTORE_REQUIRE_CUDA is set but libtorch sees no CUDA device");
@@ -674,4 +674,26 @@ fn cuda_staging_slots_are_pinned_when_the_transform_runs() {
     assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 12);
     let bad = unpinned.lock().unwrap();
     assert!(bad.is_empty(), "staging tensors not pinned: {bad:?}");
+}
+
+#[test]
+fn libtorch_cuda_is_loaded_on_first_use() {
+    let maps = || std::fs::read_to_string("/proc/self/maps").unwrap();
+    let cpu = maps()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
+        .find(|p| p.ends_with("/libtorch_cpu.so"))
+        .expect("libtorch_cpu is mapped");
+    let cuda = std::path::Path::new(&cpu).with_file_name("libtorch_cuda.so");
+    if !cuda.exists() {
+        common::skipped("a libtorch without CUDA");
+        return;
+    }
+    // Whether or not a device is present, asking loads libtorch's CUDA half.
+    let _ = trajstore::torch::cuda_available();
+    assert!(trajstore::torch::load_cuda());
+    assert!(
+        maps().contains("libtorch_cuda.so"),
+        "libtorch_cuda was not loaded"
+    );
 }

@@ -55,4 +55,10 @@ fn a_cpu_run_never_loads_the_cuda_driver() {
         !maps.contains("libcuda.so"),
         "a CPU run loaded the CUDA driver"
     );
+    // Nor libtorch's CUDA half (whose libraries open the driver as they load): checkable on any
+    // machine, GPU or not.
+    assert!(
+        !maps.contains("libtorch_cuda.so"),
+        "a CPU run loaded libtorch_cuda"
+    );
 }

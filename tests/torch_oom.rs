@@ -14,7 +14,7 @@ use trajstore::{BoundaryPolicy, Gatherer, LoaderOptions, SliceOptions, SliceSamp
 
 #[test]
 fn cuda_resident_beyond_free_device_memory_is_an_error_not_a_crash() {
-    let dev = if tch::Cuda::is_available() {
+    let dev = if trajstore::torch::cuda_available() {
         Device::Cuda(0)
     } else if std::env::var_os("TRAJSTORE_REQUIRE_CUDA").is_some() {
         panic!("TRAJSTORE_REQUIRE_CUDA is set but libtorch sees no CUDA device");

@@ -60,9 +60,80 @@ pub(crate) struct Slot {
     pub(crate) columns: Vec<Tensor>,
     pub(crate) flags: Tensor,
     pub(crate) meta: Tensor,
+    /// For a packed slot: the one byte buffer all of the above are views of, and their byte
+    /// offsets in it (columns, flags, metadata), so that the slot crosses to a device in one copy.
+    pub(crate) packed: Option<(Tensor, Vec<i64>)>,
 }
 
+/// Offsets of packed slot tensors are multiples of this power of two (any dtype's alignment, and the
+/// alignment CUDA's vectorised kernels like).
+const PACK_ALIGN: i64 = 256;
+
 impl Slot {
+    /// A slot whose tensors are views of one (pinned, on CUDA) buffer: what the CUDA staging ring
+    /// uses, so that a batch is one host-to-device copy and one device allocation, not one per
+    /// tensor.
+    pub(crate) fn alloc_packed(layout: &Layout, pin: Option<Device>) -> Result<Self> {
+        let (b, l) = (layout.b as i64, layout.l as i64);
+        let mut specs: Vec<(Vec<i64>, Kind)> = layout
+            .columns
+            .iter()
+            .map(|(_, k, shape)| (shape.clone(), *k))
+            .collect();
+        specs.push((vec![6, b, l], Kind::Bool));
+        specs.push((vec![2, b], Kind::Int64));
+        let mut offsets = Vec::with_capacity(specs.len());
+        let mut total = 0i64;
+        for (shape, kind) in &specs {
+            total = (total + PACK_ALIGN - 1) & !(PACK_ALIGN - 1);
+            offsets.push(total);
+            total += shape.iter().product::<i64>() * kind.elt_size_in_bytes() as i64;
+        }
+        let mut buf = Tensor::f_empty([total.max(1)], (Kind::Uint8, Device::Cpu))?;
+        if let Some(d) = pin {
+            buf = buf.f_pin_memory(d)?;
+        }
+        Self::views_of(buf, offsets, &specs)
+    }
+
+    /// The slot's tensors as views of `buf` at `offsets`.
+    fn views_of(buf: Tensor, offsets: Vec<i64>, specs: &[(Vec<i64>, Kind)]) -> Result<Self> {
+        let mut views = offsets
+            .iter()
+            .zip(specs)
+            .map(|(&off, (shape, kind))| {
+                let n = shape.iter().product::<i64>() * kind.elt_size_in_bytes() as i64;
+                Ok(buf
+                    .f_narrow(0, off, n)?
+                    .f_view_dtype(*kind)?
+                    .f_view(shape.as_slice())?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let meta = views.pop().expect("metadata view");
+        let flags = views.pop().expect("flags view");
+        Ok(Slot {
+            columns: views,
+            flags,
+            meta,
+            packed: Some((buf, offsets)),
+        })
+    }
+
+    /// A packed slot's copy on `device`, in one non-blocking copy (None for an unpacked slot).
+    pub(crate) fn to_device(&self, device: Device) -> Result<Option<Self>> {
+        let Some((buf, offsets)) = &self.packed else {
+            return Ok(None);
+        };
+        let specs: Vec<(Vec<i64>, Kind)> = self
+            .columns
+            .iter()
+            .chain([&self.flags, &self.meta])
+            .map(|t| (t.size(), t.kind()))
+            .collect();
+        let on = buf.f_to_device_(device, Kind::Uint8, true, false)?;
+        Ok(Some(Self::views_of(on, offsets.clone(), &specs)?))
+    }
+
     pub(crate) fn alloc(layout: &Layout, pin: Option<Device>) -> Result<Self> {
         let (b, l) = (layout.b as i64, layout.l as i64);
         let make = |shape: &[i64], kind: Kind| -> Result<Tensor> {
@@ -80,6 +151,7 @@ impl Slot {
                 .collect::<Result<_>>()?,
             flags: make(&[6, b, l], Kind::Bool)?,
             meta: make(&[2, b], Kind::Int64)?,
+            packed: None,
         })
     }
 
@@ -103,6 +175,7 @@ impl Slot {
             columns,
             flags: batch.flag_base?,
             meta: batch.meta_base?,
+            packed: None,
         })
     }
 

@@ -37,7 +37,7 @@ pub use options::{TorchLoaderOptions, Transform};
 pub use resident::resident_bytes;
 
 /// Parses `cpu`, `cuda` (device 0) or `cuda:N`. A CUDA device is checked against libtorch
-/// (`Cuda::is_available`, `Cuda::device_count`); `cpu` makes no CUDA call at all.
+/// ([`cuda_available`], [`cuda_device_count`]); `cpu` makes no CUDA call at all.
 pub fn parse_device(s: &str) -> Result<Device> {
     let t = s.trim().to_ascii_lowercase();
     let device = match t.as_str() {
@@ -57,13 +57,57 @@ pub fn parse_device(s: &str) -> Result<Device> {
     Ok(device)
 }
 
+/// Loads libtorch's CUDA half (`libtorch_cuda.so`) on first use, once per process, and says
+/// whether it is loaded. The binaries do not link it at start: a CPU run then never loads the
+/// CUDA libraries, and with them the driver (`libcublasLt` opens `libcuda` as it loads), which a
+/// GPU check looks for. Looked up by name (the rpath the build records, `LD_LIBRARY_PATH`), then
+/// beside the `libtorch_cpu.so` this process runs. Call it (or [`cuda_available`],
+/// [`parse_device`]) before other libtorch work in a program that uses CUDA: libtorch decides
+/// whether it has CUDA the first time something asks.
+pub fn load_cuda() -> bool {
+    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| {
+        let open = |path: &str| {
+            let Ok(c) = std::ffi::CString::new(path) else {
+                return false;
+            };
+            // SAFETY: dlopen with a valid C string; the handle is kept for the process's life
+            // (libtorch_cuda registers itself with libtorch as it loads and is never unloaded).
+            !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
+        };
+        if open("libtorch_cuda.so") {
+            return true;
+        }
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        maps.lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.ends_with("/libtorch_cpu.so"))
+            .and_then(|p| std::path::Path::new(p).parent())
+            .is_some_and(|dir| open(&dir.join("libtorch_cuda.so").to_string_lossy()))
+    })
+}
+
+/// Whether libtorch sees a CUDA device (loading its CUDA half first, [`load_cuda`]).
+pub fn cuda_available() -> bool {
+    load_cuda() && tch::Cuda::is_available()
+}
+
+/// CUDA devices libtorch sees (0 where it has no CUDA).
+pub fn cuda_device_count() -> i64 {
+    if load_cuda() {
+        tch::Cuda::device_count()
+    } else {
+        0
+    }
+}
+
 /// Errors unless `device` can be used: CUDA must be available and the index in range. Makes no
 /// CUDA call for [`Device::Cpu`].
 pub fn check_device(device: Device) -> Result<()> {
     match device {
         Device::Cpu => Ok(()),
         Device::Cuda(n) => {
-            if !tch::Cuda::is_available() {
+            if !cuda_available() {
                 return Err(Error::argument(
                     "device",
                     format!(
@@ -72,7 +116,7 @@ pub fn check_device(device: Device) -> Result<()> {
                     ),
                 ));
             }
-            let count = tch::Cuda::device_count();
+            let count = cuda_device_count();
             if n as i64 >= count {
                 return Err(Error::argument(
                     "device",

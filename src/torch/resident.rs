@@ -152,7 +152,11 @@ impl Resident {
                          memory, cast floats to bf16, request fewer columns, or stream instead",
                         u.source,
                         crate::format::human_bytes(u.bytes),
-                        t.to_string().lines().next().unwrap_or("libtorch error").trim()
+                        t.to_string()
+                            .lines()
+                            .next()
+                            .unwrap_or("libtorch error")
+                            .trim()
                     ),
                 ),
                 other => other,

@@ -81,7 +81,7 @@ impl StreamWorker {
         let i = self.next_slot;
         self.next_slot = (i + 1) % self.max_slots;
         if i == self.slots.len() {
-            self.slots.push(Slot::alloc(&self.layout, self.pin)?);
+            self.slots.push(Slot::alloc_packed(&self.layout, self.pin)?);
             self.pending.push(false);
             self.done.push(CopyDone::new(index));
         }
@@ -98,6 +98,39 @@ impl StreamWorker {
         }
         let slot = &mut self.slots[i];
         slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
+        let (device, cast) = (self.device, self.cast);
+        let out = if self.transform.is_none() && !self.layout.widens() {
+            // The whole slot in one copy (one allocation on the device), then views of it.
+            match slot.to_device(device)? {
+                Some(on) => Some(on.view(&self.layout)?.try_map(|t| {
+                    let k = cast.apply(t.kind());
+                    Ok(if k == t.kind() {
+                        t.shallow_clone()
+                    } else {
+                        t.f_to_kind(k)?
+                    })
+                })?),
+                None => None,
+            }
+        } else {
+            None
+        };
+        let out = match out {
+            Some(out) => out,
+            None => self.copy_each(i)?,
+        };
+        if !self.done[i].as_ref().is_some_and(CopyDone::record) {
+            // Not recorded: the next wait on this slot synchronizes the device.
+            self.done[i] = None;
+        }
+        self.pending[i] = true;
+        Ok(out)
+    }
+
+    /// Transforms slot `i`'s batch on the host (re-pinning what the transform made) and copies
+    /// it to the device tensor by tensor.
+    fn copy_each(&mut self, i: usize) -> Result<TensorBatch> {
+        let slot = &self.slots[i];
         let mut host = slot.view(&self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut host)?;
@@ -106,17 +139,11 @@ impl StreamWorker {
             host = repin(host, self.device)?;
         }
         let (device, cast) = (self.device, self.cast);
-        let out = host.try_map(|t| {
+        host.try_map(|t| {
             let d = t.f_to_device_(device, t.kind(), true, false)?;
             let k = cast.apply(t.kind());
             Ok(if k == t.kind() { d } else { d.f_to_kind(k)? })
-        })?;
-        if !self.done[i].as_ref().is_some_and(CopyDone::record) {
-            // Not recorded: the next wait on this slot synchronizes the device.
-            self.done[i] = None;
-        }
-        self.pending[i] = true;
-        Ok(out)
+        })
     }
 }
 
