@@ -71,7 +71,9 @@ for root, _, files in os.walk(src):
             shutil.copy2(os.path.join(root, f), os.path.join(out, f))
 PY
 here="$work"
-if ! "$py" -c "import torchrl" 2>/dev/null && ls "$here"/wheels/*.whl >/dev/null 2>&1; then
+# The TorchRL anchors run only with a GPU: install their wheels (CPython 3.12) only there.
+if ! "$py" -c "import torchrl" 2>/dev/null && ls "$here"/wheels/*.whl >/dev/null 2>&1 &&
+    "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     site=$(mktemp -d /tmp/trajstore-gpu-site.XXXXXX)
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$here"/wheels/*.whl &&
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
