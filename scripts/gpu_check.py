@@ -153,7 +153,7 @@ def maps_cuda_driver(pid: int) -> bool:
         return False
 
 
-def watch(cmd, env, seconds_min: float = 0.0):
+def watch(cmd, env):
     """Runs cmd while sampling nvidia-smi's compute processes and the process's maps; returns
     (completed process, pid, seen in nvidia-smi, libcuda mapped, samples)."""
     p = subprocess.Popen(list(map(str, cmd)), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -166,15 +166,12 @@ def watch(cmd, env, seconds_min: float = 0.0):
 
     t = threading.Thread(target=drain)
     t.start()
-    start = time.time()
-    while t.is_alive() or time.time() - start < seconds_min:
+    while t.is_alive():
         procs = gpu_processes()
         if procs is not None:
             samples += 1
             seen |= p.pid in procs
         mapped |= maps_cuda_driver(p.pid)
-        if not t.is_alive():
-            break
         time.sleep(0.1)
     t.join()
     cp = subprocess.CompletedProcess(cmd, p.returncode, out.get("stdout", ""), out.get("stderr", ""))
@@ -248,7 +245,7 @@ def section_cpu_run(run: Run, a, ds: str) -> None:
         "Python loader device='cpu'": [sys.executable, "-c", CPU_PY, ds],
     }
     for name, cmd in runs.items():
-        cp, pid, seen, mapped, samples = watch(cmd, env, seconds_min=1.0)
+        cp, pid, seen, mapped, samples = watch(cmd, env)
         detail = f"rc={cp.returncode}, nvidia-smi samples={samples}, in nvidia-smi={seen}, libcuda mapped={mapped}"
         run.log.write(f"\n$ {' '.join(map(str, cmd))}\n{cp.stdout}{cp.stderr}")
         ok = cp.returncode == 0 and not seen and not mapped
@@ -600,28 +597,28 @@ def section_torchrl(run: Run, a, ds_path: str, figures: dict) -> None:
 
     # Streaming: memmap storage, pinned, prefetching, each batch moved to the GPU.
     scratch = tempfile.mkdtemp(prefix="torchrl-memmap-")
-    for prefetch in (4,):
-        rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=scratch),
-                          sampler=SliceSampler(num_slices=B, end_key="done", cache_values=True, strict_length=False),
-                          batch_size=B * L, pin_memory=True, prefetch=prefetch)
-        t0 = time.perf_counter()
-        fill(rb)
-        ingest = time.perf_counter() - t0
-        host = rb.sample()
-        pinned = all(v.is_pinned() for v in host.values(include_nested=True, leaves_only=True))
-        for _ in range(10):
-            rb.sample().to("cuda", non_blocking=True)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            b = rb.sample().to("cuda", non_blocking=True)
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        bps = iters / dt
-        ours = {k: figures[k]["batches_per_s"] for k in figures if k.startswith(("rust_cuda", "python_cuda"))}
-        run.figure(f"torchrl_memmap_cuda_prefetch{prefetch}", batches_per_s=bps, ingest_s=ingest,
-                   sample_pinned=pinned, on_cuda=bool(b["observation"].is_cuda), **{f"{k}_over_torchrl": v / bps for k, v in ours.items()})
-        del rb
+    prefetch = 4
+    rb = ReplayBuffer(storage=LazyMemmapStorage(n, scratch_dir=scratch),
+                      sampler=SliceSampler(num_slices=B, end_key="done", cache_values=True, strict_length=False),
+                      batch_size=B * L, pin_memory=True, prefetch=prefetch)
+    t0 = time.perf_counter()
+    fill(rb)
+    ingest = time.perf_counter() - t0
+    host = rb.sample()
+    pinned = all(v.is_pinned() for v in host.values(include_nested=True, leaves_only=True))
+    for _ in range(10):
+        rb.sample().to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        b = rb.sample().to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    bps = iters / dt
+    ours = {k: figures[k]["batches_per_s"] for k in figures if k.startswith(("rust_cuda", "python_cuda"))}
+    run.figure(f"torchrl_memmap_cuda_prefetch{prefetch}", batches_per_s=bps, ingest_s=ingest,
+               sample_pinned=pinned, on_cuda=bool(b["observation"].is_cuda), **{f"{k}_over_torchrl": v / bps for k, v in ours.items()})
+    del rb
     # GPU-resident: tensor storage on the device.
     for slices in (B, 4096, 16384):
         rb = ReplayBuffer(storage=LazyTensorStorage(n, device="cuda"),

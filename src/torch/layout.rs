@@ -1,6 +1,9 @@
 //! Shapes and kinds of one batch's host tensors, and the host slot a batch is gathered into.
 
+use std::sync::Arc;
+
 use arrow::datatypes::DataType;
+
 use tch::{Device, Kind, Tensor};
 
 use super::{TensorBatch, storage_kind, widen};
@@ -60,99 +63,101 @@ pub(crate) struct Slot {
     pub(crate) columns: Vec<Tensor>,
     pub(crate) flags: Tensor,
     pub(crate) meta: Tensor,
-    /// For a packed slot: the one byte buffer all of the above are views of, and their byte
-    /// offsets in it (columns, flags, metadata), so that the slot crosses to a device in one copy.
-    pub(crate) packed: Option<(Tensor, Vec<i64>)>,
+    /// For a packed slot: the one byte buffer all of the above are views of, and where each
+    /// lies in it (columns, flags, metadata), so that the slot crosses to a device in one copy.
+    pub(crate) packed: Option<(Tensor, Arc<[Piece]>)>,
 }
 
 /// Offsets of packed slot tensors are multiples of this power of two (any dtype's alignment, and the
 /// alignment CUDA's vectorised kernels like).
 const PACK_ALIGN: i64 = 256;
 
+/// One tensor of a packed slot: byte offset, shape, kind.
+type Piece = (i64, Vec<i64>, Kind);
+
+/// Shapes and kinds of a slot's tensors: the columns, the `[6, B, L]` flags, the `[2, B]` ids
+/// and start steps.
+fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
+    let (b, l) = (layout.b as i64, layout.l as i64);
+    let mut specs: Vec<_> = layout
+        .columns
+        .iter()
+        .map(|(_, k, shape)| (shape.clone(), *k))
+        .collect();
+    specs.push((vec![6, b, l], Kind::Bool));
+    specs.push((vec![2, b], Kind::Int64));
+    specs
+}
+
 impl Slot {
+    /// Columns, flags and metadata in [`slot_specs`] order.
+    fn from_tensors(mut t: Vec<Tensor>, packed: Option<(Tensor, Arc<[Piece]>)>) -> Self {
+        let meta = t.pop().expect("metadata tensor");
+        let flags = t.pop().expect("flags tensor");
+        Slot {
+            columns: t,
+            flags,
+            meta,
+            packed,
+        }
+    }
+
+    pub(crate) fn alloc(layout: &Layout, pin: Option<Device>) -> Result<Self> {
+        let tensors = slot_specs(layout)
+            .iter()
+            .map(|(shape, kind)| {
+                let t = Tensor::f_empty(shape.as_slice(), (*kind, Device::Cpu))?;
+                Ok(match pin {
+                    Some(d) => t.f_pin_memory(d)?,
+                    None => t,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self::from_tensors(tensors, None))
+    }
+
     /// A slot whose tensors are views of one (pinned, on CUDA) buffer: what the CUDA staging ring
     /// uses, so that a batch is one host-to-device copy and one device allocation, not one per
     /// tensor.
     pub(crate) fn alloc_packed(layout: &Layout, pin: Option<Device>) -> Result<Self> {
-        let (b, l) = (layout.b as i64, layout.l as i64);
-        let mut specs: Vec<(Vec<i64>, Kind)> = layout
-            .columns
-            .iter()
-            .map(|(_, k, shape)| (shape.clone(), *k))
-            .collect();
-        specs.push((vec![6, b, l], Kind::Bool));
-        specs.push((vec![2, b], Kind::Int64));
-        let mut offsets = Vec::with_capacity(specs.len());
         let mut total = 0i64;
-        for (shape, kind) in &specs {
-            total = (total + PACK_ALIGN - 1) & !(PACK_ALIGN - 1);
-            offsets.push(total);
-            total += shape.iter().product::<i64>() * kind.elt_size_in_bytes() as i64;
-        }
+        let pieces: Arc<[Piece]> = slot_specs(layout)
+            .into_iter()
+            .map(|(shape, kind)| {
+                let off = (total + PACK_ALIGN - 1) & !(PACK_ALIGN - 1);
+                total = off + shape.iter().product::<i64>() * kind.elt_size_in_bytes() as i64;
+                (off, shape, kind)
+            })
+            .collect();
         let mut buf = Tensor::f_empty([total.max(1)], (Kind::Uint8, Device::Cpu))?;
         if let Some(d) = pin {
             buf = buf.f_pin_memory(d)?;
         }
-        Self::views_of(buf, offsets, &specs)
+        Self::views_of(buf, pieces)
     }
 
-    /// The slot's tensors as views of `buf` at `offsets`.
-    fn views_of(buf: Tensor, offsets: Vec<i64>, specs: &[(Vec<i64>, Kind)]) -> Result<Self> {
-        let mut views = offsets
+    /// The slot's tensors as views of `buf`.
+    fn views_of(buf: Tensor, pieces: Arc<[Piece]>) -> Result<Self> {
+        let views = pieces
             .iter()
-            .zip(specs)
-            .map(|(&off, (shape, kind))| {
+            .map(|(off, shape, kind)| {
                 let n = shape.iter().product::<i64>() * kind.elt_size_in_bytes() as i64;
                 Ok(buf
-                    .f_narrow(0, off, n)?
+                    .f_narrow(0, *off, n)?
                     .f_view_dtype(*kind)?
                     .f_view(shape.as_slice())?)
             })
             .collect::<Result<Vec<_>>>()?;
-        let meta = views.pop().expect("metadata view");
-        let flags = views.pop().expect("flags view");
-        Ok(Slot {
-            columns: views,
-            flags,
-            meta,
-            packed: Some((buf, offsets)),
-        })
+        Ok(Self::from_tensors(views, Some((buf, pieces))))
     }
 
     /// A packed slot's copy on `device`, in one non-blocking copy (None for an unpacked slot).
     pub(crate) fn to_device(&self, device: Device) -> Result<Option<Self>> {
-        let Some((buf, offsets)) = &self.packed else {
+        let Some((buf, pieces)) = &self.packed else {
             return Ok(None);
         };
-        let specs: Vec<(Vec<i64>, Kind)> = self
-            .columns
-            .iter()
-            .chain([&self.flags, &self.meta])
-            .map(|t| (t.size(), t.kind()))
-            .collect();
         let on = buf.f_to_device_(device, Kind::Uint8, true, false)?;
-        Ok(Some(Self::views_of(on, offsets.clone(), &specs)?))
-    }
-
-    pub(crate) fn alloc(layout: &Layout, pin: Option<Device>) -> Result<Self> {
-        let (b, l) = (layout.b as i64, layout.l as i64);
-        let make = |shape: &[i64], kind: Kind| -> Result<Tensor> {
-            let t = Tensor::f_empty(shape, (kind, Device::Cpu))?;
-            Ok(match pin {
-                Some(d) => t.f_pin_memory(d)?,
-                None => t,
-            })
-        };
-        Ok(Slot {
-            columns: layout
-                .columns
-                .iter()
-                .map(|(_, k, shape)| make(shape, *k))
-                .collect::<Result<_>>()?,
-            flags: make(&[6, b, l], Kind::Bool)?,
-            meta: make(&[2, b], Kind::Int64)?,
-            packed: None,
-        })
+        Ok(Some(Self::views_of(on, pieces.clone())?))
     }
 
     /// Takes the tensors of a recycled batch back if they still have the layout's shapes and

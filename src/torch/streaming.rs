@@ -98,27 +98,21 @@ impl StreamWorker {
         }
         let slot = &mut self.slots[i];
         slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
-        let (device, cast) = (self.device, self.cast);
-        let out = if self.transform.is_none() && !self.layout.widens() {
-            // The whole slot in one copy (one allocation on the device), then views of it.
-            match slot.to_device(device)? {
-                Some(on) => Some(on.view(&self.layout)?.try_map(|t| {
-                    let k = cast.apply(t.kind());
-                    Ok(if k == t.kind() {
-                        t.shallow_clone()
-                    } else {
-                        t.f_to_kind(k)?
-                    })
-                })?),
-                None => None,
-            }
+        // Without a transform or a widened column, the whole slot in one copy (one allocation
+        // on the device), handed out as views of it.
+        let on = if self.transform.is_none() && !self.layout.widens() {
+            slot.to_device(self.device)?
         } else {
             None
         };
-        let out = match out {
-            Some(out) => out,
+        let mut out = match on {
+            Some(on) => on.view(&self.layout)?,
             None => self.copy_each(i)?,
         };
+        if self.cast != FloatCast::None {
+            let cast = self.cast;
+            out = out.try_map(|t| Ok(t.f_to_kind(cast.apply(t.kind()))?))?;
+        }
         if !self.done[i].as_ref().is_some_and(CopyDone::record) {
             // Not recorded: the next wait on this slot synchronizes the device.
             self.done[i] = None;
@@ -138,12 +132,8 @@ impl StreamWorker {
         if self.transform.is_some() || self.layout.widens() {
             host = repin(host, self.device)?;
         }
-        let (device, cast) = (self.device, self.cast);
-        host.try_map(|t| {
-            let d = t.f_to_device_(device, t.kind(), true, false)?;
-            let k = cast.apply(t.kind());
-            Ok(if k == t.kind() { d } else { d.f_to_kind(k)? })
-        })
+        let device = self.device;
+        host.try_map(|t| Ok(t.f_to_device_(device, t.kind(), true, false)?))
     }
 }
 
