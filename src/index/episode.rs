@@ -17,6 +17,9 @@ pub struct EpisodeIndex {
     /// Every episode's row within its segment, kept only when some segment's `row_start`s are
     /// not the running sums of its lengths (never for an episode table that opened).
     segment_row: Option<Vec<u64>>,
+    /// Each segment's first episode id, kept only when ids are not dense: an index over some
+    /// segments of a version ([`EpisodeIndex::from_sparse_segments`]).
+    seg_first_id: Option<Vec<u64>>,
 }
 
 /// Where one episode lives.
@@ -47,6 +50,30 @@ impl EpisodeIndex {
             ..Default::default()
         };
         idx.push_segments(segments);
+        idx
+    }
+
+    /// Builds the index of some segments of a version, not necessarily adjacent (a streaming
+    /// cache's resident window): each with its first episode id, row starts and lengths. Episode
+    /// ids keep their values (dense within a segment, with gaps between segments), so positions
+    /// and ids are no longer `id = first_id + position`: use [`EpisodeIndex::position`].
+    /// Such an index is never [`EpisodeIndex::extended`].
+    pub fn from_sparse_segments<'a>(
+        segments: impl IntoIterator<Item = (u64, &'a [u64], &'a [u64])>,
+    ) -> Self {
+        let segments: Vec<_> = segments.into_iter().collect();
+        let ids: Vec<u64> = segments.iter().map(|s| s.0).collect();
+        let mut idx = Self::from_segments(
+            ids.first().copied().unwrap_or(0),
+            segments.iter().map(|s| (s.1, s.2)),
+        );
+        let dense = ids
+            .iter()
+            .zip(&idx.seg_first)
+            .all(|(&id, &pos)| id == idx.first_id + pos as u64);
+        if !dense {
+            idx.seg_first_id = Some(ids);
+        }
         idx
     }
 
@@ -101,6 +128,10 @@ impl EpisodeIndex {
         dropped_segments: usize,
         new_segments: impl IntoIterator<Item = (&'a [u64], &'a [u64])>,
     ) -> Self {
+        debug_assert!(
+            self.seg_first_id.is_none(),
+            "sparse indexes are not extended"
+        );
         let dropped = dropped_segments.min(self.seg_first.len());
         let cut = self.seg_first.get(dropped).copied().unwrap_or(self.len());
         let row_cut = self.start.get(cut).copied().unwrap_or(self.rows);
@@ -115,6 +146,7 @@ impl EpisodeIndex {
                 .map(|r| r - row_cut)
                 .collect(),
             segment_row: self.segment_row.as_ref().map(|r| r[cut..].to_vec()),
+            seg_first_id: None,
         };
         // Kept only while some segment needs it (the one that did may be gone).
         if let Some(rows) = &idx.segment_row
@@ -138,9 +170,30 @@ impl EpisodeIndex {
     pub fn num_rows(&self) -> u64 {
         self.rows
     }
-    /// Id of the first episode (ids are dense: episode `i` has id `first_id() + i`).
+    /// Id of the first episode. Ids are dense (episode `i` has id `first_id() + i`) except in
+    /// an index over some segments of a version ([`EpisodeIndex::from_sparse_segments`]).
     pub fn first_id(&self) -> u64 {
         self.first_id
+    }
+    /// Whether episode `i` has id `first_id() + i` for every `i`.
+    pub fn is_dense(&self) -> bool {
+        self.seg_first_id.is_none()
+    }
+    /// Position of the episode with id `id`, if present.
+    pub fn position(&self, id: u64) -> Option<usize> {
+        let i = match &self.seg_first_id {
+            None => id.checked_sub(self.first_id)? as usize,
+            Some(ids) => {
+                let s = ids.partition_point(|&f| f <= id).checked_sub(1)?;
+                let i = self.seg_first[s] + (id - ids[s]) as usize;
+                let end = self.seg_first.get(s + 1).copied().unwrap_or(self.len());
+                if i >= end {
+                    return None;
+                }
+                i
+            }
+        };
+        (i < self.len()).then_some(i)
     }
     /// Episode lengths in id order.
     pub fn lengths(&self) -> &[u64] {
@@ -152,9 +205,13 @@ impl EpisodeIndex {
     }
     /// Location of the `i`-th episode (not its id).
     pub fn get(&self, i: usize) -> EpisodeLocation {
+        let segment = self.segment_of(i);
         EpisodeLocation {
-            episode_id: self.first_id + i as u64,
-            segment: self.segment_of(i),
+            episode_id: match &self.seg_first_id {
+                None => self.first_id + i as u64,
+                Some(ids) => ids[segment] + (i - self.seg_first[segment]) as u64,
+            },
+            segment,
             segment_row: match &self.segment_row {
                 Some(r) => r[i],
                 None => self.derived_row(i),
@@ -165,8 +222,7 @@ impl EpisodeIndex {
     }
     /// Location of the episode with id `id`, if present.
     pub fn by_id(&self, id: u64) -> Option<EpisodeLocation> {
-        let i = id.checked_sub(self.first_id)? as usize;
-        (i < self.len()).then(|| self.get(i))
+        self.position(id).map(|i| self.get(i))
     }
     /// Position of the episode containing snapshot row `row` (binary search, O(log E)).
     pub fn position_of_row(&self, row: u64) -> Option<usize> {
@@ -209,6 +265,22 @@ mod tests {
         );
         assert_eq!(idx.by_id(7).unwrap().segment, 1);
         assert_eq!(idx.position_of_row(16), Some(4));
+        // Some segments of a version: ids keep their values, with a gap between segments.
+        let sparse = EpisodeIndex::from_sparse_segments([(4, a.0, a.1), (20, b.0, b.1)]);
+        assert!(!sparse.is_dense());
+        let ids: Vec<u64> = (0..sparse.len())
+            .map(|i| sparse.get(i).episode_id)
+            .collect();
+        assert_eq!(ids, [4, 5, 6, 20, 21]);
+        assert_eq!(rows(&sparse), rows(&idx), "locations as if adjacent");
+        assert_eq!(sparse.position(21), Some(4));
+        assert_eq!(sparse.by_id(20).unwrap().segment, 1);
+        for missing in [3, 7, 19, 22] {
+            assert_eq!(sparse.position(missing), None, "id {missing}");
+        }
+        let adjacent = EpisodeIndex::from_sparse_segments([(4, a.0, a.1), (7, b.0, b.1)]);
+        assert!(adjacent.is_dense());
+        assert_eq!(adjacent, idx);
         let with_gaps = EpisodeIndex::from_segments(4, [a, gaps, b]);
         assert_eq!(
             rows(&with_gaps)[3..5],

@@ -123,7 +123,7 @@ impl Recycler {
         }
     }
 
-    fn take(&self) -> Batch {
+    pub(crate) fn take(&self) -> Batch {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())

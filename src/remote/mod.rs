@@ -51,9 +51,11 @@ pub(crate) const MIRROR_MARKER: &str = "_mirror";
 mod mirror;
 mod pull;
 mod push;
+pub mod stream;
 
 pub use crate::format::is_url;
 pub use mirror::{default_cache_dir, mirror_dir, open, open_catalog};
+pub use stream::{Stream, StreamLoader, StreamOptions, StreamSampling, StreamStats};
 
 /// How to reach the store.
 #[derive(Debug, Clone)]

@@ -45,10 +45,7 @@ impl SliceSampler {
         if let Some(ids) = &opts.episode_ids {
             let mut a = vec![false; n];
             for &id in ids {
-                let pos = id
-                    .checked_sub(episodes.first_id())
-                    .map(|p| p as usize)
-                    .filter(|&p| p < n);
+                let pos = episodes.position(id).filter(|&p| p < n);
                 match pos {
                     Some(p) => a[p] = true,
                     None => {

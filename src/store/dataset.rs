@@ -335,6 +335,8 @@ pub struct Snapshot {
     segments: Vec<Arc<Segment>>,
     index: Arc<EpisodeIndex>,
     slice_indexes: Arc<Mutex<SliceCache>>,
+    /// Whether this maps only some segments of its version ([`Snapshot::partial`]).
+    partial: bool,
 }
 
 type SliceCache = HashMap<(u32, BoundaryPolicy), Arc<SliceIndex>>;
@@ -409,6 +411,41 @@ impl Snapshot {
             segments,
             index: Arc::new(index),
             slice_indexes: Arc::new(Mutex::new(slice_indexes)),
+            partial: false,
+        })
+    }
+
+    /// A snapshot of only `entries`, some segments of `manifest`'s version in episode order
+    /// (paths relative to `root`): what a streaming cache has resident. Its manifest lists those
+    /// segments and counts their transitions and episodes; its episode index keeps the real
+    /// episode ids ([`EpisodeIndex::from_sparse_segments`]). It cannot be refreshed.
+    pub(crate) fn partial(
+        root: &Path,
+        manifest: &Manifest,
+        entries: Vec<manifest::SegmentEntry>,
+    ) -> Result<Self> {
+        let schema = manifest_schema(root, manifest)?;
+        let mut m = manifest.clone();
+        m.transitions = entries.iter().map(|e| e.rows).sum();
+        m.episodes = entries.iter().map(|e| e.episodes).sum();
+        m.segments = entries;
+        let segments = open_each(
+            &m.segments,
+            |e| root.join(&e.path),
+            |e| Segment::open(root, e, &schema).map(Arc::new),
+        )?;
+        let index = EpisodeIndex::from_sparse_segments(segments.iter().map(|s| {
+            let (starts, lengths) = s.episode_table().spans();
+            (s.entry().first_episode_id, starts, lengths)
+        }));
+        Ok(Snapshot {
+            root: root.to_path_buf(),
+            manifest: Arc::new(m),
+            schema,
+            segments,
+            index: Arc::new(index),
+            slice_indexes: Arc::new(Mutex::new(SliceCache::new())),
+            partial: true,
         })
     }
 
@@ -435,6 +472,12 @@ impl Snapshot {
     /// Moves to the newest committed version, reusing the segments that are still part of it.
     /// Returns whether the version changed.
     pub fn refresh(&mut self) -> Result<bool> {
+        if self.partial {
+            return Err(Error::invalid_argument(
+                "this snapshot maps some segments of its version (a streaming cache's window) and \
+                 cannot be refreshed",
+            ));
+        }
         let latest = manifest::list_versions(&self.root)?
             .last()
             .copied()

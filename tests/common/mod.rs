@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests (each test binary uses some of them).
 #![allow(dead_code)]
 
+#[cfg(feature = "remote")]
+pub mod s3;
 pub mod sampling;
 
 use std::borrow::Borrow;

@@ -123,6 +123,19 @@ enum Command {
     #[cfg(feature = "remote")]
     #[command(verbatim_doc_comment)]
     Pull(cmd::pull::PullArgs),
+    /// Load batches from a dataset in object storage without pulling it: transition files are
+    /// fetched on first use into a cache of at most --cache-limit bytes, the segments needed
+    /// next are downloaded while the current ones are sampled, and with --rank/--world-size
+    /// (or torchrun's RANK/WORLD_SIZE) each rank streams a disjoint share of the segments, so
+    /// that N ranks download the dataset once per round in total. Prints the loader's speed,
+    /// the bytes downloaded and the cache's peak.
+    ///
+    /// Examples:
+    ///   trajstore stream s3://my-bucket/d4rl/hopper --cache-limit 2GiB --batches 1000
+    ///   trajstore stream s3://my-bucket/d4rl/hopper --cache-limit 2GiB --sampling epoch --rank 1 --world-size 4 --json
+    #[cfg(feature = "remote")]
+    #[command(verbatim_doc_comment)]
+    Stream(cmd::stream::StreamArgs),
 }
 
 fn main() -> ExitCode {
@@ -156,5 +169,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Push(a) => cmd::push::run(a),
         #[cfg(feature = "remote")]
         Command::Pull(a) => cmd::pull::run(a),
+        #[cfg(feature = "remote")]
+        Command::Stream(a) => cmd::stream::run(a),
     }
 }

@@ -12,6 +12,8 @@ pub(crate) mod push;
 pub(crate) mod sample;
 #[cfg(feature = "sql")]
 pub(crate) mod sql;
+#[cfg(feature = "remote")]
+pub(crate) mod stream;
 pub(crate) mod vacuum;
 pub(crate) mod verify;
 
@@ -68,7 +70,7 @@ pub(crate) struct VersionArgs {
 #[derive(Args)]
 pub(crate) struct SliceArgs {
     /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
-    dataset: PathBuf,
+    pub(crate) dataset: PathBuf,
     /// Steps per slice (at least 1).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     slice_len: u32,

@@ -1,0 +1,537 @@
+//! The bounded segment cache of a streaming reader: transition files fetched on demand into a
+//! private directory, at most `limit` bytes of them on disk (downloads in progress included),
+//! evicting the least recently used segment that nothing pins. One fetcher thread starts
+//! downloads in order of need (the batch number that first needs the segment), at most
+//! `concurrency` at a time, on the remote's runtime; a download resumes from the bytes a killed
+//! one left (`<name>.partial`), and every file is checked against the manifest's size and
+//! CRC-32C before it is renamed into place.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, ObjectStore};
+
+use super::super::{Remote, remote_err};
+use crate::error::{Error, IoContext, Result};
+
+/// Suffix of a download in progress (kept across a crash, to be resumed).
+const PARTIAL: &str = ".partial";
+
+/// One transition file the cache can hold.
+#[derive(Debug, Clone)]
+pub(crate) struct CachedFile {
+    /// Object key.
+    pub key: ObjectPath,
+    /// URL, for messages.
+    pub url: String,
+    /// File name in the cache directory.
+    pub name: String,
+    pub bytes: u64,
+    pub checksum: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum St {
+    Absent,
+    Queued,
+    Loading,
+    Ready,
+    Failed(Arc<String>, bool),
+}
+
+#[derive(Debug)]
+struct Entry {
+    st: St,
+    pins: u32,
+    last_use: u64,
+    /// Batch number that first needs it (lower: sooner).
+    need: u64,
+    /// Bytes it holds on disk (or has reserved while loading).
+    on_disk: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    entries: Vec<Entry>,
+    used: u64,
+    loading: usize,
+    tick: u64,
+    stop: bool,
+}
+
+/// Counters of a cache (see [`super::StreamStats`]).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub files_downloaded: AtomicU64,
+    pub bytes_downloaded: AtomicU64,
+    pub bytes_resumed: AtomicU64,
+    pub files_evicted: AtomicU64,
+    pub peak_bytes: AtomicU64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    dir: PathBuf,
+    files: Vec<CachedFile>,
+    limit: u64,
+    concurrency: usize,
+    counters: Counters,
+}
+
+/// The cache. Dropping it stops the fetcher; downloads in flight are abandoned, and resumed by
+/// the next cache over the same directory.
+pub(crate) struct Cache {
+    shared: Arc<Shared>,
+    fetcher: Option<JoinHandle<()>>,
+    /// The remote whose runtime runs the downloads: dropped after the fetcher, never inside it.
+    _remote: Arc<Remote>,
+    _lock: File,
+}
+
+/// Segments pinned in the cache (not evicted) until dropped.
+pub(crate) struct Pins {
+    shared: Arc<Shared>,
+    segments: Vec<usize>,
+}
+
+impl Cache {
+    /// Opens the cache directory `dir` (created if needed; a second cache over it, in this or
+    /// another process, gets [`Error::Locked`]), keeps the complete files of `files` it holds
+    /// and the partial downloads it can resume, removes anything else, and starts the fetcher.
+    pub(crate) fn open(
+        remote: Arc<Remote>,
+        dir: &Path,
+        files: Vec<CachedFile>,
+        limit: u64,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir).at(dir)?;
+        let lock_path = dir.with_extension("lock");
+        let lock = crate::store::writer::lock_file(&lock_path)?;
+        if lock.try_lock().is_err() {
+            return Err(Error::argument(
+                "cache",
+                format!(
+                    "the streaming cache {} is in use by another loader (lock {}); give each \
+                     process its own rank or cache directory",
+                    dir.display(),
+                    lock_path.display()
+                ),
+            ));
+        }
+        let mut entries: Vec<Entry> = files
+            .iter()
+            .map(|_| Entry {
+                st: St::Absent,
+                pins: 0,
+                last_use: 0,
+                need: u64::MAX,
+                on_disk: 0,
+            })
+            .collect();
+        let by_name: std::collections::HashMap<&str, usize> = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.as_str(), i))
+            .collect();
+        let mut used = 0u64;
+        for item in std::fs::read_dir(dir).at(dir)? {
+            let item = item.at(dir)?;
+            let path = item.path();
+            let name = item.file_name().to_string_lossy().into_owned();
+            let len = item.metadata().at(&path)?.len();
+            let (stem, partial) = match name.strip_suffix(PARTIAL) {
+                Some(s) => (s, true),
+                None => (name.as_str(), false),
+            };
+            let keep = by_name.get(stem).copied().filter(|&i| {
+                entries[i].on_disk == 0 && used + len <= limit && {
+                    if partial {
+                        len < files[i].bytes
+                    } else {
+                        len == files[i].bytes
+                    }
+                }
+            });
+            match keep {
+                Some(i) => {
+                    entries[i].on_disk = len;
+                    if !partial {
+                        entries[i].st = St::Ready;
+                    }
+                    used += len;
+                }
+                None => std::fs::remove_file(&path).at(&path)?,
+            }
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                entries,
+                used,
+                loading: 0,
+                tick: 0,
+                stop: false,
+            }),
+            changed: Condvar::new(),
+            dir: dir.to_path_buf(),
+            files,
+            limit,
+            concurrency: remote.options.concurrency.max(1),
+            counters: Counters::default(),
+        });
+        shared.counters.peak_bytes.store(used, Relaxed);
+        let fetcher = {
+            let (shared, remote) = (shared.clone(), remote.clone());
+            std::thread::Builder::new()
+                .name("trajstore-fetch".into())
+                .spawn(move || fetch_loop(&shared, &remote))
+                .map_err(|e| Error::io(dir, e))?
+        };
+        Ok(Self {
+            shared,
+            fetcher: Some(fetcher),
+            _remote: remote,
+            _lock: lock,
+        })
+    }
+
+    /// Pins `segments` and queues the absent ones for download, needed by batch `need`.
+    pub(crate) fn pin(&self, segments: &[usize], need: u64) -> Pins {
+        let mut st = self.shared.lock();
+        for &i in segments {
+            let e = &mut st.entries[i];
+            e.pins += 1;
+            e.need = e.need.min(need);
+            if e.st == St::Absent {
+                e.st = St::Queued;
+                e.need = need;
+            }
+        }
+        drop(st);
+        self.shared.changed.notify_all();
+        Pins {
+            shared: self.shared.clone(),
+            segments: segments.to_vec(),
+        }
+    }
+
+    /// Blocks until every segment of `pins` is on disk. A failed download is returned as its
+    /// error (naming the object); the segment is then fetched again by the next pin.
+    pub(crate) fn wait(&self, pins: &Pins) -> Result<()> {
+        let mut st = self.shared.lock();
+        loop {
+            let mut ready = true;
+            for &i in &pins.segments {
+                match &st.entries[i].st {
+                    St::Ready => {}
+                    St::Failed(message, corrupt) => {
+                        let f = &self.shared.files[i];
+                        let err = if *corrupt {
+                            Error::corrupt(&f.url, message.to_string())
+                        } else {
+                            Error::Remote {
+                                url: f.url.clone(),
+                                message: message.to_string(),
+                                source: None,
+                            }
+                        };
+                        st.entries[i].st = St::Queued;
+                        return Err(err);
+                    }
+                    _ => ready = false,
+                }
+            }
+            if ready {
+                return Ok(());
+            }
+            st = self
+                .shared
+                .changed
+                .wait(st)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The path of segment `i`'s file in the cache directory.
+    pub(crate) fn path(&self, i: usize) -> PathBuf {
+        self.shared.dir.join(&self.shared.files[i].name)
+    }
+
+    /// Bytes on disk (and reserved by downloads in progress) now.
+    pub(crate) fn used(&self) -> u64 {
+        self.shared.lock().used
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(h) = self.fetcher.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.tick += 1;
+        let tick = st.tick;
+        for &i in &self.segments {
+            let e = &mut st.entries[i];
+            e.pins = e.pins.saturating_sub(1);
+            e.last_use = tick;
+            if e.pins == 0 {
+                e.need = u64::MAX;
+                if e.st == St::Queued {
+                    e.st = St::Absent;
+                }
+            }
+        }
+        drop(st);
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Frees space for `need` more bytes, evicting unpinned complete files (least recently
+    /// used first), then abandoned partial downloads. `false` when that is not enough yet.
+    fn make_room(&self, st: &mut State, need: u64, keep: usize) -> bool {
+        while st.used + need > self.limit {
+            let victim = (0..st.entries.len())
+                .filter(|&i| i != keep)
+                .filter(|&i| {
+                    let e = &st.entries[i];
+                    e.pins == 0
+                        && e.on_disk > 0
+                        && matches!(e.st, St::Ready | St::Absent | St::Failed(..))
+                })
+                .min_by_key(|&i| (st.entries[i].st != St::Ready, st.entries[i].last_use));
+            let Some(v) = victim else { return false };
+            let path = self.dir.join(&self.files[v].name);
+            let partial = partial_path(&path);
+            // Best effort: a file that cannot be removed is still counted as gone, as the
+            // next open of the directory removes or reuses it.
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(&partial);
+            let e = &mut st.entries[v];
+            if e.st == St::Ready {
+                self.counters.files_evicted.fetch_add(1, Relaxed);
+            }
+            st.used -= e.on_disk;
+            e.on_disk = 0;
+            e.st = St::Absent;
+        }
+        true
+    }
+}
+
+fn fetch_loop(shared: &Arc<Shared>, remote: &Remote) {
+    let mut st = shared.lock();
+    loop {
+        if st.stop {
+            return;
+        }
+        let next = (st.loading < shared.concurrency)
+            .then(|| {
+                (0..st.entries.len())
+                    .filter(|&i| st.entries[i].st == St::Queued && st.entries[i].pins > 0)
+                    .min_by_key(|&i| (st.entries[i].need, i))
+            })
+            .flatten();
+        if let Some(i) = next {
+            let f = &shared.files[i];
+            let more = f.bytes - st.entries[i].on_disk;
+            if shared.make_room(&mut st, more, i) {
+                st.used += more;
+                let peak = st.used;
+                shared.counters.peak_bytes.fetch_max(peak, Relaxed);
+                let e = &mut st.entries[i];
+                e.st = St::Loading;
+                e.on_disk = f.bytes;
+                st.loading += 1;
+                let (sh, store, f) = (shared.clone(), remote.store.clone(), f.clone());
+                let dest = shared.dir.join(&f.name);
+                remote.rt.spawn(async move {
+                    let r = fetch_file(&store, &f, &dest, &sh.counters).await;
+                    sh.finish(i, &dest, r);
+                });
+                continue;
+            }
+        }
+        st = shared.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+impl Shared {
+    fn finish(&self, i: usize, dest: &Path, r: Result<()>) {
+        let mut st = self.lock();
+        st.loading -= 1;
+        let e = &mut st.entries[i];
+        let reserved = e.on_disk;
+        match r {
+            Ok(()) => {
+                e.st = St::Ready;
+                self.counters.files_downloaded.fetch_add(1, Relaxed);
+            }
+            Err(err) => {
+                let corrupt = matches!(err, Error::Corrupt { .. });
+                let message = match err {
+                    Error::Corrupt { reason, .. } => reason,
+                    Error::Remote { message, .. } => message,
+                    other => other.to_string(),
+                };
+                e.st = St::Failed(Arc::new(message), corrupt);
+                e.on_disk = std::fs::metadata(partial_path(dest)).map_or(0, |m| m.len());
+                let freed = reserved - e.on_disk.min(reserved);
+                st.used -= freed;
+            }
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+}
+
+fn partial_path(dest: &Path) -> PathBuf {
+    let mut s = dest.as_os_str().to_owned();
+    s.push(PARTIAL);
+    PathBuf::from(s)
+}
+
+/// Downloads `f` to `dest`, resuming from `dest.partial` when an earlier download left one. A
+/// resumed file that fails its check is downloaded once more from the start (the prefix left
+/// on disk may be what was damaged).
+async fn fetch_file(
+    store: &Arc<dyn ObjectStore>,
+    f: &CachedFile,
+    dest: &Path,
+    counters: &Counters,
+) -> Result<()> {
+    let resumed = std::fs::metadata(partial_path(dest)).is_ok_and(|m| m.len() > 0);
+    match fetch_once(store, f, dest, counters).await {
+        Err(Error::Corrupt { .. }) if resumed => fetch_once(store, f, dest, counters).await,
+        r => r,
+    }
+}
+
+async fn fetch_once(
+    store: &Arc<dyn ObjectStore>,
+    f: &CachedFile,
+    dest: &Path,
+    counters: &Counters,
+) -> Result<()> {
+    let part = partial_path(dest);
+    // The prefix already on disk, and its CRC (read on a blocking thread).
+    let p = part.clone();
+    let (mut out, mut crc, mut have) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .append(true)
+            .open(&p)
+            .at(&p)?;
+        let (mut crc, mut have) = (0u32, 0u64);
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io(&p, e)),
+            };
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            have += n as u64;
+        }
+        Ok((file, crc, have))
+    })
+    .await
+    .map_err(|e| Error::Remote {
+        url: f.url.clone(),
+        message: "read task failed".into(),
+        source: Some(Box::new(e)),
+    })??;
+    if have > f.bytes {
+        let _ = std::fs::remove_file(&part);
+        return Err(Error::corrupt(
+            &f.url,
+            format!(
+                "a partial download of {have} bytes is longer than the manifest's {}",
+                f.bytes
+            ),
+        ));
+    }
+    if have > 0 {
+        counters.bytes_resumed.fetch_add(have, Relaxed);
+    }
+    if have < f.bytes {
+        let opts = GetOptions {
+            range: Some(GetRange::Offset(have)),
+            ..Default::default()
+        };
+        let got = store
+            .get_opts(&f.key, opts)
+            .await
+            .map_err(|e| remote_err(&f.url, e))?;
+        if got.meta.size != f.bytes {
+            let _ = std::fs::remove_file(&part);
+            return Err(Error::corrupt(
+                &f.url,
+                format!(
+                    "has {} bytes but the manifest says {}",
+                    got.meta.size, f.bytes
+                ),
+            ));
+        }
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| remote_err(&f.url, e))?;
+            let take = chunk.len().min((f.bytes - have) as usize);
+            crc = crc32c::crc32c_append(crc, &chunk[..take]);
+            out.write_all(&chunk[..take]).at(&part)?;
+            have += take as u64;
+            counters.bytes_downloaded.fetch_add(take as u64, Relaxed);
+            if have == f.bytes {
+                break;
+            }
+        }
+    }
+    let found = crate::store::segment::checksum_string(crc);
+    if have != f.bytes || found != f.checksum {
+        let _ = std::fs::remove_file(&part);
+        return Err(Error::corrupt(
+            &f.url,
+            format!(
+                "downloaded {have} bytes with {found}; the manifest says {} bytes with {}",
+                f.bytes, f.checksum
+            ),
+        ));
+    }
+    let (p, d) = (part.clone(), dest.to_path_buf());
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        out.sync_all().at(&p)?;
+        drop(out);
+        std::fs::rename(&p, &d).at(&d)
+    })
+    .await
+    .map_err(|e| Error::Remote {
+        url: f.url.clone(),
+        message: "sync task failed".into(),
+        source: Some(Box::new(e)),
+    })?
+}

@@ -1,0 +1,643 @@
+//! Streaming reads of a dataset in object storage through a bounded local cache.
+//!
+//! [`Stream::open`] fetches only the version's catalog (manifest and episode tables). A
+//! [`StreamLoader`] then fetches each transition file on first use into the rank's cache
+//! directory (`<mirror>/_stream/rank-<r>/`), keeps at most [`StreamOptions::cache_limit`]
+//! bytes of them on disk (downloads in progress included; the episode tables, O(episodes), are
+//! kept beside it), evicts the least recently used segment that no window in use pins, and
+//! starts the downloads of the windows the loader will need next while the current one is
+//! sampled.
+//!
+//! **Windows and rounds.** Batches are numbered per rank and grouped into rounds. In each round
+//! the version's segments (those with at least one slice) are shuffled by `(seed, round)` and
+//! dealt to the `world_size` ranks (each segment to the rank with the fewest slices so far), so
+//! that ranks hold disjoint shares that together cover the version: N ranks download the
+//! dataset once per round in total, not N times. A rank cuts its share, in the shuffled order,
+//! into **windows** of at most a third of the cache (the batches in flight read at most two
+//! windows, and the next one downloads meanwhile) and serves the round's batches window after
+//! window; every window serves at least the loader's `workers + prefetch` batches:
+//!
+//! - [`StreamSampling::Uniform`] (with replacement): a round has
+//!   `R = max(ceil(reuse × transitions / (world_size × B × L)), m × n)` batches per rank, where
+//!   `m = workers + prefetch` and `n` is the most windows any rank has that round: the same for
+//!   every rank, so that data-parallel steps stay in lockstep. Window `w` gets `m` batches plus a
+//!   share of the other `R - m × n_rank` proportional to its slices `S_w` (rounded at the
+//!   boundaries), and each of its batches draws its `B` slices
+//!   independently, uniformly over `w`'s slices (or as [`crate::Weighting`] says, inside `w`).
+//!   So, when `R` is set by `reuse` (`m × n` is the smaller), every slice of the rank's share has,
+//!   over a round, the same expected number of draws up to the `m` batches each window gets
+//!   whatever its size, as under uniform sampling of the whole share; but the slices of one batch all come from one
+//!   window: batches are correlated within a window, as with Mosaic's shuffle blocks. Over ranks
+//!   and rounds every slice of the version is equally likely.
+//! - [`StreamSampling::Epoch`] (without replacement): a round is an epoch; window `w` yields
+//!   `floor(S_w / B)` batches that visit its slices once in a shuffled order (none if that is
+//!   fewer than `m`), and every rank stops at the shortest rank's epoch (the slices past it, at
+//!   most a few windows' worth, are skipped that epoch, and the next epoch deals segments
+//!   differently).
+//!
+//! With one rank and a cache at least the version's transition files, nothing rotates: the
+//! loader samples the whole version exactly as a local dataset's sampler with the same seed
+//! does, batch for batch.
+//!
+//! Everything is a pure function of the seed, the rank, the world size and the batch number:
+//! the number of loader workers changes nothing.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{Remote, RemoteOptions};
+use crate::error::{Error, Result};
+use crate::gather::{Batch, Gatherer};
+use crate::index::{EpisodeIndex, SliceIndex, SliceRef};
+use crate::loader::{LoaderOptions, Pipeline, Recycler, check_in_flight};
+use crate::sample::{EpochSampler, Sampler, SliceOptions, SliceSampler};
+use crate::store::manifest::Manifest;
+use crate::store::{Catalog, Snapshot};
+
+mod cache;
+mod schedule;
+
+use cache::{Cache, CachedFile, Pins};
+pub use schedule::StreamSampling;
+use schedule::{Schedule, ScheduleSpec, SegmentCost, Window, mix};
+
+/// Options of [`Stream::open`].
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    /// Bytes of transition files the rank's cache may hold on disk (downloads in progress
+    /// included). At least three times the largest segment, unless it holds the whole version.
+    pub cache_limit: u64,
+    /// With or without replacement.
+    pub sampling: StreamSampling,
+    /// Uniform sampling: draws per transition per round, on average (default 4). Higher values
+    /// download less per batch (each window is sampled longer); lower ones rotate faster.
+    pub reuse: f64,
+    /// Where mirrors live (default [`super::default_cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
+    /// The version (default: the newest).
+    pub version: Option<u64>,
+    /// How to reach the store.
+    pub remote: RemoteOptions,
+}
+
+impl StreamOptions {
+    /// A cache of `cache_limit` bytes, uniform sampling, the newest version.
+    pub fn new(cache_limit: u64) -> Self {
+        Self {
+            cache_limit,
+            sampling: StreamSampling::Uniform,
+            reuse: 4.0,
+            cache_dir: None,
+            version: None,
+            remote: RemoteOptions::default(),
+        }
+    }
+}
+
+/// What a [`StreamLoader`] downloaded and held.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StreamStats {
+    /// Transition files downloaded completely.
+    pub files_downloaded: u64,
+    /// Bytes downloaded (resumed downloads count only their new bytes).
+    pub bytes_downloaded: u64,
+    /// Bytes that interrupted downloads had left and that were resumed, not fetched again.
+    pub bytes_resumed: u64,
+    /// Complete files evicted to make room.
+    pub files_evicted: u64,
+    /// Bytes in the cache now.
+    pub cache_bytes: u64,
+    /// The most bytes the cache held.
+    pub peak_cache_bytes: u64,
+    /// The limit.
+    pub cache_limit: u64,
+    /// Windows opened (rotations).
+    pub windows_opened: u64,
+    /// Seconds loader workers spent waiting for downloads.
+    pub wait_seconds: f64,
+}
+
+/// A dataset in object storage opened for streaming: its catalog, fetched into the mirror.
+pub struct Stream {
+    remote: Arc<Remote>,
+    mirror: PathBuf,
+    catalog: Catalog,
+    /// The version's manifest as the store names its files.
+    remote_manifest: Manifest,
+    options: StreamOptions,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("url", &self.remote.url())
+            .field("version", &self.catalog.version())
+            .finish()
+    }
+}
+
+impl Stream {
+    /// Opens `url` for streaming: fetches its catalog (manifest and episode tables, checked)
+    /// into the mirror, and nothing else.
+    pub fn open(url: &str, options: StreamOptions) -> Result<Self> {
+        if options.cache_limit == 0 {
+            return Err(Error::argument(
+                "cache_limit",
+                "the cache limit must be positive",
+            ));
+        }
+        if !(options.reuse.is_finite() && options.reuse > 0.0) {
+            return Err(Error::argument(
+                "reuse",
+                format!("reuse {} must be a positive number", options.reuse),
+            ));
+        }
+        let cache = options
+            .cache_dir
+            .clone()
+            .unwrap_or_else(super::default_cache_dir);
+        let mirror = super::mirror_dir(&cache, url)?;
+        let remote = Remote::open(url, options.remote.clone())?;
+        let (catalog, _) = remote.catalog(&mirror, options.version)?;
+        let remote_manifest = remote.manifest(catalog.version())?;
+        Ok(Self {
+            remote: Arc::new(remote),
+            mirror,
+            catalog,
+            remote_manifest,
+            options,
+        })
+    }
+
+    /// The version's catalog.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The local mirror (catalog, and the ranks' caches under `_stream/`).
+    pub fn mirror(&self) -> &std::path::Path {
+        &self.mirror
+    }
+
+    /// The cache directory of `rank`.
+    pub fn cache_dir(&self, rank: u64) -> PathBuf {
+        self.mirror.join(format!("_stream/rank-{rank}"))
+    }
+
+    /// A loader of `columns` over batches of `slice` (slice length, slices per batch, policy,
+    /// weighting, seed; episode subsets and weights are refused), for rank `opts.rank` of
+    /// `opts.world_size`, starting at the rank's batch `opts.start`. Uniform sampling is
+    /// endless (or `max_batches`); epoch sampling stops at the end of the epoch it starts in.
+    pub fn loader(
+        &self,
+        slice: &SliceOptions,
+        columns: &[&str],
+        opts: LoaderOptions,
+    ) -> Result<StreamLoader> {
+        StreamLoader::start(self, slice, columns, opts)
+    }
+}
+
+/// One window, resident and mapped.
+struct View {
+    window: Window,
+    sampler: Box<dyn Sampler>,
+    gatherer: Gatherer,
+    _pins: Pins,
+}
+
+type Slot = Arc<Mutex<Option<Arc<View>>>>;
+
+struct Shared {
+    cache: Cache,
+    schedule: Schedule,
+    mirror: PathBuf,
+    manifest: Manifest,
+    rank_dir: String,
+    columns: Vec<String>,
+    slice: SliceOptions,
+    sampling: StreamSampling,
+    views: Mutex<HashMap<(u64, usize), Slot>>,
+    /// The consumer's next batch, for the prefetcher.
+    position: Mutex<u64>,
+    moved: Condvar,
+    stop: AtomicBool,
+    ahead: u64,
+    /// One past the last batch, if the loader ends.
+    end: Option<u64>,
+    wait_nanos: AtomicU64,
+    windows_opened: AtomicU64,
+}
+
+/// Yields the batches of a [`Stream`] in order (see the module docs), as `Result`s: a download
+/// that fails (a damaged or missing object, a store that cannot be reached) is an error naming
+/// the object, at the batch that needed it. Dropping the loader stops its workers and
+/// prefetcher; downloads in flight are resumed by the next loader of the same rank.
+pub struct StreamLoader {
+    pipeline: Pipeline<Result<Batch>>,
+    shared: Arc<Shared>,
+    prefetcher: Option<JoinHandle<()>>,
+    pool: Recycler,
+}
+
+impl std::fmt::Debug for StreamLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamLoader")
+            .field("next", &self.pipeline.next)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamLoader {
+    fn start(
+        stream: &Stream,
+        slice: &SliceOptions,
+        columns: &[&str],
+        opts: LoaderOptions,
+    ) -> Result<Self> {
+        slice.validate()?;
+        if slice.episode_ids.is_some() || slice.episode_weights.is_some() {
+            return Err(Error::argument(
+                "episodes",
+                "episode subsets and weights are not supported by a streaming loader yet; \
+                 pull the dataset to sample a subset",
+            ));
+        }
+        if opts.world_size == 0 || opts.rank >= opts.world_size {
+            return Err(Error::argument(
+                "rank",
+                format!(
+                    "rank {} is not in 0..world_size {}",
+                    opts.rank, opts.world_size
+                ),
+            ));
+        }
+        let catalog = &stream.catalog;
+        let manifest = catalog.manifest().clone();
+        // Slices per segment, from the episode tables alone.
+        let tables = catalog.episode_tables();
+        let first_id = manifest
+            .segments
+            .first()
+            .map_or(manifest.next_episode_id, |s| s.first_episode_id);
+        let index = EpisodeIndex::from_segments(first_id, tables.iter().map(|t| t.spans()));
+        let slices = SliceIndex::build(&index, slice.slice_len, slice.policy)?;
+        let mut at = 0usize;
+        let costs: Vec<SegmentCost> = manifest
+            .segments
+            .iter()
+            .zip(tables)
+            .map(|(e, t)| {
+                let n = t.spans().1.len();
+                let end = |p: usize| {
+                    if p >= slices.num_episodes() {
+                        slices.num_windows()
+                    } else {
+                        slices.first_window(p)
+                    }
+                };
+                let c = SegmentCost {
+                    bytes: e.bytes,
+                    rows: e.rows,
+                    slices: end(at + n) - end(at),
+                };
+                at += n;
+                c
+            })
+            .collect();
+        let schedule = Schedule::new(
+            costs,
+            ScheduleSpec {
+                cache_limit: stream.options.cache_limit,
+                rank: opts.rank,
+                world: opts.world_size,
+                seed: slice.seed,
+                sampling: stream.options.sampling,
+                num_slices: slice.num_slices as u64,
+                slice_len: slice.slice_len as u64,
+                reuse: stream.options.reuse,
+                min_batches: (opts.workers.max(1) + opts.prefetch.max(1)) as u64,
+            },
+        )?;
+        let files: Vec<CachedFile> = stream
+            .remote_manifest
+            .segments
+            .iter()
+            .zip(&manifest.segments)
+            .map(|(r, l)| CachedFile {
+                key: stream.remote.key(&r.path),
+                url: stream.remote.url_of(&r.path),
+                name: l
+                    .path
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(l.path.as_str())
+                    .to_string(),
+                bytes: r.bytes,
+                checksum: r.checksum.clone(),
+            })
+            .collect();
+        let rank_dir = format!("_stream/rank-{}", opts.rank);
+        let cache = Cache::open(
+            stream.remote.clone(),
+            &stream.mirror.join(&rank_dir),
+            files,
+            stream.options.cache_limit,
+        )?;
+        let end = match (opts.max_batches, stream.options.sampling) {
+            (Some(n), _) => Some(opts.start.saturating_add(n)),
+            (None, StreamSampling::Epoch) => Some(schedule.round_end(opts.start)),
+            (None, StreamSampling::Uniform) => None,
+        };
+        let shared = Arc::new(Shared {
+            cache,
+            schedule,
+            mirror: stream.mirror.clone(),
+            manifest,
+            rank_dir,
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            slice: slice.clone(),
+            sampling: stream.options.sampling,
+            views: Mutex::new(HashMap::new()),
+            position: Mutex::new(opts.start),
+            moved: Condvar::new(),
+            stop: AtomicBool::new(false),
+            ahead: (opts.workers.max(1) + opts.prefetch.max(1)) as u64,
+            end,
+            wait_nanos: AtomicU64::new(0),
+            windows_opened: AtomicU64::new(0),
+        });
+        let row_bytes = step_bytes(catalog, columns)?;
+        check_in_flight(
+            row_bytes.saturating_mul(slice.num_slices as u64 * slice.slice_len as u64),
+            &opts,
+        )?;
+        let prefetcher = {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name("trajstore-prefetch".into())
+                .spawn(move || prefetch_loop(&s))
+                .map_err(|e| Error::io(&stream.mirror, e))?
+        };
+        let pool = Recycler::default();
+        let pipeline = Pipeline::start(
+            opts.workers,
+            opts.prefetch,
+            opts.start,
+            end,
+            "stream",
+            |_lane| {
+                let (shared, pool) = (shared.clone(), pool.clone());
+                let mut plan: Vec<SliceRef> = Vec::new();
+                move |k: u64| -> Result<Batch> {
+                    let (w, local) = shared.schedule.locate(k);
+                    let view = shared.view(&w)?;
+                    let number = if shared.schedule.is_whole() { k } else { local };
+                    view.sampler.plan(number, &mut plan);
+                    let mut batch = pool.take();
+                    view.gatherer.gather(&plan, &mut batch)?;
+                    Ok(batch)
+                }
+            },
+        )?;
+        Ok(Self {
+            pipeline,
+            shared,
+            prefetcher: Some(prefetcher),
+            pool,
+        })
+    }
+
+    /// The next batch, blocking until it is ready; `None` at the end.
+    pub fn next_batch(&mut self) -> Option<Result<Batch>> {
+        let item = self.pipeline.next_item()?;
+        let pos = self.pipeline.position();
+        *self
+            .shared
+            .position
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = pos;
+        self.shared.moved.notify_all();
+        // Windows the consumer is past are unmapped (their pins go with them).
+        self.shared
+            .views
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, slot| match slot.try_lock() {
+                Ok(v) => v
+                    .as_ref()
+                    .is_none_or(|v| v.window.first + v.window.batches > pos),
+                // Being opened by a worker (which may be waiting for room that only this
+                // consumer's progress frees): kept, never waited for here.
+                Err(_) => true,
+            });
+        Some(item)
+    }
+
+    /// The number of the batch [`StreamLoader::next_batch`] returns next.
+    pub fn position(&self) -> u64 {
+        self.pipeline.position()
+    }
+
+    /// Hands a consumed batch back so a worker reuses its buffers.
+    pub fn recycle(&self, batch: Batch) {
+        self.pool.recycle(batch);
+    }
+
+    /// What was downloaded and held so far.
+    pub fn stats(&self) -> StreamStats {
+        let c = self.shared.cache.counters();
+        StreamStats {
+            files_downloaded: c.files_downloaded.load(Relaxed),
+            bytes_downloaded: c.bytes_downloaded.load(Relaxed),
+            bytes_resumed: c.bytes_resumed.load(Relaxed),
+            files_evicted: c.files_evicted.load(Relaxed),
+            cache_bytes: self.shared.cache.used(),
+            peak_cache_bytes: c.peak_bytes.load(Relaxed),
+            cache_limit: self.shared.cache_limit(),
+            windows_opened: self.shared.windows_opened.load(Relaxed),
+            wait_seconds: self.shared.wait_nanos.load(Relaxed) as f64 * 1e-9,
+        }
+    }
+
+    /// The episode ids of the segments that the rank's batch `k` is drawn from: its window.
+    pub fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
+        let (w, _) = self.shared.schedule.locate(k);
+        w.segments
+            .iter()
+            .map(|&p| {
+                let e = &self.shared.manifest.segments[p];
+                e.first_episode_id..e.first_episode_id + e.episodes
+            })
+            .collect()
+    }
+}
+
+impl Iterator for StreamLoader {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Result<Batch>> {
+        self.next_batch()
+    }
+}
+
+impl Drop for StreamLoader {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        self.shared.moved.notify_all();
+        if let Some(h) = self.prefetcher.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Shared {
+    fn cache_limit(&self) -> u64 {
+        self.schedule.cache_limit()
+    }
+
+    /// The view of `w`, opening it (and waiting for its downloads) on first use.
+    fn view(&self, w: &Window) -> Result<Arc<View>> {
+        let key = if self.schedule.is_whole() {
+            (0, 0)
+        } else {
+            (w.round, w.index)
+        };
+        let slot = self
+            .views
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default()
+            .clone();
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = slot.as_ref() {
+            return Ok(v.clone());
+        }
+        let pins = self.cache.pin(&w.segments, w.first);
+        let t = Instant::now();
+        self.cache.wait(&pins)?;
+        self.wait_nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        let entries = w
+            .segments
+            .iter()
+            .map(|&p| {
+                let mut e = self.manifest.segments[p].clone();
+                let name = self.cache.path(p);
+                let name = name
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
+                e.path = format!("{}/{name}", self.rank_dir);
+                e
+            })
+            .collect();
+        let snap = Snapshot::partial(&self.mirror, &self.manifest, entries)?;
+        let cols: Vec<&str> = self.columns.iter().map(String::as_str).collect();
+        let gatherer = Gatherer::try_new(&snap, &cols)?;
+        let index = snap.slice_index(self.slice.slice_len, self.slice.policy)?;
+        let whole = self.schedule.is_whole();
+        let seed = if whole {
+            self.slice.seed
+        } else {
+            mix(self.slice.seed ^ mix(w.round) ^ mix((w.index as u64 + 1) << 32))
+        };
+        let sampler: Box<dyn Sampler> = match self.sampling {
+            StreamSampling::Uniform => {
+                let mut o = self.slice.clone();
+                o.seed = seed;
+                Box::new(SliceSampler::try_new(index, snap.episodes(), &o)?)
+            }
+            StreamSampling::Epoch => Box::new(EpochSampler::windows(
+                index,
+                self.slice.num_slices,
+                seed,
+                true,
+            )?),
+        };
+        self.windows_opened.fetch_add(1, Relaxed);
+        let view = Arc::new(View {
+            window: w.clone(),
+            sampler,
+            gatherer,
+            _pins: pins,
+        });
+        *slot = Some(view.clone());
+        Ok(view)
+    }
+}
+
+/// Bytes of one step of `columns` (checking that they exist: `next_observation` may be derived).
+fn step_bytes(catalog: &Catalog, columns: &[&str]) -> Result<u64> {
+    use arrow::datatypes::DataType;
+    fn width(dt: &DataType) -> u64 {
+        match dt {
+            DataType::FixedSizeList(f, n) => width(f.data_type()) * (*n).max(0) as u64,
+            d => d.primitive_width().unwrap_or(8) as u64,
+        }
+    }
+    let schema = catalog.schema().arrow_schema();
+    let mut sum = 0u64;
+    for &c in columns {
+        let name = match c {
+            crate::format::col::NEXT_OBSERVATION if schema.field_with_name(c).is_err() => {
+                crate::format::col::OBSERVATION
+            }
+            other => other,
+        };
+        let f = schema.field_with_name(name).map_err(|_| {
+            Error::argument(
+                "columns",
+                format!("no column `{c}` (have: {})", crate::schema::names(schema)),
+            )
+        })?;
+        sum += width(f.data_type());
+    }
+    Ok(sum)
+}
+
+/// Keeps the windows of the batches workers may make next, and the window after them, pinned
+/// and queued for download, in order of need.
+fn prefetch_loop(s: &Shared) {
+    let mut held: Vec<((u64, usize), Pins)> = Vec::new();
+    let mut pos = u64::MAX;
+    loop {
+        {
+            let mut p = s.position.lock().unwrap_or_else(|e| e.into_inner());
+            while *p == pos && !s.stop.load(Relaxed) {
+                p = s.moved.wait(p).unwrap_or_else(|e| e.into_inner());
+            }
+            if s.stop.load(Relaxed) {
+                return;
+            }
+            pos = *p;
+        }
+        let mut wanted = Vec::new();
+        let (mut w, _) = s.schedule.locate(pos);
+        // Nothing past the loader's end is fetched.
+        while s.end.is_none_or(|e| w.first < e) {
+            let beyond = w.first >= pos + s.ahead;
+            wanted.push(w.clone());
+            if beyond || s.schedule.is_whole() {
+                break;
+            }
+            w = s.schedule.next_window(&w);
+        }
+        let mut next = Vec::with_capacity(wanted.len());
+        for w in wanted {
+            let key = (w.round, w.index);
+            match held.iter().position(|(k, _)| *k == key) {
+                Some(i) => next.push(held.swap_remove(i)),
+                None => next.push((key, s.cache.pin(&w.segments, w.first))),
+            }
+        }
+        // Pins of windows no longer wanted go only now, after the new ones were taken.
+        held = next;
+    }
+}
