@@ -74,9 +74,9 @@ mod table;
 
 use episode_agg::{EpisodeGroupBy, SegmentScan};
 use functions::{DimAgg, DimKind, DiscountedReturn, FslGet, VecNorm};
-use table::episodes_table;
 #[cfg(feature = "remote")]
 pub use remote_scan::{FetchStats, RemoteTransitions};
+use table::episodes_table;
 pub use table::{DeferredTransitions, TransitionsTable};
 
 /// The name of the physical optimizer rule that runs `GROUP BY episode_id` over `transitions`

@@ -50,7 +50,7 @@ use crate::store::Catalog;
 use crate::store::segment::{block_message, block_span, footer_span};
 
 /// How much of a segment's end the first GET reads (the footer is usually all in it).
-const TAIL: u64 = 64 << 10;
+const TAIL: u64 = 4 << 10;
 /// Segments read at once.
 const CONCURRENCY: usize = 8;
 
@@ -94,7 +94,10 @@ impl SegmentObject {
     /// The ids of the episodes that rows `rows` of this segment belong to, inclusive, as f64.
     fn episode_range(&self, rows: Range<u64>) -> (f64, f64) {
         let at = |r: u64| {
-            let i = self.row_starts.partition_point(|&s| s <= r).saturating_sub(1);
+            let i = self
+                .row_starts
+                .partition_point(|&s| s <= r)
+                .saturating_sub(1);
             self.ids.get(i).copied().unwrap_or(self.episodes.0) as f64
         };
         if rows.is_empty() {
@@ -267,9 +270,7 @@ impl RemoteTransitions {
         let len = seg.bytes;
         let path = std::path::Path::new(&seg.url);
         if len < 18 {
-            return Err(seg.corrupt(format!(
-                "{len} bytes is too short for an Arrow IPC file"
-            )));
+            return Err(seg.corrupt(format!("{len} bytes is too short for an Arrow IPC file")));
         }
         let tail_start = len.saturating_sub(TAIL);
         let tail = self.get_range(seg, tail_start..len).await?;
@@ -322,7 +323,9 @@ impl RemoteTransitions {
                 .header_as_record_batch()
                 .ok_or_else(|| corrupt("message is not a record batch".into()))?;
             if rb.compression().is_some() {
-                return Err(corrupt("compressed buffers are not part of the format".into()));
+                return Err(corrupt(
+                    "compressed buffers are not part of the format".into(),
+                ));
             }
             let body_off = (off + meta_len) as u64;
             let mut buffers = Vec::new();
@@ -335,8 +338,8 @@ impl RemoteTransitions {
                 }
                 buffers.push(body_off + bo as u64..body_off + (bo + bl) as u64);
             }
-            let rows = u64::try_from(rb.length())
-                .map_err(|_| corrupt(format!("{} rows", rb.length())))?;
+            let rows =
+                u64::try_from(rb.length()).map_err(|_| corrupt(format!("{} rows", rb.length())))?;
             batches.push(BatchLayout {
                 rows,
                 first_row,
@@ -346,10 +349,7 @@ impl RemoteTransitions {
             first_row += rows;
         }
         if first_row != seg.rows {
-            return Err(seg.corrupt(format!(
-                "{first_row} rows, the manifest says {}",
-                seg.rows
-            )));
+            return Err(seg.corrupt(format!("{first_row} rows, the manifest says {}", seg.rows)));
         }
         let layout = Arc::new(Layout { batches, headers });
         self.lock().insert(i, layout.clone());
@@ -384,8 +384,8 @@ impl RemoteTransitions {
         }
         ranges.sort_by_key(|r| r.start);
         let data = self.get_ranges(seg, &ranges).await?;
-        let mut map = memmap2::MmapMut::map_anon(seg.bytes as usize)
-            .map_err(|e| Error::io(&seg.url, e))?;
+        let mut map =
+            memmap2::MmapMut::map_anon(seg.bytes as usize).map_err(|e| Error::io(&seg.url, e))?;
         for (r, b) in ranges.iter().zip(&data) {
             map[r.start as usize..r.end as usize].copy_from_slice(b);
         }
@@ -579,7 +579,10 @@ impl TableProvider for RemoteTransitions {
 /// Per top-level field, the non-empty ranges among `buffers` (the message's buffers, in order)
 /// that belong to it; `None` when a type's buffer count is not known here or the counts do not
 /// add up.
-fn column_buffers(fields: &arrow::datatypes::Fields, buffers: &[Range<u64>]) -> Option<Vec<Vec<Range<u64>>>> {
+fn column_buffers(
+    fields: &arrow::datatypes::Fields,
+    buffers: &[Range<u64>],
+) -> Option<Vec<Vec<Range<u64>>>> {
     let mut at = 0;
     let mut out = Vec::with_capacity(fields.len());
     for f in fields {
