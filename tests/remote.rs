@@ -904,11 +904,11 @@ fn sql_on_a_url_reads_only_the_projected_columns_with_ranged_gets() {
     let url = format!("{}/ds", s3.bucket("sqlremote"));
     let dir = tempfile::tempdir().unwrap();
     let ds = data()
-        .transitions(20_000)
+        .transitions(40_000)
         .seed(11)
         .obs_dim(16)
-        .segment_bytes(256 << 10)
-        .batch_bytes(32 << 10)
+        .segment_bytes(1 << 20)
+        .batch_bytes(256 << 10)
         .commit_every(100)
         .write(&dir.path().join("local"));
     let remote = s3.remote(&url);

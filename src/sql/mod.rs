@@ -14,6 +14,10 @@
 //! [`register_deferred`] (and [`SqlSession::deferred`]) does the same from a [`Catalog`] when the
 //! transitions are not local yet (a remote dataset): `transitions` is then opened by its first
 //! scan, so queries of `episodes` alone never fetch transition files.
+//! [`register_with_transitions`] (and [`SqlSession::with_transitions`]) takes the `transitions`
+//! provider instead: with feature `remote`, a [`RemoteTransitions`] reads a remote version's
+//! segment objects in place, fetching only the projected columns' buffers with ranged GETs (no
+//! pull; `COUNT(*)` reads nothing).
 //!
 //! **SQL is read-only by default.** [`SqlSession`], [`query`], [`SnapshotSql::sql`] and
 //! [`SnapshotSql::episodes_where`] check every statement against [`sql_options`]`(false)` before
