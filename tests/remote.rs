@@ -890,6 +890,95 @@ fn remote_sql(
     (s, table)
 }
 
+/// A store that counts the bytes its GETs return, around a real one.
+#[cfg(feature = "sql")]
+#[derive(Debug)]
+struct CountingStore {
+    inner: std::sync::Arc<dyn ObjectStore>,
+    bytes: std::sync::atomic::AtomicU64,
+    gets: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(feature = "sql")]
+impl std::fmt::Display for CountingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Counting({})", self.inner)
+    }
+}
+
+#[cfg(feature = "sql")]
+impl CountingStore {
+    fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[cfg(feature = "sql")]
+#[async_trait::async_trait]
+impl ObjectStore for CountingStore {
+    async fn put_opts(
+        &self,
+        location: &ObjectPath,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &ObjectPath,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &ObjectPath,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        let r = self.inner.get_opts(location, options).await?;
+        // What the server sends for this GET: the range it answered with.
+        self.bytes.fetch_add(
+            r.range.end - r.range.start,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(r)
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<'static, object_store::Result<ObjectPath>>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<ObjectPath>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &ObjectPath,
+        to: &ObjectPath,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
 #[cfg(feature = "sql")]
 fn pretty(r: &trajstore::sql::QueryResult) -> String {
     arrow::util::pretty::pretty_format_batches(&r.batches)
@@ -993,6 +1082,33 @@ fn sql_on_a_url_reads_only_the_projected_columns_with_ranged_gets() {
         3
     );
     assert!(table3.fetched().bytes < catalog.manifest().segments[0].bytes);
+
+    // Counted by the store itself, through `Remote::with_store`: the same bytes, and a small
+    // fraction of the transition files.
+    let counted = std::sync::Arc::new(CountingStore {
+        inner: std::sync::Arc::new(s3.store("sqlremote")),
+        bytes: Default::default(),
+        gets: Default::default(),
+    });
+    let remote4 = Remote::with_store(&url, counted.clone(), s3.options()).unwrap();
+    let (sql4, table4) = remote_sql(&remote4, &catalog);
+    let q = "SELECT round(sum(reward), 3) AS r FROM transitions";
+    assert_eq!(
+        pretty(&sql4.query(q).unwrap()),
+        pretty(&local.query(q).unwrap())
+    );
+    let stats = table4.fetched();
+    assert_eq!(
+        (
+            counted.bytes(),
+            counted.gets.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (stats.bytes, stats.requests)
+    );
+    assert!(
+        counted.bytes() * 8 < segment_bytes,
+        "{stats:?} of {segment_bytes}"
+    );
 
     // No transition file came into the mirror.
     let transition_files: Vec<_> = files_in(&mirror.join("segments"))
