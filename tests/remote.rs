@@ -660,16 +660,18 @@ fn the_cli_reads_urls_and_pushes_and_pulls_with_json() {
 
     // A query of `episodes` needs nothing more; one that scans `transitions` pulls the rest:
     // the transition files only.
-    let sql = |q: &str| {
+    let sql_with = |q: &str, more: &[&str]| {
         let out = s3
             .cli(&cache)
             .args(["sql", &url, q, "--format", "json"])
+            .args(more)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{q}: {err}");
         (String::from_utf8(out.stdout).unwrap(), err)
     };
+    let sql = |q: &str| sql_with(q, &[]);
     let (text, err) = sql("SELECT count(*) AS n, sum(length) AS l FROM episodes");
     assert!(
         text.contains(&format!("\"n\":{}", snap.num_episodes()))
@@ -682,11 +684,32 @@ fn the_cli_reads_urls_and_pushes_and_pulls_with_json() {
         fetched,
         "nothing more fetched"
     );
-    let (text, err) = sql("SELECT count(*) AS n, max(step) AS s FROM transitions");
-    assert!(
-        text.contains(&format!("\"n\":{}", snap.num_transitions())),
-        "{text}"
+    // A scan reads the segment objects' projected columns in place: nothing is pulled.
+    let (text, err) = sql_with(
+        "SELECT count(*) AS n, max(step) AS s FROM transitions",
+        &["--timer"],
     );
+    let max_step = snap
+        .catalog()
+        .episode_tables()
+        .iter()
+        .flat_map(|t| t.lengths().iter().copied())
+        .max()
+        .unwrap()
+        - 1;
+    let want = format!("\"n\":{},\"s\":{max_step}", snap.num_transitions());
+    assert!(text.contains(&want), "{text}");
+    assert!(
+        !err.contains("pulled") && err.contains("fetched: "),
+        "{err}"
+    );
+    assert_eq!(files_in(&mirror.join("segments")), fetched);
+    // With --pull, the first scan pulls the transition files and queries the mirror.
+    let (text, err) = sql_with(
+        "SELECT count(*) AS n, max(step) AS s FROM transitions",
+        &["--pull"],
+    );
+    assert!(text.contains(&want), "{text}");
     assert!(
         err.contains(&format!(": {segs} files ("))
             && err.contains(&format!("downloaded, {segs} (")),
@@ -850,4 +873,272 @@ fn large_segments_travel_in_parts_and_a_bad_one_is_abandoned() {
     let mirror = dir.path().join("mirror");
     s3.remote(&url).pull(&mirror, None).unwrap();
     assert_same_data(&ds, &Dataset::open(&mirror).unwrap());
+}
+
+/// A remote `transitions` table of `catalog`'s version and a session over it.
+#[cfg(feature = "sql")]
+fn remote_sql(
+    remote: &Remote,
+    catalog: &trajstore::Catalog,
+) -> (
+    trajstore::sql::SqlSession,
+    std::sync::Arc<trajstore::sql::RemoteTransitions>,
+) {
+    let table =
+        std::sync::Arc::new(trajstore::sql::RemoteTransitions::new(remote, catalog).unwrap());
+    let s = trajstore::sql::SqlSession::with_transitions(catalog, table.clone()).unwrap();
+    (s, table)
+}
+
+/// A store that counts the bytes its GETs return, around a real one.
+#[cfg(feature = "sql")]
+#[derive(Debug)]
+struct CountingStore {
+    inner: std::sync::Arc<dyn ObjectStore>,
+    bytes: std::sync::atomic::AtomicU64,
+    gets: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(feature = "sql")]
+impl std::fmt::Display for CountingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Counting({})", self.inner)
+    }
+}
+
+#[cfg(feature = "sql")]
+impl CountingStore {
+    fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[cfg(feature = "sql")]
+#[async_trait::async_trait]
+impl ObjectStore for CountingStore {
+    async fn put_opts(
+        &self,
+        location: &ObjectPath,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &ObjectPath,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &ObjectPath,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        let r = self.inner.get_opts(location, options).await?;
+        // What the server sends for this GET: the range it answered with.
+        self.bytes.fetch_add(
+            r.range.end - r.range.start,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(r)
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<'static, object_store::Result<ObjectPath>>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<ObjectPath>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &ObjectPath,
+        to: &ObjectPath,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[cfg(feature = "sql")]
+fn pretty(r: &trajstore::sql::QueryResult) -> String {
+    arrow::util::pretty::pretty_format_batches(&r.batches)
+        .unwrap()
+        .to_string()
+}
+
+#[cfg(feature = "sql")]
+#[test]
+fn sql_on_a_url_reads_only_the_projected_columns_with_ranged_gets() {
+    let Some(s3) = S3Server::start() else { return };
+    let url = format!("{}/ds", s3.bucket("sqlremote"));
+    let dir = tempfile::tempdir().unwrap();
+    let ds = data()
+        .transitions(40_000)
+        .seed(11)
+        .obs_dim(16)
+        .segment_bytes(1 << 20)
+        .batch_bytes(256 << 10)
+        .commit_every(100)
+        .write(&dir.path().join("local"));
+    let remote = s3.remote(&url);
+    remote.push(&ds).unwrap();
+    let mirror = dir.path().join("mirror");
+    let (catalog, _) = remote.catalog(&mirror, None).unwrap();
+    let snap = ds.snapshot().unwrap();
+    let local = trajstore::sql::SqlSession::try_new(&snap).unwrap();
+    let (sql, table) = remote_sql(&remote, &catalog);
+    let segment_bytes: u64 = catalog.manifest().segments.iter().map(|s| s.bytes).sum();
+    assert!(catalog.manifest().segments.len() > 3);
+
+    // COUNT(*) and `episodes` read no segment object.
+    let n = sql.query("SELECT count(*) AS n FROM transitions").unwrap();
+    assert_eq!(
+        pretty(&n),
+        pretty(
+            &local
+                .query("SELECT count(*) AS n FROM transitions")
+                .unwrap()
+        )
+    );
+    sql.query("SELECT count(*), max(length) FROM episodes")
+        .unwrap();
+    assert_eq!(table.fetched().bytes, 0);
+
+    // One small column: its buffers, footers and headers only.
+    let q = "SELECT round(sum(reward), 3) AS r FROM transitions";
+    assert_eq!(
+        pretty(&sql.query(q).unwrap()),
+        pretty(&local.query(q).unwrap())
+    );
+    let one = table.fetched();
+    assert!(
+        one.bytes > 0 && one.bytes * 8 < segment_bytes,
+        "{one:?} of {segment_bytes} bytes"
+    );
+
+    // The same answers as the local session.
+    for q in [
+        "SELECT episode_id, step, reward, observation FROM transitions \
+         WHERE episode_id BETWEEN 40 AND 42 AND step < 5 ORDER BY episode_id, step",
+        "SELECT episode_id, count(*) AS n, round(sum(reward), 4) AS r, max(step) AS s \
+         FROM transitions GROUP BY episode_id ORDER BY episode_id",
+        "SELECT e.episode_id, e.length, count(*) AS n, round(avg(t.reward), 4) AS r \
+         FROM transitions t JOIN episodes e ON t.episode_id = e.episode_id \
+         WHERE e.length > 50 GROUP BY e.episode_id, e.length ORDER BY e.episode_id",
+        "SELECT episode_id, round(discounted_return(reward, step, 0.99), 3) AS g \
+         FROM transitions GROUP BY episode_id ORDER BY episode_id",
+        "SELECT round(sum(vec_norm(observation)), 2) AS n, count(*) AS c FROM transitions \
+         WHERE step = 3",
+        "SELECT count(*) AS n FROM transitions WHERE episode_id < 10",
+        "SELECT * FROM transitions ORDER BY episode_id, step LIMIT 5",
+    ] {
+        assert_eq!(
+            pretty(&sql.query(q).unwrap()),
+            pretty(&local.query(q).unwrap()),
+            "{q}"
+        );
+    }
+    // The per-episode GROUP BY rule runs over the remote table too.
+    let plan = sql
+        .explain(
+            "SELECT episode_id, sum(reward) FROM transitions GROUP BY episode_id",
+            false,
+        )
+        .unwrap();
+    assert!(plan.contains("EpisodeAggregateExec"), "{plan}");
+
+    // A filter on episode_id fetches a fraction of what the whole column does.
+    let (sql2, table2) = remote_sql(&remote, &catalog);
+    sql2.query("SELECT sum(reward) FROM transitions WHERE episode_id < 5")
+        .unwrap();
+    let few = table2.fetched();
+    assert!(few.bytes < one.bytes / 2, "{few:?} vs {one:?}");
+    // A limit without filters reads only the first segment's batches it needs.
+    let (sql3, table3) = remote_sql(&remote, &catalog);
+    assert_eq!(
+        sql3.query("SELECT observation FROM transitions LIMIT 3")
+            .unwrap()
+            .num_rows(),
+        3
+    );
+    assert!(table3.fetched().bytes < catalog.manifest().segments[0].bytes);
+
+    // Counted by the store itself, through `Remote::with_store`: the same bytes, and a small
+    // fraction of the transition files.
+    let counted = std::sync::Arc::new(CountingStore {
+        inner: std::sync::Arc::new(s3.store("sqlremote")),
+        bytes: Default::default(),
+        gets: Default::default(),
+    });
+    let remote4 = Remote::with_store(&url, counted.clone(), s3.options()).unwrap();
+    let (sql4, table4) = remote_sql(&remote4, &catalog);
+    let q = "SELECT round(sum(reward), 3) AS r FROM transitions";
+    assert_eq!(
+        pretty(&sql4.query(q).unwrap()),
+        pretty(&local.query(q).unwrap())
+    );
+    let stats = table4.fetched();
+    assert_eq!(
+        (
+            counted.bytes(),
+            counted.gets.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (stats.bytes, stats.requests)
+    );
+    assert!(
+        counted.bytes() * 8 < segment_bytes,
+        "{stats:?} of {segment_bytes}"
+    );
+
+    // No transition file came into the mirror.
+    let transition_files: Vec<_> = files_in(&mirror.join("segments"))
+        .into_iter()
+        .filter(|p| !p.to_string_lossy().ends_with(".episodes.arrow"))
+        .collect();
+    assert!(transition_files.is_empty(), "{transition_files:?}");
+
+    // A truncated, damaged or missing segment object is an error naming it.
+    let seg = &catalog.manifest().segments[1];
+    let key = format!("ds/{}", seg.path);
+    let good = s3.get_raw("sqlremote", &key);
+    let fails = |what: &str, needle: &str| {
+        let (s, _) = remote_sql(&remote, &catalog);
+        let e = s
+            .query("SELECT sum(reward) FROM transitions")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&seg.path) && e.contains(needle), "{what}: {e}");
+    };
+    s3.put_raw("sqlremote", &key, &good[..good.len() - 100]);
+    fails("truncated", "but the manifest says");
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad[n - 7] ^= 0x40; // the footer length
+    s3.put_raw("sqlremote", &key, &bad);
+    fails("damaged footer", "footer");
+    s3.delete_raw("sqlremote", &key);
+    fails("missing", "");
+    s3.put_raw("sqlremote", &key, &good);
+    let (s, _) = remote_sql(&remote, &catalog);
+    s.query("SELECT sum(reward) FROM transitions").unwrap();
 }

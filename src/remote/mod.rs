@@ -254,6 +254,16 @@ impl Remote {
         &self.url
     }
 
+    /// The store this dataset lives in.
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The location in the store and the URL of file `rel` (relative to the dataset's root).
+    pub(crate) fn object(&self, rel: &str) -> (ObjectPath, String) {
+        (self.key(rel), self.url_of(rel))
+    }
+
     fn key(&self, rel: &str) -> ObjectPath {
         rel.split('/')
             .fold(self.prefix.clone(), |p, part| p.join(part))

@@ -14,6 +14,10 @@
 //! [`register_deferred`] (and [`SqlSession::deferred`]) does the same from a [`Catalog`] when the
 //! transitions are not local yet (a remote dataset): `transitions` is then opened by its first
 //! scan, so queries of `episodes` alone never fetch transition files.
+//! [`register_with_transitions`] (and [`SqlSession::with_transitions`]) takes the `transitions`
+//! provider instead: with feature `remote`, a [`RemoteTransitions`] reads a remote version's
+//! segment objects in place, fetching only the projected columns' buffers with ranged GETs (no
+//! pull; `COUNT(*)` reads nothing).
 //!
 //! **SQL is read-only by default.** [`SqlSession`], [`query`], [`SnapshotSql::sql`] and
 //! [`SnapshotSql::episodes_where`] check every statement against [`sql_options`]`(false)` before
@@ -68,10 +72,14 @@ use crate::store::{Catalog, Snapshot};
 mod episode_agg;
 mod functions;
 mod readahead;
+#[cfg(feature = "remote")]
+mod remote_scan;
 mod table;
 
 use episode_agg::{EpisodeGroupBy, SegmentScan};
 use functions::{DimAgg, DimKind, DiscountedReturn, FslGet, VecNorm};
+#[cfg(feature = "remote")]
+pub use remote_scan::{FetchStats, RemoteTransitions};
 use table::episodes_table;
 pub use table::{DeferredTransitions, TransitionsTable};
 
@@ -108,6 +116,21 @@ pub async fn register_deferred(
         TRANSITIONS,
         Arc::new(DeferredTransitions::new(catalog, open)),
     )?;
+    ctx.register_table(EPISODES, Arc::new(episodes_table(catalog)?))?;
+    register_functions(ctx);
+    add_episode_group_by(ctx);
+    Ok(())
+}
+
+/// Registers `transitions` (the given provider, e.g. a [`RemoteTransitions`] that reads a
+/// dataset in object storage with ranged GETs), `episodes` from `catalog`, and trajstore's
+/// functions in `ctx`. The provider must be of `catalog`'s version.
+pub async fn register_with_transitions(
+    ctx: &SessionContext,
+    catalog: &Catalog,
+    transitions: Arc<dyn datafusion::catalog::TableProvider>,
+) -> Result<()> {
+    ctx.register_table(TRANSITIONS, transitions)?;
     ctx.register_table(EPISODES, Arc::new(episodes_table(catalog)?))?;
     register_functions(ctx);
     add_episode_group_by(ctx);
@@ -336,6 +359,36 @@ impl SqlSession {
         let rt = runtime()?;
         let ctx = SessionContext::new_with_config(default_config());
         rt.block_on(register_deferred(&ctx, catalog, open))?;
+        Ok(Self {
+            ctx,
+            rt,
+            allow_writes: false,
+        })
+    }
+
+    /// A session over `catalog`'s version whose `transitions` table is `transitions` (see
+    /// [`register_with_transitions`]). For a dataset in object storage, without a pull:
+    ///
+    /// ```no_run
+    /// # fn main() -> trajstore::Result<()> {
+    /// use std::sync::Arc;
+    /// use trajstore::remote::{Remote, RemoteOptions};
+    /// use trajstore::sql::{RemoteTransitions, SqlSession};
+    /// let remote = Remote::open("s3://bucket/runs/walker", RemoteOptions::default())?;
+    /// let (catalog, _) = remote.catalog(std::path::Path::new("/tmp/mirror"), None)?;
+    /// let table = Arc::new(RemoteTransitions::new(&remote, &catalog)?);
+    /// let s = SqlSession::with_transitions(&catalog, table.clone())?;
+    /// s.query("SELECT avg(reward) FROM transitions")?;
+    /// println!("{} bytes downloaded", table.fetched().bytes);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_transitions(
+        catalog: &Catalog,
+        transitions: Arc<dyn datafusion::catalog::TableProvider>,
+    ) -> Result<Self> {
+        let rt = runtime()?;
+        let ctx = SessionContext::new_with_config(default_config());
+        rt.block_on(register_with_transitions(&ctx, catalog, transitions))?;
         Ok(Self {
             ctx,
             rt,

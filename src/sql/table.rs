@@ -69,6 +69,17 @@ pub(crate) struct Part {
     batch: RecordBatch,
 }
 
+impl Part {
+    /// A part with no rows that only carries ranges, for [`may_match`].
+    pub(crate) fn probe(episodes: (f64, f64), steps: (f64, f64), schema: &SchemaRef) -> Self {
+        Part {
+            episodes,
+            steps,
+            batch: RecordBatch::new_empty(schema.clone()),
+        }
+    }
+}
+
 /// The `transitions` table: a provider over the mapped segments.
 #[derive(Debug)]
 pub struct TransitionsTable {

@@ -42,6 +42,11 @@ pub(crate) struct SqlArgs {
     /// Without it SQL is read-only: only queries (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE) run.
     #[arg(long)]
     allow_writes: bool,
+    /// For a URL: pull the transition files into the local mirror on the first scan of
+    /// `transitions` and query the mirror (memory-mapped), instead of reading only the
+    /// projected columns of the segment objects with ranged GETs (the default).
+    #[arg(long)]
+    pull: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,22 +64,61 @@ enum SqlFormat {
 }
 
 pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
-    let session = match a.dataset.to_str().filter(|s| trajstore::format::is_url(s)) {
-        Some(url) => remote_session(url, a.version)?,
-        None => trajstore::sql::SqlSession::try_new(&open_snapshot(&a.dataset, a.version)?)?,
-    }
-    .allow_writes(a.allow_writes);
-    match a.query.clone() {
+    let remote = match a.dataset.to_str().filter(|s| trajstore::format::is_url(s)) {
+        Some(url) => Some(remote_session(url, a.version, a.pull)?),
+        None => None,
+    };
+    let (session, fetched) = match remote {
+        Some(r) => r,
+        None => (
+            trajstore::sql::SqlSession::try_new(&open_snapshot(&a.dataset, a.version)?)?,
+            None,
+        ),
+    };
+    let session = session.allow_writes(a.allow_writes);
+    let before = fetched.as_ref().map(|f| f());
+    let r = match a.query.clone() {
         Some(q) => run_sql(&session, &q, &a),
         None => sql_shell(&session, &mut a),
+    };
+    if let (Some(f), Some((requests, bytes)), true) = (fetched, before, a.timer) {
+        let (r2, b2) = f();
+        eprintln!(
+            "fetched: {} bytes in {} ranged reads of segment objects",
+            b2 - bytes,
+            r2 - requests
+        );
     }
+    r
 }
 
+/// What a remote table reports it has downloaded: (requests, bytes).
+type FetchedFn = Box<dyn Fn() -> (u64, u64)>;
+
 /// A session over a URL: `episodes` from the catalog (only the episode tables are fetched);
-/// the transition files are pulled when a query first scans `transitions`.
+/// `transitions` reads the projected columns of the segment objects with ranged GETs, or with
+/// `pull`, the transition files are pulled when a query first scans `transitions`.
 #[cfg(feature = "remote")]
-fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
+fn remote_session(
+    url: &str,
+    version: Option<u64>,
+    pull: bool,
+) -> Result<(trajstore::sql::SqlSession, Option<FetchedFn>)> {
     let (catalog, _) = open_catalog(std::path::Path::new(url), version)?;
+    if !pull {
+        let remote = trajstore::remote::Remote::open(url, reader_remote_options())
+            .with_context(|| format!("cannot open dataset {url}"))?;
+        let table = std::sync::Arc::new(trajstore::sql::RemoteTransitions::new(&remote, &catalog)?);
+        let session = trajstore::sql::SqlSession::with_transitions(&catalog, table.clone())?;
+        // The remote's runtime holds the store's pooled connections: keep it for the session.
+        let remote = std::sync::Arc::new(remote);
+        let fetched: FetchedFn = Box::new(move || {
+            let _ = &remote;
+            let f = table.fetched();
+            (f.requests, f.bytes)
+        });
+        return Ok((session, Some(fetched)));
+    }
     let (url, version) = (url.to_string(), catalog.version());
     let open = move || {
         let (snap, fetched) = trajstore::DatasetBuilder::from_uri(&url)
@@ -86,15 +130,19 @@ fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::Sql
         }
         Ok(snap)
     };
-    Ok(trajstore::sql::SqlSession::deferred(&catalog, open)?)
+    Ok((trajstore::sql::SqlSession::deferred(&catalog, open)?, None))
 }
 
 #[cfg(not(feature = "remote"))]
-fn remote_session(url: &str, version: Option<u64>) -> Result<trajstore::sql::SqlSession> {
-    Ok(trajstore::sql::SqlSession::try_new(&open_snapshot(
-        std::path::Path::new(url),
-        version,
-    )?)?)
+fn remote_session(
+    url: &str,
+    version: Option<u64>,
+    _pull: bool,
+) -> Result<(trajstore::sql::SqlSession, Option<FetchedFn>)> {
+    Ok((
+        trajstore::sql::SqlSession::try_new(&open_snapshot(std::path::Path::new(url), version)?)?,
+        None,
+    ))
 }
 
 fn run_sql(session: &trajstore::sql::SqlSession, q: &str, a: &SqlArgs) -> Result<()> {
