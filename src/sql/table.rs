@@ -69,6 +69,18 @@ pub(crate) struct Part {
     batch: RecordBatch,
 }
 
+impl Part {
+    /// A part that carries only its ranges (to prune segments whose rows are elsewhere).
+    #[cfg(feature = "ballista")]
+    pub(crate) fn ranges(episodes: (f64, f64), steps: (f64, f64), schema: &SchemaRef) -> Self {
+        Self {
+            episodes,
+            steps,
+            batch: RecordBatch::new_empty(schema.clone()),
+        }
+    }
+}
+
 /// The `transitions` table: a provider over the mapped segments.
 #[derive(Debug)]
 pub struct TransitionsTable {
@@ -141,6 +153,14 @@ impl TransitionsTable {
 }
 
 transitions_provider!(TransitionsTable);
+
+impl TransitionsTable {
+    /// The zero-copy slices of segment `i` (`None` past the last segment).
+    #[cfg(feature = "ballista")]
+    pub(crate) fn segment_batches(&self, i: usize) -> Option<Vec<RecordBatch>> {
+        Some(self.segments.get(i)?.iter().map(|p| p.batch.clone()).collect())
+    }
+}
 
 impl TransitionsTable {
     async fn scan_parts(

@@ -42,6 +42,12 @@ pub(crate) struct SqlArgs {
     /// Without it SQL is read-only: only queries (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE) run.
     #[arg(long)]
     allow_writes: bool,
+    /// Run the query on the Ballista cluster whose scheduler is at df://HOST:PORT (started with
+    /// `trajstore cluster scheduler`). DATASET must be a URL (or a path every process of the
+    /// cluster reads); only its catalog is read here.
+    #[cfg(feature = "ballista")]
+    #[arg(long, value_name = "df://HOST:PORT")]
+    cluster: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -60,6 +66,8 @@ enum SqlFormat {
 
 pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
     let session = match a.dataset.to_str().filter(|s| trajstore::format::is_url(s)) {
+        #[cfg(feature = "ballista")]
+        _ if a.cluster.is_some() => cluster_session(&a)?,
         Some(url) => remote_session(url, a.version)?,
         None => trajstore::sql::SqlSession::try_new(&open_snapshot(&a.dataset, a.version)?)?,
     }
@@ -68,6 +76,19 @@ pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
         Some(q) => run_sql(&session, &q, &a),
         None => sql_shell(&session, &mut a),
     }
+}
+
+/// A session whose queries run on a Ballista cluster.
+#[cfg(feature = "ballista")]
+fn cluster_session(a: &SqlArgs) -> Result<trajstore::sql::SqlSession> {
+    let cluster = a.cluster.as_deref().unwrap_or_default();
+    let dataset = a
+        .dataset
+        .to_str()
+        .context("the dataset's name is not UTF-8")?;
+    Ok(trajstore::sql::SqlSession::cluster(
+        cluster, dataset, a.version,
+    )?)
 }
 
 /// A session over a URL: `episodes` from the catalog (only the episode tables are fetched);
