@@ -40,7 +40,11 @@ fn wait_for_port(p: &mut Proc, port: u16) {
         if let Ok(Some(status)) = p.0.try_wait() {
             panic!("{} exited before listening: {status}", p.1);
         }
-        assert!(Instant::now() < deadline, "{} did not listen on {port}", p.1);
+        assert!(
+            Instant::now() < deadline,
+            "{} did not listen on {port}",
+            p.1
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -71,7 +75,14 @@ fn spawn(what: &'static str, args: &[String], env: &[(&str, String)], cache: &Pa
 fn moto(port: u16) -> Option<Proc> {
     let py = common::python_with("moto.server", "the moto S3 server")?;
     let child = Command::new(py)
-        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+        .args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -27,7 +27,8 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::array::{AsArray, RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use async_trait::async_trait;
@@ -42,7 +43,7 @@ use datafusion::common::{Statistics, TableReference};
 use datafusion::datasource::TableType;
 use datafusion::datasource::file_format::FileFormatFactory;
 use datafusion::datasource::memory::{MemTable, MemorySourceConfig};
-use datafusion::datasource::source::DataSource;
+use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::execution::{FunctionRegistry, SendableRecordBatchStream, TaskContext};
@@ -50,7 +51,9 @@ use datafusion::logical_expr::{Expr, Extension, LogicalPlan, TableProviderFilter
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
 use datafusion::prelude::SessionContext;
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
@@ -151,14 +154,16 @@ impl TableProvider for ClusterTransitions {
                 s.rows > 0 && filters.iter().all(|f| may_match(f, &part).unwrap_or(true))
             })
             .collect();
-        Ok(Arc::new(ClusterScanExec::try_new(ScanSpec {
-            url: self.spec.url.clone(),
-            version: self.spec.version,
-            projection: projection.cloned(),
-            segments,
-            limit: limit.filter(|_| filters.is_empty()),
-            schema: self.schema.clone(),
-        })?))
+        Ok(Arc::new(ClusterScanExec::try_new(
+            segment_tokens(&segments)?,
+            ScanSpec {
+                url: self.spec.url.clone(),
+                version: self.spec.version,
+                projection: projection.cloned(),
+                limit: limit.filter(|_| filters.is_empty()),
+                schema: self.schema.clone(),
+            },
+        )?))
     }
 
     fn supports_filters_pushdown(
@@ -203,14 +208,46 @@ impl TableProvider for ClusterEpisodes {
     }
 }
 
-/// What a [`ClusterScanExec`] carries to an executor.
+/// The input of a [`ClusterScanExec`]: partition `i` is one row, the number of the `i`-th
+/// segment to read (one empty partition when no segment is left). An in-memory source, because
+/// Ballista 55 gives each task its share of a stage's partitions by rewriting the plan's leaves
+/// (`restrict_plan_to_partitions` in ballista-scheduler's `task_builder.rs`), and it can rewrite
+/// only the leaves it knows (file scans, in-memory sources, shuffle readers): a custom leaf
+/// with several partitions would be run whole by every task (each task reading the first
+/// segments again).
+fn segment_tokens(segments: &[usize]) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        SEGMENT,
+        DataType::UInt64,
+        false,
+    )]));
+    let mut parts = segments
+        .iter()
+        .map(|&i| {
+            let ids = UInt64Array::from(vec![i as u64]);
+            Ok(vec![RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(ids)],
+            )?])
+        })
+        .collect::<DfResult<Vec<_>>>()?;
+    if parts.is_empty() {
+        parts.push(vec![]);
+    }
+    Ok(DataSourceExec::from_data_source(
+        MemorySourceConfig::try_new(&parts, schema, None)?,
+    ))
+}
+
+/// The column of [`segment_tokens`].
+const SEGMENT: &str = "segment";
+
+/// What a [`ClusterScanExec`] carries to an executor (besides its input).
 #[derive(Debug, Clone)]
 struct ScanSpec {
     url: String,
     version: u64,
     projection: Option<Vec<usize>>,
-    /// The segment each output partition reads.
-    segments: Vec<usize>,
     limit: Option<usize>,
     /// The table's schema (before projection).
     schema: SchemaRef,
@@ -222,31 +259,33 @@ struct ScanWire {
     url: String,
     version: u64,
     projection: Option<Vec<usize>>,
-    segments: Vec<usize>,
     limit: Option<usize>,
 }
 
-/// The scan of `transitions` on a cluster: partition `i` is segment `segments[i]` of the
-/// version, read zero-copy from the executor's mirror (opened by [`transitions_for_sql`]).
+/// The scan of `transitions` on a cluster: for each segment number its input partition holds
+/// (see [`segment_tokens`]), that segment of the version, read zero-copy from the executor's
+/// mirror (opened by [`transitions_for_sql`]).
 #[derive(Debug)]
 pub struct ClusterScanExec {
+    input: Arc<dyn ExecutionPlan>,
     spec: ScanSpec,
     props: Arc<PlanProperties>,
 }
 
 impl ClusterScanExec {
-    fn try_new(spec: ScanSpec) -> DfResult<Self> {
+    fn try_new(input: Arc<dyn ExecutionPlan>, spec: ScanSpec) -> DfResult<Self> {
         let out = match &spec.projection {
             Some(p) => Arc::new(spec.schema.project(p)?),
             None => spec.schema.clone(),
         };
         let props = PlanProperties::new(
             EquivalenceProperties::new(out),
-            Partitioning::UnknownPartitioning(spec.segments.len().max(1)),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
         Ok(Self {
+            input,
             spec,
             props: Arc::new(props),
         })
@@ -258,7 +297,6 @@ impl ClusterScanExec {
             url: s.url.clone(),
             version: s.version,
             projection: s.projection.clone(),
-            segments: s.segments.clone(),
             limit: s.limit,
         };
         let json = serde_json::to_vec(&wire).map_err(external)?;
@@ -269,20 +307,27 @@ impl ClusterScanExec {
         Ok(())
     }
 
-    fn decode(buf: &[u8]) -> DfResult<Self> {
+    fn decode(buf: &[u8], input: Arc<dyn ExecutionPlan>) -> DfResult<Self> {
         let bad = || DataFusionError::Internal("a truncated trajstore scan".into());
-        let len = u32::from_le_bytes(buf.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
+        let len = u32::from_le_bytes(
+            buf.get(..4)
+                .ok_or_else(bad)?
+                .try_into()
+                .map_err(|_| bad())?,
+        );
         let json = buf.get(4..4 + len as usize).ok_or_else(bad)?;
         let wire: ScanWire = serde_json::from_slice(json).map_err(external)?;
         let schema = StreamReader::try_new(Cursor::new(&buf[4 + len as usize..]), None)?.schema();
-        Self::try_new(ScanSpec {
-            url: wire.url,
-            version: wire.version,
-            projection: wire.projection,
-            segments: wire.segments,
-            limit: wire.limit,
-            schema,
-        })
+        Self::try_new(
+            input,
+            ScanSpec {
+                url: wire.url,
+                version: wire.version,
+                projection: wire.projection,
+                limit: wire.limit,
+                schema,
+            },
+        )
     }
 }
 
@@ -290,12 +335,8 @@ impl DisplayAs for ClusterScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "ClusterScanExec: {} v{}, segments={:?}, projection={:?}, limit={:?}",
-            self.spec.url,
-            self.spec.version,
-            self.spec.segments,
-            self.spec.projection,
-            self.spec.limit
+            "ClusterScanExec: {} v{}, projection={:?}, limit={:?}",
+            self.spec.url, self.spec.version, self.spec.projection, self.spec.limit
         )
     }
 }
@@ -310,7 +351,13 @@ impl ExecutionPlan for ClusterScanExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
+        vec![&self.input]
+    }
+
+    // Each input partition names whole segments; splitting or merging them changes nothing
+    // but the work per task.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
     }
 
     fn apply_expressions(
@@ -324,12 +371,9 @@ impl ExecutionPlan for ClusterScanExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return Err(DataFusionError::Internal(
-                "ClusterScanExec has no children".into(),
-            ));
-        }
-        Ok(self)
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("ClusterScanExec has one child".into()))?;
+        Ok(Arc::new(Self::try_new(input, self.spec.clone())?))
     }
 
     fn execute(
@@ -337,36 +381,47 @@ impl ExecutionPlan for ClusterScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let out_schema = self.props.eq_properties.schema().clone();
+        let segments = self.input.execute(partition, context.clone())?;
         let spec = self.spec.clone();
-        let Some(&segment) = spec.segments.get(partition) else {
-            // No segment matched: one empty partition.
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(
-                out_schema,
-                futures::stream::empty(),
-            )));
-        };
-        let open = async move {
-            let (url, version) = (spec.url.clone(), spec.version);
-            let table = tokio::task::spawn_blocking(move || transitions_for_sql(&url, version))
-                .await
-                .map_err(external)?
-                .map_err(external)?;
-            let batches = table.segment_batches(segment).ok_or_else(|| {
-                DataFusionError::Internal(format!(
-                    "{} version {} has no segment {segment}",
-                    spec.url, spec.version
-                ))
-            })?;
-            let source = MemorySourceConfig::try_new(&[batches], table.schema(), spec.projection)?
-                .with_limit(spec.limit);
-            Ok::<_, DataFusionError>(super::readahead::read_ahead(source.open(0, context)?))
-        };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            out_schema,
-            futures::stream::once(open).try_flatten(),
-        )))
+        let out = segments
+            .map_ok(move |tokens| {
+                let ids: Vec<u64> = tokens
+                    .column_by_name(SEGMENT)
+                    .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+                    .map(|c| c.values().to_vec())
+                    .unwrap_or_default();
+                futures::stream::iter(ids.into_iter().map(Ok))
+                    .and_then({
+                        let (spec, context) = (spec.clone(), context.clone());
+                        move |segment| read_segment(spec.clone(), segment as usize, context.clone())
+                    })
+                    .try_flatten()
+            })
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), out)))
     }
+}
+
+/// Segment `segment` of `spec`'s version, projected and limited, from this process's mirror.
+async fn read_segment(
+    spec: ScanSpec,
+    segment: usize,
+    context: Arc<TaskContext>,
+) -> DfResult<SendableRecordBatchStream> {
+    let (url, version) = (spec.url.clone(), spec.version);
+    let table = tokio::task::spawn_blocking(move || transitions_for_sql(&url, version))
+        .await
+        .map_err(external)?
+        .map_err(external)?;
+    let batches = table.segment_batches(segment).ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "{} version {} has no segment {segment}",
+            spec.url, spec.version
+        ))
+    })?;
+    let source = MemorySourceConfig::try_new(&[batches], table.schema(), spec.projection)?
+        .with_limit(spec.limit);
+    Ok(super::readahead::read_ahead(source.open(0, context)?))
 }
 
 fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
@@ -377,7 +432,12 @@ type Cache<T> = OnceLock<Mutex<HashMap<(String, u64), Arc<T>>>>;
 
 /// Looks `(url, version)` up in `cache`, or opens it with `open` (holding the lock, so that two
 /// partitions never mirror the same version at once).
-fn cached<T>(cache: &Cache<T>, url: &str, version: u64, open: impl FnOnce() -> Result<T>) -> Result<Arc<T>> {
+fn cached<T>(
+    cache: &Cache<T>,
+    url: &str,
+    version: u64,
+    open: impl FnOnce() -> Result<T>,
+) -> Result<Arc<T>> {
     let mut map = cache
         .get_or_init(Default::default)
         .lock()
@@ -418,9 +478,9 @@ fn catalog_for_sql(url: &str, version: u64) -> Result<Arc<Catalog>> {
 /// happen on an async worker thread.
 fn off_runtime<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| {
-        s.spawn(f).join().unwrap_or_else(|_| {
-            Err(Error::argument("cluster", "opening the dataset panicked"))
-        })
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|_| Err(Error::argument("cluster", "opening the dataset panicked")))
     })
 }
 
@@ -465,10 +525,9 @@ impl LogicalExtensionCodec for TrajLogicalCodec {
                 let inner = episodes_table(&catalog).map_err(external)?;
                 Ok(Arc::new(ClusterEpisodes { spec, inner }))
             }
-            Some((&TAG_BALLISTA, rest)) => {
-                self.inner
-                    .try_decode_table_provider(rest, table_ref, schema, ctx)
-            }
+            Some((&TAG_BALLISTA, rest)) => self
+                .inner
+                .try_decode_table_provider(rest, table_ref, schema, ctx),
             _ => Err(DataFusionError::Internal(
                 "an unknown table encoding".into(),
             )),
@@ -531,13 +590,18 @@ impl PhysicalExtensionCodec for TrajPhysicalCodec {
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         match buf.split_first() {
-            Some((&TAG_TRAJSTORE, rest)) => Ok(Arc::new(ClusterScanExec::decode(rest)?)),
+            Some((&TAG_TRAJSTORE, rest)) => {
+                let [input] = inputs else {
+                    return Err(DataFusionError::Internal(
+                        "ClusterScanExec has one input".into(),
+                    ));
+                };
+                Ok(Arc::new(ClusterScanExec::decode(rest, input.clone())?))
+            }
             Some((&TAG_BALLISTA, rest)) => {
                 self.inner.try_decode(rest, inputs, ctx, proto_converter)
             }
-            _ => Err(DataFusionError::Internal(
-                "an unknown plan encoding".into(),
-            )),
+            _ => Err(DataFusionError::Internal("an unknown plan encoding".into())),
         }
     }
 

@@ -136,8 +136,12 @@ fn add_episode_group_by(ctx: &SessionContext) {
 
 /// Registers trajstore's scalar and aggregate functions (see the module docs) in `ctx`.
 pub fn register_functions(ctx: &SessionContext) {
-    trajstore_udfs().into_iter().for_each(|f| ctx.register_udf(f));
-    trajstore_udafs().into_iter().for_each(|f| ctx.register_udaf(f));
+    trajstore_udfs()
+        .into_iter()
+        .for_each(|f| ctx.register_udf(f));
+    trajstore_udafs()
+        .into_iter()
+        .for_each(|f| ctx.register_udaf(f));
 }
 
 /// trajstore's scalar functions.

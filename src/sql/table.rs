@@ -158,7 +158,13 @@ impl TransitionsTable {
     /// The zero-copy slices of segment `i` (`None` past the last segment).
     #[cfg(feature = "ballista")]
     pub(crate) fn segment_batches(&self, i: usize) -> Option<Vec<RecordBatch>> {
-        Some(self.segments.get(i)?.iter().map(|p| p.batch.clone()).collect())
+        Some(
+            self.segments
+                .get(i)?
+                .iter()
+                .map(|p| p.batch.clone())
+                .collect(),
+        )
     }
 }
 
