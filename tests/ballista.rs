@@ -150,12 +150,15 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
     create_bucket(s3_port, "cluster");
     let env = s3_env(s3_port);
     // The client (this process) reads the catalog with the same settings as the processes.
-    for (k, v) in &env {
-        // SAFETY: this test binary has one test, which sets these before starting any thread.
+    let dir = tempfile::tempdir().unwrap();
+    let client_env = env.iter().cloned().chain([(
+        "TRAJSTORE_CACHE",
+        dir.path().join("client-cache").display().to_string(),
+    )]);
+    for (k, v) in client_env {
+        // SAFETY: this test binary has one test, which sets these before it starts any thread.
         unsafe { std::env::set_var(k, v) };
     }
-    let dir = tempfile::tempdir().unwrap();
-    unsafe { std::env::set_var("TRAJSTORE_CACHE", dir.path().join("client-cache")) };
 
     let ds = TestData::new()
         .transitions(8_000)
