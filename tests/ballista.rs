@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
 use arrow::util::pretty::pretty_format_batches;
 use common::TestData;
 use trajstore::remote::{Remote, RemoteOptions};
@@ -230,6 +232,51 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
         assert!(want.num_rows() > 0, "{q}");
         assert_eq!(text(&got), text(&want), "{q}");
     }
+    // The command line: `trajstore sql URL Q --cluster df://HOST:PORT`.
+    let out = Command::new(env!("CARGO_BIN_EXE_trajstore"))
+        .args([
+            "sql",
+            &url,
+            "SELECT COUNT(*) AS n FROM transitions WHERE episode_id < 5",
+        ])
+        .args([
+            "--format",
+            "csv",
+            "--cluster",
+            &format!("df://127.0.0.1:{sched_port}"),
+        ])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("TRAJSTORE_CACHE", dir.path().join("client-cache"))
+        .output()
+        .unwrap();
+    let want = local
+        .query("SELECT COUNT(*) AS n FROM transitions WHERE episode_id < 5")
+        .unwrap();
+    let n = want.batches[0]
+        .column(0)
+        .as_primitive::<Int64Type>()
+        .value(0);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("n\n{n}")
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_trajstore"))
+        .args(["sql", &url, "SELECT 1", "--cluster", &nobody])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the Ballista scheduler"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Still read-only on a cluster.
     assert!(cluster.query("CREATE VIEW v AS SELECT 1").is_err());
 
