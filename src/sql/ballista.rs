@@ -16,9 +16,12 @@
 //! opens a dataset). The `episodes` table is small: the scheduler builds it from the catalog and
 //! its rows travel in the plan.
 //!
-//! The per-episode `GROUP BY episode_id` rule is not used on a cluster: it rewrites a
-//! `DataSourceExec` over a [`SegmentScan`](super::episode_agg), which a cluster scan is not, so
-//! such queries run as DataFusion's hash aggregation split into Ballista stages.
+//! The per-episode `GROUP BY episode_id` rule is not used on a cluster (the scheduler's sessions
+//! lack it), so such queries run as DataFusion's hash aggregation split into Ballista stages. It
+//! matches only a `SegmentScan`, and its operator keeps one episode range per *global* partition,
+//! while Ballista 55 runs each task on a plan cut down to the task's partitions and re-indexes
+//! only the operators on its own list (`as_partition_sliceable` in ballista-core), which other
+//! crates cannot extend; its aggregate expressions would also need encoding here.
 
 use std::collections::HashMap;
 use std::fmt;
