@@ -69,6 +69,8 @@ use crate::error::{Error, Result};
 use crate::format::col;
 use crate::store::{Catalog, Snapshot};
 
+#[cfg(feature = "ballista")]
+pub mod ballista;
 mod episode_agg;
 mod functions;
 mod readahead;
@@ -157,12 +159,29 @@ fn add_episode_group_by(ctx: &SessionContext) {
 
 /// Registers trajstore's scalar and aggregate functions (see the module docs) in `ctx`.
 pub fn register_functions(ctx: &SessionContext) {
-    ctx.register_udf(ScalarUDF::new_from_impl(FslGet::new()));
-    ctx.register_udf(ScalarUDF::new_from_impl(VecNorm::new()));
-    for kind in [DimKind::Mean, DimKind::Min, DimKind::Max, DimKind::Std] {
-        ctx.register_udaf(AggregateUDF::new_from_impl(DimAgg::new(kind)));
-    }
-    ctx.register_udaf(AggregateUDF::new_from_impl(DiscountedReturn::new()));
+    trajstore_udfs()
+        .into_iter()
+        .for_each(|f| ctx.register_udf(f));
+    trajstore_udafs()
+        .into_iter()
+        .for_each(|f| ctx.register_udaf(f));
+}
+
+/// trajstore's scalar functions.
+pub(crate) fn trajstore_udfs() -> Vec<ScalarUDF> {
+    vec![
+        ScalarUDF::new_from_impl(FslGet::new()),
+        ScalarUDF::new_from_impl(VecNorm::new()),
+    ]
+}
+
+/// trajstore's aggregate functions.
+pub(crate) fn trajstore_udafs() -> Vec<AggregateUDF> {
+    let dims = [DimKind::Mean, DimKind::Min, DimKind::Max, DimKind::Std]
+        .map(|k| AggregateUDF::new_from_impl(DimAgg::new(k)));
+    let mut all = dims.to_vec();
+    all.push(AggregateUDF::new_from_impl(DiscountedReturn::new()));
+    all
 }
 
 /// The session configuration trajstore uses: DataFusion's defaults with the information schema

@@ -154,6 +154,20 @@ impl TransitionsTable {
 transitions_provider!(TransitionsTable);
 
 impl TransitionsTable {
+    /// The zero-copy slices of segment `i` (`None` past the last segment).
+    #[cfg(feature = "ballista")]
+    pub(crate) fn segment_batches(&self, i: usize) -> Option<Vec<RecordBatch>> {
+        Some(
+            self.segments
+                .get(i)?
+                .iter()
+                .map(|p| p.batch.clone())
+                .collect(),
+        )
+    }
+}
+
+impl TransitionsTable {
     async fn scan_parts(
         &self,
         _state: &dyn Session,

@@ -136,6 +136,15 @@ enum Command {
     #[cfg(feature = "remote")]
     #[command(verbatim_doc_comment)]
     Stream(cmd::stream::StreamArgs),
+    /// Run a process of a Ballista cluster (a scheduler, or an executor) that runs trajstore's
+    /// SQL; then `trajstore sql URL QUERY --cluster df://HOST:PORT` runs queries on it.
+    ///
+    /// Examples:
+    ///   trajstore cluster scheduler --bind 0.0.0.0:50050
+    ///   trajstore cluster executor --scheduler 10.0.0.1:50050 --bind 10.0.0.2:50051 --grpc-port 50052
+    #[cfg(feature = "ballista")]
+    #[command(verbatim_doc_comment)]
+    Cluster(cmd::cluster::ClusterArgs),
 }
 
 fn main() -> ExitCode {
@@ -171,5 +180,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pull(a) => cmd::pull::run(a),
         #[cfg(feature = "remote")]
         Command::Stream(a) => cmd::stream::run(a),
+        #[cfg(feature = "ballista")]
+        Command::Cluster(a) => cmd::cluster::run(a),
     }
 }

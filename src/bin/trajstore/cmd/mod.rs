@@ -1,6 +1,8 @@
 //! One module per command, and the arguments several commands share.
 
 pub(crate) mod bench;
+#[cfg(feature = "ballista")]
+pub(crate) mod cluster;
 pub(crate) mod demo;
 pub(crate) mod export;
 pub(crate) mod info;

@@ -47,6 +47,12 @@ pub(crate) struct SqlArgs {
     /// projected columns of the segment objects with ranged GETs (the default).
     #[arg(long)]
     pull: bool,
+    /// Run the query on the Ballista cluster whose scheduler is at df://HOST:PORT (started with
+    /// `trajstore cluster scheduler`). DATASET must be a URL (or a path every process of the
+    /// cluster reads); only its catalog is read here.
+    #[cfg(feature = "ballista")]
+    #[arg(long, value_name = "df://HOST:PORT")]
+    cluster: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -64,6 +70,14 @@ enum SqlFormat {
 }
 
 pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
+    #[cfg(feature = "ballista")]
+    if a.cluster.is_some() {
+        let session = cluster_session(&a)?.allow_writes(a.allow_writes);
+        return match a.query.clone() {
+            Some(q) => run_sql(&session, &q, &a),
+            None => sql_shell(&session, &mut a),
+        };
+    }
     let remote = match a.dataset.to_str().filter(|s| trajstore::format::is_url(s)) {
         Some(url) => Some(remote_session(url, a.version, a.pull)?),
         None => None,
@@ -94,6 +108,19 @@ pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
 
 /// What a remote table reports it has downloaded: (requests, bytes).
 type FetchedFn = Box<dyn Fn() -> (u64, u64)>;
+
+/// A session whose queries run on a Ballista cluster.
+#[cfg(feature = "ballista")]
+fn cluster_session(a: &SqlArgs) -> Result<trajstore::sql::SqlSession> {
+    let cluster = a.cluster.as_deref().unwrap_or_default();
+    let dataset = a
+        .dataset
+        .to_str()
+        .context("the dataset's name is not UTF-8")?;
+    Ok(trajstore::sql::SqlSession::cluster(
+        cluster, dataset, a.version,
+    )?)
+}
 
 /// A session over a URL: `episodes` from the catalog (only the episode tables are fetched);
 /// `transitions` reads the projected columns of the segment objects with ranged GETs, or with
