@@ -71,6 +71,7 @@ pub(crate) struct Part {
 
 impl Part {
     /// A part with no rows that only carries ranges, for [`may_match`].
+    #[cfg_attr(not(any(feature = "remote", feature = "ballista")), allow(dead_code))]
     pub(crate) fn probe(episodes: (f64, f64), steps: (f64, f64), schema: &SchemaRef) -> Self {
         Part {
             episodes,

@@ -419,6 +419,7 @@ impl Snapshot {
     /// (paths relative to `root`): what a streaming cache has resident. Its manifest lists those
     /// segments and counts their transitions and episodes; its episode index keeps the real
     /// episode ids ([`EpisodeIndex::from_sparse_segments`]). It cannot be refreshed.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     pub(crate) fn partial(
         root: &Path,
         manifest: &Manifest,
