@@ -29,8 +29,13 @@ BYTES=$(du -sb --apparent-size "$DS/segments" | cut -f1)
 echo "dataset: $N transitions, $BYTES bytes of segment files, $(ls "$DS"/segments/*[0-9].arrow | wc -l) segments"
 
 summary() { # the JSON of one run -> one line
-  "$PY" -c 'import json,sys; j=json.load(sys.stdin); s=j["stats"]
-print(f"{j[\"batches\"]:>6} batches {j[\"batches_per_second\"]:>8.0f} batches/s  downloaded {s[\"bytes_downloaded\"]/2**20:8.1f} MiB in {s[\"files_downloaded\"]:>3} files  evicted {s[\"files_evicted\"]:>3}  peak cache {s[\"peak_cache_bytes\"]/2**20:7.1f} of {s[\"cache_limit\"]/2**20:7.1f} MiB  waited {s[\"wait_seconds\"]:.2f} s  first batch {j[\"first_batch_seconds\"]:.2f} s")'
+  "$PY" -c '
+import json, sys
+j = json.load(sys.stdin); s = j["stats"]; M = 2**20
+print("%6d batches %8.0f batches/s  downloaded %8.1f MiB in %3d files  evicted %3d  peak cache %7.1f of %7.1f MiB  waited %.2f s  first batch %.2f s" % (
+    j["batches"], j["batches_per_second"], s["bytes_downloaded"] / M, s["files_downloaded"],
+    s["files_evicted"], s["peak_cache_bytes"] / M, s["cache_limit"] / M, s["wait_seconds"],
+    j["first_batch_seconds"] or 0))'
 }
 stream() { # label, cache dir, args...
   local label=$1 cache=$2; shift 2

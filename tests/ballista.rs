@@ -15,6 +15,7 @@ use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use arrow::util::pretty::pretty_format_batches;
 use common::TestData;
+use common::s3::S3Server;
 use trajstore::remote::{Remote, RemoteOptions};
 use trajstore::sql::{QueryResult, SqlSession};
 
@@ -51,17 +52,6 @@ fn wait_for_port(p: &mut Proc, port: u16) {
     }
 }
 
-/// The S3 settings of the moto server on `port`, as environment variables.
-fn s3_env(port: u16) -> [(&'static str, String); 5] {
-    [
-        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
-        ("AWS_ALLOW_HTTP", "true".into()),
-        ("AWS_ACCESS_KEY_ID", "trajstore".into()),
-        ("AWS_SECRET_ACCESS_KEY", "trajstore".into()),
-        ("AWS_REGION", "us-east-1".into()),
-    ]
-}
-
 fn spawn(what: &'static str, args: &[String], env: &[(&str, String)], cache: &Path) -> Proc {
     let mut c = Command::new(env!("CARGO_BIN_EXE_trajstore"));
     c.args(args)
@@ -72,39 +62,6 @@ fn spawn(what: &'static str, args: &[String], env: &[(&str, String)], cache: &Pa
         c.env(k, v);
     }
     Proc(c.spawn().expect(what), what)
-}
-
-fn moto(port: u16) -> Option<Proc> {
-    let py = common::python_with("moto.server", "the moto S3 server")?;
-    let child = Command::new(py)
-        .args([
-            "-m",
-            "moto.server",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start moto.server");
-    let mut p = Proc(child, "moto.server");
-    wait_for_port(&mut p, port);
-    Some(p)
-}
-
-fn create_bucket(port: u16, name: &str) {
-    use std::io::{Read, Write};
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200"), "create bucket: {out}");
 }
 
 /// Files under `dir` whose name ends with `suffix`, recursively.
@@ -147,10 +104,15 @@ const QUERIES: &[&str] = &[
 
 #[test]
 fn queries_on_a_ballista_cluster_match_the_local_session() {
-    let s3_port = free_port();
-    let Some(_moto) = moto(s3_port) else { return };
-    create_bucket(s3_port, "cluster");
-    let env = s3_env(s3_port);
+    let Some(s3) = S3Server::start() else { return };
+    s3.bucket("cluster");
+    // The server's settings as the environment variables every process reads.
+    let upper: Vec<(String, String)> = s3
+        .settings()
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_uppercase(), v))
+        .collect();
+    let env: Vec<(&str, String)> = upper.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     // The client (this process) reads the catalog with the same settings as the processes.
     let dir = tempfile::tempdir().unwrap();
     let client_env = env.iter().cloned().chain([(
