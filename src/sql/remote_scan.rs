@@ -47,7 +47,9 @@ use super::table::{Part, may_match, pushdown};
 use crate::error::{Error, Result};
 use crate::remote::Remote;
 use crate::store::Catalog;
-use crate::store::segment::{block_message, block_span, footer_schema, footer_span};
+use crate::store::segment::{
+    block_message, block_span, footer_schema, footer_span, record_batch_header,
+};
 
 /// How much of a segment's end the first GET reads (the footer is usually all in it).
 const TAIL: u64 = 4 << 10;
@@ -335,23 +337,7 @@ impl RemoteTransitions {
             let what = format!("record batch {b}");
             let corrupt = |reason: String| seg.corrupt(format!("{what}: {reason}"));
             let message = block_message(path, &what, header)?;
-            if message.bodyLength() != body_len as i64 {
-                return Err(corrupt(format!(
-                    "message body length {} differs from the footer's {body_len}",
-                    message.bodyLength()
-                )));
-            }
-            if message.version() != MetadataVersion::V5 {
-                return Err(corrupt(format!("message version {:?}", message.version())));
-            }
-            let rb = message
-                .header_as_record_batch()
-                .ok_or_else(|| corrupt("message is not a record batch".into()))?;
-            if rb.compression().is_some() {
-                return Err(corrupt(
-                    "compressed buffers are not part of the format".into(),
-                ));
-            }
+            let rb = record_batch_header(&message, body_len as u64, corrupt)?;
             let body_off = (off + meta_len) as u64;
             let mut buffers = Vec::new();
             for (j, buf) in rb.buffers().into_iter().flatten().enumerate() {

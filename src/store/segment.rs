@@ -434,22 +434,14 @@ fn check_schema(path: &Path, expected: &Schema, found: &Schema) -> Result<()> {
     Ok(())
 }
 
-/// Decodes record batch `i` of file `path` from its message `header` (the block's metadata
-/// bytes) and `body`, after checking that the message is a V5 record batch of the body's length,
-/// uncompressed, whose buffers lie inside the body (so that decoding never indexes out of
-/// bounds); buffers must be aligned. A bad one is [`Error::Corrupt`].
-fn decode_block(
-    path: &Path,
-    i: usize,
-    header: &[u8],
-    body: &Buffer,
-    schema: &SchemaRef,
-) -> Result<RecordBatch> {
-    let what = format!("record batch {i}");
-    let corrupt = |reason: String| Error::corrupt(path, format!("{what}: {reason}"));
-    let body_len = body.len();
-    let message = block_message(path, &what, header)?;
-    if message.bodyLength() as usize != body_len {
+/// The record-batch header of `message`, checked to be a V5 record batch whose body has the
+/// footer's length `body_len`, uncompressed; `corrupt` makes the error of a bad one.
+pub(crate) fn record_batch_header<'a>(
+    message: &arrow::ipc::Message<'a>,
+    body_len: u64,
+    corrupt: impl Fn(String) -> Error,
+) -> Result<arrow::ipc::RecordBatch<'a>> {
+    if message.bodyLength() != body_len as i64 {
         return Err(corrupt(format!(
             "message body length {} differs from the footer's {body_len}",
             message.bodyLength()
@@ -466,6 +458,25 @@ fn decode_block(
             "compressed buffers are not part of the format".into(),
         ));
     }
+    Ok(rb)
+}
+
+/// Decodes record batch `i` of file `path` from its message `header` (the block's metadata
+/// bytes) and `body`, after checking that the message is a V5 record batch of the body's length,
+/// uncompressed, whose buffers lie inside the body (so that decoding never indexes out of
+/// bounds); buffers must be aligned. A bad one is [`Error::Corrupt`].
+fn decode_block(
+    path: &Path,
+    i: usize,
+    header: &[u8],
+    body: &Buffer,
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
+    let what = format!("record batch {i}");
+    let corrupt = |reason: String| Error::corrupt(path, format!("{what}: {reason}"));
+    let body_len = body.len();
+    let message = block_message(path, &what, header)?;
+    let rb = record_batch_header(&message, body_len as u64, corrupt)?;
     for (j, b) in rb.buffers().into_iter().flatten().enumerate() {
         let (bo, bl) = (b.offset(), b.length());
         if bo < 0 || bl < 0 || (bo as u64).saturating_add(bl as u64) > body_len as u64 {
