@@ -557,7 +557,8 @@ impl TransitionSchema {
     }
 }
 
-fn value_bytes(dt: &DataType) -> f64 {
+/// Bytes of one value of type `dt`, excluding validity bitmaps (bools count 1/8).
+pub(crate) fn value_bytes(dt: &DataType) -> f64 {
     match dt {
         DataType::Boolean => 0.125,
         DataType::FixedSizeList(child, n) => *n as f64 * value_bytes(child.data_type()),

@@ -12,6 +12,8 @@ mod staged;
 
 #[cfg(feature = "torch")]
 pub(crate) use pipeline::Lane;
+#[cfg(feature = "remote")]
+pub(crate) use pipeline::check_rank;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
 pub use staged::{StagedBatch, StagedLoader, StagingSlot};

@@ -36,6 +36,18 @@ pub fn global_batch(k: u64, rank: u64, world: u64, per_epoch: Option<u64>) -> u6
 /// `opts.start`): `start + max_batches`, else the end of the epoch `start` is in for epoch
 /// samplers (this rank's share: `ceil(per_epoch / world_size)` batches per epoch), else endless.
 pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
+    check_rank(opts)?;
+    let count = opts.max_batches.or_else(|| {
+        sampler.batches_per_epoch().map(|per| {
+            let c = per.div_ceil(opts.world_size).max(1);
+            c - opts.start % c
+        })
+    });
+    Ok(count.map(|n| opts.start.saturating_add(n)))
+}
+
+/// Refuses a world size of 0 and a rank outside `0..world_size`, naming the argument.
+pub(crate) fn check_rank(opts: &LoaderOptions) -> Result<()> {
     if opts.world_size == 0 {
         return Err(Error::argument(
             "world_size",
@@ -54,13 +66,7 @@ pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<
             ),
         ));
     }
-    let count = opts.max_batches.or_else(|| {
-        sampler.batches_per_epoch().map(|per| {
-            let c = per.div_ceil(opts.world_size).max(1);
-            c - opts.start % c
-        })
-    });
-    Ok(count.map(|n| opts.start.saturating_add(n)))
+    Ok(())
 }
 
 /// The most worker threads a loader starts (each is an OS thread with its own stack and batch).

@@ -269,15 +269,7 @@ impl StreamLoader {
                  pull the dataset to sample a subset",
             ));
         }
-        if opts.world_size == 0 || opts.rank >= opts.world_size {
-            return Err(Error::argument(
-                "rank",
-                format!(
-                    "rank {} is not in 0..world_size {}",
-                    opts.rank, opts.world_size
-                ),
-            ));
-        }
+        crate::loader::check_rank(&opts)?;
         let catalog = &stream.catalog;
         let manifest = catalog.manifest().clone();
         // Slices per segment, from the episode tables alone.
@@ -575,13 +567,6 @@ impl Shared {
 
 /// Bytes of one step of `columns` (checking that they exist: `next_observation` may be derived).
 fn step_bytes(catalog: &Catalog, columns: &[&str]) -> Result<u64> {
-    use arrow::datatypes::DataType;
-    fn width(dt: &DataType) -> u64 {
-        match dt {
-            DataType::FixedSizeList(f, n) => width(f.data_type()) * (*n).max(0) as u64,
-            d => d.primitive_width().unwrap_or(8) as u64,
-        }
-    }
     let schema = catalog.schema().arrow_schema();
     let mut sum = 0u64;
     for &c in columns {
@@ -597,7 +582,7 @@ fn step_bytes(catalog: &Catalog, columns: &[&str]) -> Result<u64> {
                 format!("no column `{c}` (have: {})", crate::schema::names(schema)),
             )
         })?;
-        sum += width(f.data_type());
+        sum += crate::schema::value_bytes(f.data_type()).ceil() as u64;
     }
     Ok(sum)
 }
