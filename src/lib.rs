@@ -80,12 +80,15 @@ mod guard;
 pub use error::{ConflictKind, Error, Result};
 pub use gather::{Batch, BatchColumn, GatherInto, Gatherer, ReadAhead};
 pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
-pub use loader::{Loader, LoaderOptions, Recycler, StagedBatch, StagedLoader, StagingSlot};
+pub use loader::{
+    BatchSource, Follow, FollowStats, Loader, LoaderOptions, LoaderSpec, LoaderState, PartSpec,
+    Recycler, StagedBatch, StagedLoader, StagingSlot,
+};
 pub use open::{DatasetBuilder, open};
 pub use progress::{Progress, ProgressSink};
 pub use sample::{
-    EpisodeSampler, EpochSampler, MixSampler, PrioritizedSampler, Sampler, SliceOptions,
-    SliceSampler, Weighting, mix_counts,
+    BuiltSampler, EpisodeSampler, EpochSampler, MixSampler, PrioritizedSampler, Sampler,
+    SamplerKind, SamplerSpec, SliceOptions, SliceSampler, Weighting, mix_counts,
 };
 pub use schema::{ActionKind, TransitionSchema};
 pub use store::{

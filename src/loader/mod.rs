@@ -3,20 +3,26 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gather::{Batch, Gatherer, ReadAhead};
 use crate::sample::Sampler;
 
+mod feed;
 mod pipeline;
+mod spec;
 mod staged;
+mod state;
 
 #[cfg(feature = "torch")]
 pub(crate) use pipeline::Lane;
-#[cfg(feature = "remote")]
 pub(crate) use pipeline::check_rank;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
+pub(crate) use feed::Feed;
+pub use feed::FollowStats;
+pub use spec::{Follow, LoaderSpec, PartSpec};
 pub use staged::{StagedBatch, StagedLoader, StagingSlot};
+pub use state::{DATASET_ID_PROPERTY, LoaderState, PartState, STATE_FORMAT, STATE_VERSION, SamplerState};
 
 /// Options of a [`Loader`].
 #[derive(Debug, Clone)]
@@ -43,6 +49,8 @@ pub struct LoaderOptions {
     /// and costs nothing on data in memory; see [`Gatherer::set_read_ahead`] for the gather
     /// itself.
     pub read_ahead: ReadAhead,
+    /// A state to continue from ([`LoaderOptions::resume`]).
+    pub resume: Option<Arc<LoaderState>>,
 }
 
 impl Default for LoaderOptions {
@@ -55,6 +63,7 @@ impl Default for LoaderOptions {
             max_batches: None,
             start: 0,
             read_ahead: ReadAhead::Auto,
+            resume: None,
         }
     }
 }
@@ -99,6 +108,82 @@ impl LoaderOptions {
         self.start = k;
         self
     }
+    /// Continues exactly where `state` was taken ([`Loader::state`]): the next batch is the
+    /// one the interrupted loader would have returned next, and so are all that follow,
+    /// whatever the number of workers before and after. The loader checks that the state is of
+    /// its dataset(s), rank, world size and sampler options, and resumes on the version the
+    /// state was taken on (unless it follows the dataset and that version is gone). Sets
+    /// [`LoaderOptions::start`].
+    pub fn resume(mut self, state: LoaderState) -> Self {
+        self.start = state.next_batch;
+        self.resume = Some(Arc::new(state));
+        self
+    }
+}
+
+/// What loaders draw batches from: one dataset or a mix, fixed or following new versions, at the
+/// versions a resumed state names, with a prioritized sampler's priorities. Cheap to clone
+/// (shared); the follow thread stops when the last clone and loader are gone.
+#[derive(Clone)]
+pub struct BatchSource(Arc<Feed>);
+
+impl std::fmt::Debug for BatchSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchSource")
+            .field("versions", &self.0.versions(0))
+            .finish_non_exhaustive()
+    }
+}
+
+impl BatchSource {
+    /// Opens `spec` for loaders of `opts` (rank, world size, read-ahead; with `opts.resume`,
+    /// at the state's versions, checked against it, priorities restored).
+    pub fn open(spec: LoaderSpec, opts: &LoaderOptions) -> Result<Self> {
+        check_rank(opts)?;
+        Ok(Self(Feed::open(
+            spec,
+            opts.read_ahead,
+            (opts.rank, opts.world_size),
+            opts.resume.as_deref(),
+        )?))
+    }
+
+    /// A source of one sampler and gatherer built by hand.
+    pub fn fixed(sampler: Arc<dyn Sampler>, gatherer: Arc<Gatherer>) -> Self {
+        Self(Feed::fixed(sampler, gatherer))
+    }
+
+    /// The state of a loader of this source whose next batch is `next`.
+    pub fn state(&self, next: u64, rank: u64, world_size: u64) -> LoaderState {
+        self.0.state(next, (rank, world_size), true)
+    }
+
+    /// The versions batch `k` is planned from, one per dataset.
+    pub fn versions(&self, k: u64) -> Vec<u64> {
+        self.0.versions(k)
+    }
+
+    /// The prioritized sampler of dataset `part` for batch `k` (None when not prioritized).
+    pub fn prioritized(&self, k: u64, part: usize) -> Option<Arc<crate::sample::PrioritizedSampler>> {
+        self.0.prioritized(k).get(part).cloned().flatten()
+    }
+
+    /// The sampler and gatherer of batch `k`'s generation.
+    pub fn at(&self, k: u64) -> (Arc<dyn Sampler>, Arc<Gatherer>) {
+        let g = self.0.peek(k);
+        (g.sampler.clone(), g.gatherer.clone())
+    }
+
+    /// The part index of each slice position of every batch (all zeros for one dataset).
+    pub fn slice_sources(&self) -> Vec<u16> {
+        let g = self.0.first();
+        vec![0; g.sampler.num_slices()] // TEMP
+    }
+
+    /// What following new versions has done so far.
+    pub fn follow_stats(&self) -> FollowStats {
+        self.0.stats()
+    }
 }
 
 /// Yields gathered [`Batch`]es in order: batch `k` of rank `r` is the sampler's batch
@@ -108,6 +193,8 @@ impl LoaderOptions {
 pub struct Loader {
     pipeline: Pipeline<Batch>,
     pool: Recycler,
+    feed: Arc<Feed>,
+    rank_world: (u64, u64),
 }
 
 /// Hands consumed batches back to a [`Loader`]'s pool from anywhere (for instance when the last
@@ -156,11 +243,49 @@ impl Loader {
         gatherer: Arc<Gatherer>,
         opts: LoaderOptions,
     ) -> Result<Self> {
+        let feed = Feed::fixed(sampler, gatherer);
+        if let Some(state) = &opts.resume {
+            let g = feed.first();
+            let fresh = feed.state(state.next_batch, (opts.rank, opts.world_size), false);
+            state.check_resumable(&fresh, &[g.parts[0].snapshot.clone()])?;
+            if state.parts[0].version != g.parts[0].snapshot.version() {
+                return Err(Error::argument(
+                    "state",
+                    format!(
+                        "cannot resume: the state was taken on version {}, the gatherer's \
+                         snapshot is version {} (open that version, or use Loader::open)",
+                        state.parts[0].version,
+                        g.parts[0].snapshot.version()
+                    ),
+                ));
+            }
+        }
+        Self::from_feed(feed, opts)
+    }
+
+    /// A loader of `spec`: one dataset or a mix, fixed or following new versions, resumed
+    /// from `opts.resume` when given. Errors as [`Loader::try_new`] does, and when a state
+    /// cannot resume this loader (see [`LoaderOptions::resume`]).
+    pub fn open(spec: LoaderSpec, opts: LoaderOptions) -> Result<Self> {
+        Self::from_source(&BatchSource::open(spec, &opts)?, opts)
+    }
+
+    /// A loader of `source`'s batches from `opts.start` on (several loaders may share a source:
+    /// one after the other to iterate again, with their follow thread, priorities and cached
+    /// indexes). `opts.resume` is ignored here: the source was opened with it.
+    pub fn from_source(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
+        Self::from_feed(source.0.clone(), opts)
+    }
+
+    fn from_feed(feed: Arc<Feed>, opts: LoaderOptions) -> Result<Self> {
+        let first = feed.first();
+        let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
         let end = loader_end(sampler.as_ref(), &opts)?;
         let batch_bytes =
             gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
         check_in_flight(batch_bytes, &opts)?;
         let pool = Recycler::default();
+        feed.consumed(opts.start);
         let pipeline = Pipeline::start(
             opts.workers,
             opts.prefetch,
@@ -168,12 +293,12 @@ impl Loader {
             end,
             "loader",
             |lane| {
-                let (gatherer, pool) = (gatherer.clone(), pool.clone());
-                let mut planner = WorkerPlans::new(sampler.clone(), &opts);
+                let pool = pool.clone();
+                let mut planner = WorkerPlans::new(feed.clone(), &opts);
                 move |k: u64| {
-                    planner.plan(k, lane, &gatherer);
+                    planner.plan(k, lane);
                     let mut batch = pool.take();
-                    if let Err(e) = gatherer.gather(planner.current(), &mut batch) {
+                    if let Err(e) = planner.gatherer().gather(planner.current(), &mut batch) {
                         // Only a sampler that plans outside its snapshot gets here (a bug, see
                         // `next_batch`); the panic reaches the consumer.
                         panic!(
@@ -184,7 +309,42 @@ impl Loader {
                 }
             },
         )?;
-        Ok(Self { pipeline, pool })
+        Ok(Self {
+            pipeline,
+            pool,
+            feed,
+            rank_world: (opts.rank, opts.world_size),
+        })
+    }
+
+    /// Where this loader is: enough to continue exactly here after a restart
+    /// ([`LoaderOptions::resume`]). Small and cheap (no per-batch data), except that a
+    /// prioritized sampler's priorities are copied in (16 bytes per run of equal priorities at
+    /// most 8 per window).
+    pub fn state(&self) -> LoaderState {
+        self.feed
+            .state(self.pipeline.position(), self.rank_world, true)
+    }
+
+    /// The versions the next batch is planned from, one per dataset.
+    pub fn versions(&self) -> Vec<u64> {
+        self.feed.versions(self.pipeline.position())
+    }
+
+    /// The prioritized sampler of dataset `part` for the next batch, to update priorities
+    /// with (`None` when that part's sampler is not prioritized).
+    pub fn prioritized(&self, part: usize) -> Option<Arc<crate::sample::PrioritizedSampler>> {
+        self.source().prioritized(self.pipeline.position(), part)
+    }
+
+    /// The source of this loader's batches.
+    pub fn source(&self) -> BatchSource {
+        BatchSource(self.feed.clone())
+    }
+
+    /// What following new versions has done so far.
+    pub fn follow_stats(&self) -> FollowStats {
+        self.feed.stats()
     }
 
     /// The next batch, blocking until it is ready; `None` at the end.
@@ -194,7 +354,9 @@ impl Loader {
     /// that plans episode positions its snapshot does not have) while producing
     /// this batch, the panic is resumed here, in the consumer, rather than ending the stream early.
     pub fn next_batch(&mut self) -> Option<Batch> {
-        self.pipeline.next_item()
+        let b = self.pipeline.next_item();
+        self.feed.consumed(self.pipeline.position());
+        b
     }
 
     /// The number of the batch [`Loader::next_batch`] returns next.

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use super::LoaderOptions;
+use super::feed::{Feed, Generation};
 use crate::error::{Error, Result};
 use crate::gather::{Gatherer, ReadAhead};
 use crate::index::SliceRef;
@@ -103,56 +104,71 @@ pub(crate) fn check_in_flight(batch_bytes: u64, opts: &LoaderOptions) -> Result<
     )
 }
 
-/// One worker's plans: batch `k` of this rank is the sampler's batch [`global_batch`];
-/// unless read-ahead is [`ReadAhead::Never`], the plan of the worker's next batch is made one
-/// batch early so that its pages can be `madvise`d while the current one is gathered.
+/// One worker's plans: batch `k` of this rank is the sampler's batch [`global_batch`], planned
+/// and gathered from the feed's generation of `k`; unless read-ahead is [`ReadAhead::Never`], the
+/// plan of the worker's next batch is made one batch early so that its pages can be `madvise`d
+/// while the current one is gathered.
 pub(crate) struct WorkerPlans {
-    sampler: Arc<dyn Sampler>,
+    feed: Arc<Feed>,
     rank: u64,
     world: u64,
     per_epoch: Option<u64>,
     read_ahead: ReadAhead,
     plan: Vec<SliceRef>,
+    current_gen: Option<Arc<Generation>>,
     ahead: Vec<SliceRef>,
-    primed: bool,
+    ahead_gen: Option<Arc<Generation>>,
 }
 
 impl WorkerPlans {
-    pub(crate) fn new(sampler: Arc<dyn Sampler>, opts: &LoaderOptions) -> Self {
+    pub(crate) fn new(feed: Arc<Feed>, opts: &LoaderOptions) -> Self {
         Self {
-            per_epoch: sampler.batches_per_epoch(),
-            sampler,
+            per_epoch: feed.first().sampler.batches_per_epoch(),
+            feed,
             rank: opts.rank,
             world: opts.world_size,
             read_ahead: opts.read_ahead,
             plan: Vec::new(),
+            current_gen: None,
             ahead: Vec::new(),
-            primed: false,
+            ahead_gen: None,
         }
     }
 
     /// Makes the plan of this worker's batch `k` (the worker produces the batches of `lane`),
-    /// then [`WorkerPlans::current`].
-    pub(crate) fn plan(&mut self, k: u64, lane: Lane, gatherer: &Gatherer) {
+    /// then [`WorkerPlans::current`] and [`WorkerPlans::gatherer`].
+    pub(crate) fn plan(&mut self, k: u64, lane: Lane) {
         let global = |k: u64| global_batch(k, self.rank, self.world, self.per_epoch);
+        let make = |k: u64, out: &mut Vec<SliceRef>| {
+            let g = self.feed.generation(k);
+            g.sampler.plan(global(k), out);
+            g
+        };
         if self.read_ahead != ReadAhead::Never {
-            if !self.primed {
-                self.sampler.plan(global(k), &mut self.ahead);
-                self.primed = true;
+            if self.ahead_gen.is_none() {
+                self.ahead_gen = Some(make(k, &mut self.ahead));
             }
             std::mem::swap(&mut self.plan, &mut self.ahead);
+            self.current_gen = self.ahead_gen.take();
             if let Some(next) = lane.after(k) {
-                self.sampler.plan(global(next), &mut self.ahead);
-                gatherer.advise_ahead(&self.ahead, self.read_ahead == ReadAhead::Always);
+                let g = make(next, &mut self.ahead);
+                g.gatherer
+                    .advise_ahead(&self.ahead, self.read_ahead == ReadAhead::Always);
+                self.ahead_gen = Some(g);
             }
         } else {
-            self.sampler.plan(global(k), &mut self.plan);
+            self.current_gen = Some(make(k, &mut self.plan));
         }
     }
 
     /// The plan [`WorkerPlans::plan`] made last.
     pub(crate) fn current(&self) -> &[SliceRef] {
         &self.plan
+    }
+
+    /// The gatherer of the plan [`WorkerPlans::plan`] made last.
+    pub(crate) fn gatherer(&self) -> &Arc<Gatherer> {
+        &self.current_gen.as_ref().expect("plan() comes first").gatherer
     }
 }
 

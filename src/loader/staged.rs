@@ -10,7 +10,10 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::{LoaderOptions, Pipeline, WorkerPlans, check_in_flight, loader_end};
+use super::{
+    Feed, LoaderOptions, LoaderSpec, LoaderState, Pipeline, WorkerPlans, check_in_flight,
+    loader_end,
+};
 use crate::error::{Error, Result};
 use crate::gather::{GatherInto, Gatherer};
 use crate::sample::Sampler;
@@ -76,6 +79,8 @@ pub struct StagedLoader {
     pipeline: Pipeline<Result<StagedBatch>>,
     gate: Arc<Gate>,
     slots: usize,
+    feed: Arc<Feed>,
+    rank_world: (u64, u64),
 }
 
 impl std::fmt::Debug for StagedLoader {
@@ -98,6 +103,43 @@ impl StagedLoader {
         opts: LoaderOptions,
         slots: Vec<Box<dyn StagingSlot>>,
     ) -> Result<Self> {
+        if opts.resume.is_some() {
+            return Err(Error::argument(
+                "resume",
+                "a staged loader resumes through StagedLoader::open",
+            ));
+        }
+        Self::from_feed(Feed::fixed(sampler, gatherer), opts, slots)
+    }
+
+    /// A staged loader of `spec` (see [`super::Loader::open`]): one dataset or a mix, fixed or
+    /// following, resumed from `opts.resume` when given.
+    pub fn open(
+        spec: LoaderSpec,
+        opts: LoaderOptions,
+        slots: Vec<Box<dyn StagingSlot>>,
+    ) -> Result<Self> {
+        let source = super::BatchSource::open(spec, &opts)?;
+        Self::from_source(&source, opts, slots)
+    }
+
+    /// A staged loader of `source`'s batches from `opts.start` on (see
+    /// [`super::Loader::from_source`]).
+    pub fn from_source(
+        source: &super::BatchSource,
+        opts: LoaderOptions,
+        slots: Vec<Box<dyn StagingSlot>>,
+    ) -> Result<Self> {
+        Self::from_feed(source.0.clone(), opts, slots)
+    }
+
+    fn from_feed(
+        feed: Arc<Feed>,
+        opts: LoaderOptions,
+        slots: Vec<Box<dyn StagingSlot>>,
+    ) -> Result<Self> {
+        let first = feed.first();
+        let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
         let n = slots.len();
         if n < 2 {
             return Err(Error::argument(
@@ -137,17 +179,19 @@ impl StagedLoader {
             end,
             "staged-loader",
             |lane| {
-                let (gatherer, gate, slots) = (gatherer.clone(), gate.clone(), slots.clone());
-                let mut planner = WorkerPlans::new(sampler.clone(), &opts);
+                let (gate, slots) = (gate.clone(), slots.clone());
+                let mut planner = WorkerPlans::new(feed.clone(), &opts);
                 move |k: u64| {
-                    planner.plan(k, lane, &gatherer);
+                    planner.plan(k, lane);
                     if !gate.wait_for(k) {
                         return Err(Error::invalid_argument("the staged loader was stopped"));
                     }
                     let slot = (k % slots.len() as u64) as usize;
                     let mut memory = slots[slot].lock().unwrap_or_else(|e| e.into_inner());
                     let plan = planner.current();
-                    gatherer.gather_into(plan, slice_len, memory.dest())?;
+                    planner
+                        .gatherer()
+                        .gather_into(plan, slice_len, memory.dest())?;
                     Ok(StagedBatch {
                         number: k,
                         slot,
@@ -156,11 +200,46 @@ impl StagedLoader {
                 }
             },
         )?;
+        feed.consumed(opts.start);
         Ok(Self {
             pipeline,
             gate,
             slots: n,
+            feed,
+            rank_world: (opts.rank, opts.world_size),
         })
+    }
+
+    /// Where this loader is (see [`super::Loader::state`]).
+    pub fn state(&self) -> LoaderState {
+        self.feed
+            .state(self.pipeline.position(), self.rank_world, true)
+    }
+
+    /// The versions the next batch is planned from, one per dataset.
+    pub fn versions(&self) -> Vec<u64> {
+        self.feed.versions(self.pipeline.position())
+    }
+
+    /// The part index of each slice position of every batch (all zeros for one dataset).
+    pub fn slice_sources(&self) -> Vec<u16> {
+        let g = self.feed.first();
+        vec![0; g.sampler.num_slices()] // TEMP
+    }
+
+    /// The prioritized sampler of dataset `part` for the next batch (see
+    /// [`super::Loader::prioritized`]).
+    pub fn prioritized(&self, part: usize) -> Option<Arc<crate::sample::PrioritizedSampler>> {
+        self.feed
+            .prioritized(self.pipeline.position())
+            .get(part)
+            .cloned()
+            .flatten()
+    }
+
+    /// What following new versions has done so far.
+    pub fn follow_stats(&self) -> super::FollowStats {
+        self.feed.stats()
     }
 
     /// The next batch, blocking until it is gathered; `None` at the end. Errors when the slots do
@@ -169,7 +248,9 @@ impl StagedLoader {
     /// The caller must have released every batch up to `number - slots` before asking for batch
     /// `number`, or this waits forever (a worker waits for the slot).
     pub fn next_batch(&mut self) -> Option<Result<StagedBatch>> {
-        self.pipeline.next_item()
+        let b = self.pipeline.next_item();
+        self.feed.consumed(self.pipeline.position());
+        b
     }
 
     /// The number of the batch [`StagedLoader::next_batch`] returns next.

@@ -18,6 +18,7 @@ mod epoch;
 mod mix;
 mod prioritized;
 mod slice;
+mod spec;
 
 pub use crate::index::{BoundaryPolicy, SliceRef};
 pub use episode::EpisodeSampler;
@@ -25,6 +26,7 @@ pub use epoch::EpochSampler;
 pub use mix::{MAX_PARTS, MixSampler, mix_counts};
 pub use prioritized::PrioritizedSampler;
 pub use slice::{SliceSampler, transition_sampler};
+pub use spec::{BuiltSampler, SamplerKind, SamplerSpec};
 
 /// Something that turns batch numbers into plans.
 pub trait Sampler: Send + Sync {

@@ -56,6 +56,9 @@ impl SumTree {
     }
 }
 
+/// The first bytes of saved priorities ([`PrioritizedSampler::save_priorities`]).
+const PRIORITIES_MAGIC: &[u8; 8] = b"TSPRIO01";
+
 /// Prioritized replay over the windows of a [`SliceIndex`] (Schaul et al., 2016): window `w` is
 /// drawn with probability `p_w^alpha / sum p^alpha`, stratified over the batch; every window starts
 /// at priority 1. Memory: a sum tree of 16 bytes per window (rounded up to a
@@ -149,6 +152,105 @@ impl PrioritizedSampler {
         Ok(())
     }
 
+    /// The priorities of every window as the sampler holds them (`p^alpha`), in a compact
+    /// binary form (runs of equal values; raw values when that is smaller) that
+    /// [`PrioritizedSampler::restore_priorities`] takes back exactly: what a loader state saves.
+    pub fn save_priorities(&self) -> Vec<u8> {
+        let tree = self.tree.read().unwrap_or_else(|e| e.into_inner());
+        let n = self.index.num_windows() as usize;
+        let leaves = &tree.nodes[tree.cap..tree.cap + n];
+        let runs = 1 + leaves
+            .windows(2)
+            .filter(|w| w[0].to_bits() != w[1].to_bits())
+            .count();
+        let mut out = Vec::with_capacity(16 + 16 * runs.min(n));
+        out.extend_from_slice(PRIORITIES_MAGIC);
+        out.extend_from_slice(&(n as u64).to_le_bytes());
+        if 16 * runs < 8 * n {
+            out.push(1);
+            let mut i = 0;
+            while i < n {
+                let v = leaves[i];
+                let j = i + leaves[i..]
+                    .iter()
+                    .take_while(|x| x.to_bits() == v.to_bits())
+                    .count();
+                out.extend_from_slice(&((j - i) as u64).to_le_bytes());
+                out.extend_from_slice(&v.to_le_bytes());
+                i = j;
+            }
+        } else {
+            out.push(0);
+            for v in leaves {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Restores priorities saved by [`PrioritizedSampler::save_priorities`] of a sampler over
+    /// the same windows: afterwards this sampler plans exactly the batches the saved one would.
+    /// Refuses, as [`Error::InvalidArgument`] about `priorities`, bytes that are not saved
+    /// priorities, a different number of windows, or values that are not finite and >= 0.
+    pub fn restore_priorities(&self, bytes: &[u8]) -> Result<()> {
+        let bad = |why: String| Error::argument("priorities", why);
+        let n = self.index.num_windows() as usize;
+        let body = bytes
+            .strip_prefix(PRIORITIES_MAGIC)
+            .filter(|b| b.len() >= 9)
+            .ok_or_else(|| bad("these bytes are not saved priorities of a trajstore loader".into()))?;
+        let saved = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+        if saved != n as u64 {
+            return Err(bad(format!(
+                "the saved priorities are of {saved} windows, this sampler has {n}: they belong \
+                 to another version of the dataset or another slice length"
+            )));
+        }
+        let words = |b: &[u8]| -> Vec<u64> {
+            b.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect()
+        };
+        let rest = &body[9..];
+        if rest.len() % 8 != 0 {
+            return Err(bad("the saved priorities are truncated".into()));
+        }
+        let mut leaves = Vec::with_capacity(n);
+        match body[8] {
+            0 => leaves.extend(words(rest).into_iter().map(f64::from_bits)),
+            1 => {
+                let w = words(rest);
+                if w.len() % 2 != 0 {
+                    return Err(bad("the saved priorities are truncated".into()));
+                }
+                for pair in w.chunks_exact(2) {
+                    let run = usize::try_from(pair[0]).unwrap_or(usize::MAX);
+                    if run > n - leaves.len() {
+                        return Err(bad("the saved priorities hold more windows than they say".into()));
+                    }
+                    leaves.extend(std::iter::repeat_n(f64::from_bits(pair[1]), run));
+                }
+            }
+            k => return Err(bad(format!("unknown encoding {k} of saved priorities"))),
+        }
+        if leaves.len() != n {
+            return Err(bad(format!(
+                "the saved priorities hold {} windows of {n}",
+                leaves.len()
+            )));
+        }
+        if let Some(v) = leaves.iter().find(|v| !(**v >= 0.0 && v.is_finite())) {
+            return Err(bad(format!("a saved priority is {v}, not a finite number >= 0")));
+        }
+        let mut tree = self.tree.write().unwrap_or_else(|e| e.into_inner());
+        let cap = tree.cap;
+        tree.nodes[cap..cap + n].copy_from_slice(&leaves);
+        for i in (1..cap).rev() {
+            tree.nodes[i] = tree.nodes[2 * i] + tree.nodes[2 * i + 1];
+        }
+        Ok(())
+    }
+
     /// Importance-sampling weights `(N * P(w))^-beta`, normalised by the largest weight possible
     /// (that of the least likely window present in `windows`), written to `out`.
     pub fn importance_weights(&self, windows: &[u64], beta: f64, out: &mut Vec<f64>) {
@@ -215,6 +317,33 @@ mod tests {
             .collect();
         let episodes = EpisodeIndex::from_segments(0, [(&starts[..], lens)]);
         Arc::new(SliceIndex::build(&episodes, l, BoundaryPolicy::Strict).unwrap())
+    }
+
+    #[test]
+    fn saved_priorities_restore_the_same_plans() {
+        let idx = index(&[50, 30, 40], 10);
+        let a = PrioritizedSampler::try_new(idx.clone(), 16, 0.7, 9).unwrap();
+        let windows: Vec<u64> = (0..idx.num_windows()).step_by(3).collect();
+        let prios: Vec<f64> = windows.iter().map(|&w| 0.1 + (w % 7) as f64).collect();
+        a.update_priorities(&windows, &prios).unwrap();
+        let b = PrioritizedSampler::try_new(idx.clone(), 16, 0.7, 9).unwrap();
+        let saved = a.save_priorities();
+        b.restore_priorities(&saved).unwrap();
+        let (mut pa, mut pb) = (vec![], vec![]);
+        for k in 0..50 {
+            a.plan(k, &mut pa);
+            b.plan(k, &mut pb);
+            assert_eq!(pa, pb);
+        }
+        // Runs: untouched priorities compress to one run.
+        let fresh = PrioritizedSampler::try_new(idx.clone(), 16, 0.7, 9).unwrap();
+        assert!(fresh.save_priorities().len() < 64);
+        b.restore_priorities(&fresh.save_priorities()).unwrap();
+        let other = PrioritizedSampler::try_new(index(&[50], 10), 16, 0.7, 9).unwrap();
+        let e = other.restore_priorities(&saved).unwrap_err().to_string();
+        assert!(e.contains("windows"), "{e}");
+        assert!(b.restore_priorities(b"nonsense").is_err());
+        assert!(b.restore_priorities(&saved[..saved.len() - 3]).is_err());
     }
 
     #[test]

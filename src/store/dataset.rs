@@ -105,7 +105,12 @@ impl Dataset {
                 next_segment_id: 0,
                 next_row: 0,
                 segments: vec![],
-                properties: Default::default(),
+                // An id that tells this dataset from any other (loader states check it).
+                properties: [(
+                    crate::format::DATASET_ID_PROPERTY.to_string(),
+                    format!("{:032x}", rand::random::<u128>()),
+                )]
+                .into(),
             };
             if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
                 manifest::sync_dir(parent)?;

@@ -12,7 +12,7 @@ use super::streaming::StreamWorker;
 use super::{TensorBatch, check_device};
 use crate::error::{Error, Result};
 use crate::gather::Gatherer;
-use crate::loader::{Pipeline, WorkerPlans, check_in_flight, loader_end};
+use crate::loader::{Feed, Pipeline, WorkerPlans, check_in_flight, loader_end};
 use crate::sample::Sampler;
 
 /// Yields [`TensorBatch`]es on the target device in a fixed order: batch `k` of rank `r` is the
@@ -100,6 +100,7 @@ impl TorchLoader {
         }
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let lo = &opts.loader;
+        let feed = Feed::fixed(sampler.clone(), gatherer.clone());
         let pipeline = Pipeline::start(
             lo.workers,
             lo.prefetch,
@@ -119,7 +120,7 @@ impl TorchLoader {
                     cast: opts.cast,
                     transform: opts.transform.clone(),
                     pool: pool.clone(),
-                    planner: WorkerPlans::new(sampler.clone(), lo),
+                    planner: WorkerPlans::new(feed.clone(), lo),
                     slots: Vec::new(),
                     max_slots: opts.staging_slots.max(2),
                     next_slot: 0,

@@ -35,7 +35,7 @@ pub(crate) struct StreamWorker {
 
 impl StreamWorker {
     pub(crate) fn produce(&mut self, k: u64, lane: Lane) -> Result<TensorBatch> {
-        self.planner.plan(k, lane, &self.gatherer);
+        self.planner.plan(k, lane);
         let n = self.planner.current().len();
         if n > self.layout.b {
             return Err(Error::argument(
@@ -59,7 +59,7 @@ impl StreamWorker {
             Some(s) => s,
             None => Slot::alloc(&self.layout, self.pin)?,
         };
-        slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
+        slot.fill(self.planner.gatherer(), self.planner.current(), &self.layout)?;
         let mut batch = slot.view(&self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
@@ -97,7 +97,7 @@ impl StreamWorker {
             }
         }
         let slot = &mut self.slots[i];
-        slot.fill(&self.gatherer, self.planner.current(), &self.layout)?;
+        slot.fill(self.planner.gatherer(), self.planner.current(), &self.layout)?;
         // Without a transform or a widened column, the whole slot in one copy (one allocation
         // on the device), handed out as views of it.
         let on = if self.transform.is_none() && !self.layout.widens() {

@@ -1,0 +1,119 @@
+//! What a loader samples, described by data: one dataset or a mix of several, each with the
+//! options of its sampler and whether the loader follows its new versions.
+
+use std::time::Duration;
+
+use crate::sample::SamplerSpec;
+use crate::store::Snapshot;
+
+/// How often a loader that follows a dataset looks for a newer committed version (whichever
+/// comes first). A look that finds none costs one `stat`-sized directory read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Follow {
+    /// Look after this much time.
+    pub every: Option<Duration>,
+    /// Look after this many batches consumed.
+    pub every_batches: Option<u64>,
+}
+
+impl Follow {
+    /// Looks every `d`.
+    pub fn every(d: Duration) -> Self {
+        Self {
+            every: Some(d),
+            every_batches: None,
+        }
+    }
+    /// Looks every `n` batches consumed.
+    pub fn every_batches(n: u64) -> Self {
+        Self {
+            every: None,
+            every_batches: Some(n.max(1)),
+        }
+    }
+}
+
+impl Default for Follow {
+    /// Every second.
+    fn default() -> Self {
+        Self::every(Duration::from_secs(1))
+    }
+}
+
+/// One dataset of a [`LoaderSpec`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PartSpec {
+    /// The snapshot the loader starts from (a state's version replaces it on resume).
+    pub snapshot: Snapshot,
+    /// Its sampler (in a mix, `num_slices` is set from the weights).
+    pub sampler: SamplerSpec,
+    /// Its share of every batch in a mix.
+    pub weight: f64,
+    /// Whether and how often the loader moves to its newest version.
+    pub follow: Option<Follow>,
+}
+
+/// What a loader built by [`super::Loader::open`] samples: the gathered columns, and one
+/// dataset, or several mixed in fixed proportions per batch.
+///
+/// ```no_run
+/// # use trajstore::*;
+/// # fn main() -> Result<()> {
+/// let offline = Dataset::open("d4rl-hopper")?.snapshot()?;
+/// let online = Dataset::open("online")?.snapshot()?;
+/// let uniform = |seed| SamplerSpec::new(SamplerKind::Uniform, 32, 256).with_seed(seed);
+/// // RLPD's symmetric sampling: half of every batch from each, following the online data.
+/// let spec = LoaderSpec::new(&["observation", "action", "reward"])
+///     .part(offline, uniform(0), 0.5)
+///     .part(online, uniform(1), 0.5)
+///     .follow(Follow::default());
+/// let mut loader = Loader::open(spec, LoaderOptions::default())?;
+/// let batch = loader.next_batch().unwrap();
+/// assert_eq!(batch.source.iter().filter(|&&s| s == 1).count(), 128);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LoaderSpec {
+    pub(crate) parts: Vec<PartSpec>,
+    pub(crate) columns: Vec<String>,
+    pub(crate) num_slices: Option<usize>,
+}
+
+impl LoaderSpec {
+    /// Gathers `columns` (any stored column, plus a derived `next_observation`).
+    pub fn new(columns: &[&str]) -> Self {
+        Self {
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            ..Self::default()
+        }
+    }
+    /// One dataset sampled by `sampler`.
+    pub fn single(snapshot: Snapshot, sampler: SamplerSpec, columns: &[&str]) -> Self {
+        Self::new(columns).part(snapshot, sampler, 1.0)
+    }
+    /// Adds a dataset with its share `weight` of every batch.
+    pub fn part(mut self, snapshot: Snapshot, sampler: SamplerSpec, weight: f64) -> Self {
+        self.parts.push(PartSpec {
+            snapshot,
+            sampler,
+            weight,
+            follow: None,
+        });
+        self
+    }
+    /// Follows the last added dataset's new versions.
+    pub fn follow(mut self, f: Follow) -> Self {
+        if let Some(p) = self.parts.last_mut() {
+            p.follow = Some(f);
+        }
+        self
+    }
+    /// Slices per batch of a mix (default: the first part's `num_slices`); the parts' counts
+    /// are this split by the weights, exactly the same in every batch.
+    pub fn with_num_slices(mut self, n: usize) -> Self {
+        self.num_slices = Some(n);
+        self
+    }
+}
