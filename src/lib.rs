@@ -84,8 +84,8 @@ pub use loader::{Loader, LoaderOptions, Recycler, StagedBatch, StagedLoader, Sta
 pub use open::{DatasetBuilder, open};
 pub use progress::{Progress, ProgressSink};
 pub use sample::{
-    EpisodeSampler, EpochSampler, PrioritizedSampler, Sampler, SliceOptions, SliceSampler,
-    Weighting,
+    EpisodeSampler, EpochSampler, MixSampler, PrioritizedSampler, Sampler, SliceOptions,
+    SliceSampler, Weighting, mix_counts,
 };
 pub use schema::{ActionKind, TransitionSchema};
 pub use store::{

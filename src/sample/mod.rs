@@ -15,12 +15,14 @@ use crate::format::human_bytes;
 
 mod episode;
 mod epoch;
+mod mix;
 mod prioritized;
 mod slice;
 
 pub use crate::index::{BoundaryPolicy, SliceRef};
 pub use episode::EpisodeSampler;
 pub use epoch::EpochSampler;
+pub use mix::{MAX_PARTS, MixSampler, mix_counts};
 pub use prioritized::PrioritizedSampler;
 pub use slice::{SliceSampler, transition_sampler};
 
