@@ -441,3 +441,43 @@ fn mixed_batches_do_not_depend_on_the_loader_workers() {
     }
     assert_eq!(want[0].4.iter().filter(|&&s| s == 1).count(), 128);
 }
+
+/// The torch loader streams mixed batches (gathered into its staging memory by range), and
+/// refuses to make a mix resident (it would upload part 0's snapshot only).
+#[cfg(feature = "torch")]
+#[test]
+fn the_torch_loader_streams_a_mix_but_does_not_make_it_resident() {
+    use trajstore::torch::{TorchLoader, TorchLoaderOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = datasets(dir.path());
+    let m = half_and_half(&a, &b, 16);
+    let (mix, gatherer) = (Arc::new(m.mix), Arc::new(m.gatherer));
+    let cpu = || {
+        TorchLoaderOptions::new(tch::Device::Cpu)
+            .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(4))
+    };
+    let loader = TorchLoader::try_new(mix.clone(), gatherer.clone(), cpu()).unwrap();
+    let (mut plan, mut batch) = (vec![], Batch::default());
+    for (k, t) in loader.enumerate() {
+        let t = t.unwrap();
+        mix.plan(k as u64, &mut plan);
+        gatherer.gather(&plan, &mut batch).unwrap();
+        let ids: Vec<i64> = Vec::try_from(&t.episode_id.flatten(0, -1)).unwrap();
+        let want: Vec<i64> = batch.episode_id.iter().map(|&i| i as i64).collect();
+        assert_eq!(ids, want, "batch {k}");
+        let obs = t.get(col::OBSERVATION).unwrap().flatten(0, -1);
+        let obs: Vec<f32> = Vec::try_from(&obs).unwrap();
+        assert_eq!(
+            obs,
+            batch.column(col::OBSERVATION).unwrap().values::<f32>(),
+            "batch {k}"
+        );
+    }
+    let e = err_of(TorchLoader::try_new(
+        mix,
+        gatherer,
+        cpu().with_resident(1 << 30),
+    ));
+    assert_invalid_argument(&e, Some("gatherer"), "a resident mix");
+    assert!(e.to_string().contains("mixed gatherer"), "{e}");
+}
