@@ -490,7 +490,9 @@ impl Gatherer {
     /// slice of `plan` must be at most `slice_len` steps; shorter ones are padded with zeros.
     ///
     /// Errors with [`Error::InvalidArgument`] when a destination is too small, a slice too long,
-    /// or a slice refers to an episode position the snapshot does not have.
+    /// or a slice refers to an episode position the snapshot does not have. On a mix, `plan`
+    /// must have the mix's slices per batch; each part gets its ranges (a list of destination
+    /// columns per part is allocated; see [`Gatherer::mixed`]). Nothing is written on error.
     pub fn gather_into(
         &self,
         plan: &[SliceRef],
