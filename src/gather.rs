@@ -19,6 +19,8 @@ use crate::store::Snapshot;
 #[path = "gather_readahead.rs"]
 mod readahead;
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
+#[path = "gather_mix.rs"]
+mod mix;
 
 /// One gathered column: `num_slices * slice_len` steps of `width` values of `data_type` each,
 /// row-major `[B, L, width]`, in a 64-byte aligned buffer.
@@ -74,6 +76,8 @@ pub struct Batch {
     pub episode_id: Vec<u64>,
     /// First step of each slice (negative when a span overhangs the episode's start).
     pub start_step: Vec<i64>,
+    /// Part of a mix each slice came from (see [`Gatherer::mixed`]); 0 for a plain gatherer.
+    pub source: Vec<u16>,
 }
 
 impl Batch {
@@ -91,8 +95,10 @@ impl Batch {
     }
 
     /// Copies the batch into an Arrow `RecordBatch` of `B * L` rows (step-major within slices):
-    /// `slice` (u64), `episode_id`, the columns (fixed-size lists for vector steps), and the flags
-    /// as `u8`. Costs one copy of the data.
+    /// `slice` (u64), `episode_id`, `step`, then `source` (u16, the part of a mix) only when a
+    /// slice came from a part other than part 0 (so never for a plain gatherer, always for a mix
+    /// whose later parts have slices), the columns (fixed-size lists for vector steps), and the
+    /// flags as `u8`. Costs one copy of the data.
     pub fn to_record_batch(&self) -> Result<RecordBatch> {
         let (b, l) = (self.num_slices, self.slice_len);
         let n = b * l;
@@ -128,6 +134,10 @@ impl Batch {
                 fields.push(Field::new(name, dt, false));
                 arrays.push(array);
             }
+        }
+        if let Some((name, array)) = self.source_column() {
+            fields.push(Field::new(name, DataType::UInt16, false));
+            arrays.push(array);
         }
         for c in &self.columns {
             let values: ArrayRef = if c.data_type == DataType::Boolean {
@@ -228,6 +238,8 @@ pub struct Gatherer {
     segment_first_episode: Vec<usize>,
     /// Whether and when gathers read ahead (data not in memory).
     ra: readahead::ReadAheadState,
+    /// The parts of a mix ([`Gatherer::mixed`]), which do all its gathering.
+    mix: Option<Box<mix::Mix>>,
 }
 
 pub(crate) fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
@@ -356,22 +368,27 @@ impl Gatherer {
             episode_flags,
             segment_first_episode,
             ra: Default::default(),
+            mix: None,
         })
     }
 
-    /// The snapshot this gatherer reads.
+    /// The snapshot this gatherer reads (part 0's for a mix).
     pub fn snapshot(&self) -> &Snapshot {
         &self.snap
     }
 
     /// Per episode position of the snapshot: bit 0 set if the episode ended terminated, bit 1 if
-    /// truncated (from the episode tables, O(episodes) memory held by the gatherer).
+    /// truncated (from the episode tables, O(episodes) memory held by the gatherer). Part 0's
+    /// for a mix.
     pub fn episode_flags(&self) -> &[u8] {
-        &self.episode_flags
+        match &self.mix {
+            Some(m) => m.parts()[0].episode_flags(),
+            None => &self.episode_flags,
+        }
     }
 
     /// Gathers `plan` into `out` (resized as needed; buffers are reused). Every slice is padded
-    /// to the plan's longest `len`. Parallel across slices with rayon.
+    /// to the plan's longest `len`. Parallel across slices with rayon. Sets [`Batch::source`].
     ///
     /// Errors with [`Error::InvalidArgument`] when a slice refers to an episode position the
     /// snapshot does not have (a plan made for another snapshot).
@@ -420,6 +437,7 @@ impl Gatherer {
         }
         out.episode_id.resize(b, 0);
         out.start_step.resize(b, 0);
+        self.fill_sources(&mut out.source, b);
         let dest = GatherInto {
             columns: out
                 .columns
@@ -472,31 +490,20 @@ impl Gatherer {
     /// slice of `plan` must be at most `slice_len` steps; shorter ones are padded with zeros.
     ///
     /// Errors with [`Error::InvalidArgument`] when a destination is too small, a slice too long,
-    /// or a slice refers to an episode position the snapshot does not have.
+    /// or a slice refers to an episode position the snapshot does not have. On a mix, `plan`
+    /// must have the mix's slices per batch; each part gets its ranges (a list of destination
+    /// columns per part is allocated; see [`Gatherer::mixed`]). Nothing is written on error.
     pub fn gather_into(
         &self,
         plan: &[SliceRef],
         slice_len: usize,
         dest: GatherInto<'_>,
     ) -> Result<()> {
+        if let Some(m) = &self.mix {
+            return m.gather_into(plan, slice_len, dest, &self.step_bytes());
+        }
         let (b, l) = (plan.len(), slice_len);
-        if let Some(s) = plan.iter().find(|s| s.len as usize > l) {
-            return Err(Error::invalid_argument(format!(
-                "a slice of {} steps does not fit a batch of {l}-step slices",
-                s.len
-            )));
-        }
-        let episodes = self.snap.episodes().len();
-        if let Some(s) = plan.iter().find(|s| s.episode as usize >= episodes) {
-            return Err(Error::argument(
-                "plan",
-                format!(
-                    "a slice refers to episode position {}, but the snapshot has {episodes} \
-                     episodes (a plan made for another snapshot?)",
-                    s.episode
-                ),
-            ));
-        }
+        self.check_slices(plan, l)?;
         if dest.columns.len() != self.columns.len() {
             return Err(Error::argument(
                 "dest",
@@ -581,6 +588,28 @@ impl Gatherer {
         Ok(())
     }
 
+    /// The checks of a plan on a plain gatherer (see [`Gatherer::check_plan`]).
+    fn check_slices(&self, plan: &[SliceRef], l: usize) -> Result<()> {
+        if let Some(s) = plan.iter().find(|s| s.len as usize > l) {
+            return Err(Error::invalid_argument(format!(
+                "a slice of {} steps does not fit a batch of {l}-step slices",
+                s.len
+            )));
+        }
+        let episodes = self.snap.episodes().len();
+        if let Some(s) = plan.iter().find(|s| s.episode as usize >= episodes) {
+            return Err(Error::argument(
+                "plan",
+                format!(
+                    "a slice refers to episode position {}, but the snapshot has {episodes} \
+                     episodes (a plan made for another snapshot?)",
+                    s.episode
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Issues CPU prefetches for the first rows of every stored column of slice `s`.
     #[inline]
     fn prefetch(&self, s: &SliceRef) {
@@ -623,6 +652,9 @@ impl Gatherer {
     /// Hints the kernel to read ahead the pages `plan` will touch (`madvise(WILLNEED)`), so that
     /// a later [`Gatherer::gather`] of it finds them in the page cache. Cheap when they already are.
     pub fn advise(&self, plan: &[SliceRef]) {
+        if let Some(m) = &self.mix {
+            return m.ranges(plan).for_each(|(p, range)| p.advise(range));
+        }
         for s in plan {
             // A slice of another snapshot's plan: nothing to advise ([`Gatherer::gather`] refuses it).
             if s.episode as usize >= self.snap.episodes().len() {

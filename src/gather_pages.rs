@@ -22,9 +22,26 @@ impl Gatherer {
     /// [`Gatherer::pages_touched`], and the number of runs of adjacent pages among them: where
     /// read-ahead asks for a slice's pages at once, the kernel reads each run with one request,
     /// so a batch costs `runs` random reads of the disk (of one or a few pages each).
+    ///
+    /// On a mix, the pages of every part's share of `plan` (a page two parts read counts once).
     pub fn reads_touched(&self, plan: &[SliceRef]) -> (usize, usize) {
-        let page = crate::iofloor::page_size();
         let mut pages: Vec<usize> = vec![];
+        self.pages_of(plan, &mut pages);
+        pages.sort_unstable();
+        pages.dedup();
+        let runs =
+            pages.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(!pages.is_empty());
+        (pages.len(), runs)
+    }
+
+    /// The numbers of the pages `plan` reads, with repeats, appended to `pages`.
+    fn pages_of(&self, plan: &[SliceRef], pages: &mut Vec<usize>) {
+        if let Some(m) = &self.mix {
+            return m
+                .ranges(plan)
+                .for_each(|(p, range)| p.pages_of(range, pages));
+        }
+        let page = crate::iofloor::page_size();
         let mut add = |bytes: &[u8]| {
             if let Some(last) = bytes.len().checked_sub(1) {
                 let p = bytes.as_ptr() as usize;
@@ -77,11 +94,6 @@ impl Gatherer {
                 }
             }
         }
-        pages.sort_unstable();
-        pages.dedup();
-        let runs =
-            pages.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(!pages.is_empty());
-        (pages.len(), runs)
     }
 }
 

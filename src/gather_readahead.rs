@@ -145,7 +145,8 @@ fn fingerprint(plan: &[SliceRef]) -> u64 {
 
 impl Gatherer {
     /// Sets how this gatherer reads data that is not in memory (default [`ReadAhead::Auto`]).
-    /// Takes `&self`: a gatherer shared by loaders can be switched while they run.
+    /// Takes `&self`: a gatherer shared by loaders can be switched while they run. On a mix,
+    /// sets every part's.
     pub fn set_read_ahead(&self, mode: ReadAhead) {
         let m = match mode {
             ReadAhead::Auto => 0,
@@ -153,10 +154,16 @@ impl Gatherer {
             ReadAhead::Never => 2,
         };
         self.ra.mode.store(m, Ordering::Relaxed);
+        if let Some(m) = &self.mix {
+            m.parts().iter().for_each(|p| p.set_read_ahead(mode));
+        }
     }
 
-    /// The read-ahead mode (see [`Gatherer::set_read_ahead`]).
+    /// The read-ahead mode (see [`Gatherer::set_read_ahead`]); part 0's on a mix.
     pub fn read_ahead(&self) -> ReadAhead {
+        if let Some(m) = &self.mix {
+            return m.parts()[0].read_ahead();
+        }
         match self.ra.mode.load(Ordering::Relaxed) {
             0 => ReadAhead::Auto,
             1 => ReadAhead::Always,
@@ -166,8 +173,11 @@ impl Gatherer {
 
     /// Whether gathers currently read ahead: always with [`ReadAhead::Always`], never with
     /// [`ReadAhead::Never`], and with [`ReadAhead::Auto`] while the data was last found missing
-    /// from memory.
+    /// from memory. On a mix, whether any part does.
     pub fn reading_ahead(&self) -> bool {
+        if let Some(m) = &self.mix {
+            return m.parts().iter().any(|p| p.reading_ahead());
+        }
         match self.read_ahead() {
             ReadAhead::Auto => self.ra.on.load(Ordering::Relaxed),
             ReadAhead::Always => true,
@@ -175,8 +185,12 @@ impl Gatherer {
         }
     }
 
-    /// Plans whose pages this gatherer asked the kernel for so far.
+    /// Plans whose pages this gatherer asked the kernel for so far; on a mix, the sum of its
+    /// parts' (each counting its share of a plan).
     pub fn plans_read_ahead(&self) -> u64 {
+        if let Some(m) = &self.mix {
+            return m.parts().iter().map(|p| p.plans_read_ahead()).sum();
+        }
         self.ra.advised.load(Ordering::Relaxed)
     }
 
@@ -240,8 +254,13 @@ impl Gatherer {
 
     /// For loaders: `plan` will be gathered next by this thread; while reading ahead, ask the
     /// kernel for its pages now so that they arrive while the current plan is copied.
-    /// With `always`, unconditionally.
+    /// With `always`, unconditionally. A mix's parts each advise their share.
     pub(crate) fn advise_ahead(&self, plan: &[SliceRef], always: bool) {
+        if let Some(m) = &self.mix {
+            return m
+                .ranges(plan)
+                .for_each(|(p, range)| p.advise_ahead(range, always));
+        }
         if always {
             self.advise(plan);
             self.ra.advised.fetch_add(1, Ordering::Relaxed);

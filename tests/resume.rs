@@ -34,7 +34,7 @@ fn fingerprint(b: &Batch) -> Vec<u8> {
     }
     out.extend(b.episode_id.iter().flat_map(|x| x.to_le_bytes()));
     out.extend(b.start_step.iter().flat_map(|x| x.to_le_bytes()));
-    // TEMP out.extend(b.source.iter().flat_map(|x| x.to_le_bytes()));
+    out.extend(b.source.iter().flat_map(|x| x.to_le_bytes()));
     out
 }
 

@@ -381,10 +381,10 @@ fn assemble(from: u64, parts: Vec<GenPart>, counts: &[usize]) -> Result<Generati
             Arc::new(MixSampler::try_new(
                 parts.iter().map(|p| p.built.sampler.clone()).collect(),
             )?),
-            {
-                let _ = counts;
-                return Err(Error::invalid_argument("TEMP mix pending"));
-            },
+            Arc::new(Gatherer::mixed(
+                parts.iter().map(|p| p.gatherer.clone()).collect(),
+                counts,
+            )?),
         )
     };
     Ok(Generation {

@@ -177,7 +177,7 @@ impl BatchSource {
     /// The part index of each slice position of every batch (all zeros for one dataset).
     pub fn slice_sources(&self) -> Vec<u16> {
         let g = self.0.first();
-        vec![0; g.sampler.num_slices()] // TEMP
+        g.gatherer.slice_sources(g.sampler.num_slices())
     }
 
     /// What following new versions has done so far.

@@ -224,7 +224,7 @@ impl StagedLoader {
     /// The part index of each slice position of every batch (all zeros for one dataset).
     pub fn slice_sources(&self) -> Vec<u16> {
         let g = self.feed.first();
-        vec![0; g.sampler.num_slices()] // TEMP
+        g.gatherer.slice_sources(g.sampler.num_slices())
     }
 
     /// The prioritized sampler of dataset `part` for the next batch (see

@@ -112,6 +112,13 @@ impl Resident {
         end: Option<u64>,
         budget: u64,
     ) -> Result<Self> {
+        if gatherer.is_mixed() {
+            return Err(Error::argument(
+                "gatherer",
+                "a mixed gatherer (Gatherer::mixed) is not made resident: the resident mode \
+                 uploads one snapshot; use the streaming mode",
+            ));
+        }
         let snap = gatherer.snapshot().clone();
         if snap.num_transitions() == 0 {
             return Err(Error::argument(
