@@ -145,7 +145,10 @@ fn retention_never_removes_what_a_batch_reads() {
     assert!(commits > 10, "{commits} commits");
     let ds = Dataset::open(&path).unwrap();
     let newest = ds.snapshot().unwrap();
-    assert!(newest.episodes().first_id() > 10, "retention dropped the first episodes");
+    assert!(
+        newest.episodes().first_id() > 10,
+        "retention dropped the first episodes"
+    );
     for l in &loaders {
         let s = l.follow_stats();
         assert!(s.refreshes > 3, "{s:?} after {batches} batches");
@@ -155,7 +158,9 @@ fn retention_never_removes_what_a_batch_reads() {
 #[test]
 fn following_needs_an_endless_sampler() {
     let dir = tempfile::tempdir().unwrap();
-    let snap = TestData::new().episodes([20u64; 4]).snapshot(&dir.path().join("d"));
+    let snap = TestData::new()
+        .episodes([20u64; 4])
+        .snapshot(&dir.path().join("d"));
     for kind in [SamplerKind::Epoch, SamplerKind::Prioritized] {
         let spec = LoaderSpec::single(snap.clone(), SamplerSpec::new(kind, 4, 8), &[col::STEP])
             .follow(Follow::default());

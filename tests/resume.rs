@@ -63,15 +63,25 @@ fn set_priorities(loader: &Loader) {
 /// (workers `a`), whose state goes through bytes into a new loader (workers `b`).
 fn compare(snap: &Snapshot, s: &SamplerSpec, k: u64, (a, b): (usize, usize), rank: (u64, u64)) {
     let ctx = format!("{:?} at {k}, workers {a} -> {b}, rank {rank:?}", s.kind);
-    let mut whole =
-        Loader::open(spec_of(snap, s), opts(a, rank.0, rank.1).with_max_batches(k + 100)).unwrap();
+    let mut whole = Loader::open(
+        spec_of(snap, s),
+        opts(a, rank.0, rank.1).with_max_batches(k + 100),
+    )
+    .unwrap();
     set_priorities(&whole);
-    let want: Vec<Vec<u8>> = whole.by_ref().skip(k as usize).map(|b| fingerprint(&b)).collect();
+    let want: Vec<Vec<u8>> = whole
+        .by_ref()
+        .skip(k as usize)
+        .map(|b| fingerprint(&b))
+        .collect();
     assert_eq!(want.len(), 100, "{ctx}");
 
     // (Epoch samplers stop at the end of an epoch unless told how many batches to give.)
-    let mut first =
-        Loader::open(spec_of(snap, s), opts(a, rank.0, rank.1).with_max_batches(k + 100)).unwrap();
+    let mut first = Loader::open(
+        spec_of(snap, s),
+        opts(a, rank.0, rank.1).with_max_batches(k + 100),
+    )
+    .unwrap();
     set_priorities(&first);
     for _ in 0..k {
         first.next_batch().unwrap();
@@ -93,7 +103,11 @@ fn compare(snap: &Snapshot, s: &SamplerSpec, k: u64, (a, b): (usize, usize), ran
     let got: Vec<Vec<u8>> = resumed.map(|b| fingerprint(&b)).collect();
     assert_eq!(got.len(), 100, "{ctx}");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(g == w, "{ctx}: batch {} differs after the resume", k + i as u64);
+        assert!(
+            g == w,
+            "{ctx}: batch {} differs after the resume",
+            k + i as u64
+        );
     }
 }
 
@@ -173,13 +187,20 @@ fn states_that_do_not_match_the_loader_are_refused() {
         opts(2, 0, 2),
         "weighting",
     );
-    refuse(&snap, &SamplerSpec::new(SamplerKind::Uniform, 6, 9), opts(2, 0, 2), "slices");
+    refuse(
+        &snap,
+        &SamplerSpec::new(SamplerKind::Uniform, 6, 9),
+        opts(2, 0, 2),
+        "slices",
+    );
     refuse(&snap, &samplers()[3], opts(2, 0, 2), "sampler");
     // Bytes that are not a state, or a state of a later layout.
     for bad in [&b"TSLOADST\x05"[..], b"{}", b""] {
         assert!(LoaderState::from_bytes(bad).is_err());
     }
-    let json = state.to_json().replace("\"state_version\":1", "\"state_version\":9");
+    let json = state
+        .to_json()
+        .replace("\"state_version\":1", "\"state_version\":9");
     let e = LoaderState::from_json(&json).unwrap_err().to_string();
     assert!(e.contains("version 9"), "{e}");
     assert_eq!(LoaderState::from_json(&state.to_json()).unwrap(), state);
@@ -199,7 +220,11 @@ fn a_state_resumes_on_its_version_after_the_dataset_grew() {
     drop(l);
     // A collector appends episodes: version V + 1.
     let ds = Dataset::open(dir.path().join("d")).unwrap();
-    TestData::new().obs_dim(3).seed(5).episodes([30, 30, 30]).append_to(&ds);
+    TestData::new()
+        .obs_dim(3)
+        .seed(5)
+        .episodes([30, 30, 30])
+        .append_to(&ds);
     let newest = ds.snapshot().unwrap();
     assert_eq!(newest.version(), snap.version() + 1);
     let resumed = Loader::open(
@@ -221,4 +246,83 @@ fn a_state_resumes_on_its_version_after_the_dataset_grew() {
     .unwrap();
     let got: Vec<Vec<u8>> = by_hand.map(|b| fingerprint(&b)).collect();
     assert!(got == want);
+}
+
+#[test]
+fn a_mix_with_a_followed_part_keeps_its_proportions_follows_and_resumes() {
+    use std::time::{Duration, Instant};
+    use trajstore::Follow;
+    let dir = tempfile::tempdir().unwrap();
+    let offline = dataset(dir.path());
+    let online_path = dir.path().join("online");
+    let online = TestData::new()
+        .obs_dim(3)
+        .seed(9)
+        .episodes([30u64; 3])
+        .snapshot(&online_path);
+    let uniform = |seed| SamplerSpec::new(SamplerKind::Uniform, 6, 8).with_seed(seed);
+    let spec = |off: &Snapshot, on: &Snapshot| {
+        LoaderSpec::new(&COLUMNS)
+            .part(off.clone(), uniform(1), 0.5)
+            .part(on.clone(), uniform(2), 0.5)
+            .follow(Follow::every(Duration::from_millis(20)))
+            .with_num_slices(16)
+    };
+    let mut l = Loader::open(spec(&offline, &online), opts(2, 0, 1)).unwrap();
+    let ds = Dataset::open(&online_path).unwrap();
+    let check = |b: &Batch, online_ids: u64| {
+        assert_eq!(
+            b.source,
+            [vec![0u16; 8], vec![1u16; 8]].concat(),
+            "exactly half from each"
+        );
+        for (i, &id) in b.episode_id.iter().enumerate() {
+            assert!(
+                id < if i < 8 { 40 } else { online_ids },
+                "slice {i}: id {id}"
+            );
+        }
+    };
+    for round in 0..3u64 {
+        let v = TestData::new()
+            .obs_dim(3)
+            .seed(round)
+            .episodes([30u64])
+            .append_to(&ds);
+        let new_id = 3 + round;
+        let t = Instant::now();
+        loop {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "online episode {new_id} not sampled"
+            );
+            let versions = l.versions();
+            let b = l.next_batch().unwrap();
+            check(&b, new_id + 1);
+            if versions == [offline.version(), v] && b.episode_id[8..].contains(&new_id) {
+                break;
+            }
+        }
+    }
+    // No commit any more: the stream after a state is fixed; a resume continues it exactly.
+    let state = l.state();
+    assert!(state.parts[1].follow && !state.parts[0].follow);
+    assert_eq!(state.parts[1].version, ds.snapshot().unwrap().version());
+    let want: Vec<Vec<u8>> = l.by_ref().take(30).map(|b| fingerprint(&b)).collect();
+    drop(l);
+    let newest = ds.snapshot().unwrap();
+    let resumed = Loader::open(
+        spec(&offline, &newest),
+        opts(3, 0, 1).resume(state).with_max_batches(30),
+    )
+    .unwrap();
+    let got: Vec<Vec<u8>> = resumed.map(|b| fingerprint(&b)).collect();
+    assert!(got == want, "the resumed mix continues exactly");
+    // Mixing datasets whose columns differ is refused when the loader is made.
+    let wide = TestData::new()
+        .obs_dim(4)
+        .episodes([30u64; 2])
+        .snapshot(&dir.path().join("w"));
+    let e = err_of(Loader::open(spec(&offline, &wide), opts(1, 0, 1)));
+    assert!(e.to_string().contains("observation"), "{e}");
 }

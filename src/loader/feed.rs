@@ -134,7 +134,10 @@ impl Feed {
             num_slices,
         } = spec;
         if parts.is_empty() {
-            return Err(Error::argument("parts", "a loader needs at least one dataset"));
+            return Err(Error::argument(
+                "parts",
+                "a loader needs at least one dataset",
+            ));
         }
         let weights: Vec<f64> = parts.iter().map(|p| p.weight).collect();
         let counts = if parts.len() == 1 {
@@ -211,7 +214,9 @@ impl Feed {
                     (Some(_), _) => {
                         return Err(Error::argument(
                             "state",
-                            format!("cannot resume: part {i} has saved priorities for another version"),
+                            format!(
+                                "cannot resume: part {i} has saved priorities for another version"
+                            ),
                         ));
                     }
                     _ => {}
@@ -245,7 +250,12 @@ impl Feed {
     /// The generation batch `k` would be planned from, without claiming `k`.
     pub(crate) fn peek(&self, k: u64) -> Arc<Generation> {
         let g = self.gens.lock().unwrap_or_else(|e| e.into_inner());
-        g.list.iter().rev().find(|x| x.from <= k).unwrap_or(&g.list[0]).clone()
+        g.list
+            .iter()
+            .rev()
+            .find(|x| x.from <= k)
+            .unwrap_or(&g.list[0])
+            .clone()
     }
 
     /// The first generation (sizes, columns, epochs: the same in all).
@@ -264,12 +274,20 @@ impl Feed {
 
     /// The versions batch `k` is planned from, one per part.
     pub(crate) fn versions(&self, k: u64) -> Vec<u64> {
-        self.peek(k).parts.iter().map(|p| p.snapshot.version()).collect()
+        self.peek(k)
+            .parts
+            .iter()
+            .map(|p| p.snapshot.version())
+            .collect()
     }
 
     /// The prioritized samplers of the generation of batch `k`, one entry per part.
     pub(crate) fn prioritized(&self, k: u64) -> Vec<Option<Arc<PrioritizedSampler>>> {
-        self.peek(k).parts.iter().map(|p| p.built.prioritized.clone()).collect()
+        self.peek(k)
+            .parts
+            .iter()
+            .map(|p| p.built.prioritized.clone())
+            .collect()
     }
 
     /// The state of a loader whose next batch is `next` (with `priorities`: saved from the
@@ -316,7 +334,13 @@ impl Feed {
     /// Moves each following part whose period has come to its newest version; publishes a
     /// generation when one changed. Returns whether it did.
     fn refresh(&self, due: &[bool]) -> Result<bool> {
-        let last = self.gens.lock().unwrap_or_else(|e| e.into_inner()).list.last().cloned();
+        let last = self
+            .gens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .list
+            .last()
+            .cloned();
         let last = last.expect("a generation");
         let mut parts = last.parts.clone();
         let mut changed = false;
@@ -326,7 +350,10 @@ impl Feed {
             }
             let mut snap = part.snapshot.clone();
             if snap.refresh()? {
-                let spec = self.parts[i].spec.as_ref().expect("a followed part has a spec");
+                let spec = self.parts[i]
+                    .spec
+                    .as_ref()
+                    .expect("a followed part has a spec");
                 *part = build_part(&snap, spec, &self.columns, self.read_ahead)?;
                 changed = true;
             }

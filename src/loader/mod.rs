@@ -13,16 +13,18 @@ mod spec;
 mod staged;
 mod state;
 
+pub(crate) use feed::Feed;
+pub use feed::FollowStats;
 #[cfg(feature = "torch")]
 pub(crate) use pipeline::Lane;
 pub(crate) use pipeline::check_rank;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
-pub(crate) use feed::Feed;
-pub use feed::FollowStats;
 pub use spec::{Follow, LoaderSpec, PartSpec};
 pub use staged::{StagedBatch, StagedLoader, StagingSlot};
-pub use state::{DATASET_ID_PROPERTY, LoaderState, PartState, STATE_FORMAT, STATE_VERSION, SamplerState};
+pub use state::{
+    DATASET_ID_PROPERTY, LoaderState, PartState, STATE_FORMAT, STATE_VERSION, SamplerState,
+};
 
 /// Options of a [`Loader`].
 #[derive(Debug, Clone)]
@@ -164,7 +166,11 @@ impl BatchSource {
     }
 
     /// The prioritized sampler of dataset `part` for batch `k` (None when not prioritized).
-    pub fn prioritized(&self, k: u64, part: usize) -> Option<Arc<crate::sample::PrioritizedSampler>> {
+    pub fn prioritized(
+        &self,
+        k: u64,
+        part: usize,
+    ) -> Option<Arc<crate::sample::PrioritizedSampler>> {
         self.0.prioritized(k).get(part).cloned().flatten()
     }
 

@@ -168,7 +168,11 @@ impl WorkerPlans {
 
     /// The gatherer of the plan [`WorkerPlans::plan`] made last.
     pub(crate) fn gatherer(&self) -> &Arc<Gatherer> {
-        &self.current_gen.as_ref().expect("plan() comes first").gatherer
+        &self
+            .current_gen
+            .as_ref()
+            .expect("plan() comes first")
+            .gatherer
     }
 }
 

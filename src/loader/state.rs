@@ -113,7 +113,11 @@ impl SamplerState {
             ("policy", self.policy.clone(), other.policy.clone()),
             ("weighting", self.weighting.clone(), other.weighting.clone()),
             ("seed", self.seed.to_string(), other.seed.to_string()),
-            ("alpha", format!("{:?}", self.alpha), format!("{:?}", other.alpha)),
+            (
+                "alpha",
+                format!("{:?}", self.alpha),
+                format!("{:?}", other.alpha),
+            ),
             (
                 "drop_last",
                 format!("{:?}", self.drop_last),
@@ -185,8 +189,11 @@ impl LoaderState {
     /// Reads [`LoaderState::to_bytes`]; anything else is an [`Error::InvalidArgument`] about
     /// `state`.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let bad = |why: &str| Error::argument("state", format!("not a trajstore loader state: {why}"));
-        let mut rest = bytes.strip_prefix(MAGIC).ok_or_else(|| bad("wrong magic bytes"))?;
+        let bad =
+            |why: &str| Error::argument("state", format!("not a trajstore loader state: {why}"));
+        let mut rest = bytes
+            .strip_prefix(MAGIC)
+            .ok_or_else(|| bad("wrong magic bytes"))?;
         let mut take = |n: usize| -> Result<&[u8]> {
             if rest.len() < n {
                 return Err(bad("truncated"));
@@ -238,7 +245,11 @@ impl LoaderState {
     /// Refuses to resume `self` on a loader described by `fresh` (the state the loader would
     /// have at its start): another dataset, another rank or world size, other sampler options
     /// or another mix. `snapshots` are the loader's part snapshots at the state's versions.
-    pub(crate) fn check_resumable(&self, fresh: &LoaderState, snapshots: &[Snapshot]) -> Result<()> {
+    pub(crate) fn check_resumable(
+        &self,
+        fresh: &LoaderState,
+        snapshots: &[Snapshot],
+    ) -> Result<()> {
         let refuse = |why: String| Err(Error::argument("state", format!("cannot resume: {why}")));
         if (self.rank, self.world_size) != (fresh.rank, fresh.world_size) {
             return refuse(format!(
@@ -259,7 +270,13 @@ impl LoaderState {
                 self.num_slices, self.slice_len, fresh.num_slices, fresh.slice_len
             ));
         }
-        for (i, ((s, f), snap)) in self.parts.iter().zip(&fresh.parts).zip(snapshots).enumerate() {
+        for (i, ((s, f), snap)) in self
+            .parts
+            .iter()
+            .zip(&fresh.parts)
+            .zip(snapshots)
+            .enumerate()
+        {
             let which = if self.parts.len() > 1 {
                 format!("dataset {i} of the mix")
             } else {

@@ -198,7 +198,9 @@ impl PrioritizedSampler {
         let body = bytes
             .strip_prefix(PRIORITIES_MAGIC)
             .filter(|b| b.len() >= 9)
-            .ok_or_else(|| bad("these bytes are not saved priorities of a trajstore loader".into()))?;
+            .ok_or_else(|| {
+                bad("these bytes are not saved priorities of a trajstore loader".into())
+            })?;
         let saved = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
         if saved != n as u64 {
             return Err(bad(format!(
@@ -226,7 +228,9 @@ impl PrioritizedSampler {
                 for pair in w.chunks_exact(2) {
                     let run = usize::try_from(pair[0]).unwrap_or(usize::MAX);
                     if run > n - leaves.len() {
-                        return Err(bad("the saved priorities hold more windows than they say".into()));
+                        return Err(bad(
+                            "the saved priorities hold more windows than they say".into()
+                        ));
                     }
                     leaves.extend(std::iter::repeat_n(f64::from_bits(pair[1]), run));
                 }
@@ -240,7 +244,9 @@ impl PrioritizedSampler {
             )));
         }
         if let Some(v) = leaves.iter().find(|v| !(**v >= 0.0 && v.is_finite())) {
-            return Err(bad(format!("a saved priority is {v}, not a finite number >= 0")));
+            return Err(bad(format!(
+                "a saved priority is {v}, not a finite number >= 0"
+            )));
         }
         let mut tree = self.tree.write().unwrap_or_else(|e| e.into_inner());
         let cap = tree.cap;

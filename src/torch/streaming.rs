@@ -59,7 +59,11 @@ impl StreamWorker {
             Some(s) => s,
             None => Slot::alloc(&self.layout, self.pin)?,
         };
-        slot.fill(self.planner.gatherer(), self.planner.current(), &self.layout)?;
+        slot.fill(
+            self.planner.gatherer(),
+            self.planner.current(),
+            &self.layout,
+        )?;
         let mut batch = slot.view(&self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
@@ -97,7 +101,11 @@ impl StreamWorker {
             }
         }
         let slot = &mut self.slots[i];
-        slot.fill(self.planner.gatherer(), self.planner.current(), &self.layout)?;
+        slot.fill(
+            self.planner.gatherer(),
+            self.planner.current(),
+            &self.layout,
+        )?;
         // Without a transform or a widened column, the whole slot in one copy (one allocation
         // on the device), handed out as views of it.
         let on = if self.transform.is_none() && !self.layout.widens() {
