@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::json;
 
-use super::sample::slice_sampler;
+use super::sample::{slice_sampler, slice_spec};
 use super::*;
 use crate::open::*;
 use crate::output::*;
@@ -97,10 +97,24 @@ pub(crate) struct BenchArgs {
     /// for batches too large to time on the CPU). JSON: {"transitions", ..., "torch": {...}}.
     #[arg(long, requires = "device")]
     device_only: bool,
+    /// The loader phase follows the dataset's new versions, looking every SECS seconds (run a
+    /// collector meanwhile, e.g. `trajstore demo DATASET --append` in a loop in another
+    /// process): set against the same phase on a static dataset, the cost of following.
+    #[arg(long, value_name = "SECS", value_parser = positive_secs)]
+    follow: Option<f64>,
     /// With --device: cast floating columns on the device (none, bf16, f16).
     #[cfg(feature = "torch")]
     #[arg(long, default_value = "none", requires = "device")]
     cast: trajstore::torch::FloatCast,
+}
+
+fn positive_secs(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 86_400.0 => Ok(x),
+        _ => Err(format!(
+            "`{s}`: a number of seconds, more than 0 and at most 86400"
+        )),
+    }
 }
 
 /// (anonymous, file-backed) resident memory of this process in MiB, from /proc/self/status
@@ -360,9 +374,12 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let loader_batches = iters as u64;
     let reads = DiskReads::now();
     let t = Instant::now();
-    let mut loader = trajstore::Loader::try_new(
-        sampler.clone(),
-        gatherer.clone(),
+    let mut spec = trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols);
+    if let Some(secs) = a.follow {
+        spec = spec.follow(trajstore::Follow::every(Duration::from_secs_f64(secs)));
+    }
+    let mut loader = trajstore::Loader::open(
+        spec.clone(),
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
             .with_prefetch(prefetch_that_fits(bytes, a.workers))
@@ -371,14 +388,32 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             .with_max_batches(loader_batches),
     )
     .map_err(|e| anyhow::anyhow!("--workers {}: {e}", a.workers))?;
+    let first_version = loader.versions()[0];
     let mut got = 0u64;
     while let Some(b) = loader.next_batch() {
         got += 1;
         loader.recycle(b);
     }
     let loader_s = t.elapsed().as_secs_f64();
+    // What a checkpoint of the loader costs: its state, as bytes, and a source opened from it.
+    let t_state = Instant::now();
+    let state_bytes = loader.state().to_bytes();
+    let state_save_us = t_state.elapsed().as_secs_f64() * 1e6;
+    let follow = json!({
+        "every_s": a.follow,
+        "first_version": first_version,
+        "last_version": loader.versions()[0],
+        "refreshes": loader.follow_stats().refreshes,
+        "failures": loader.follow_stats().failures,
+    });
     // Joined workers' faults and reads count in the process's totals.
     drop(loader);
+    let t_state = Instant::now();
+    let state = trajstore::LoaderState::from_bytes(&state_bytes)?;
+    let resumed =
+        trajstore::BatchSource::open(spec, &trajstore::LoaderOptions::default().resume(state))?;
+    let state_resume_ms = t_state.elapsed().as_secs_f64() * 1e3;
+    drop(resumed);
     let loader_reads = DiskReads::since(reads);
     let loader_bps = got as f64 / loader_s;
     let torch = match &a.device {
@@ -473,6 +508,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "loader_batches_per_s": loader_bps,
         "loader_transitions_per_s": got as f64 * steps / loader_s,
         "loader_disk_bytes_per_batch": per_batch(loader_reads, got),
+        "loader_follow": follow,
+        "state_bytes": state_bytes.len(),
+        "state_save_us": state_save_us,
+        "state_resume_ms": state_resume_ms,
         "phases": {
             "open_and_first_batch": phase(first_batch_s, 1, open_reads),
             "single_thread": phase(loop_s, 2 * iters as u64, loop_reads),
@@ -525,6 +564,19 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "{:<23}{loader_bps:>10.0} batches/s, {} transitions/s (from batch {loader_start})",
         format!("loader ({} workers)", a.workers),
         HumanCount((got as f64 * steps / loader_s) as u64)
+    );
+    if let Some(secs) = a.follow {
+        outln!(
+            "  following (every {secs} s): versions {} to {}, {} refreshes",
+            follow["first_version"],
+            follow["last_version"],
+            follow["refreshes"]
+        );
+    }
+    outln!(
+        "loader state           {:>10} bytes; state() + to_bytes {state_save_us:.1} us, resume \
+         (check + open) {state_resume_ms:.2} ms",
+        state_bytes.len()
     );
     if let Some(t) = &torch {
         print_torch_bench(t);

@@ -20,7 +20,30 @@ pub(crate) struct SampleArgs {
     batch: u64,
 }
 
+/// The uniform sampler of `a` as a [`trajstore::SamplerSpec`] (what a loader built with
+/// [`trajstore::Loader::open`] takes), with the `--episodes` query resolved.
+pub(crate) fn slice_spec(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SamplerSpec> {
+    let s = slice_options(snap, a)?;
+    let mut spec =
+        trajstore::SamplerSpec::new(trajstore::SamplerKind::Uniform, s.slice_len, s.num_slices)
+            .with_policy(s.policy)
+            .with_weighting(s.weighting)
+            .with_seed(s.seed);
+    spec.episode_ids = s.episode_ids;
+    Ok(spec)
+}
+
 pub(crate) fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceSampler> {
+    let opts = slice_options(snap, a)?;
+    let index = snap.slice_index(a.slice_len, a.policy)?;
+    Ok(trajstore::SliceSampler::try_new(
+        index,
+        snap.episodes(),
+        &opts,
+    )?)
+}
+
+fn slice_options(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceOptions> {
     let (policy, weighting) = (a.policy, a.weighting);
     let opts = trajstore::SliceOptions::new(a.slice_len, a.num_slices)
         .with_policy(policy)
@@ -40,12 +63,7 @@ pub(crate) fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore:
         Some(_) => bail!("--episodes needs SQL: rebuild with the `sql` feature (on by default)"),
         None => opts,
     };
-    let index = snap.slice_index(a.slice_len, policy)?;
-    Ok(trajstore::SliceSampler::try_new(
-        index,
-        snap.episodes(),
-        &opts,
-    )?)
+    Ok(opts)
 }
 
 pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
