@@ -211,6 +211,10 @@ pub fn parse_type(s: &str) -> Result<DataType> {
     })
 }
 
+/// The dataset property holding the random id a dataset gets when it is created (128 bits,
+/// hex), which tells its versions from those of any other dataset (loader states check it).
+pub const DATASET_ID_PROPERTY: &str = "trajstore.dataset_id";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,7 +252,3 @@ mod tests {
         assert!(manifest_name(9) < manifest_name(10));
     }
 }
-
-/// The dataset property holding the random id a dataset gets when it is created (128 bits,
-/// hex), which tells its versions from those of any other dataset (loader states check it).
-pub const DATASET_ID_PROPERTY: &str = "trajstore.dataset_id";

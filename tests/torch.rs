@@ -697,3 +697,58 @@ fn libtorch_cuda_is_loaded_on_first_use() {
         "libtorch_cuda was not loaded"
     );
 }
+
+/// A torch loader from a [`trajstore::BatchSource`]: a resumed mix of two datasets gives the
+/// batches the CPU loader gives after the same state, on `device`.
+fn source_resumes_a_mix(device: Device) {
+    use trajstore::{BatchSource, Loader, LoaderSpec, SamplerKind, SamplerSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let a = dataset(dir.path(), false);
+    let b = TestData::new()
+        .obs_dim(5)
+        .act_dim(3)
+        .seed(12)
+        .episodes([40u64; 6])
+        .snapshot(&dir.path().join("b"));
+    let uniform = |seed| SamplerSpec::new(SamplerKind::Uniform, 16, 24).with_seed(seed);
+    let spec = LoaderSpec::new(&COLUMNS)
+        .part(a, uniform(1), 0.75)
+        .part(b, uniform(2), 0.25);
+    let mut cpu_loader = Loader::open(spec.clone(), LoaderOptions::default()).unwrap();
+    for _ in 0..7 {
+        cpu_loader.next_batch().unwrap();
+    }
+    let state = cpu_loader.state();
+    let want: Vec<Batch> = cpu_loader.by_ref().take(12).collect();
+    assert!(
+        want.iter()
+            .all(|b| b.source.iter().filter(|&&s| s == 1).count() == 6)
+    );
+    let lo = LoaderOptions::default()
+        .with_workers(3)
+        .resume(state)
+        .with_max_batches(12);
+    let source = BatchSource::open(spec, &lo).unwrap();
+    let opts = TorchLoaderOptions::new(device).with_loader(lo);
+    let got: Vec<TensorBatch> = TorchLoader::from_source(&source, opts)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(got.len(), 12);
+    for (i, (t, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(t.device(), device);
+        assert_equals_gather(t, b, &format!("resumed batch {i}"));
+    }
+}
+
+#[test]
+fn a_torch_loader_from_a_source_resumes_a_mix() {
+    source_resumes_a_mix(Device::Cpu);
+}
+
+#[test]
+fn cuda_a_torch_loader_from_a_source_resumes_a_mix() {
+    if let Some(d) = cuda() {
+        source_resumes_a_mix(d);
+    }
+}

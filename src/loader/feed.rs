@@ -263,6 +263,11 @@ impl Feed {
         self.gens.lock().unwrap_or_else(|e| e.into_inner()).list[0].clone()
     }
 
+    /// Whether a part follows new versions.
+    pub(crate) fn follows(&self) -> bool {
+        self.parts.iter().any(|p| p.follow.is_some())
+    }
+
     /// Records that the consumer is at batch `position`.
     pub(crate) fn consumed(&self, position: u64) {
         self.consumed.store(position, Ordering::Relaxed);

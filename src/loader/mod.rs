@@ -150,6 +150,11 @@ impl BatchSource {
         )?))
     }
 
+    #[cfg(feature = "torch")]
+    pub(crate) fn feed(&self) -> Arc<Feed> {
+        self.0.clone()
+    }
+
     /// A source of one sampler and gatherer built by hand.
     pub fn fixed(sampler: Arc<dyn Sampler>, gatherer: Arc<Gatherer>) -> Self {
         Self(Feed::fixed(sampler, gatherer))
@@ -189,6 +194,11 @@ impl BatchSource {
     /// What following new versions has done so far.
     pub fn follow_stats(&self) -> FollowStats {
         self.0.stats()
+    }
+
+    /// Whether the source follows a dataset's new versions.
+    pub fn follows(&self) -> bool {
+        self.0.follows()
     }
 }
 

@@ -33,6 +33,8 @@ use crate::sample::Sampler;
 pub struct TorchLoader {
     inner: Inner,
     device: Device,
+    feed: Arc<Feed>,
+    rank_world: (u64, u64),
 }
 
 pub(crate) enum Inner {
@@ -67,6 +69,32 @@ impl TorchLoader {
         gatherer: Arc<Gatherer>,
         opts: TorchLoaderOptions,
     ) -> Result<Self> {
+        if opts.loader.resume.is_some() {
+            return Err(Error::argument(
+                "resume",
+                "a torch loader resumes through TorchLoader::from_source (a BatchSource opened \
+                 with the state)",
+            ));
+        }
+        Self::from_feed(Feed::fixed(sampler, gatherer), opts)
+    }
+
+    /// A loader of `source`'s batches (one dataset or a mix, fixed or following, opened from a
+    /// state or not: see [`crate::Loader::open`]) from `opts.loader.start` on. Resident mode
+    /// takes a fixed single dataset only.
+    pub fn from_source(source: &crate::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
+        Self::from_feed(source.feed(), opts)
+    }
+
+    /// Where this loader is (see [`crate::Loader::state`]).
+    pub fn state(&self) -> crate::LoaderState {
+        self.feed.state(self.position(), self.rank_world, true)
+    }
+
+    fn from_feed(feed: Arc<Feed>, opts: TorchLoaderOptions) -> Result<Self> {
+        let first = feed.first();
+        let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
+        let rank_world = (opts.loader.rank, opts.loader.world_size);
         let device = opts.device;
         check_device(device)?;
         if opts.pin_output && device == Device::Cpu {
@@ -92,15 +120,22 @@ impl TorchLoader {
             sampler.slice_len() as usize,
         )?;
         if let Some(budget) = opts.resident_budget {
+            if feed.follows() {
+                return Err(Error::argument(
+                    "resident_budget",
+                    "resident mode uploads one version once: it cannot follow a growing dataset",
+                ));
+            }
             let resident = Resident::new(sampler, &gatherer, layout, &opts, end, budget)?;
             return Ok(Self {
                 inner: Inner::Resident(Box::new(resident)),
                 device,
+                feed,
+                rank_world,
             });
         }
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let lo = &opts.loader;
-        let feed = Feed::fixed(sampler.clone(), gatherer.clone());
         let pipeline = Pipeline::start(
             lo.workers,
             lo.prefetch,
@@ -109,7 +144,6 @@ impl TorchLoader {
             "torch-loader",
             |lane| {
                 let mut worker = StreamWorker {
-                    gatherer: gatherer.clone(),
                     layout: layout.clone(),
                     device,
                     pin: match device {
@@ -130,9 +164,12 @@ impl TorchLoader {
                 move |k: u64| worker.produce(k, lane)
             },
         )?;
+        feed.consumed(lo.start);
         Ok(Self {
             inner: Inner::Streaming { pipeline, pool },
             device,
+            feed,
+            rank_world,
         })
     }
 
@@ -140,10 +177,12 @@ impl TorchLoader {
     /// the stream. An error (a failed allocation or copy in libtorch) is returned at the batch it
     /// happened in.
     pub fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
-        match &mut self.inner {
+        let b = match &mut self.inner {
             Inner::Streaming { pipeline, .. } => pipeline.next_item(),
             Inner::Resident(r) => r.next_batch(),
-        }
+        };
+        self.feed.consumed(TorchLoader::position(self));
+        b
     }
 
     /// The number of the batch [`TorchLoader::next_batch`] returns next.

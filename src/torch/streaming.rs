@@ -10,11 +10,9 @@ use super::layout::{Layout, Slot};
 use super::options::Transform;
 use super::{FloatCast, TensorBatch};
 use crate::error::{Error, Result};
-use crate::gather::Gatherer;
 use crate::loader::{Lane, WorkerPlans};
 
 pub(crate) struct StreamWorker {
-    pub(crate) gatherer: Arc<Gatherer>,
     pub(crate) layout: Layout,
     pub(crate) device: Device,
     /// The device whose pinned memory staging uses (None: pageable host memory).

@@ -43,6 +43,7 @@ pub(crate) fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore:
     )?)
 }
 
+#[cfg_attr(not(feature = "sql"), allow(unused_variables))]
 fn slice_options(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceOptions> {
     let (policy, weighting) = (a.policy, a.weighting);
     let opts = trajstore::SliceOptions::new(a.slice_len, a.num_slices)
