@@ -80,14 +80,14 @@ impl TorchLoader {
     }
 
     /// A loader of `source`'s batches (one dataset or a mix, fixed or following, opened from a
-    /// state or not: see [`crate::Loader::open`]) from `opts.loader.start` on. Resident mode
+    /// state or not: see [`crate::loader::Loader::open`]) from `opts.loader.start` on. Resident mode
     /// takes a fixed single dataset only.
-    pub fn from_source(source: &crate::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
+    pub fn from_source(source: &crate::loader::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
         Self::from_feed(source.feed(), opts)
     }
 
-    /// Where this loader is (see [`crate::Loader::state`]).
-    pub fn state(&self) -> crate::LoaderState {
+    /// Where this loader is (see [`crate::loader::Loader::state`]).
+    pub fn state(&self) -> crate::loader::LoaderState {
         self.feed.state(self.position(), self.rank_world, true)
     }
 
