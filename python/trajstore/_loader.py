@@ -543,7 +543,8 @@ class Loader:
                 self._source_host = np.asarray(sources, dtype=np.int64)
             else:
                 t = _torch().tensor(sources, dtype=_torch().int64)
-                self._source_host = t.pin_memory() if self._pin else t
+                pin = self._pin or (self._cuda and not self._staged_on_cpu)
+                self._source_host = t.pin_memory() if pin else t
         return self._source_host
 
     # --- priorities -------------------------------------------------------------------------
