@@ -174,7 +174,7 @@ def test_cuda_break_and_iterate_again_continues_the_stream(demo_ds):
     assert len(got) == 40
 
 
-def test_cuda_mix_and_resume(demo_ds, tmp_path):
+def test_cuda_mix_and_resume(tmp_path):
     """A mix on the GPU: `source` is one device tensor for every batch, the values equal the CPU
     loader's, and a state taken on the GPU resumes on the CPU exactly."""
     from growing import append, check_batch, lengths
