@@ -191,3 +191,13 @@ def test_mix_follow_and_resume(tmp_path):
         offline.loader(slice_len=4, num_slices=32, seed=5).load_state_dict(state)
     with pytest.raises(trajstore.InvalidArgumentError, match="cannot resume"):
         trajstore.mix([online, offline], **kw).load_state_dict(state)
+
+
+def test_mix_takes_every_argument_of_dataset_loader():
+    import inspect
+
+    from trajstore._loader import LOADER_DEFAULTS
+
+    params = inspect.signature(trajstore.Dataset.loader).parameters
+    defaults = {k: p.default for k, p in params.items() if k != "self"}
+    assert defaults == LOADER_DEFAULTS
