@@ -13,6 +13,7 @@ mod dataset;
 mod dlpack;
 mod errors;
 mod loader;
+mod plan;
 mod writer;
 
 #[pymodule]
@@ -22,7 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrow_io::ArrowStream>()?;
     m.add_class::<arrow_io::ArrowBatch>()?;
     m.add_class::<dlpack::Buffer>()?;
-    m.add_class::<loader::Plan>()?;
+    m.add_class::<plan::Plan>()?;
     m.add_class::<loader::BatchLoader>()?;
     m.add_class::<loader::SlotLoader>()?;
     m.add_class::<writer::Writer>()?;

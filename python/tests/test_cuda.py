@@ -172,3 +172,25 @@ def test_cuda_break_and_iterate_again_continues_the_stream(demo_ds):
     got += take(loader, 40 - len(got))
     assert same_batches(got, cpu[: len(got)])
     assert len(got) == 40
+
+
+def test_cuda_mix_and_resume(tmp_path):
+    """A mix on the GPU: `source` is one device tensor for every batch, the values equal the CPU
+    loader's, and a state taken on the GPU resumes on the CPU exactly."""
+    from growing import append, check_batch, lengths
+
+    a, b = tmp_path / "a.trajstore", tmp_path / "b.trajstore"
+    append(a, lengths(20, 10, 50, seed=1), tag=0.0, seed=1)
+    append(b, lengths(20, 10, 50, seed=2), tag=1.0, seed=2)
+    kw = dict(slice_len=4, num_slices=16, seed=4)
+    cpu = [batch_numpy(x) for x in trajstore.mix([a, b], **kw, max_batches=10)]
+    gpu = trajstore.mix([a, b], **kw, device="cuda", max_batches=5)
+    got = list(gpu)
+    assert got[0]["source"].is_cuda and got[0]["source"] is got[-1]["source"]
+    state = gpu.state_dict()
+    got = [batch_numpy(x) for x in got]
+    for x in got:
+        check_batch(x, (0.0, 1.0))
+    resumed = trajstore.mix([a, b], **kw, max_batches=5)
+    resumed.load_state_dict(state)
+    assert same_batches(got + [batch_numpy(x) for x in resumed], cpu)

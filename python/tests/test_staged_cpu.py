@@ -71,3 +71,25 @@ def test_staged_dtype_cast_and_transform(demo_ds, staged):
     assert b["observation"].dtype == torch.bfloat16
     assert b["episode_id"].dtype == torch.int64 and b["mask"].dtype == torch.bool
     assert torch.all(b["reward"] == 1)
+
+
+def test_staged_mix_equals_plain_mix(tmp_path, monkeypatch):
+    """A mix through the staged path: the same batches, and one `source` tensor for all."""
+    import trajstore
+    from growing import append, check_batch, lengths
+    from trajref import batch_numpy
+
+    a, b = tmp_path / "a.trajstore", tmp_path / "b.trajstore"
+    append(a, lengths(20, 10, 50, seed=1), tag=0.0, seed=1)
+    append(b, lengths(20, 10, 50, seed=2), tag=1.0, seed=2)
+    kw = dict(slice_len=4, num_slices=16, weights=[3, 1], seed=4, max_batches=12)
+    plain = take(trajstore.mix([a, b], **kw), 12)
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    loader = trajstore.mix([a, b], **kw, staging_slots=3, workers=2)
+    assert loader._staged_on_cpu
+    got = list(loader)
+    assert got[0]["source"] is got[-1]["source"] and got[0]["source"].tolist() == [0] * 12 + [1] * 4
+    got = [batch_numpy(x) for x in got]
+    assert same_batches(got, plain)
+    for x in got:
+        check_batch(x, (0.0, 1.0))

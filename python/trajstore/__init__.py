@@ -10,6 +10,15 @@ over without copies::
         obs, act = batch["observation"], batch["action"]        # [256, 64, 17], [256, 64, 6]
         mask = batch["mask"]                                     # [256, 64] bool
 
+Mixing datasets in every batch (RLPD's symmetric sampling: half offline data, half the online
+data a collector keeps committing, followed as it grows)::
+
+    loader = trajstore.mix([offline, online], weights=[0.5, 0.5], follow=[False, True])
+    batch["source"]                                              # [256] int64: 0 or 1
+
+Preemptible training: ``loader.state_dict()`` (a plain dict, for ``torch.save``) and
+``loader.load_state_dict(state)`` continue the stream exactly, at the same dataset versions.
+
 Writing from collectors::
 
     with trajstore.create("new.trajstore", observation_shape=(17,), action_shape=(6,)) as w:
@@ -20,7 +29,7 @@ Writing from collectors::
 from __future__ import annotations
 
 from . import errors
-from ._dataset import Dataset, open
+from ._dataset import Dataset, mix, open
 from ._loader import Batch, Loader
 from ._native import __version__
 from ._writer import Writer, create, ingest
@@ -43,6 +52,7 @@ from .errors import (
 __all__ = [
     "__version__",
     "open",
+    "mix",
     "create",
     "ingest",
     "Dataset",

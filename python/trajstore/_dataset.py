@@ -21,6 +21,73 @@ if TYPE_CHECKING:
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+def mix(
+    datasets: Sequence[Union["Dataset", PathLike]],
+    weights: Optional[Sequence[float]] = None,
+    *,
+    follow: Any = None,
+    **loader_args: Any,
+) -> "Loader":
+    """A loader whose every batch mixes ``datasets`` in fixed proportions: of its
+    ``num_slices`` slices, dataset ``i`` gives ``num_slices * weights[i] / sum(weights)``
+    (rounded so that they add up; exactly the same counts in every batch), each dataset sampled
+    by its own sampler (seed ``seed + i``) over its own episodes. ``batch["source"]`` (``[B]``
+    int64, the same in every batch) says which dataset each slice came from.
+
+    RLPD's symmetric sampling (Ball et al., 2023): half of every batch from offline data, half
+    from the replay data a collector keeps committing::
+
+        offline, online = trajstore.open("d4rl-hopper"), trajstore.open("online")
+        loader = trajstore.mix([offline, online], weights=[0.5, 0.5], follow=[False, True],
+                               slice_len=2, num_slices=256, device="cuda")
+        for batch in loader:              # 128 offline slices, then 128 online slices
+            ...
+
+    - ``datasets``: :class:`Dataset` objects (or paths, opened at their newest version).
+      The gathered columns (default: those every dataset has) must have the same type and
+      per-step shape in each.
+    - ``weights``: one per dataset (default: equal).
+    - ``follow``: per dataset (a list), or one value for all: see :class:`Loader`.
+    - every other argument of :meth:`Dataset.loader`; the sampler must be endless
+      (``uniform`` or ``episodes``), ``episodes=`` a SQL query that each dataset answers.
+
+    ``state_dict``/``load_state_dict`` resume a mix exactly, as they do a single dataset."""
+    from ._loader import LOADER_DEFAULTS, make_loader
+
+    if isinstance(datasets, (str, bytes)) or not isinstance(datasets, Sequence):
+        raise TypeError("datasets must be a list of trajstore.Dataset (or paths)")
+    ds = [d if isinstance(d, Dataset) else open(d) for d in datasets]
+    if not ds:
+        raise _invalid("a mix needs at least one dataset")
+    n = len(ds)
+    if weights is None:
+        weights = [1.0] * n
+    else:
+        if hasattr(weights, "tolist"):
+            weights = weights.tolist()
+        weights = list(weights)
+        if len(weights) != n:
+            raise _invalid(f"{len(weights)} weights for {n} datasets")
+    if isinstance(follow, (list, tuple)):
+        if len(follow) != n:
+            raise _invalid(f"{len(follow)} follow values for {n} datasets")
+        follows = list(follow)
+    else:
+        follows = [follow] * n
+    unknown = sorted(set(loader_args) - set(LOADER_DEFAULTS))
+    if unknown:
+        raise TypeError(f"mix() got unexpected argument(s) {', '.join(unknown)}")
+    kw = dict(LOADER_DEFAULTS, **loader_args)
+    kw.pop("follow")
+    return make_loader(ds[0], _mix=(ds, [float(w) for w in weights], follows), **kw)
+
+
+def _invalid(msg: str) -> Exception:
+    from .errors import InvalidArgumentError
+
+    return InvalidArgumentError(msg)
+
+
 def open(
     uri: PathLike, version: Optional[int] = None, *, cache_dir: Optional[PathLike] = None
 ) -> "Dataset":
@@ -175,11 +242,15 @@ class Dataset:
         pin_memory: bool = False,
         staging_slots: Optional[int] = None,
         readahead: Union[str, bool] = "auto",
+        follow: Union[None, bool, float, Dict[str, Any]] = None,
     ) -> "Loader":
         """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,
         gathered ahead by ``workers`` Rust threads. See :class:`trajstore.Loader` for every
         argument; each bad one raises :class:`~trajstore.InvalidArgumentError` here, before any
-        batch is sampled."""
+        batch is sampled.
+
+        ``follow=True`` (or a number of seconds, or ``{"every": s, "every_batches": n}``) keeps
+        sampling the newest committed version while a collector writes to the dataset."""
         from ._loader import make_loader
 
         return make_loader(
@@ -207,6 +278,7 @@ class Dataset:
             pin_memory=pin_memory,
             staging_slots=staging_slots,
             readahead=readahead,
+            follow=follow,
         )
 
     # --- writing ----------------------------------------------------------------------------

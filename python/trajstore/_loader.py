@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
 from .errors import InvalidArgumentError
@@ -25,13 +26,42 @@ FLAGS = ("mask", "is_first", "is_last", "terminated", "truncated", "slice_end")
 PER_SLICE = ("episode_id", "start_step")
 SAMPLERS = ("uniform", "epoch", "epoch_episodes", "episodes", "prioritized")
 
+# The arguments of Dataset.loader and trajstore.mix, with their defaults.
+LOADER_DEFAULTS: Dict[str, Any] = dict(
+    slice_len=64,
+    num_slices=256,
+    columns=None,
+    policy="strict",
+    weighting="windows",
+    episodes=None,
+    sampler="uniform",
+    seed=0,
+    alpha=0.6,
+    beta=None,
+    drop_last=False,
+    workers=None,
+    prefetch=4,
+    device="cpu",
+    dtype_cast=None,
+    rank=0,
+    world_size=None,
+    max_batches=None,
+    backend="torch",
+    transform=None,
+    pin_memory=False,
+    staging_slots=None,
+    readahead="auto",
+    follow=None,
+)
+
 
 class Batch(dict):
     """One batch: a dict of ``[B, L, ...]`` tensors (or NumPy arrays), one per requested column,
     plus ``mask`` (real steps; padding is False), ``is_first``, ``is_last``, ``terminated``,
     ``truncated``, ``slice_end`` (``[B, L]`` bool), ``episode_id`` and ``start_step``
-    (``[B]`` int64), and ``weight`` (``[B]`` float32 importance weights) when a prioritized
-    loader was given ``beta``.
+    (``[B]`` int64), ``weight`` (``[B]`` float32 importance weights) when a prioritized
+    loader was given ``beta``, and ``source`` (``[B]`` int64: which dataset of a
+    :func:`trajstore.mix` each slice came from; the same tensor in every batch).
 
     ``index`` is the batch's number in the stream (what :meth:`Loader.update_priorities` and
     resuming take)."""
@@ -95,6 +125,40 @@ def _resolve_rank(rank: Union[int, str], world_size: Optional[int]) -> Tuple[int
     return rank, w
 
 
+def _follow_options(follow: Any, what: str = "follow") -> Dict[str, Any]:
+    """The native part options of ``follow``: None/False (fixed), True (look every second),
+    seconds, or ``{"every": seconds, "every_batches": n}``."""
+    if follow is None or follow is False:
+        return {}
+    if follow is True:
+        return {"follow_every": 1.0}
+    if isinstance(follow, (int, float)) and not isinstance(follow, bool):
+        if not follow > 0:
+            raise InvalidArgumentError(f"{what}={follow!r}: a period in seconds > 0")
+        return {"follow_every": float(follow)}
+    if isinstance(follow, Mapping):
+        unknown = sorted(set(follow) - {"every", "every_batches"})
+        every, batches = follow.get("every"), follow.get("every_batches")
+        if unknown or (every is None and batches is None):
+            raise InvalidArgumentError(
+                f"{what}={dict(follow)!r}: give 'every' (seconds) and/or 'every_batches' (batches)"
+            )
+        out: Dict[str, Any] = {}
+        if every is not None:
+            if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
+                raise InvalidArgumentError(f"{what}: every={every!r}, a period in seconds > 0")
+            out["follow_every"] = float(every)
+        if batches is not None:
+            if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+                raise InvalidArgumentError(f"{what}: every_batches={batches!r}, an int >= 1")
+            out["follow_every_batches"] = batches
+        return out
+    raise InvalidArgumentError(
+        f"{what}={follow!r}: use True (every second), a number of seconds, or "
+        "{'every': seconds, 'every_batches': n}"
+    )
+
+
 def _parse_device(device: Any):
     """A ``torch.device`` for ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a device, an
     int), checked against this machine. ``cpu`` makes no CUDA call."""
@@ -121,9 +185,10 @@ def _parse_device(device: Any):
 
 
 class Loader:
-    """An iterable of :class:`Batch` es sampled from a :class:`~trajstore.Dataset`.
+    """An iterable of :class:`Batch` es sampled from a :class:`~trajstore.Dataset`, or from
+    several mixed in fixed proportions per batch.
 
-    Made by :meth:`Dataset.loader`. Arguments:
+    Made by :meth:`Dataset.loader` and :func:`trajstore.mix`. Arguments:
 
     - ``slice_len``, ``num_slices``: each batch holds ``num_slices`` slices of ``slice_len``
       consecutive steps of one episode each.
@@ -140,8 +205,10 @@ class Loader:
       (whole episodes, padded or cut to ``slice_len``), ``"prioritized"`` (proportional to
       priorities set with :meth:`update_priorities`; ``alpha``, and ``beta`` for importance
       weights in ``batch["weight"]``).
-    - ``seed``: same seed, same batches, whatever ``workers`` (the prioritized sampler excepted:
-      its batches depend on when priorities were updated, and ``state_dict`` does not hold them).
+    - ``seed``: same seed, same batches, whatever ``workers``. (A prioritized sampler's batches
+      also depend on the priorities set when each was drawn: workers draw ``prefetch`` batches
+      ahead. ``state_dict`` holds the priorities, so a resumed run draws what the interrupted
+      one would have drawn next from the same priorities.)
     - ``workers``, ``prefetch``: Rust threads gathering (default 2, 1 on a machine of two cores
       or fewer: each gather is itself parallel), and batches queued ahead.
     - ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
@@ -161,6 +228,19 @@ class Loader:
       pages of its next batch at once (many reads in flight) and stops when they are found in
       memory; nothing is done for data already in memory. ``"always"``/``True``, ``"never"``/
       ``False`` force it.
+    - ``follow``: sample a dataset that a collector keeps committing to: ``True`` (look for a
+      newer version every second), a number of seconds, or ``{"every": seconds,
+      "every_batches": n}`` (whichever comes first). A newer version is mapped in the
+      background (only its new segments) and used from the next batch not yet drawn: every
+      batch comes from one version, and versions only move forward (:attr:`versions`). Endless
+      samplers only (``uniform``, ``episodes``); no ``episodes=`` subset.
+
+    ``state_dict()`` is where the stream is (the next batch's number, the versions it is drawn
+    from, the dataset ids, rank and sampler options, a prioritized sampler's priorities): a plain
+    dict for ``torch.save``. ``load_state_dict(state)`` on a loader made with the same arguments
+    (any ``workers``) continues exactly there, at the versions the state was taken on (a followed
+    dataset: its newest if that one is gone); a state of another dataset, rank or sampler is
+    refused with :class:`~trajstore.InvalidArgumentError`.
 
     Iterating yields one epoch of an epoch sampler, ``max_batches`` batches, or (uniform and
     prioritized samplers without ``max_batches``) batches forever; iterating again continues
@@ -170,7 +250,21 @@ class Loader:
     """
 
     def __init__(self, dataset: Any, **kw: Any) -> None:
-        self._dataset = dataset
+        # trajstore.mix: (datasets, weights, follow per dataset).
+        mix: Optional[Tuple[List[Any], List[float], List[Any]]] = kw.pop("_mix", None)
+        follow = kw.pop("follow", None)
+        if mix is None:
+            datasets, parts = [dataset], [_follow_options(follow)]
+        else:
+            datasets, weights, follows = mix
+            parts = [
+                dict(weight=float(w), **_follow_options(f, f"follow[{i}]"))
+                for i, (w, f) in enumerate(zip(weights, follows))
+            ]
+        self._dataset = datasets[0]
+        self._datasets = datasets
+        self._mix = mix is not None
+        self._parts = [(d._n, p) for d, p in zip(datasets, parts)]
         backend = kw.pop("backend")
         if backend not in ("torch", "numpy"):
             raise InvalidArgumentError(f"backend {backend!r}: use 'torch' or 'numpy'")
@@ -212,6 +306,10 @@ class Loader:
         options: Dict[str, Any] = dict(kw)
         if isinstance(episodes, str):
             options["episodes_sql"] = episodes
+        elif episodes is not None and self._mix:
+            raise InvalidArgumentError(
+                "episodes= in a mix: give a SQL query (each dataset answers it), not episode ids"
+            )
         elif episodes is not None:
             if hasattr(episodes, "tolist"):  # NumPy array or tensor
                 episodes = episodes.tolist()
@@ -221,7 +319,10 @@ class Loader:
                 raise InvalidArgumentError("columns must be a list of names, not a string")
             options["columns"] = list(options["columns"])
         else:
-            options["columns"] = dataset.sample_columns
+            # Of a mix: the columns every dataset has, in the first one's order.
+            options["columns"] = [
+                c for c in datasets[0].sample_columns if all(c in d.sample_columns for d in datasets[1:])
+            ]
         options["rank"], options["world_size"] = self._rank, self._world
         self._per_iteration: Optional[int] = options.pop("max_batches")
         if self._per_iteration is not None and self._per_iteration < 1:
@@ -240,15 +341,18 @@ class Loader:
             raise InvalidArgumentError(f"staging_slots={staging}: at least 2")
         self._position = 0
         self._recent: Deque[Tuple[int, Any, Any]] = collections.deque(maxlen=256)
-        # Sampler and gatherer: every bad argument fails here.
-        self._plan = _native.Plan(dataset._n, options)
+        # Samplers and gatherers: every bad argument fails here.
+        self._plan = _native.Plan(self._parts, options)
         self._names = [c[0] for c in self._plan.columns()]
-        reserved = sorted(set(self._names) & set(FLAGS + PER_SLICE + ("weight",)))
+        keys = FLAGS + PER_SLICE + ("weight",) + (("source",) if self._mix else ())
+        reserved = sorted(set(self._names) & set(keys))
         if reserved:
             raise InvalidArgumentError(
                 f"column(s) {', '.join(reserved)}: every batch has these keys already (the flags "
-                f"{', '.join(FLAGS)}, and {', '.join(PER_SLICE)}, weight); leave them out of columns="
+                f"{', '.join(FLAGS)}, and {', '.join(keys[len(FLAGS):])}); leave them out of columns="
             )
+        self._source_host: Any = None
+        self._source_dev: Any = None
         self._inflight: Deque[Tuple[int, Any]] = collections.deque()
         self._stream_native: Any = None
         self._active: Any = None
@@ -296,15 +400,64 @@ class Loader:
         """Batches in one epoch of an epoch sampler (all ranks together), else None."""
         return self._plan.batches_per_epoch
 
-    def state_dict(self) -> Dict[str, int]:
-        """Where the stream is: pass to :meth:`load_state_dict` of a loader made with the same
-        arguments to continue exactly there (after a preemption)."""
-        return {"position": self._position}
+    @property
+    def versions(self) -> List[int]:
+        """The versions the next batch is drawn from, one per dataset (they move forward while
+        the loader follows a dataset)."""
+        return list(self._plan.versions(self._position))
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    @property
+    def num_datasets(self) -> int:
+        """The number of datasets sampled (several for a :func:`trajstore.mix`)."""
+        return len(self._datasets)
+
+    def follow_stats(self) -> Dict[str, Any]:
+        """What following new versions has done: ``refreshes`` (new versions taken),
+        ``failures`` (looks that failed and were retried), ``last_error``."""
+        return dict(self._plan.follow_stats())
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the stream is, as a plain dict (``torch.save``-able): ``next_batch``, ``rank``,
+        ``world_size``, one entry per dataset in ``parts`` (its id, the version and fingerprint
+        the next batch is drawn from, its sampler's options), and ``priorities`` (per dataset,
+        the bytes of a prioritized sampler's priorities, else None). Pass it to
+        :meth:`load_state_dict` of a loader made with the same arguments, in this process or
+        another, to continue exactly there (after a preemption)."""
+        header, priorities = self._plan.state(self._position)
+        state: Dict[str, Any] = json.loads(header)
+        state["priorities"] = [None if p is None else bytes(p) for p in priorities]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues the stream where ``state`` (from :meth:`state_dict`) was taken: the next
+        batch is the one the loader that saved it would have yielded next, drawn from the same
+        versions (the loader is reopened at them) with the same priorities, whatever ``workers``.
+        Raises :class:`~trajstore.InvalidArgumentError` for a state of another dataset, rank,
+        world size, sampler options or mix. (``{"position": n}`` moves to batch ``n`` of this
+        loader's versions.)"""
+        if not isinstance(state, Mapping):
+            raise InvalidArgumentError(f"state must be a dict from state_dict(), not {type(state).__name__}")
+        if "format" not in state:
+            if "position" not in state:
+                raise InvalidArgumentError("not a loader state: no 'format' (and no 'position')")
+            self._close()
+            self._recent.clear()
+            self._position = int(state["position"])
+            return
+        header = {k: v for k, v in state.items() if k != "priorities"}
+        priorities = state.get("priorities")
+        if priorities is not None:
+            priorities = [None if p is None else bytes(p) for p in priorities]
+        try:
+            text = json.dumps(header)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"not a loader state: {e}") from None
+        # The new plan first: a refused state leaves this loader as it was.
+        plan = _native.Plan(self._parts, self._options, text, priorities)
         self._close()
         self._recent.clear()
-        self._position = int(state["position"])
+        self._plan = plan
+        self._position = int(header["next_batch"])
 
     def __iter__(self) -> Iterator[Batch]:
         native = self._native
@@ -372,10 +525,27 @@ class Loader:
                 return
             k, _, buffers = got
             batch = Batch(k, zip(names, self._wrap(buffers)))
+            if self._mix:
+                batch["source"] = self._sources()
             self._weights(batch)
             batch = self._finish_host(batch)
             self._position = k + 1
             yield batch
+
+    def _sources(self) -> Any:
+        """The ``source`` of every batch of a mix (made once: the parts' slices have fixed
+        places in every batch), on the host."""
+        if self._source_host is None:
+            sources = self._plan.slice_sources()
+            if self._backend == "numpy":
+                import numpy as np
+
+                self._source_host = np.asarray(sources, dtype=np.int64)
+            else:
+                t = _torch().tensor(sources, dtype=_torch().int64)
+                pin = self._pin or (self._cuda and not self._staged_on_cpu)
+                self._source_host = t.pin_memory() if pin else t
+        return self._source_host
 
     # --- priorities -------------------------------------------------------------------------
     def _ids(self, batch: Any) -> Tuple[List[int], List[int]]:
@@ -486,6 +656,8 @@ class Loader:
                 return
             k, slot, nb = got
             host = Batch(k, ((n, self._slots[slot][n][:nb]) for n in names))
+            if self._mix:
+                host["source"] = self._sources()
             self._weights(host)
             if self._transform is not None:
                 out = self._transform(host)
@@ -496,7 +668,11 @@ class Loader:
                         host[n] = t.pin_memory()
             if self._staged_on_cpu:
                 out = {
-                    n: (t.to(cast, copy=True) if cast is not None and t.is_floating_point() else t.clone())
+                    n: (
+                        t
+                        if t is self._source_host
+                        else t.to(cast, copy=True) if cast is not None and t.is_floating_point() else t.clone()
+                    )
                     for n, t in host.items()
                 }
                 self._inflight.append((k, _Done()))
@@ -510,6 +686,11 @@ class Loader:
                 # a transform put on the device is already there: `.to` returns it as is.)
                 out: Dict[str, Any] = {}
                 for n, t in host.items():
+                    if t is self._source_host and self._source_host is not None:
+                        if self._source_dev is None:  # copied once, reused by every batch
+                            self._source_dev = t.to(device, non_blocking=True)
+                        out[n] = self._source_dev
+                        continue
                     d = t.to(device, non_blocking=True)
                     if cast is not None and d.is_floating_point():
                         d = d.to(cast)
