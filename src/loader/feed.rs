@@ -53,7 +53,7 @@ struct Gens {
 }
 
 /// What following has done, for `stats()` and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct FollowStats {
     /// New generations published.
@@ -62,6 +62,10 @@ pub struct FollowStats {
     pub failures: u64,
     /// The last failure, in words.
     pub last_error: Option<String>,
+    /// Seconds the follow thread spent moving to new versions (reading manifests, mapping new
+    /// segments, extending indexes, building samplers and gatherers): CPU taken beside the
+    /// workers.
+    pub refresh_seconds: f64,
 }
 
 pub(crate) struct Feed {
@@ -461,10 +465,13 @@ fn follow_loop(feed: Weak<Feed>) {
         if !due.contains(&true) {
             continue;
         }
+        let t = Instant::now();
         match f.refresh(&due) {
             Ok(changed) => {
                 if changed {
-                    f.stats.lock().unwrap_or_else(|e| e.into_inner()).refreshes += 1;
+                    let mut s = f.stats.lock().unwrap_or_else(|e| e.into_inner());
+                    s.refreshes += 1;
+                    s.refresh_seconds += t.elapsed().as_secs_f64();
                 }
             }
             Err(e) => {

@@ -405,6 +405,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "last_version": loader.versions()[0],
         "refreshes": loader.follow_stats().refreshes,
         "failures": loader.follow_stats().failures,
+        "refresh_seconds": loader.follow_stats().refresh_seconds,
     });
     // Joined workers' faults and reads count in the process's totals.
     drop(loader);
