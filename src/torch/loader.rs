@@ -82,7 +82,10 @@ impl TorchLoader {
     /// A loader of `source`'s batches (one dataset or a mix, fixed or following, opened from a
     /// state or not: see [`crate::loader::Loader::open`]) from `opts.loader.start` on. Resident mode
     /// takes a fixed single dataset only.
-    pub fn from_source(source: &crate::loader::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
+    pub fn from_source(
+        source: &crate::loader::BatchSource,
+        opts: TorchLoaderOptions,
+    ) -> Result<Self> {
         Self::from_feed(source.feed(), opts)
     }
 
