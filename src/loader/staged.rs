@@ -216,30 +216,10 @@ impl StagedLoader {
             .state(self.pipeline.position(), self.rank_world, true)
     }
 
-    /// The versions the next batch is planned from, one per dataset.
-    pub fn versions(&self) -> Vec<u64> {
-        self.feed.versions(self.pipeline.position())
-    }
-
-    /// The part index of each slice position of every batch (all zeros for one dataset).
-    pub fn slice_sources(&self) -> Vec<u16> {
-        let g = self.feed.first();
-        g.gatherer.slice_sources(g.sampler.num_slices())
-    }
-
-    /// The prioritized sampler of dataset `part` for the next batch (see
-    /// [`super::Loader::prioritized`]).
-    pub fn prioritized(&self, part: usize) -> Option<Arc<crate::sample::PrioritizedSampler>> {
-        self.feed
-            .prioritized(self.pipeline.position())
-            .get(part)
-            .cloned()
-            .flatten()
-    }
-
-    /// What following new versions has done so far.
-    pub fn follow_stats(&self) -> super::FollowStats {
-        self.feed.stats()
+    /// The source of this loader's batches (versions, priorities, following: see
+    /// [`super::BatchSource`]).
+    pub fn source(&self) -> super::BatchSource {
+        super::BatchSource(self.feed.clone())
     }
 
     /// The next batch, blocking until it is gathered; `None` at the end. Errors when the slots do
