@@ -40,7 +40,7 @@ for l in sys.stdin:
     strip -o "$dir/python/trajstore/_native.abi3.so" "$target/release/lib_native.so"
     # xz: the binaries are 130 MB stripped, ~25 MB compressed; run.sh unpacks them.
     xz -9 -T0 "$dir/trajstore" "$dir"/test-* "$dir/python/trajstore/_native.abi3.so"
-    cp python/tests/{conftest.py,trajref.py,test_cuda.py,test_cpu_no_cuda.py} "$dir/python/tests/"
+    cp python/tests/{conftest.py,trajref.py,growing.py,test_cuda.py,test_cpu_no_cuda.py} "$dir/python/tests/"
     cp scripts/gpu_check.py "$dir/"
     wheels "$dir/wheels"
     cat > "$dir/run.sh" <<'RUN'
