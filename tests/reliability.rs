@@ -1,5 +1,7 @@
-//! Issue 19's data-loss and concurrency defects, one regression test each: no command deletes
-//! committed data, retention keeps the newest transitions, creation is atomic.
+//! Issue 19's and issue 30's data-loss and robustness defects, one regression test each: no
+//! command deletes committed data (nor a duration that wraps, nor an output path inside the
+//! dataset), retention keeps the newest transitions, creation is atomic, no query kills the
+//! process, permissions are reported as such.
 
 mod common;
 
@@ -310,7 +312,14 @@ fn vacuum_removes_replaced_versions_only_after_their_grace() {
     assert_eq!(r["versions_removed"].as_array().unwrap().len(), 0, "{r}");
     assert_eq!(ds.versions().unwrap(), before);
     // --older-than 0s: only the newest stays, and it verifies.
-    let (code, out, err) = run(&["vacuum", d_s, "--older-than", "0s", "--json"]);
+    let (code, out, err) = run(&[
+        "vacuum",
+        d_s,
+        "--older-than",
+        "0s",
+        "--no-retention-check",
+        "--json",
+    ]);
     assert_eq!(code, 0, "{err}");
     let r: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
@@ -328,4 +337,281 @@ fn vacuum_removes_replaced_versions_only_after_their_grace() {
     let (code, _, err) = run(&["demo", z.to_str().unwrap(), "--commit-every", "0"]);
     assert_eq!(code, 2, "{err}");
     assert!(!z.exists());
+}
+
+/// The SQL text `SELECT ... WHERE episode_id = 0 OR episode_id = 1 OR ...` with `n` terms.
+fn or_chain(n: usize) -> String {
+    let terms: Vec<String> = (0..n).map(|i| format!("episode_id = {i}")).collect();
+    format!(
+        "SELECT episode_id FROM episodes WHERE {}",
+        terms.join(" OR ")
+    )
+}
+
+#[test]
+fn durations_that_overflow_mean_never_and_vacuum_has_a_safety_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("v");
+    let ds = TestData::new().transitions(600).commit_every(10).write(&d);
+    let before = ds.versions().unwrap();
+    assert!(before.len() > 2);
+    let d_s = d.to_str().unwrap();
+    // "Never", written as the largest number of seconds (or milliseconds) that fits: nothing
+    // goes (the grace used to wrap to 384 ms and remove every version but the newest).
+    for never in [
+        "18446744073709552s",
+        "18446744073709552000ms",
+        "213503982334601d",
+    ] {
+        let (code, out, err) = run(&[
+            "vacuum",
+            d_s,
+            "--older-than",
+            never,
+            "--no-retention-check",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{never}: {err}");
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            r["versions_removed"].as_array().unwrap().len(),
+            0,
+            "{never}: {r}"
+        );
+        assert_eq!(ds.versions().unwrap(), before, "{never}");
+    }
+    // Below the floor without the flag: refused, nothing removed.
+    for short in ["0s", "30s", "9m"] {
+        let (code, _, err) = run(&["vacuum", d_s, "--older-than", short]);
+        assert_eq!(code, 1, "{short}: {err}");
+        assert!(err.contains("--no-retention-check"), "{err}");
+        assert_eq!(ds.versions().unwrap(), before);
+    }
+    // The writer's grace saturates the same way: with one version kept and a grace of
+    // "never", every replaced version stays.
+    let w = dir.path().join("w");
+    let never = std::time::Duration::from_secs(18_446_744_073_709_552);
+    TestData::new()
+        .transitions(600)
+        .commit_every(10)
+        .writer_options(
+            WriterOptions::default()
+                .with_keep_versions(1)
+                .with_retention_grace(never),
+        )
+        .write(&w);
+    let kept = Dataset::open(&w).unwrap().versions().unwrap();
+    assert_eq!(kept.len(), before.len(), "{kept:?}");
+    // And through the CLI's --retention-grace.
+    let c = dir.path().join("c");
+    let c_s = c.to_str().unwrap();
+    for i in 0..3 {
+        let mut args = vec!["demo", c_s, "--transitions", "500", "--json"];
+        if i > 0 {
+            args.extend(["--append", "--keep-versions", "1"]);
+            args.extend(["--retention-grace", "18446744073709552s"]);
+        }
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 0, "{err}");
+    }
+    let v = Dataset::open(&c).unwrap().versions().unwrap();
+    assert!(v.len() >= 3, "every version stays: {v:?}");
+}
+
+#[test]
+fn output_files_inside_a_dataset_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    let ds = TestData::new().transitions(800).commit_every(5).write(&d);
+    let snap = ds.snapshot().unwrap();
+    let d_s = d.to_str().unwrap();
+    let seg = d.join(trajstore::format::SEGMENTS_DIR).join(format!(
+        "{}{}",
+        trajstore::format::segment_name(snap.manifest().segments[0].id),
+        trajstore::format::SEGMENT_SUFFIX
+    ));
+    let manifest = d
+        .join(trajstore::format::VERSIONS_DIR)
+        .join(trajstore::format::manifest_name(snap.version()));
+    // Through a symbolic link to the dataset too.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&d, &link).unwrap();
+    let bytes = |p: &Path| std::fs::read(p).unwrap();
+    let (seg_bytes, manifest_bytes) = (bytes(&seg), bytes(&manifest));
+    let targets = [
+        seg.clone(),
+        manifest.clone(),
+        d.join("result.csv"),
+        link.join("segments").join("x.parquet"),
+    ];
+    for t in &targets {
+        let t_s = t.to_str().unwrap();
+        let (code, _, err) = run(&["sql", d_s, "SELECT 1 AS x", "--output", t_s]);
+        assert_eq!(code, 1, "sql --output {t_s}: {err}");
+        assert!(err.contains("inside the dataset"), "{err}");
+        let (code, _, err) = run(&["export", d_s, t_s]);
+        assert_eq!(code, 1, "export {t_s}: {err}");
+        assert!(err.contains("inside the dataset"), "{err}");
+    }
+    // Into another dataset as well.
+    let other = dir.path().join("other");
+    TestData::new().transitions(100).write(&other);
+    let (code, _, err) = run(&["export", d_s, other.join("x.parquet").to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    let e = trajstore::store::export::export_parquet(&snap, &seg, |_| {}).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert_eq!(bytes(&seg), seg_bytes);
+    assert_eq!(bytes(&manifest), manifest_bytes);
+    assert!(!d.join("result.csv").exists());
+    let (code, _, err) = run(&["verify", d_s]);
+    assert_eq!(code, 0, "{err}");
+    // Outside any dataset: written.
+    let out = dir.path().join("out.parquet");
+    let (code, _, err) = run(&["export", d_s, out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.exists());
+}
+
+#[test]
+fn deep_sql_expressions_are_an_error_on_every_surface_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    let ds = TestData::new().transitions(2000).write(&d);
+    let d_s = d.to_str().unwrap();
+    // (6,000 terms: one argument of a command line holds at most 128 KiB.)
+    let deep = or_chain(6_000);
+    let plus = format!("SELECT {} AS s", vec!["1"; 10_000].join(" + "));
+    for q in [&deep, &plus] {
+        let (code, _, err) = run(&["sql", d_s, q]);
+        assert_eq!(code, 1, "no crash (SIGABRT was -1): {err}");
+        assert!(err.contains("nested more than 1000"), "{err}");
+    }
+    let (code, _, err) = run(&["sample", d_s, "--episodes", &deep]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("nested more than 1000"), "{err}");
+    // At the bound it runs (999 terms: 1000 deep), in the CLI (a debug build here) and in
+    // the library, on this test's own small thread stack.
+    let ok = or_chain(999);
+    let (code, out, err) = run(&["sql", d_s, &ok, "--format", "csv"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().count() > 1, "{out}");
+    let snap = ds.snapshot().unwrap();
+    use trajstore::sql::SnapshotSql;
+    let e = snap.episodes_where(&deep).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    let ids = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || snap.episodes_where(&ok).map(|v| v.len()))
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap();
+    assert!(ids > 0);
+}
+
+#[test]
+fn sql_memory_is_bounded_and_running_out_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    TestData::new().obs_dim(64).transitions(20_000).write(&d);
+    let d_s = d.to_str().unwrap();
+    // A result larger than the limit: an error that says so, not an OOM kill.
+    let all = "SELECT * FROM transitions";
+    let (code, _, err) = run(&["sql", d_s, all, "--memory-limit", "2MiB"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("needs more memory than the SQL limit"),
+        "{err}"
+    );
+    let out = bin()
+        .args(["sql", d_s, all])
+        .env("TRAJSTORE_SQL_MEMORY", "2MiB")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("TRAJSTORE_SQL_MEMORY"), "{err}");
+    // A sorted cross join (4M rows) spills or fails inside the limit; its result does not
+    // fit: an error, never the OOM killer.
+    let cross = "SELECT a.reward + b.reward AS r FROM transitions a CROSS JOIN \
+                 (SELECT reward FROM transitions LIMIT 200) b ORDER BY r";
+    let (code, _, err) = run(&["sql", d_s, cross, "--memory-limit", "4MiB"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("memory"), "{err}");
+    // The default is a share of the machine's memory.
+    let (limit, from) = trajstore::sql::memory_limit().unwrap();
+    assert!(limit > 0 && from != "set by the caller", "{limit} {from}");
+}
+
+/// A command of the CLI as a user without the rights root has (as root: CAP_DAC_OVERRIDE and
+/// CAP_DAC_READ_SEARCH dropped, so that file modes apply).
+fn run_unprivileged(args: &[&str]) -> Option<(i32, String)> {
+    let mut c = if is_root() {
+        let setpriv = Path::new("/usr/bin/setpriv");
+        if !setpriv.exists() {
+            return None;
+        }
+        let mut c = Command::new(setpriv);
+        c.args([
+            "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search",
+        ])
+        .arg(env!("CARGO_BIN_EXE_trajstore"));
+        c
+    } else {
+        bin()
+    };
+    let out = c.args(args).output().unwrap();
+    Some((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+#[test]
+fn a_dataset_the_user_may_not_enter_is_permission_denied_not_missing() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A parent the user may not enter.
+    let locked = dir.path().join("locked");
+    let inner = locked.join("d");
+    TestData::new().transitions(300).write(&inner);
+    // Another user's dataset of mode 0700 (as root: owned by nobody).
+    let private = dir.path().join("private");
+    TestData::new().transitions(300).write(&private);
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    if is_root() {
+        let _ = Command::new("chown")
+            .args(["-R", "65534:65534", private.to_str().unwrap()])
+            .status();
+    }
+    let restore = || {
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    for (path, shown) in [(&inner, &inner), (&private, &private)] {
+        let Some((code, err)) = run_unprivileged(&["info", path.to_str().unwrap()]) else {
+            restore();
+            return common::skipped("setpriv is missing: cannot drop root's file rights");
+        };
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("Permission denied"),
+            "{}: {err}",
+            path.display()
+        );
+        assert!(err.contains(shown.to_str().unwrap()), "{err}");
+        assert!(!err.contains("not found"), "{err}");
+        assert!(!err.contains("not a trajstore dataset"), "{err}");
+    }
+    restore();
+    let e = Dataset::open(dir.path().join("missing")).unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
 }

@@ -326,3 +326,110 @@ fn a_mix_with_a_followed_part_keeps_its_proportions_follows_and_resumes() {
     let e = err_of(Loader::open(spec(&offline, &wide), opts(1, 0, 1)));
     assert!(e.to_string().contains("observation"), "{e}");
 }
+
+/// Issue 30: a state whose numbers are out of range, or that lacks what checks it, is refused
+/// with a message; it never hangs a loader or silently yields another loader's batches.
+#[test]
+fn states_out_of_range_or_missing_what_checks_them_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let s = &samplers()[0];
+    let mut l = Loader::open(spec_of(&snap, s), opts(2, 0, 1)).unwrap();
+    l.next_batch().unwrap();
+    let state = l.state();
+    drop(l);
+    let json = state.to_json();
+    let edited = |from: &str, to: &str| {
+        assert!(json.contains(from), "{from} in {json}");
+        json.replacen(from, to, 1)
+    };
+    // Out of range: a far batch number (the loader used to hang on it), ranks, slices.
+    for (from, to, what) in [
+        (
+            "\"next_batch\":1,",
+            "\"next_batch\":18446744073709551615,",
+            "next_batch",
+        ),
+        (
+            "\"next_batch\":1,",
+            "\"next_batch\":281474976710657,",
+            "next_batch",
+        ),
+        ("\"world_size\":1", "\"world_size\":0", "world_size"),
+        ("\"rank\":0", "\"rank\":3", "rank 3"),
+        ("\"num_slices\":8", "\"num_slices\":0", "slices"),
+        ("\"slices\":8", "\"slices\":7", "add up"),
+        (
+            "\"fingerprint\":\"fnv1a64:",
+            "\"fingerprint\":\"x",
+            "fingerprint",
+        ),
+    ] {
+        let e = LoaderState::from_json(&edited(from, to)).unwrap_err();
+        assert!(e.to_string().contains(what), "{to}: {e}");
+    }
+    // A loader started at such a batch is refused too, not left waiting.
+    let e = err_of(Loader::open(
+        spec_of(&snap, s),
+        opts(1, 0, 1).with_start(u64::MAX),
+    ));
+    assert!(e.to_string().contains("largest batch number"), "{e}");
+
+    // The sampler's options removed: refused by a loader with another seed, and by one with
+    // the same seed too (nothing says the batches would be the same).
+    let no_sampler = LoaderState::from_json(&edited(
+        &format!(
+            "\"sampler\":{}",
+            serde_json::to_string(&state.parts[0].sampler).unwrap()
+        ),
+        "\"sampler\":null",
+    ))
+    .unwrap();
+    for seed in [12, 11] {
+        let e = err_of(Loader::open(
+            spec_of(&snap, &s.clone().with_seed(seed)),
+            opts(2, 0, 1).resume(no_sampler.clone()),
+        ));
+        assert!(e.to_string().contains("no sampler options"), "{e}");
+    }
+    // The dataset id removed.
+    let id = state.parts[0].dataset_id.clone().expect("an id");
+    let no_id = LoaderState::from_json(&edited(
+        &format!("\"dataset_id\":\"{id}\""),
+        "\"dataset_id\":null",
+    ))
+    .unwrap();
+    let e = err_of(Loader::open(spec_of(&snap, s), opts(2, 0, 1).resume(no_id)));
+    assert!(e.to_string().contains("no dataset_id"), "{e}");
+
+    // An epoch sampler's epoch that does not match the batch number.
+    let ep = &samplers()[3];
+    let mut l = Loader::open(spec_of(&snap, ep), opts(1, 0, 1)).unwrap();
+    l.next_batch().unwrap();
+    let st = l.state();
+    drop(l);
+    let wrong =
+        LoaderState::from_json(&st.to_json().replace("\"epoch\":0", "\"epoch\":1")).unwrap();
+    let e = err_of(Loader::open(
+        spec_of(&snap, ep),
+        opts(1, 0, 1).resume(wrong),
+    ));
+    assert!(e.to_string().contains("epoch"), "{e}");
+
+    // A prioritized state without its priorities (to_json drops them) is refused.
+    let pr = &samplers()[6];
+    let mut l = Loader::open(spec_of(&snap, pr), opts(1, 0, 1)).unwrap();
+    l.next_batch().unwrap();
+    let st = l.state();
+    drop(l);
+    let e = err_of(Loader::open(
+        spec_of(&snap, pr),
+        opts(1, 0, 1).resume(LoaderState::from_json(&st.to_json()).unwrap()),
+    ));
+    assert!(e.to_string().contains("priorities"), "{e}");
+    Loader::open(
+        spec_of(&snap, pr),
+        opts(1, 0, 1).resume(LoaderState::from_bytes(&st.to_bytes()).unwrap()),
+    )
+    .unwrap();
+}

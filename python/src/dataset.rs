@@ -41,6 +41,38 @@ pub fn open(
     })
 }
 
+/// Sets the memory limit of SQL sessions created afterwards in this process: bytes, a size
+/// string (`"8GiB"`), or None for the default (`TRAJSTORE_SQL_MEMORY`, else half the memory).
+#[pyfunction]
+#[pyo3(signature = (limit))]
+pub fn set_sql_memory_limit(limit: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let bytes = match limit {
+        None => None,
+        Some(v) => {
+            let parsed = if let Ok(s) = v.extract::<String>() {
+                trajstore::sql::limits::parse_size(&s)
+            } else {
+                v.extract::<u64>().ok().filter(|&n| n >= 1 << 20)
+            };
+            Some(parsed.ok_or_else(|| {
+                argument(
+                    "limit",
+                    format!("{v}: a size of at least 1 MiB, in bytes or as a string like \"8GiB\""),
+                )
+            })?)
+        }
+    };
+    trajstore::sql::set_memory_limit(bytes);
+    Ok(())
+}
+
+/// The memory limit of new SQL sessions in bytes, and where it comes from.
+#[pyfunction]
+pub fn sql_memory_limit() -> PyResult<(u64, String)> {
+    let (n, from) = trajstore::sql::memory_limit().py()?;
+    Ok((n, from.to_string()))
+}
+
 /// One version of a dataset, memory-mapped (see `trajstore.Dataset`).
 #[pyclass(frozen, module = "trajstore._native")]
 pub struct Dataset {

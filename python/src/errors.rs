@@ -21,6 +21,9 @@ fn class_of(e: &Error) -> &'static str {
         Error::Conflict { .. } => "ConflictError",
         Error::Remote { .. } => "RemoteError",
         Error::StreamBroken { .. } => "StreamBrokenError",
+        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            "PermissionDeniedError"
+        }
         Error::Io { .. } => "TrajstoreIOError",
         Error::Sql(_) => "SqlError",
         _ => "TrajstoreError",

@@ -19,6 +19,7 @@ mod writer;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_BATCH_NUMBER", trajstore::loader::MAX_BATCH_NUMBER)?;
     m.add_class::<dataset::Dataset>()?;
     m.add_class::<arrow_io::ArrowStream>()?;
     m.add_class::<arrow_io::ArrowBatch>()?;
@@ -28,6 +29,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::SlotLoader>()?;
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(dataset::open, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::set_sql_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::sql_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(writer::create, m)?)?;
     m.add_function(wrap_pyfunction!(writer::ingest, m)?)?;
     m.add_function(wrap_pyfunction!(loader::max_batch_bytes, m)?)?;

@@ -42,6 +42,49 @@ pub struct BatchLoader {
     loader: Mutex<Option<Loader>>,
     recycler: Recycler,
     plan: Py<Plan>,
+    /// The process that started the workers (see [`check_process`]).
+    pid: u32,
+}
+
+/// What a loader says when it is used in a process forked from the one that created it (a
+/// `DataLoader` with `num_workers > 0`, `os.fork`): its worker threads were not copied into the
+/// child, so waiting for their batches would hang forever.
+pub(crate) fn check_process(pid: u32) -> PyResult<()> {
+    let here = std::process::id();
+    if here == pid {
+        return Ok(());
+    }
+    Err(argument(
+        "loader",
+        format!(
+            "this loader was created in process {pid} and is used in process {here}, forked \
+             from it (a torch DataLoader with num_workers > 0, or os.fork): its worker threads \
+             do not exist here. A trajstore loader has its own workers: pass it to \
+             DataLoader(loader, batch_size=None, num_workers=0), or create the loader in the \
+             child process"
+        ),
+    ))
+}
+
+/// Drops `inner` where it was made; in a forked child, leaks it instead (joining workers that
+/// do not exist in the child would hang).
+fn drop_here<T>(pid: u32, inner: Option<T>) {
+    if std::process::id() == pid {
+        drop(inner);
+    } else {
+        std::mem::forget(inner);
+    }
+}
+
+impl Drop for BatchLoader {
+    fn drop(&mut self) {
+        let inner = self
+            .loader
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop_here(self.pid, inner);
+    }
 }
 
 #[pymethods]
@@ -58,6 +101,7 @@ impl BatchLoader {
             recycler: loader.recycler(),
             loader: Mutex::new(Some(loader)),
             plan,
+            pid: std::process::id(),
         })
     }
 
@@ -73,13 +117,14 @@ impl BatchLoader {
     /// Stops and joins the workers (batches handed out stay valid). `next` then returns None.
     fn close(&self, py: Python<'_>) {
         let taken = self.loader.lock().unwrap_or_else(|e| e.into_inner()).take();
-        py.detach(|| drop(taken));
+        py.detach(|| drop_here(self.pid, taken));
     }
 
     /// The next batch as `(number, num_slices, buffers)`: one buffer per column `[B, L, ...]`,
     /// then mask, is_first, is_last, terminated, truncated, slice_end (`[B, L]` bool), then
     /// episode_id and start_step (`[B]` int64). None at the end.
     fn next(&self, py: Python<'_>) -> PyResult<Option<(u64, usize, Vec<Buffer>)>> {
+        check_process(self.pid)?;
         let got = py.detach(|| {
             let mut g = self.loader.lock().unwrap_or_else(|e| e.into_inner());
             let l = g.as_mut()?;
@@ -180,6 +225,19 @@ pub struct SlotLoader {
     // Dropped first: stops and joins the workers before the memory they write goes.
     loader: Mutex<Option<StagedLoader>>,
     _keep: Py<PyAny>,
+    /// The process that started the workers (see [`check_process`]).
+    pid: u32,
+}
+
+impl Drop for SlotLoader {
+    fn drop(&mut self) {
+        let inner = self
+            .loader
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop_here(self.pid, inner);
+    }
 }
 
 #[pymethods]
@@ -245,12 +303,14 @@ impl SlotLoader {
         Ok(Self {
             loader: Mutex::new(Some(loader)),
             _keep: keep,
+            pid: std::process::id(),
         })
     }
 
     /// The next batch as `(number, slot, num_slices)`, None at the end. Every batch up to
     /// `number - slots` must have been released.
     fn next(&self, py: Python<'_>) -> PyResult<Option<(u64, usize, usize)>> {
+        check_process(self.pid)?;
         let got = py.detach(|| {
             self.loader
                 .lock()
@@ -293,6 +353,6 @@ impl SlotLoader {
     /// before another loader uses the same slots).
     fn close(&self, py: Python<'_>) {
         let taken = self.loader.lock().unwrap_or_else(|e| e.into_inner()).take();
-        py.detach(|| drop(taken));
+        py.detach(|| drop_here(self.pid, taken));
     }
 }

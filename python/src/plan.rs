@@ -5,7 +5,6 @@
 //! iteration, each restart at another batch) share its follow thread, priorities and indexes.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -101,14 +100,6 @@ impl PartOpts {
         };
         let every: Option<f64> = get(&both, "follow_every", None)?;
         let every_batches: Option<u64> = get(&both, "follow_every_batches", None)?;
-        if let Some(s) = every
-            && !(s.is_finite() && s > 0.0)
-        {
-            return Err(argument(
-                "follow",
-                format!("follow every {s} seconds: a period in seconds > 0"),
-            ));
-        }
         if every_batches == Some(0) {
             return Err(argument("follow", "follow every 0 batches: at least 1"));
         }
@@ -116,7 +107,7 @@ impl PartOpts {
             (None, None) => None,
             (None, Some(n)) => Some(Follow::every_batches(n)),
             (Some(s), n) => {
-                let mut f = Follow::every(Duration::from_secs_f64(s));
+                let mut f = Follow::every_secs("follow", s).py()?;
                 f.every_batches = n;
                 Some(f)
             }

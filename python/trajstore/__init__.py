@@ -29,7 +29,7 @@ Writing from collectors::
 from __future__ import annotations
 
 from . import errors
-from ._dataset import Dataset, mix, open
+from ._dataset import Dataset, mix, open, set_sql_memory_limit, sql_memory_limit
 from ._loader import Batch, Loader
 from ._native import __version__
 from ._writer import Writer, create, ingest
@@ -41,6 +41,7 @@ from .errors import (
     InvalidArgumentError,
     InvalidDataError,
     LockedError,
+    PermissionDeniedError,
     RemoteError,
     SchemaError,
     SqlError,
@@ -53,6 +54,8 @@ __all__ = [
     "__version__",
     "open",
     "mix",
+    "set_sql_memory_limit",
+    "sql_memory_limit",
     "create",
     "ingest",
     "Dataset",

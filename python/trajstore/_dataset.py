@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 
@@ -88,6 +88,21 @@ def _invalid(msg: str) -> Exception:
     return InvalidArgumentError(msg)
 
 
+def set_sql_memory_limit(limit: Union[int, str, None]) -> None:
+    """Sets how much memory a SQL query of this process may use (``ds.sql``, ``episodes=``
+    subsets) from the next query's session on: bytes, or a size string such as ``"8GiB"``;
+    ``None`` goes back to the default (``$TRAJSTORE_SQL_MEMORY``, else half of the machine's or
+    cgroup's memory). Sorts and aggregations spill to a temporary directory beyond it; other
+    queries raise :class:`~trajstore.SqlError` instead of growing until the OOM killer ends
+    the process."""
+    _native.set_sql_memory_limit(limit)
+
+
+def sql_memory_limit() -> Tuple[int, str]:
+    """The SQL memory limit in bytes and where it comes from (see :func:`set_sql_memory_limit`)."""
+    return _native.sql_memory_limit()
+
+
 def open(
     uri: PathLike, version: Optional[int] = None, *, cache_dir: Optional[PathLike] = None
 ) -> "Dataset":
@@ -95,8 +110,10 @@ def open(
     (mirrored into ``cache_dir``, default ``$TRAJSTORE_CACHE`` or ``~/.cache/trajstore``, then
     memory-mapped). Opens the newest committed version, or ``version``.
 
-    Raises :class:`~trajstore.DatasetNotFoundError` when there is no dataset there and
-    :class:`~trajstore.CorruptDatasetError` when its files are damaged."""
+    Raises :class:`~trajstore.DatasetNotFoundError` when there is no dataset there,
+    :class:`~trajstore.PermissionDeniedError` (a ``PermissionError``) when the user may not
+    enter it or a directory above it, and :class:`~trajstore.CorruptDatasetError` when its files
+    are damaged."""
     native = _native.open(
         os.fspath(uri), version, None if cache_dir is None else os.fspath(cache_dir)
     )

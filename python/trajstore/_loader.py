@@ -125,6 +125,10 @@ def _resolve_rank(rank: Union[int, str], world_size: Optional[int]) -> Tuple[int
     return rank, w
 
 
+# The longest follow period (the Rust loader's `MAX_FOLLOW_PERIOD`, as the CLI's --follow).
+MAX_FOLLOW_SECONDS = 86_400
+
+
 def _follow_options(follow: Any, what: str = "follow") -> Dict[str, Any]:
     """The native part options of ``follow``: None/False (fixed), True (look every second),
     seconds, or ``{"every": seconds, "every_batches": n}``."""
@@ -133,8 +137,10 @@ def _follow_options(follow: Any, what: str = "follow") -> Dict[str, Any]:
     if follow is True:
         return {"follow_every": 1.0}
     if isinstance(follow, (int, float)) and not isinstance(follow, bool):
-        if not follow > 0:
-            raise InvalidArgumentError(f"{what}={follow!r}: a period in seconds > 0")
+        if not 0 < follow <= MAX_FOLLOW_SECONDS:
+            raise InvalidArgumentError(
+                f"{what}={follow!r}: a period in seconds, more than 0 and at most {MAX_FOLLOW_SECONDS} (a day)"
+            )
         return {"follow_every": float(follow)}
     if isinstance(follow, Mapping):
         unknown = sorted(set(follow) - {"every", "every_batches"})
@@ -145,11 +151,14 @@ def _follow_options(follow: Any, what: str = "follow") -> Dict[str, Any]:
             )
         out: Dict[str, Any] = {}
         if every is not None:
-            if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
-                raise InvalidArgumentError(f"{what}: every={every!r}, a period in seconds > 0")
+            if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every <= MAX_FOLLOW_SECONDS:
+                raise InvalidArgumentError(
+                    f"{what}: every={every!r}, a period in seconds, more than 0 and at most "
+                    f"{MAX_FOLLOW_SECONDS} (a day)"
+                )
             out["follow_every"] = float(every)
         if batches is not None:
-            if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+            if isinstance(batches, bool) or not isinstance(batches, int) or not 1 <= batches <= 2**63:
                 raise InvalidArgumentError(f"{what}: every_batches={batches!r}, an int >= 1")
             out["follow_every_batches"] = batches
         return out
@@ -340,6 +349,7 @@ class Loader:
         if self._cuda and self._staging < 2:
             raise InvalidArgumentError(f"staging_slots={staging}: at least 2")
         self._position = 0
+        self._pid = os.getpid()
         self._recent: Deque[Tuple[int, Any, Any]] = collections.deque(maxlen=256)
         # Samplers and gatherers: every bad argument fails here.
         self._plan = _native.Plan(self._parts, options)
@@ -440,9 +450,14 @@ class Loader:
         if "format" not in state:
             if "position" not in state:
                 raise InvalidArgumentError("not a loader state: no 'format' (and no 'position')")
+            pos = state["position"]
+            if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= _native.MAX_BATCH_NUMBER:
+                raise InvalidArgumentError(
+                    f"position {pos!r}: a batch number, an int in 0..={_native.MAX_BATCH_NUMBER}"
+                )
             self._close()
             self._recent.clear()
-            self._position = int(state["position"])
+            self._position = pos
             return
         header = {k: v for k, v in state.items() if k != "priorities"}
         priorities = state.get("priorities")
@@ -459,7 +474,30 @@ class Loader:
         self._plan = plan
         self._position = int(header["next_batch"])
 
+    def _check_process(self) -> None:
+        """Refuses use in a process forked from the one that made this loader (a DataLoader
+        with ``num_workers > 0``): the native workers live only in the parent, and waiting for
+        them would hang."""
+        if os.getpid() != self._pid:
+            raise InvalidArgumentError(
+                f"this loader was created in process {self._pid} and is used in process "
+                f"{os.getpid()}, forked from it (a torch DataLoader with num_workers > 0, or "
+                "os.fork): its worker threads do not exist here. A trajstore loader has its own "
+                "workers: use DataLoader(loader, batch_size=None, num_workers=0), or create the "
+                "loader in the child process"
+            )
+
+    def __getstate__(self) -> Any:
+        # A DataLoader whose workers are spawned (not forked) pickles the dataset: say why that
+        # cannot work rather than fail on an unpicklable native object.
+        raise InvalidArgumentError(
+            "a trajstore loader cannot be pickled (it owns running worker threads and memory "
+            "maps): use DataLoader(loader, batch_size=None, num_workers=0), or create the loader "
+            "in each process from its dataset path"
+        )
+
     def __iter__(self) -> Iterator[Batch]:
+        self._check_process()
         native = self._native
         if native is None or native.position() != self._position:
             self._close()
@@ -476,7 +514,12 @@ class Loader:
             self._drain()
 
     def _close(self) -> None:
-        """Stops every native stream of this loader (joins their workers)."""
+        """Stops every native stream of this loader (joins their workers). In a forked child
+        only lets go of them: their workers are the parent's."""
+        if os.getpid() != getattr(self, "_pid", os.getpid()):
+            self._active = self._native = None
+            self._inflight.clear()
+            return
         self._drain()
         for attr in ("_active", "_native"):
             native = getattr(self, attr, None)

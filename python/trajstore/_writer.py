@@ -80,6 +80,25 @@ def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]
     return json.loads(_native.ingest(os.fspath(input), os.fspath(dataset), options))
 
 
+def _step_shape(field: "pa.Field", width: int) -> Tuple[int, ...]:
+    """The shape of one step of ``field``: its ``arrow.fixed_shape_tensor`` shape, else
+    ``(width,)`` for a fixed-size list, else ``()``."""
+    import pyarrow as pa
+
+    t = field.type
+    shape = getattr(t, "shape", None)  # pa.FixedShapeTensorType
+    if shape is not None:
+        return tuple(int(d) for d in shape)
+    meta = field.metadata or {}
+    if meta.get(b"ARROW:extension:name") == b"arrow.fixed_shape_tensor":
+        return tuple(int(d) for d in json.loads(meta[b"ARROW:extension:metadata"])["shape"])
+    return (width,) if pa.types.is_fixed_size_list(t) else ()
+
+
+def _squeeze(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
 def _numpy(x: Any) -> "np.ndarray":
     import numpy as np
 
@@ -137,10 +156,16 @@ class Writer:
             raise InvalidArgumentError(
                 f"column `{field.name}` has {n} steps, `observation` has {steps}"
             )
-        if arr.size != n * width:
+        # Shapes, not counts: a [T, 84, 84, 3] image into a (3, 84, 84) column has the right
+        # number of values and would be stored scrambled.
+        want = _step_shape(field, width)
+        got = tuple(arr.shape[1:]) if arr.ndim > 0 else ()
+        # Size-1 axes added or dropped never reorder values: (84, 84, 1) into (84, 84) is fine.
+        if _squeeze(got) != _squeeze(want):
             raise InvalidArgumentError(
-                f"column `{field.name}` holds {arr.size // max(n, 1)} values per step, the dataset's "
-                f"has {width} (shape {tuple(arr.shape)})"
+                f"column `{field.name}`: each step is shaped {got}, the dataset's is {want} "
+                f"(array of shape {tuple(arr.shape)}; steps come first). Transpose or reshape it "
+                f"to the dataset's layout (e.g. channel-first vs channel-last images)"
             )
         flat = pa.array(arr.reshape(-1))
         if pa.types.is_fixed_size_list(t):

@@ -18,6 +18,7 @@ __all__ = [
     "RemoteError",
     "StreamBrokenError",
     "TrajstoreIOError",
+    "PermissionDeniedError",
     "SqlError",
 ]
 
@@ -68,6 +69,11 @@ class StreamBrokenError(TrajstoreError):
 
 class TrajstoreIOError(TrajstoreError, OSError):
     """A file system operation failed."""
+
+
+class PermissionDeniedError(TrajstoreIOError, PermissionError):
+    """The operating system refused access to a path (a directory the user may not enter or
+    read); the message names the path."""
 
 
 class SqlError(TrajstoreError, ValueError):

@@ -154,6 +154,9 @@ impl Feed {
         for (i, (p, &n)) in parts.into_iter().zip(&counts).enumerate() {
             let mut s = p.sampler;
             s.num_slices = n;
+            if let Some(f) = &p.follow {
+                f.check()?;
+            }
             if p.follow.is_some() && !s.is_endless() {
                 return Err(Error::argument(
                     "follow",
@@ -220,6 +223,16 @@ impl Feed {
                             "state",
                             format!(
                                 "cannot resume: part {i} has saved priorities for another version"
+                            ),
+                        ));
+                    }
+                    (None, Some(_)) if part.snapshot.version() == p.version => {
+                        return Err(Error::argument(
+                            "state",
+                            format!(
+                                "cannot resume: part {i}'s prioritized sampler draws by its \
+                                 priorities, and the state has none (keep the `priorities` of \
+                                 state_dict(), or use LoaderState::to_bytes, not to_json)"
                             ),
                         ));
                     }

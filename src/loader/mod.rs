@@ -20,10 +20,11 @@ pub(crate) use pipeline::Lane;
 pub(crate) use pipeline::check_rank;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
-pub use spec::{Follow, LoaderSpec, PartSpec};
+pub use spec::{Follow, LoaderSpec, MAX_FOLLOW_PERIOD, PartSpec};
 pub use staged::{StagedBatch, StagedLoader, StagingSlot};
 pub use state::{
-    DATASET_ID_PROPERTY, LoaderState, PartState, STATE_FORMAT, STATE_VERSION, SamplerState,
+    DATASET_ID_PROPERTY, LoaderState, MAX_BATCH_NUMBER, PartState, STATE_FORMAT, STATE_VERSION,
+    SamplerState,
 };
 
 /// Options of a [`Loader`].

@@ -47,8 +47,19 @@ pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<
     Ok(count.map(|n| opts.start.saturating_add(n)))
 }
 
-/// Refuses a world size of 0 and a rank outside `0..world_size`, naming the argument.
+/// Refuses a start past [`super::state::MAX_BATCH_NUMBER`], a world size of 0 and a rank
+/// outside `0..world_size`, naming the argument.
 pub(crate) fn check_rank(opts: &LoaderOptions) -> Result<()> {
+    if opts.start > super::state::MAX_BATCH_NUMBER {
+        return Err(Error::argument(
+            "start",
+            format!(
+                "batch {} is beyond the largest batch number, {}",
+                opts.start,
+                super::state::MAX_BATCH_NUMBER
+            ),
+        ));
+    }
     if opts.world_size == 0 {
         return Err(Error::argument(
             "world_size",

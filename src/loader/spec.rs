@@ -17,7 +17,41 @@ pub struct Follow {
     pub every_batches: Option<u64>,
 }
 
+/// The longest period [`Follow::every`] may have: a day (a loader that looks less often does
+/// not follow in any useful sense, and longer periods overflow deadlines).
+pub const MAX_FOLLOW_PERIOD: Duration = Duration::from_secs(86_400);
+
 impl Follow {
+    /// Looks every `secs` seconds: a number in (0, [`MAX_FOLLOW_PERIOD`]], else
+    /// [`crate::Error::InvalidArgument`] about `argument`.
+    pub fn every_secs(argument: &str, secs: f64) -> crate::Result<Self> {
+        if !(secs.is_finite() && secs > 0.0 && secs <= MAX_FOLLOW_PERIOD.as_secs_f64()) {
+            return Err(crate::Error::argument(
+                argument,
+                format!(
+                    "follow every {secs} seconds: a period of more than 0 and at most {} \
+                     seconds (a day)",
+                    MAX_FOLLOW_PERIOD.as_secs()
+                ),
+            ));
+        }
+        Ok(Self::every(Duration::from_secs_f64(secs)))
+    }
+
+    /// Refuses a period of zero or longer than [`MAX_FOLLOW_PERIOD`].
+    pub(crate) fn check(&self) -> crate::Result<()> {
+        match self.every {
+            Some(d) if d.is_zero() || d > MAX_FOLLOW_PERIOD => Err(crate::Error::argument(
+                "follow",
+                format!(
+                    "follow every {d:?}: a period of more than 0 and at most {} seconds (a day)",
+                    MAX_FOLLOW_PERIOD.as_secs()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Looks every `d`.
     pub fn every(d: Duration) -> Self {
         Self {

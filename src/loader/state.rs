@@ -20,6 +20,12 @@ pub const STATE_FORMAT: &str = "trajstore.loader_state";
 pub const STATE_VERSION: u32 = 1;
 pub use crate::format::DATASET_ID_PROPERTY;
 const MAGIC: &[u8; 8] = b"TSLOADST";
+/// The largest batch number a loader starts at or a state holds (2^48: at ten thousand batches
+/// a second, 890 years). Beyond it, numbers derived from it (global batch numbers across ranks,
+/// the end of an iteration) could overflow.
+pub const MAX_BATCH_NUMBER: u64 = 1 << 48;
+/// The most ranks a loader state describes.
+pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 
 /// Where a loader is in its stream, and what it must be resumed with (see the module docs).
 /// Small: a few hundred bytes of JSON, plus, for a prioritized sampler, its priorities.
@@ -238,8 +244,84 @@ impl LoaderState {
                 ),
             ));
         }
-        serde_json::from_value(v)
-            .map_err(|e| Error::argument("state", format!("a damaged loader state: {e}")))
+        let state: Self = serde_json::from_value(v)
+            .map_err(|e| Error::argument("state", format!("a damaged loader state: {e}")))?;
+        state.check_ranges()?;
+        Ok(state)
+    }
+
+    /// Refuses a state whose fields are out of their ranges or inconsistent with each other
+    /// (a hand-edited or damaged state), before it is compared with any loader.
+    fn check_ranges(&self) -> Result<()> {
+        let bad = |why: String| {
+            Err(Error::argument(
+                "state",
+                format!("a damaged loader state: {why}"),
+            ))
+        };
+        if self.next_batch > MAX_BATCH_NUMBER {
+            return bad(format!(
+                "next_batch {} is beyond the largest batch number, {MAX_BATCH_NUMBER}",
+                self.next_batch
+            ));
+        }
+        if self.world_size == 0 || self.world_size > MAX_WORLD_SIZE {
+            return bad(format!(
+                "world_size {} is not in 1..={MAX_WORLD_SIZE}",
+                self.world_size
+            ));
+        }
+        if self.rank >= self.world_size {
+            return bad(format!(
+                "rank {} is not in 0..{}",
+                self.rank, self.world_size
+            ));
+        }
+        if self.epoch.is_some_and(|e| e > self.next_batch) {
+            return bad(format!(
+                "epoch {:?} is past batch {} (an epoch has at least one batch)",
+                self.epoch, self.next_batch
+            ));
+        }
+        if self.num_slices == 0 || self.slice_len == 0 {
+            return bad(format!(
+                "batches of {} slices of {} steps",
+                self.num_slices, self.slice_len
+            ));
+        }
+        if self.parts.is_empty() {
+            return bad("it has no dataset (`parts` is empty)".into());
+        }
+        let slices = self
+            .parts
+            .iter()
+            .try_fold(0usize, |a, p| a.checked_add(p.slices));
+        if slices != Some(self.num_slices) {
+            return bad(format!(
+                "its datasets' slices ({}) do not add up to num_slices {}",
+                self.parts
+                    .iter()
+                    .map(|p| p.slices.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+                self.num_slices
+            ));
+        }
+        for (i, p) in self.parts.iter().enumerate() {
+            let hex = p.fingerprint.strip_prefix("fnv1a64:");
+            if !hex.is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit())) {
+                return bad(format!(
+                    "part {i}'s fingerprint `{}` is not `fnv1a64:` and 16 hex digits",
+                    p.fingerprint
+                ));
+            }
+            if let Some(a) = p.sampler.as_ref().and_then(|s| s.alpha)
+                && !(a.is_finite() && a >= 0.0)
+            {
+                return bad(format!("part {i}'s alpha {a} is not a finite number >= 0"));
+            }
+        }
+        Ok(())
     }
 
     /// Refuses to resume `self` on a loader described by `fresh` (the state the loader would
@@ -251,6 +333,8 @@ impl LoaderState {
         snapshots: &[Snapshot],
     ) -> Result<()> {
         let refuse = |why: String| Err(Error::argument("state", format!("cannot resume: {why}")));
+        // A state built by hand (not read by `from_json`/`from_bytes`) is checked here too.
+        self.check_ranges()?;
         if (self.rank, self.world_size) != (fresh.rank, fresh.world_size) {
             return refuse(format!(
                 "the state is of rank {} of {}, this loader is rank {} of {}",
@@ -305,12 +389,41 @@ impl LoaderState {
                     s.slices, f.slices
                 ));
             }
-            // A sampler built by hand has no options to compare.
-            if let (Some(a), Some(b)) = (&s.sampler, &f.sampler)
-                && let Some(d) = a.difference(b)
+            if s.dataset_id.is_none()
+                && snap.version() == s.version
+                && let Some(id) = dataset_id(snap)
             {
-                return refuse(format!("{which}'s sampler differs, {d}"));
+                return refuse(format!(
+                    "the state has no dataset_id for {which}, whose version {} has id {id}: a \
+                     state missing what identifies its dataset cannot be checked",
+                    s.version
+                ));
             }
+            match (&s.sampler, &f.sampler) {
+                (Some(a), Some(b)) => {
+                    if let Some(d) = a.difference(b) {
+                        return refuse(format!("{which}'s sampler differs, {d}"));
+                    }
+                }
+                (None, Some(b)) => {
+                    return refuse(format!(
+                        "the state has no sampler options for {which} (this loader's: {} with \
+                         seed {}); without them it cannot be checked that the batches are the \
+                         same",
+                        b.kind.name(),
+                        b.seed
+                    ));
+                }
+                // A sampler built by hand has no options to compare.
+                (_, None) => {}
+            }
+        }
+        if self.epoch != fresh.epoch {
+            return refuse(format!(
+                "the state says batch {} is in epoch {:?}; this loader's epochs put it in {:?} \
+                 (another epoch length: other data, batch size or world size)",
+                self.next_batch, self.epoch, fresh.epoch
+            ));
         }
         Ok(())
     }

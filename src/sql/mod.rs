@@ -73,6 +73,7 @@ use crate::store::{Catalog, Snapshot};
 pub mod ballista;
 mod episode_agg;
 mod functions;
+pub mod limits;
 mod readahead;
 #[cfg(feature = "remote")]
 mod remote_scan;
@@ -80,6 +81,7 @@ mod table;
 
 use episode_agg::{EpisodeGroupBy, SegmentScan};
 use functions::{DimAgg, DimKind, DiscountedReturn, FslGet, VecNorm};
+pub use limits::{MAX_EXPR_DEPTH, memory_limit, set_memory_limit};
 #[cfg(feature = "remote")]
 pub use remote_scan::{FetchStats, RemoteTransitions};
 use table::episodes_table;
@@ -213,7 +215,7 @@ const SESSION_WRITES_HINT: &str = "SQL is read-only unless the session allows wr
 const SUBSET_HINT: &str =
     "a subset query (`episodes_where`, `--episodes`) is read-only: a SELECT of `episode_id`s";
 
-/// Plans `sql` in `ctx`, checks the plan against [`sql_options`]`(allow_writes)` and only then
+/// Refuses expressions deeper than [`MAX_EXPR_DEPTH`], plans `sql` in `ctx`, checks the plan against [`sql_options`]`(allow_writes)` and only then
 /// runs what must run at once (DDL, `SET`): [`SessionContext::sql_with_options`], with an error
 /// that names the refused statement and says `hint`.
 async fn checked_sql(
@@ -222,6 +224,7 @@ async fn checked_sql(
     allow_writes: bool,
     hint: &str,
 ) -> Result<DataFrame> {
+    limits::check_depth(sql)?;
     let plan = ctx.state().create_logical_plan(sql).await?;
     if let Err(e) = sql_options(allow_writes).verify_plan(&plan) {
         let (what, why) = refused(&plan).unwrap_or_else(|| (e.to_string(), "it is not a query"));
@@ -289,7 +292,7 @@ fn sql_words(name: &str) -> String {
 
 /// A session context with `config` and the tables and functions of `snap` registered.
 pub async fn context(snap: &Snapshot, config: SessionConfig) -> Result<SessionContext> {
-    let ctx = SessionContext::new_with_config(config);
+    let ctx = SessionContext::new_with_config_rt(config, limits::runtime_env()?);
     register(&ctx, snap).await?;
     Ok(ctx)
 }
@@ -376,7 +379,7 @@ impl SqlSession {
         open: impl Fn() -> Result<Snapshot> + Send + Sync + 'static,
     ) -> Result<Self> {
         let rt = runtime()?;
-        let ctx = SessionContext::new_with_config(default_config());
+        let ctx = SessionContext::new_with_config_rt(default_config(), limits::runtime_env()?);
         rt.block_on(register_deferred(&ctx, catalog, open))?;
         Ok(Self {
             ctx,
@@ -406,7 +409,7 @@ impl SqlSession {
         transitions: Arc<dyn datafusion::catalog::TableProvider>,
     ) -> Result<Self> {
         let rt = runtime()?;
-        let ctx = SessionContext::new_with_config(default_config());
+        let ctx = SessionContext::new_with_config_rt(default_config(), limits::runtime_env()?);
         rt.block_on(register_with_transitions(&ctx, catalog, transitions))?;
         Ok(Self {
             ctx,
@@ -446,26 +449,51 @@ impl SqlSession {
     }
 
     /// Runs `sql`, checked against [`sql_options`]`(allow_writes)`, and collects its result.
+    ///
+    /// Runs on a thread with a stack sized for [`MAX_EXPR_DEPTH`]; the collected result counts
+    /// against the session's memory pool (a result larger than the limit is an error, not an
+    /// OOM kill).
     fn collect(&self, sql: &str, allow_writes: bool, hint: &str) -> Result<QueryResult> {
-        self.rt.block_on(async {
-            let df = checked_sql(&self.ctx, sql, allow_writes, hint).await?;
-            let schema = Arc::new(df.schema().as_arrow().clone());
-            let batches = df.collect().await?;
-            Ok(QueryResult { schema, batches })
+        use datafusion::execution::memory_pool::MemoryConsumer;
+        use futures::StreamExt;
+        limits::on_sql_stack(|| {
+            self.rt.block_on(async {
+                let df = checked_sql(&self.ctx, sql, allow_writes, hint).await?;
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                let pool = self.ctx.runtime_env().memory_pool.clone();
+                let held = MemoryConsumer::new("query result").register(&pool);
+                let mut stream = df.execute_stream().await?;
+                let mut batches = vec![];
+                while let Some(b) = stream.next().await {
+                    let b = b?;
+                    let bytes: usize = b
+                        .columns()
+                        .iter()
+                        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+                        .sum();
+                    held.try_grow(bytes)?;
+                    batches.push(b);
+                }
+                Ok(QueryResult { schema, batches })
+            })
         })
+        .map_err(limits::explain_exhausted)
     }
 
     /// The physical plan of `sql`, indented, one operator a line; with `schemas`, each operator's
     /// output schema too (which shows the columns a scan reads). Checked like
     /// [`query`](Self::query): planning DDL would run it.
     pub fn explain(&self, sql: &str, schemas: bool) -> Result<String> {
-        self.rt.block_on(async {
-            let df = checked_sql(&self.ctx, sql, self.allow_writes, SESSION_WRITES_HINT).await?;
-            let plan = df.create_physical_plan().await?;
-            Ok(displayable(plan.as_ref())
-                .set_show_schema(schemas)
-                .indent(true)
-                .to_string())
+        limits::on_sql_stack(|| {
+            self.rt.block_on(async {
+                let df =
+                    checked_sql(&self.ctx, sql, self.allow_writes, SESSION_WRITES_HINT).await?;
+                let plan = df.create_physical_plan().await?;
+                Ok(displayable(plan.as_ref())
+                    .set_show_schema(schemas)
+                    .indent(true)
+                    .to_string())
+            })
         })
     }
 
@@ -493,6 +521,8 @@ impl SqlSession {
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Executing an expression recurses as deep as it is nested (up to MAX_EXPR_DEPTH).
+        .thread_stack_size(limits::SQL_STACK_BYTES / 4)
         .build()
         .map_err(|e| Error::Sql(DataFusionError::External(Box::new(e))))
 }

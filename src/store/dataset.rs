@@ -17,6 +17,50 @@ use crate::store::manifest::{self, Manifest};
 use crate::store::segment::{self, EpisodeTable, Segment};
 use crate::store::writer::{DatasetWriter, WriterOptions};
 
+/// The trajstore dataset directory `path` is in (or is), if any: `path` (which need not exist)
+/// is resolved through symbolic links, then it and each of its ancestors is checked for a
+/// dataset's `_versions` directory.
+pub fn dataset_containing(path: &Path) -> Option<PathBuf> {
+    // The longest existing prefix, canonicalised, plus the components that do not exist yet.
+    let mut rest = Vec::new();
+    let mut p = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(path)
+    };
+    let base = loop {
+        match p.canonicalize() {
+            Ok(c) => break c,
+            Err(_) => {
+                rest.push(p.file_name()?.to_owned());
+                p = p.parent()?.to_path_buf();
+            }
+        }
+    };
+    let mut full = base;
+    full.extend(rest.iter().rev());
+    full.ancestors()
+        .find(|a| manifest::versions_dir(a).is_dir())
+        .map(Path::to_path_buf)
+}
+
+/// Refuses an output file (`argument`, e.g. `--output`) inside a dataset directory: writing it
+/// could replace a committed segment or manifest, or leave a stray file that a vacuum removes.
+pub fn check_output_path(argument: &str, path: &Path) -> Result<()> {
+    match dataset_containing(path) {
+        Some(ds) => Err(Error::argument(
+            argument,
+            format!(
+                "{} is inside the dataset {}: an output file must not be written into a \
+                 dataset directory (it could replace a committed file); write it elsewhere",
+                path.display(),
+                ds.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The accessors of what a [`Catalog`] and a [`Snapshot`] both describe: one committed version,
 /// from its manifest (fields `root`, `manifest`, `schema`).
 macro_rules! version_accessors {
@@ -132,10 +176,26 @@ impl Dataset {
     /// through [`Dataset::snapshot_at`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let root = path.as_ref().to_path_buf();
-        if !root.is_dir() {
-            return Err(Error::NotFound { path: root });
+        // `metadata`, not `is_dir`: a directory the user may not enter (or whose parent they may
+        // not) is "permission denied" with its path, as the OS says, not "not found".
+        let meta = std::fs::metadata(&root).at(&root)?;
+        if !meta.is_dir() {
+            return Err(Error::argument(
+                "path",
+                format!(
+                    "{} is a file, not a trajstore dataset directory",
+                    root.display()
+                ),
+            ));
         }
-        if !manifest::versions_dir(&root).is_dir() {
+        let versions = manifest::versions_dir(&root);
+        let has_versions = match std::fs::metadata(&versions) {
+            Ok(m) => m.is_dir(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            // Denied inside `root`: the user may not enter the dataset directory.
+            Err(e) => return Err(Error::io(&root, e)),
+        };
+        if !has_versions {
             return Err(Error::argument(
                 "path",
                 format!(

@@ -15,7 +15,11 @@ use crate::store::segment::tmp_path;
 /// compression, row groups of up to 1 Mi rows, and the Arrow schema embedded (so the tensor shape
 /// metadata survives). Written to a temporary name and renamed, so `out` is never half-written.
 /// Streams batch by batch: memory is bounded by one row group. Returns the rows written.
+///
+/// `out` inside a dataset directory (this one or any other) is refused with
+/// [`crate::Error::InvalidArgument`] before anything is written.
 pub fn export_parquet(snap: &Snapshot, out: &Path, on_rows: impl Fn(u64)) -> Result<u64> {
+    crate::store::dataset::check_output_path("output", out)?;
     let tmp = tmp_path(out);
     let file = File::create(&tmp).at(&tmp)?;
     let props = WriterProperties::builder()

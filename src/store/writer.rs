@@ -144,6 +144,11 @@ impl std::fmt::Debug for DatasetWriter {
 /// The default [`WriterOptions::retention_grace`].
 pub const DEFAULT_RETENTION_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// The shortest `older_than` `trajstore vacuum` accepts without `--no-retention-check` (like
+/// Delta's retention check): a reader that is about to open a version replaced more recently
+/// than this would find its files gone.
+pub const VACUUM_SAFETY_FLOOR: std::time::Duration = DEFAULT_RETENTION_GRACE;
+
 /// What a vacuum removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct VacuumReport {
@@ -171,7 +176,8 @@ pub(crate) fn vacuum_locked(
     let versions = manifest::list_versions(root)?;
     let cut = versions.len().saturating_sub(keep.max(1));
     let now = manifest::now_ms();
-    let grace_ms = grace.as_millis() as u64;
+    // Saturating: a grace of u64::MAX ms or more means "never", not a wrapped few ms.
+    let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
     let mut report = VacuumReport::default();
     for i in 0..cut {
         // A version is replaced when the next one is created.

@@ -103,6 +103,23 @@ pub(crate) fn parse_duration(s: &str) -> std::result::Result<std::time::Duration
     std::time::Duration::try_from_secs_f64(n * secs).map_err(|e| format!("`{s}`: {e}"))
 }
 
+/// A duration as a user writes one: `0s`, `90s`, `10m`, `2h`, `7d`.
+pub(crate) fn human_duration(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    if d.is_zero() {
+        return "0s".into();
+    }
+    if d.subsec_nanos() != 0 || s == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    for (unit, n) in [("d", 86400), ("h", 3600), ("m", 60)] {
+        if s.is_multiple_of(n) {
+            return format!("{}{unit}", s / n);
+        }
+    }
+    format!("{s}s")
+}
+
 /// Parses `123`, `64KiB`, `256MiB`, `1GiB`, `1.5G`, `10MB`.
 pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();

@@ -110,9 +110,10 @@ pub(crate) struct BenchArgs {
 
 fn positive_secs(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(x) if x > 0.0 && x <= 86_400.0 => Ok(x),
+        Ok(x) if x > 0.0 && x <= trajstore::loader::MAX_FOLLOW_PERIOD.as_secs_f64() => Ok(x),
         _ => Err(format!(
-            "`{s}`: a number of seconds, more than 0 and at most 86400"
+            "`{s}`: a number of seconds, more than 0 and at most {} (a day)",
+            trajstore::loader::MAX_FOLLOW_PERIOD.as_secs()
         )),
     }
 }
@@ -376,7 +377,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let t = Instant::now();
     let mut spec = trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols);
     if let Some(secs) = a.follow {
-        spec = spec.follow(trajstore::Follow::every(Duration::from_secs_f64(secs)));
+        spec = spec.follow(trajstore::Follow::every_secs("--follow", secs)?);
     }
     let mut loader = trajstore::Loader::open(
         spec.clone(),

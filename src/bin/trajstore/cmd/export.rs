@@ -13,7 +13,7 @@ use crate::output::*;
 pub(crate) struct ExportArgs {
     /// Dataset directory, or a URL (s3://BUCKET/PREFIX; see `trajstore pull --help`).
     dataset: PathBuf,
-    /// Output Parquet file.
+    /// Output Parquet file (not inside a dataset directory).
     output: PathBuf,
     /// Export this version instead of the newest.
     #[arg(long)]
@@ -21,6 +21,8 @@ pub(crate) struct ExportArgs {
 }
 
 pub(crate) fn run(a: ExportArgs) -> Result<()> {
+    // Before a URL is pulled: an output inside a dataset is refused whatever is read.
+    trajstore::store::dataset::check_output_path("OUTPUT", &a.output).map_err(one_line)?;
     let snap = open_snapshot(&a.dataset, a.version)?;
     let pb = progress(snap.num_transitions(), "exporting");
     let rows = trajstore::store::export::export_parquet(&snap, &a.output, |n| pb.inc(n))?;

@@ -22,9 +22,14 @@ pub(crate) struct SqlArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = SqlFormat::Table)]
     format: SqlFormat,
-    /// Write the result to this file instead of stdout.
+    /// Write the result to this file instead of stdout (not inside a dataset directory).
     #[arg(long, short, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// The most memory the query may use (e.g. 4GiB): sorts and aggregations spill to a
+    /// temporary directory beyond it, other queries fail with a message. Default: the
+    /// TRAJSTORE_SQL_MEMORY environment variable, else half of the machine's memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_limit: Option<u64>,
     /// Print the physical plan instead of running the query.
     #[arg(long)]
     explain: bool,
@@ -70,6 +75,12 @@ enum SqlFormat {
 }
 
 pub(crate) fn run(mut a: SqlArgs) -> Result<()> {
+    if a.memory_limit.is_some() {
+        trajstore::sql::set_memory_limit(a.memory_limit);
+    }
+    if let Some(out) = &a.output {
+        trajstore::store::dataset::check_output_path("--output", out).map_err(one_line)?;
+    }
     #[cfg(feature = "ballista")]
     if a.cluster.is_some() {
         let session = cluster_session(&a)?.allow_writes(a.allow_writes);
