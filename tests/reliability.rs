@@ -538,6 +538,28 @@ fn sql_memory_is_bounded_and_running_out_is_an_error() {
     let (code, _, err) = run(&["sql", d_s, cross, "--memory-limit", "4MiB"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("memory"), "{err}");
+    // Functions whose output size an argument decides are checked before they allocate
+    // (constant folding would run them while planning).
+    for q in [
+        "SELECT length(repeat('x', 2147483647)) AS n",
+        "SELECT length(repeat(CAST(episode_id AS VARCHAR), 100000000)) FROM episodes",
+        "SELECT array_length(array_repeat(1.5, 1000000000)) AS n",
+        "SELECT cardinality(range(0, 9000000000000)) AS n",
+        "SELECT count(*) FROM (SELECT unnest(generate_series(1, 9000000000000)))",
+    ] {
+        let (code, _, err) = run(&["sql", d_s, q, "--memory-limit", "1GiB"]);
+        assert_eq!(code, 1, "{q}: {err}");
+        assert!(err.contains("more than the SQL memory limit"), "{q}: {err}");
+    }
+    let (code, out, err) = run(&[
+        "sql",
+        d_s,
+        "SELECT length(repeat('ab', 1000)) AS n",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2000"), "{out}");
     // The default is a share of the machine's memory.
     let (limit, from) = trajstore::sql::memory_limit().unwrap();
     assert!(limit > 0 && from != "set by the caller", "{limit} {from}");

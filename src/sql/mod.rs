@@ -77,6 +77,7 @@ pub mod limits;
 mod readahead;
 #[cfg(feature = "remote")]
 mod remote_scan;
+mod sized;
 mod table;
 
 use episode_agg::{EpisodeGroupBy, SegmentScan};
@@ -161,6 +162,11 @@ fn add_episode_group_by(ctx: &SessionContext) {
 
 /// Registers trajstore's scalar and aggregate functions (see the module docs) in `ctx`.
 pub fn register_functions(ctx: &SessionContext) {
+    // DataFusion's functions whose output size an argument decides, checked against the memory
+    // limit first (same names: they replace the built-ins).
+    sized::sized_udfs()
+        .into_iter()
+        .for_each(|f| ctx.register_udf(f));
     trajstore_udfs()
         .into_iter()
         .for_each(|f| ctx.register_udf(f));
