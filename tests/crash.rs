@@ -64,6 +64,42 @@ fn leftovers(dataset: &Path) -> Vec<String> {
     names
 }
 
+/// Waits (up to 120 s, while `child` runs) until the dataset has a version newer than
+/// `version` (`committed`), or a temporary file with bytes in it (the writer is mid-segment or
+/// mid-commit). Returns whether it saw that.
+fn wait_for_progress(
+    d: &Path,
+    version: u64,
+    committed: bool,
+    child: &mut std::process::Child,
+) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while std::time::Instant::now() < deadline {
+        let progressed = if committed {
+            Dataset::open(d)
+                .and_then(|ds| ds.versions())
+                .is_ok_and(|v| v.last().is_some_and(|&l| l > version))
+        } else {
+            ["segments", "_versions"].iter().any(|dir| {
+                std::fs::read_dir(d.join(dir)).is_ok_and(|rd| {
+                    rd.flatten().any(|e| {
+                        e.file_name().to_string_lossy().ends_with(".tmp")
+                            && e.metadata().is_ok_and(|m| m.len() > 0)
+                    })
+                })
+            })
+        };
+        if progressed {
+            return true;
+        }
+        if child.try_wait().ok().flatten().is_some() {
+            return true; // it finished: nothing left to interrupt
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
 #[test]
 fn killed_writers_leave_a_whole_committed_version() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,9 +111,16 @@ fn killed_writers_leave_a_whole_committed_version() {
     let mut advanced = 0;
     for round in 1..=24u64 {
         let mut child = demo(&d, round, true, 300_000).spawn().unwrap();
-        std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
+        // Kill at a random point after evidence of progress, never after a fixed time (a slow
+        // or busy machine may not have started writing yet): odd rounds once this writer has
+        // committed a version (the kill then lands in a later commit), even rounds once it has
+        // written bytes of an uncommitted file.
+        let committed = round % 2 == 1;
+        let seen = wait_for_progress(&d, version, committed, &mut child);
+        std::thread::sleep(Duration::from_micros(rng.random_range(0..30_000)));
         let _ = child.kill(); // SIGKILL: no destructor, no flush, lock released by the kernel
         child.wait().unwrap();
+        assert!(seen, "round {round}: the writer made no progress in 120 s");
         let (v, n) = check_whole(&d);
         assert!(
             v >= version && n >= rows,

@@ -433,3 +433,42 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
     )
     .unwrap();
 }
+
+/// A state taken inside an iteration (`with_max_batches(60)`, 23 consumed) resumes the rest of
+/// that iteration (37 batches, the same as the uninterrupted run's), not a whole new one, for
+/// every sampler; a state taken at an iteration's end starts a whole one.
+#[test]
+fn a_resumed_iteration_yields_only_its_remaining_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    for s in samplers() {
+        let o = || opts(2, 0, 1).with_max_batches(60);
+        let whole: Vec<Vec<u8>> = Loader::open(spec_of(&snap, &s), o())
+            .unwrap()
+            .map(|b| fingerprint(&b))
+            .collect();
+        // An epoch sampler's iteration may end sooner (the end of its epoch).
+        let n = whole.len();
+        let mut first = Loader::open(spec_of(&snap, &s), o()).unwrap();
+        let k = 23.min(n - 1);
+        for _ in 0..k {
+            first.next_batch().unwrap();
+        }
+        let state = LoaderState::from_bytes(&first.state().to_bytes()).unwrap();
+        assert_eq!(state.iteration_end, Some(n as u64), "{:?}", s.kind);
+        drop(first);
+        let rest: Vec<Vec<u8>> = Loader::open(spec_of(&snap, &s), o().resume(state))
+            .unwrap()
+            .map(|b| fingerprint(&b))
+            .collect();
+        assert_eq!(rest.len(), n - k, "{:?}: the rest of the iteration", s.kind);
+        assert!(rest == whole[k..], "{:?}: the same batches", s.kind);
+        // At the end of an iteration: no iteration_end, and the next iteration is whole.
+        let mut done = Loader::open(spec_of(&snap, &s), o()).unwrap();
+        while done.next_batch().is_some() {}
+        let at_end = done.state();
+        assert_eq!(at_end.iteration_end, None);
+        let next = Loader::open(spec_of(&snap, &s), o().resume(at_end)).unwrap();
+        assert!(next.count() > 0, "{:?}", s.kind);
+    }
+}

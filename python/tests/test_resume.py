@@ -192,3 +192,29 @@ def test_resume_at_the_state_version_after_new_commits(tmp_path):
         check_batch(x)
     # Without the state, the newest version and its new episodes are sampled.
     assert newer.loader(**kw).versions == [newer.version]
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_a_resumed_iteration_yields_only_its_remaining_batches(demo_ds, name):
+    """max_batches=60, a state after 23 batches: the resumed loader's iteration yields the 37
+    left (the uninterrupted run's), as torchdata's StatefulDataLoader does; the next iteration
+    is whole again."""
+    args = dict(KW, seed=5, **SAMPLERS[name])
+    whole = [batch_numpy(b) for b in demo_ds.loader(**args, max_batches=60)]
+    n = len(whole)  # an epoch sampler's iteration may end at its epoch's end
+    k = min(23, n - 1)
+    a = demo_ds.loader(**args, max_batches=60)
+    for i, _ in enumerate(a):
+        if i + 1 == k:
+            state = a.state_dict()
+            break
+    assert state["iteration_end"] == n
+    b = demo_ds.loader(**args, max_batches=60)
+    b.load_state_dict(through_torch_save(state))
+    assert len(b) == n - k
+    rest = [batch_numpy(x) for x in b]
+    assert len(rest) == n - k and same_batches(rest, whole[k:])
+    assert "iteration_end" not in b.state_dict()
+    if name in ("uniform", "weighted_episodes", "prioritized"):
+        assert len(b) == 60  # endless samplers: a whole max_batches iteration again
+    assert len(list(b)) == len(b) > 0

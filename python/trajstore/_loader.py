@@ -349,6 +349,10 @@ class Loader:
         if self._cuda and self._staging < 2:
             raise InvalidArgumentError(f"staging_slots={staging}: at least 2")
         self._position = 0
+        # The end of the iteration in progress (None: endless, or none started), and the end of
+        # the iteration a loaded state was taken in.
+        self._iter_end: Optional[int] = None
+        self._resume_end: Optional[int] = None
         self._pid = os.getpid()
         self._recent: Deque[Tuple[int, Any, Any]] = collections.deque(maxlen=256)
         # Samplers and gatherers: every bad argument fails here.
@@ -378,6 +382,9 @@ class Loader:
     def _count(self, start: int = 0) -> Optional[int]:
         """Batches of an iteration starting at batch ``start``: ``max_batches``, else to the end
         of the epoch ``start`` is in, else endless."""
+        # Resumed inside an iteration: the rest of it (as torchdata's StatefulDataLoader).
+        if self._resume_end is not None and start < self._resume_end:
+            return self._resume_end - start
         if self._per_iteration is not None:
             return self._per_iteration
         c = self._epoch_len()
@@ -435,6 +442,9 @@ class Loader:
         another, to continue exactly there (after a preemption)."""
         header, priorities = self._plan.state(self._position)
         state: Dict[str, Any] = json.loads(header)
+        if self._iter_end is not None and self._position < self._iter_end:
+            # Taken inside an iteration: a loader resumed from it yields the rest of it.
+            state["iteration_end"] = self._iter_end
         state["priorities"] = [None if p is None else bytes(p) for p in priorities]
         return state
 
@@ -458,6 +468,7 @@ class Loader:
             self._close()
             self._recent.clear()
             self._position = pos
+            self._iter_end = self._resume_end = None
             return
         header = {k: v for k, v in state.items() if k != "priorities"}
         priorities = state.get("priorities")
@@ -473,6 +484,8 @@ class Loader:
         self._recent.clear()
         self._plan = plan
         self._position = int(header["next_batch"])
+        end = header.get("iteration_end")
+        self._iter_end = self._resume_end = None if end is None else int(end)
 
     def _check_process(self) -> None:
         """Refuses use in a process forked from the one that made this loader (a DataLoader
@@ -498,6 +511,8 @@ class Loader:
 
     def __iter__(self) -> Iterator[Batch]:
         self._check_process()
+        count = self._count(self._position)
+        self._iter_end = None if count is None else self._position + count
         native = self._native
         if native is None or native.position() != self._position:
             self._close()

@@ -350,6 +350,7 @@ impl Feed {
                     ),
                 })
                 .collect(),
+            iteration_end: None,
         }
     }
 

@@ -212,6 +212,8 @@ pub struct Loader {
     pool: Recycler,
     feed: Arc<Feed>,
     rank_world: (u64, u64),
+    /// The end of this loader's batches (None: endless).
+    end: Option<u64>,
 }
 
 /// Hands consumed batches back to a [`Loader`]'s pool from anywhere (for instance when the last
@@ -331,6 +333,7 @@ impl Loader {
             pool,
             feed,
             rank_world: (opts.rank, opts.world_size),
+            end,
         })
     }
 
@@ -339,8 +342,10 @@ impl Loader {
     /// prioritized sampler's priorities are copied in (16 bytes per run of equal priorities at
     /// most 8 per window).
     pub fn state(&self) -> LoaderState {
-        self.feed
-            .state(self.pipeline.position(), self.rank_world, true)
+        let next = self.pipeline.position();
+        let mut s = self.feed.state(next, self.rank_world, true);
+        s.iteration_end = self.end.filter(|&e| e > next);
+        s
     }
 
     /// The versions the next batch is planned from, one per dataset.

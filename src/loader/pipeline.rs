@@ -34,10 +34,17 @@ pub fn global_batch(k: u64, rank: u64, world: u64, per_epoch: Option<u64>) -> u6
 }
 
 /// The number one past the last batch a loader over `sampler` yields (batches are numbered from
-/// `opts.start`): `start + max_batches`, else the end of the epoch `start` is in for epoch
-/// samplers (this rank's share: `ceil(per_epoch / world_size)` batches per epoch), else endless.
+/// `opts.start`): the resumed state's `iteration_end` when it was taken inside an iteration,
+/// else `start + max_batches`, else the end of the epoch `start` is in for epoch samplers (this
+/// rank's share: `ceil(per_epoch / world_size)` batches per epoch), else endless.
 pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
     check_rank(opts)?;
+    // A resumed state taken inside an iteration: the rest of that iteration.
+    if let Some(e) = opts.resume.as_ref().and_then(|r| r.iteration_end)
+        && e > opts.start
+    {
+        return Ok(Some(e));
+    }
     let count = opts.max_batches.or_else(|| {
         sampler.batches_per_epoch().map(|per| {
             let c = per.div_ceil(opts.world_size).max(1);

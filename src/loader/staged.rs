@@ -81,6 +81,8 @@ pub struct StagedLoader {
     slots: usize,
     feed: Arc<Feed>,
     rank_world: (u64, u64),
+    /// The end of this loader's batches (None: endless).
+    end: Option<u64>,
 }
 
 impl std::fmt::Debug for StagedLoader {
@@ -207,13 +209,16 @@ impl StagedLoader {
             slots: n,
             feed,
             rank_world: (opts.rank, opts.world_size),
+            end,
         })
     }
 
     /// Where this loader is (see [`super::Loader::state`]).
     pub fn state(&self) -> LoaderState {
-        self.feed
-            .state(self.pipeline.position(), self.rank_world, true)
+        let next = self.pipeline.position();
+        let mut s = self.feed.state(next, self.rank_world, true);
+        s.iteration_end = self.end.filter(|&e| e > next);
+        s
     }
 
     /// The source of this loader's batches (versions, priorities, following: see

@@ -50,6 +50,11 @@ pub struct LoaderState {
     pub slice_len: u32,
     /// One entry per dataset (two or more for a mix).
     pub parts: Vec<PartState>,
+    /// Where the iteration the state was taken in ends (`start + max_batches`, or the end of
+    /// an epoch), when it was taken inside one: a loader resumed from it yields the rest of that
+    /// iteration, not a whole new one (as torchdata's `StatefulDataLoader` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iteration_end: Option<u64>,
 }
 
 /// One dataset of a [`LoaderState`].
@@ -275,6 +280,14 @@ impl LoaderState {
             return bad(format!(
                 "rank {} is not in 0..{}",
                 self.rank, self.world_size
+            ));
+        }
+        if let Some(e) = self.iteration_end
+            && !(self.next_batch..=MAX_BATCH_NUMBER).contains(&e)
+        {
+            return bad(format!(
+                "iteration_end {e} is not in next_batch {}..={MAX_BATCH_NUMBER}",
+                self.next_batch
             ));
         }
         if self.epoch.is_some_and(|e| e > self.next_batch) {

@@ -35,6 +35,8 @@ pub struct TorchLoader {
     device: Device,
     feed: Arc<Feed>,
     rank_world: (u64, u64),
+    /// The end of this loader's batches (None: endless).
+    end: Option<u64>,
 }
 
 pub(crate) enum Inner {
@@ -91,7 +93,10 @@ impl TorchLoader {
 
     /// Where this loader is (see [`crate::loader::Loader::state`]).
     pub fn state(&self) -> crate::loader::LoaderState {
-        self.feed.state(self.position(), self.rank_world, true)
+        let next = self.position();
+        let mut s = self.feed.state(next, self.rank_world, true);
+        s.iteration_end = self.end.filter(|&e| e > next);
+        s
     }
 
     fn from_feed(feed: Arc<Feed>, opts: TorchLoaderOptions) -> Result<Self> {
@@ -135,6 +140,7 @@ impl TorchLoader {
                 device,
                 feed,
                 rank_world,
+                end,
             });
         }
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
@@ -173,6 +179,7 @@ impl TorchLoader {
             device,
             feed,
             rank_world,
+            end,
         })
     }
 
