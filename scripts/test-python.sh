@@ -6,16 +6,19 @@
 # pyarrow, DuckDB). Extra arguments go to pytest (e.g. `scripts/test-python.sh -k loader`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/trajstore-target}"
+# One target directory for every stage of scripts/test.sh (the repository's `target/` unless
+# CARGO_TARGET_DIR says otherwise).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 py=$(scripts/setup-python-tests.sh | tail -n 1)
 # An extension module: do not link libpython (the interpreter that imports it provides it).
 export PYO3_PYTHON="$py" PYO3_BUILD_EXTENSION_MODULE=1
-cargo build -p trajstore-python
+# The extension and the `trajstore` binary some tests compare with, in one build with the crate
+# selected as `cargo test --features fault-injection` selects it: the features of every shared
+# dependency (and of trajstore itself) are then those of scripts/test.sh's first stage, so
+# nothing it compiled is compiled again (building the extension alone would resolve other
+# features and rebuild dozens of crates).
+cargo build -p trajstore -p trajstore-python --features trajstore/fault-injection
 ln -sf "$CARGO_TARGET_DIR/debug/lib_native.so" python/trajstore/_native.abi3.so
-# The `trajstore` binary some tests compare with (built by `cargo test`, else here).
-if [ ! -x "$CARGO_TARGET_DIR/debug/trajstore" ]; then
-    cargo build --bin trajstore
-fi
 export TRAJSTORE_BIN="$CARGO_TARGET_DIR/debug/trajstore"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 # pytest's exit status is this script's: a failing (or erroring) test fails CI.

@@ -8,6 +8,9 @@
 # TRAJSTORE_SKIP_TORCH=1 the torch run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One target directory for every stage (the Python stage and the torch stage reuse what the
+# first compiled: Cargo.toml unifies the features they would otherwise change).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 if py=$(scripts/setup-python.sh 2>/dev/null | tail -n 1) && [ -x "$py" ]; then
     export TRAJSTORE_PYTHON="$py"
 elif [ "${CI:-}" = "true" ]; then
