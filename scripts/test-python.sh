@@ -12,12 +12,13 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 py=$(scripts/setup-python-tests.sh | tail -n 1)
 # An extension module: do not link libpython (the interpreter that imports it provides it).
 export PYO3_PYTHON="$py" PYO3_BUILD_EXTENSION_MODULE=1
-# The extension and the `trajstore` binary some tests compare with, in one build with the crate
-# selected as `cargo test --features fault-injection` selects it: the features of every shared
-# dependency (and of trajstore itself) are then those of scripts/test.sh's first stage, so
-# nothing it compiled is compiled again (building the extension alone would resolve other
-# features and rebuild dozens of crates).
-cargo build -p trajstore -p trajstore-python --features trajstore/fault-injection
+# The extension and the `trajstore` binary some tests compare with, in one build that selects
+# what `cargo test --features fault-injection` selects (the crate with its features, and its
+# tests, whose dev-dependencies take part in feature resolution): every shared dependency then
+# has the features of scripts/test.sh's first stage, so nothing it compiled is compiled again.
+# (`cargo build -p trajstore-python` alone resolved other features and rebuilt arrow, parquet
+# and DataFusion.)
+cargo build -p trajstore -p trajstore-python --features trajstore/fault-injection --lib --bins --tests
 ln -sf "$CARGO_TARGET_DIR/debug/lib_native.so" python/trajstore/_native.abi3.so
 export TRAJSTORE_BIN="$CARGO_TARGET_DIR/debug/trajstore"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
