@@ -23,30 +23,14 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a library file belongs to (`src/store/writer.rs` → `store`; unit tests
-/// `#[path]`-included from a sibling file, `src/gather_tests.rs` → `gather`, and any other part
-/// `src/<module>_<part>.rs` that `src/<module>.rs` includes with `#[path]`,
-/// `src/gather_pages.rs` → `gather`).
+/// The top-level module a library file belongs to (`src/store/writer/mod.rs` → `store`,
+/// `src/gather/mod.rs` → `gather`, `src/error.rs` → `error`).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
     let first = rel.components().next()?.as_os_str().to_str()?;
     match first {
         "lib.rs" | "bin" => None,
-        f => {
-            let m = f.trim_end_matches(".rs");
-            if let Some(parent) = m.strip_suffix("_tests") {
-                return Some(parent.to_string());
-            }
-            let included_by = |parent: &str| {
-                std::fs::read_to_string(src.join(format!("{parent}.rs")))
-                    .is_ok_and(|t| t.contains(&format!("#[path = \"{f}\"]")))
-            };
-            let mut parents = m
-                .char_indices()
-                .filter(|&(_, c)| c == '_')
-                .map(|(i, _)| &m[..i]);
-            Some(parents.find(|p| included_by(p)).unwrap_or(m).to_string())
-        }
+        f => Some(f.trim_end_matches(".rs").to_string()),
     }
 }
 

@@ -772,5 +772,4 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
 }
 
 #[cfg(test)]
-#[path = "writer_tests.rs"]
 mod tests;

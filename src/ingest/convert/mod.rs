@@ -314,5 +314,4 @@ pub(crate) fn convert(mapping: &Mapping, batch: &RecordBatch, base: u64) -> Resu
 }
 
 #[cfg(test)]
-#[path = "convert_tests.rs"]
 mod tests;
