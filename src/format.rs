@@ -4,6 +4,8 @@
 //! metadata keys and on-disk layout); a test checks that the two agree. Code elsewhere takes its
 //! names from here, never from string literals.
 
+use std::path::{Path, PathBuf};
+
 use arrow::datatypes::{DataType, Field};
 
 use crate::error::{Error, Result};
@@ -27,6 +29,14 @@ pub const EPISODES_SUFFIX: &str = ".episodes.arrow";
 pub const MANIFEST_SUFFIX: &str = ".json";
 /// Suffix of files being written; never referenced by a manifest, removed by the next writer.
 pub const TMP_SUFFIX: &str = ".tmp";
+
+/// The temporary name a file is written under before its rename ([`TMP_SUFFIX`] appended).
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(TMP_SUFFIX);
+    PathBuf::from(s)
+}
+
 /// Number of decimal digits of version numbers and segment ids in file names.
 pub const ID_DIGITS: usize = 20;
 /// Alignment of every buffer in every IPC file, in bytes.
@@ -144,6 +154,16 @@ pub fn parse_manifest_name(name: &str) -> Option<u64> {
 /// Zero-padded text form of a segment id.
 pub fn segment_name(id: u64) -> String {
     format!("{id:0width$}", width = ID_DIGITS)
+}
+
+/// Relative path of segment `id`'s transition file.
+pub fn segment_path(id: u64) -> String {
+    format!("{SEGMENTS_DIR}/{}{SEGMENT_SUFFIX}", segment_name(id))
+}
+
+/// Relative path of segment `id`'s episode table.
+pub fn episodes_path(id: u64) -> String {
+    format!("{SEGMENTS_DIR}/{}{EPISODES_SUFFIX}", segment_name(id))
 }
 
 /// Renders a fixed-width Arrow type in the grammar used by manifests and `schemas/`:

@@ -781,7 +781,7 @@ fn manifests_written_by_the_code_match_manifest_schema() {
             "schema message at offset 64"
         );
         assert_eq!(&data[data.len() - 6..], b"ARROW1");
-        let ipc = trajstore::store::segment::open_ipc(&path, expected).unwrap();
+        let ipc = trajstore::store::ipc::open_ipc(&path, expected).unwrap();
         let keys: BTreeSet<String> = ipc.metadata.keys().cloned().collect();
         assert_eq!(keys, footer_keys, "{rel}");
         assert_eq!(
@@ -795,7 +795,7 @@ fn manifests_written_by_the_code_match_manifest_schema() {
         );
         assert!(matches_pattern("^crc32c:[0-9a-f]{8}$", checksum));
         assert_eq!(
-            &trajstore::store::segment::checksum_string(crc32c_of(&data)),
+            &trajstore::store::ipc::checksum_string(crc32c_of(&data)),
             checksum
         );
     }

@@ -6,36 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 
 use super::*;
 use crate::error::{Error, Result};
 use crate::format::{self, col};
 use crate::schema::{TransitionSchema, field_shape, fsl, tensor_field};
-
-/// The length of row 0 of each list column `cols` of `batch` (which must have a row).
-pub(crate) fn row0_list_lengths(
-    batch: &RecordBatch,
-    cols: &[&str],
-) -> Result<Vec<(String, usize)>> {
-    cols.iter()
-        .map(|&c| {
-            let a = column(batch, c)?;
-            if a.is_null(0) {
-                return Err(null_at(c, 0));
-            }
-            let n = match a.data_type() {
-                DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
-                _ => a.as_list::<i64>().value_length(0) as usize,
-            };
-            if n == 0 {
-                return Err(Error::invalid_data("row 0 is an empty list").in_column(c));
-            }
-            Ok((c.to_string(), n))
-        })
-        .collect()
-}
 
 // ---------------------------------------------------------------------------------------------
 // The plan: which input column becomes which stored column, and how.

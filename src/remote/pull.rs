@@ -271,7 +271,7 @@ impl Remote {
                 }
             }
         }
-        let found = crate::store::segment::checksum_string(crc);
+        let found = crate::store::ipc::checksum_string(crc);
         if seen != bytes || found != checksum {
             return Err(Error::corrupt(
                 &url,

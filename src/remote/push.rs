@@ -206,7 +206,7 @@ impl Remote {
                 format!(
                     "has {seen} bytes with {} but the manifest says {bytes} bytes with {checksum}; \
                      run `trajstore verify` on the local dataset",
-                    crate::store::segment::checksum_string(crc)
+                    crate::store::ipc::checksum_string(crc)
                 ),
             )
         };
@@ -215,7 +215,7 @@ impl Remote {
             file.read_to_end(&mut buf).at(src)?;
             crc = crc32c::crc32c(&buf);
             seen = buf.len() as u64;
-            if seen != bytes || crate::store::segment::checksum_string(crc) != checksum {
+            if seen != bytes || crate::store::ipc::checksum_string(crc) != checksum {
                 return Err(bad(seen, crc));
             }
             let opts = PutOptions {
@@ -255,7 +255,7 @@ impl Remote {
             writer.write(&buf[..n]);
             pb.advance(n as u64);
         }
-        if seen != bytes || crate::store::segment::checksum_string(crc) != checksum {
+        if seen != bytes || crate::store::ipc::checksum_string(crc) != checksum {
             let _ = writer.abort().await;
             return Err(bad(seen, crc));
         }

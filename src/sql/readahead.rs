@@ -8,7 +8,7 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
-use crate::store::segment::will_need_batch;
+use crate::store::ipc::will_need_batch;
 
 /// `inner` with every batch's buffers read ahead (`madvise(WILLNEED)`) one batch early. Same
 /// batches, same order, same errors.

@@ -47,7 +47,7 @@ use super::table::{Part, may_match, pushdown};
 use crate::error::{Error, Result};
 use crate::remote::Remote;
 use crate::store::Catalog;
-use crate::store::segment::{
+use crate::store::ipc::{
     block_message, block_span, footer_schema, footer_span, record_batch_header,
 };
 

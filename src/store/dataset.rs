@@ -12,9 +12,11 @@ use crate::format::{self};
 use crate::index::EpisodeIndex;
 use crate::index::{BoundaryPolicy, SliceIndex};
 use crate::schema::TransitionSchema;
+use crate::store::episode::EpisodeTable;
 use crate::store::episode::open_episode_table;
+use crate::store::ipc::tail_cached;
 use crate::store::manifest::{self, Manifest};
-use crate::store::segment::{self, EpisodeTable, Segment};
+use crate::store::segment::Segment;
 use crate::store::writer::{DatasetWriter, WriterOptions};
 
 /// The trajstore dataset directory `path` is in (or is), if any: `path` (which need not exist)
@@ -299,7 +301,7 @@ fn open_each<T: Send>(
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     // Cold if the first or the last file is: one `pread` each, at most.
     let mut ends = [entries.first(), entries.last()].into_iter().flatten();
-    let threads = if ends.all(|e| segment::tail_cached(&file(e))) {
+    let threads = if ends.all(|e| tail_cached(&file(e))) {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
         COLD_OPEN_THREADS

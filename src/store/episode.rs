@@ -1,22 +1,23 @@
-//! An episode being appended: how it ends ([`EpisodeEnd`]), the values of one step ([`Step`],
-//! [`Values`]), and the column buffers a writer accumulates them in; and, on the way back, a
-//! segment's episode table opened and checked against its manifest entry.
+//! Episodes: one being appended (how it ends, [`EpisodeEnd`]; the values of one step, [`Step`],
+//! [`Values`]; the column buffers a writer accumulates them in), and, on the way back, a
+//! segment's typed [`EpisodeTable`], opened and checked against its manifest entry.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::ArrayData;
-use arrow::array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, make_array};
-use arrow::buffer::Buffer;
+use arrow::array::RecordBatch;
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, make_array};
+use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::compute::concat_batches;
-use arrow::datatypes::DataType;
 use arrow::datatypes::ToByteSlice;
+use arrow::datatypes::{DataType, Float64Type, UInt64Type};
 
 use crate::error::{Error, Result};
 use crate::format::{self, ep, meta};
 use crate::schema::TransitionSchema;
+use crate::store::ipc::{MappedIpc, open_ipc_cold};
 use crate::store::manifest::SegmentEntry;
-use crate::store::segment::{EpisodeTable, MappedIpc, open_ipc_cold};
 
 /// How an episode ended.
 #[derive(Debug, Clone, Default)]
@@ -330,4 +331,129 @@ fn episode_table(
         ));
     }
     Ok(t)
+}
+
+/// A segment's episode table (one row per episode), with its required columns typed once when
+/// the segment opens: `episode_id`, `row_start`, `length`, `episode_return`, `terminated`,
+/// `truncated`, and `final_observation` when the dataset derives `next_observation`. Cloning is
+/// cheap (the columns are shared views of the mapped file).
+#[derive(Debug, Clone)]
+pub struct EpisodeTable {
+    batch: RecordBatch,
+    /// The whole mapped file, when the table was opened from one (for checksums without
+    /// reopening the file by path, which retention may have removed since).
+    pub(super) file: Option<arrow::buffer::Buffer>,
+    ids: ScalarBuffer<u64>,
+    row_starts: ScalarBuffer<u64>,
+    lengths: ScalarBuffer<u64>,
+    returns: ScalarBuffer<f64>,
+    terminated: BooleanArray,
+    truncated: BooleanArray,
+}
+
+impl PartialEq for EpisodeTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.batch == other.batch
+    }
+}
+
+impl EpisodeTable {
+    /// Types the required columns of `batch`; a missing column or one of another type is
+    /// [`Error::SchemaMismatch`]. O(1): the columns are not copied.
+    pub fn try_new(batch: RecordBatch) -> Result<Self> {
+        fn typed<'a, T: 'static>(
+            batch: &'a RecordBatch,
+            name: &str,
+            want: DataType,
+            cast: impl Fn(&'a ArrayRef) -> Option<&'a T>,
+        ) -> Result<&'a T> {
+            let a = batch.column_by_name(name).ok_or_else(|| {
+                Error::schema(name, format!("missing (an episode-table {want} column)"))
+            })?;
+            cast(a).ok_or_else(|| {
+                Error::schema_types(
+                    name,
+                    &want,
+                    a.data_type(),
+                    "an episode-table column of another type",
+                )
+            })
+        }
+        let u64s = |name| {
+            typed(&batch, name, DataType::UInt64, |a| {
+                a.as_primitive_opt::<UInt64Type>()
+            })
+            .map(|a| a.values().clone())
+        };
+        let bools = |name| typed(&batch, name, DataType::Boolean, |a| a.as_boolean_opt()).cloned();
+        Ok(Self {
+            ids: u64s(ep::EPISODE_ID)?,
+            row_starts: u64s(ep::ROW_START)?,
+            lengths: u64s(ep::LENGTH)?,
+            returns: typed(&batch, ep::EPISODE_RETURN, DataType::Float64, |a| {
+                a.as_primitive_opt::<Float64Type>()
+            })?
+            .values()
+            .clone(),
+            terminated: bools(ep::TERMINATED)?,
+            truncated: bools(ep::TRUNCATED)?,
+            batch,
+            file: None,
+        })
+    }
+
+    /// The bytes of the mapped file the table was opened from (`None` for a table built in
+    /// memory).
+    pub(crate) fn file_bytes(&self) -> Option<&[u8]> {
+        self.file.as_ref().map(|b| b.as_slice())
+    }
+    /// Number of episodes.
+    pub fn len(&self) -> usize {
+        self.batch.num_rows()
+    }
+    /// Whether the table holds no episode.
+    pub fn is_empty(&self) -> bool {
+        self.batch.num_rows() == 0
+    }
+    /// Episode ids (consecutive).
+    pub fn ids(&self) -> &[u64] {
+        &self.ids
+    }
+    /// First row of each episode within the segment.
+    pub fn row_starts(&self) -> &[u64] {
+        &self.row_starts
+    }
+    /// Number of transitions of each episode.
+    pub fn lengths(&self) -> &[u64] {
+        &self.lengths
+    }
+    /// `(row_starts, lengths)`: what [`crate::EpisodeIndex::from_segments`] takes.
+    pub fn spans(&self) -> (&[u64], &[u64]) {
+        (&self.row_starts, &self.lengths)
+    }
+    /// Sum of rewards of each episode.
+    pub fn returns(&self) -> &[f64] {
+        &self.returns
+    }
+    /// Whether each episode ended in a terminal state.
+    pub fn terminated(&self) -> &BooleanArray {
+        &self.terminated
+    }
+    /// Whether each episode was cut (time limit or end of data).
+    pub fn truncated(&self) -> &BooleanArray {
+        &self.truncated
+    }
+    /// `final_observation` (o_T after each episode's last step), present when the dataset does
+    /// not store `next_observation`.
+    pub fn final_observation(&self) -> Option<&ArrayRef> {
+        self.batch.column_by_name(ep::FINAL_OBSERVATION)
+    }
+    /// A column by name, including per-episode user metadata.
+    pub fn column(&self, name: &str) -> Option<&ArrayRef> {
+        self.batch.column_by_name(name)
+    }
+    /// The table as an Arrow record batch (what the file holds).
+    pub fn batch(&self) -> &RecordBatch {
+        &self.batch
+    }
 }

@@ -8,8 +8,8 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{IoContext, Result};
+use crate::format::tmp_path;
 use crate::store::Snapshot;
-use crate::store::segment::tmp_path;
 
 /// Writes every transition of `snap` (boundary columns included) to `out` as Parquet with zstd
 /// compression, row groups of up to 1 Mi rows, and the Arrow schema embedded (so the tensor shape
@@ -31,7 +31,7 @@ pub fn export_parquet(snap: &Snapshot, out: &Path, on_rows: impl Fn(u64)) -> Res
         let mut rows = 0u64;
         for seg in snap.segments() {
             for batch in seg.batches() {
-                crate::store::segment::will_need_batch(batch);
+                crate::store::ipc::will_need_batch(batch);
                 w.write(batch)?;
                 rows += batch.num_rows() as u64;
                 on_rows(batch.num_rows() as u64);

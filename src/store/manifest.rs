@@ -284,7 +284,7 @@ impl Manifest {
                 ),
             });
         }
-        let tmp = crate::store::segment::tmp_path(&path);
+        let tmp = crate::format::tmp_path(&path);
         let json = serde_json::to_vec_pretty(self).expect("manifest serializes");
         let mut f = File::create(&tmp).at(&tmp)?;
         f.write_all(&json).at(&tmp)?;

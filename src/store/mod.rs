@@ -7,12 +7,14 @@ pub mod dataset;
 mod episode;
 pub mod export;
 pub mod info;
+pub mod ipc;
 pub mod manifest;
 pub mod segment;
 pub mod verify;
 pub mod writer;
 
 pub use dataset::{Catalog, Dataset, Snapshot};
+pub use episode::EpisodeTable;
 pub use manifest::{Manifest, SegmentEntry};
-pub use segment::{EpisodeTable, Segment};
+pub use segment::Segment;
 pub use writer::{DatasetWriter, EpisodeEnd, Step, VacuumReport, Values, WriterOptions};

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::format::col;
-use crate::store::segment::checksum_string;
+use crate::store::ipc::checksum_string;
 use crate::store::{Segment, Snapshot};
 
 /// What [`verify`] checked.

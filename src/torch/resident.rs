@@ -388,7 +388,7 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     // Copies `bytes` (whole steps) into the chunk and from there into rows `row..` of `dst`.
     let put = |bytes: &[u8], row: &mut i64| -> Result<()> {
         // Segments are mapped for random access: ask for this column's pages in large reads.
-        crate::store::segment::will_need(bytes);
+        crate::store::ipc::will_need(bytes);
         for piece in bytes.chunks(chunk_rows * step_bytes) {
             let k = (piece.len() / step_bytes) as i64;
             // SAFETY: the chunk is a contiguous CPU byte tensor of `chunk_rows * step_bytes` bytes

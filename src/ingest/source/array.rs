@@ -14,6 +14,7 @@
 //! (stored and deflate members, zip64) and checks every member's CRC-32 and every bound against
 //! the file: a truncated or corrupt archive is an error, never a panic.
 
+use std::fmt;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -25,8 +26,8 @@ use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use flate2::read::DeflateDecoder;
 
-use super::npy::*;
-use super::zip::*;
+use super::npy::{Header, Input, Loc, Region, inflater, parse_header, preamble};
+use super::zip::{corrupt, crc_of, u16_at, u32_at, zip_members};
 use super::{Source, UNIT_BATCHES};
 use crate::error::{Error, Result};
 use crate::schema::tensor_field;
@@ -44,8 +45,15 @@ pub(super) enum Data {
         len: u64,
         crc: u32,
     },
-    /// A dataset of an HDF5 file.
-    Hdf5(super::hdf5::H5Data),
+    /// Read by the input format's own reader (a dataset of an HDF5 file).
+    Rows(Arc<dyn ReadRows>),
+}
+
+/// An array whose rows a format's own reader decodes (HDF5 datasets): [`Data::Rows`].
+pub(super) trait ReadRows: fmt::Debug + Send + Sync {
+    /// Rows `start..start + n` of an array with this `header`, flat (rows × width values); errors
+    /// name `at`.
+    fn read_rows(&self, header: &Header, start: u64, n: usize, at: &Loc) -> Result<ArrayRef>;
 }
 
 /// One array: a column.
@@ -242,7 +250,7 @@ impl ArraySource {
         let len = n * row_bytes;
         let mut buf;
         match &a.data {
-            Data::Hdf5(d) => {
+            Data::Rows(d) => {
                 return fixed_rows(&a.header, d.read_rows(&a.header, start, n, &at)?);
             }
             Data::Stored { input, offset } => {
@@ -430,4 +438,179 @@ pub(super) fn check_size(a: &Array, available: u64, at: &Loc) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The `.npy` files of a directory, sorted by name.
+fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Option<Array>)>> {
+    let mut paths = vec![];
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        if path.extension().is_some_and(|e| e == "npy") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if drop.contains(&name) {
+                return Ok((name, None));
+            }
+            let at = Loc::array(&path, &name);
+            let input = Input::open(&path)?;
+            let header = input.header_at(0, input.len(), &at)?;
+            let available = input.len() - header.data_offset as u64;
+            let array = Array {
+                name: name.clone(),
+                data: Data::Stored {
+                    input,
+                    offset: header.data_offset as u64,
+                },
+                header,
+            };
+            check_size(&array, available, &at)?;
+            Ok((name, Some(array)))
+        })
+        .collect()
+}
+
+/// The longest `.npy` header read from a deflated member (NumPy's own reader refuses headers
+/// over 10 000 bytes unless told otherwise).
+const MAX_NPY_HEADER: u64 = 1 << 20;
+
+/// The arrays of a `.npz` archive, in the archive's order.
+fn open_zip(
+    path: &Path,
+    input: Arc<Input>,
+    is_zip: bool,
+    drop: &[String],
+) -> Result<Vec<(String, Option<Array>)>> {
+    const LOCAL: u32 = 0x0403_4b50;
+    if !is_zip {
+        return Err(Error::argument(
+            "input",
+            format!(
+                "{} is neither a .npz archive nor a directory of .npy files",
+                path.display()
+            ),
+        ));
+    }
+    let mut out = vec![];
+    for m in zip_members(path, &input)? {
+        if m.name.ends_with('/') {
+            continue; // a directory entry
+        }
+        let Some(name) = m.name.strip_suffix(".npy") else {
+            return Err(
+                Error::invalid_data(format!("member `{}` is not a .npy array", m.name))
+                    .in_input(path.display()),
+            );
+        };
+        let name = name.to_string();
+        if drop.contains(&name) {
+            out.push((name, None));
+            continue;
+        }
+        let what = Loc::array(path, &name);
+        if m.flags & 1 != 0 {
+            return Err(what.data("the array is encrypted"));
+        }
+        if m.local_offset
+            .checked_add(30)
+            .is_none_or(|e| e > input.len())
+        {
+            return Err(corrupt(path, &format!("no local header for `{}`", m.name)));
+        }
+        let local = input.read_at(m.local_offset, 30, &what)?;
+        if u32_at(&local, 0) != Some(LOCAL) {
+            return Err(corrupt(path, &format!("no local header for `{}`", m.name)));
+        }
+        let (n, e) = (
+            u16_at(&local, 26).unwrap_or(0) as u64,
+            u16_at(&local, 28).unwrap_or(0) as u64,
+        );
+        let start = m.local_offset + 30 + n + e;
+        if start
+            .checked_add(m.compressed)
+            .is_none_or(|end| end > input.len())
+        {
+            return Err(corrupt(path, &format!("member `{}` is truncated", m.name)));
+        }
+        let array = match m.method {
+            0 => {
+                let got = crc_of(&input, start, m.compressed, &what)?;
+                if got != m.crc {
+                    return Err(what.data(format!(
+                        "CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \
+                         archive is corrupt",
+                        m.crc
+                    )));
+                }
+                let header = input.header_at(start, m.compressed, &what)?;
+                let available = m.compressed - header.data_offset as u64;
+                let a = Array {
+                    name: name.clone(),
+                    data: Data::Stored {
+                        input: input.clone(),
+                        offset: start + header.data_offset as u64,
+                    },
+                    header,
+                };
+                check_size(&a, available, &what)?;
+                a
+            }
+            8 => {
+                // Inflate just the header now; the data is inflated while ingesting.
+                let mut decoder = inflater(&input, start, m.compressed);
+                let mut head = [0u8; 12];
+                decoder
+                    .read_exact(&mut head)
+                    .map_err(|e| what.data(format!("cannot inflate: {e}")))?;
+                let (pre, len) = preamble(&head, &what)?;
+                // NumPy's headers are a few hundred bytes; a length field that says more than
+                // the member holds (or than any header needs) is damage, not a header to inflate.
+                if (pre + len) as u64 > m.uncompressed.min(MAX_NPY_HEADER) {
+                    return Err(what.data(format!(
+                        "a .npy header of {} bytes in a member of {} bytes (damaged header)",
+                        pre + len,
+                        m.uncompressed
+                    )));
+                }
+                let mut text = vec![0u8; pre + len];
+                let copied = text.len().min(12);
+                text[..copied].copy_from_slice(&head[..copied]);
+                if text.len() > 12 {
+                    decoder
+                        .read_exact(&mut text[12..])
+                        .map_err(|e| what.data(format!("cannot inflate: {e}")))?;
+                }
+                let header = parse_header(&text[pre..], pre + len, &what)?;
+                let have = m.uncompressed.saturating_sub(header.data_offset as u64);
+                let a = Array {
+                    name: name.clone(),
+                    data: Data::Deflated {
+                        input: input.clone(),
+                        offset: start,
+                        len: m.compressed,
+                        crc: m.crc,
+                    },
+                    header,
+                };
+                check_size(&a, have, &what)?;
+                a
+            }
+            other => {
+                return Err(what.data(format!(
+                    "the array uses zip compression method {other}; only stored (np.savez) and \
+                     deflate (np.savez_compressed) are supported"
+                )));
+            }
+        };
+        out.push((name, Some(array)));
+    }
+    Ok(out)
 }

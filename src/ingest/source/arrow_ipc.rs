@@ -155,13 +155,12 @@ impl ArrowSource {
             ));
         }
         let tail = read_at(len.saturating_sub(10), 10.min(len as usize))?;
-        let (footer_start, footer_end) =
-            crate::store::segment::footer_span(path, &head, &tail, len)?;
+        let (footer_start, footer_end) = crate::store::ipc::footer_span(path, &head, &tail, len)?;
         let footer_bytes = read_at(footer_start, (footer_end - footer_start) as usize)?;
         let footer = arrow::ipc::root_as_footer(&footer_bytes)
             .map_err(|e| corrupt(format!("invalid footer: {e}")))?;
         let check_block = |b: &Block, what: &str| {
-            crate::store::segment::block_span(path, what, b, footer_start).map(|_| ())
+            crate::store::ipc::block_span(path, what, b, footer_start).map(|_| ())
         };
         let dictionaries: Vec<Block> = footer
             .dictionaries()
@@ -179,7 +178,7 @@ impl ArrowSource {
             check_block(block, &what)?;
             let (off, meta_len) = (block.offset(), block.metaDataLength());
             let header = read_at(off as u64, meta_len as usize)?;
-            let message = crate::store::segment::block_message(path, &what, &header)?;
+            let message = crate::store::ipc::block_message(path, &what, &header)?;
             let batch = message
                 .header_as_record_batch()
                 .ok_or_else(|| bad("message is not a record batch".into()))?;
@@ -189,7 +188,7 @@ impl ArrowSource {
             rows.push(batch.length() as u64);
             blocks.push(*block);
         }
-        let schema = crate::store::segment::footer_schema(path, &footer)?;
+        let schema = crate::store::ipc::footer_schema(path, &footer)?;
         let version = footer.version();
         Ok(ArrowSource {
             path: path.to_path_buf(),

@@ -28,7 +28,7 @@ use hdf5_reader::{Datatype, H5Type, Hdf5File, SliceInfo, SliceInfoElem};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
 use super::Source;
-use super::array::{Array, ArraySource, Data, column_field, fixed_rows};
+use super::array::{Array, ArraySource, Data, ReadRows, column_field, fixed_rows, unit_rows};
 use super::npy::{Dtype, Header, Loc};
 use crate::error::{Error, Result};
 
@@ -146,15 +146,8 @@ where
     )))
 }
 
-impl H5Data {
-    /// Rows `start..start + n`, flat (rows × width values).
-    pub(super) fn read_rows(
-        &self,
-        header: &Header,
-        start: u64,
-        n: usize,
-        what: &Loc,
-    ) -> Result<ArrayRef> {
+impl ReadRows for H5Data {
+    fn read_rows(&self, header: &Header, start: u64, n: usize, what: &Loc) -> Result<ArrayRef> {
         let shape = &header.shape;
         Ok(match &header.dtype.arrow {
             DataType::Boolean => {
@@ -250,10 +243,10 @@ fn walk(
                     shape,
                     data_offset: 0,
                 },
-                data: Data::Hdf5(H5Data {
+                data: Data::Rows(Arc::new(H5Data {
                     file: file.clone(),
                     path: name,
-                }),
+                })),
             }),
         ));
     }
@@ -484,7 +477,7 @@ impl Source for MinariSource {
     super::path_and_schema_fields!();
 
     fn units(&self, batch_rows: usize) -> Vec<(usize, u64, u64)> {
-        let per = super::array::unit_rows(batch_rows);
+        let per = unit_rows(batch_rows);
         let mut units = vec![];
         let mut out = vec![];
         let mut base = 0;

@@ -1,10 +1,11 @@
 //! Input formats: each is a [`Source`] that reads a columnar input in units (Parquet row groups,
-//! Arrow record batches, row ranges of NumPy or HDF5 arrays), in row order.
+//! Arrow record batches, row ranges of NumPy or HDF5 arrays), in row order; and the helpers that
+//! read columns of the decoded batches (for sources, the mapping and the conversion).
 
 use std::path::Path;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, SchemaRef};
 
 use super::*;
 use crate::error::{Error, Result};
@@ -80,4 +81,39 @@ pub(crate) fn open_source(
         InputFormat::Hdf5 => hdf5::open(input, &opts.drop_cols)?,
         InputFormat::Arrow => Box::new(arrow_ipc::ArrowSource::open(input)?),
     })
+}
+
+/// Column `name` of a decoded input batch.
+pub(crate) fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| Error::schema(name, "the decoded batch has no such column"))
+}
+
+/// Column `name` is null at input row `row`.
+pub(crate) fn null_at(name: &str, row: u64) -> Error {
+    Error::invalid_data(format!("row {row} is null")).in_column(name)
+}
+
+/// The length of row 0 of each list column `cols` of `batch` (which must have a row).
+pub(crate) fn row0_list_lengths(
+    batch: &RecordBatch,
+    cols: &[&str],
+) -> Result<Vec<(String, usize)>> {
+    cols.iter()
+        .map(|&c| {
+            let a = column(batch, c)?;
+            if a.is_null(0) {
+                return Err(null_at(c, 0));
+            }
+            let n = match a.data_type() {
+                DataType::List(_) => a.as_list::<i32>().value_length(0) as usize,
+                _ => a.as_list::<i64>().value_length(0) as usize,
+            };
+            if n == 0 {
+                return Err(Error::invalid_data("row 0 is an empty list").in_column(c));
+            }
+            Ok((c.to_string(), n))
+        })
+        .collect()
 }

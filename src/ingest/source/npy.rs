@@ -1,5 +1,5 @@
-//! The `.npy` format: dtype and header parsing, positioned reads of an input file, and
-//! directories of `.npy` files.
+//! The `.npy` format: dtype and header parsing, and positioned reads of an input file (shared by
+//! every array format).
 
 use std::fmt;
 use std::fs::File;
@@ -11,7 +11,6 @@ use std::sync::Arc;
 use arrow::datatypes::DataType;
 use flate2::read::DeflateDecoder;
 
-use super::array::*;
 use crate::error::{Error, Result};
 
 /// Where in an input a problem is: the file (or archive, or directory) and, when known, the array
@@ -275,44 +274,6 @@ pub(crate) fn inflater(
         end: offset + len,
     };
     DeflateDecoder::new(BufReader::with_capacity(1 << 18, region))
-}
-
-/// The `.npy` files of a directory, sorted by name.
-pub(crate) fn open_dir(dir: &Path, drop: &[String]) -> Result<Vec<(String, Option<Array>)>> {
-    let mut paths = vec![];
-    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-        let path = entry.map_err(|e| Error::io(dir, e))?.path();
-        if path.extension().is_some_and(|e| e == "npy") && path.is_file() {
-            paths.push(path);
-        }
-    }
-    paths.sort();
-    paths
-        .into_iter()
-        .map(|path| {
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if drop.contains(&name) {
-                return Ok((name, None));
-            }
-            let at = Loc::array(&path, &name);
-            let input = Input::open(&path)?;
-            let header = input.header_at(0, input.len(), &at)?;
-            let available = input.len() - header.data_offset as u64;
-            let array = Array {
-                name: name.clone(),
-                data: Data::Stored {
-                    input,
-                    offset: header.data_offset as u64,
-                },
-                header,
-            };
-            check_size(&array, available, &at)?;
-            Ok((name, Some(array)))
-        })
-        .collect()
 }
 
 #[cfg(test)]

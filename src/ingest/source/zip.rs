@@ -1,12 +1,9 @@
 //! The zip container of `.npz` archives, read by this crate: central directory, zip64, stored
 //! and deflate members, every member's CRC-32 and every bound checked against the file.
 
-use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
 
-use super::array::*;
-use super::npy::*;
+use super::npy::{Input, Loc};
 use crate::error::{Error, Result};
 // ---------------------------------------------------------------------------------------------
 // Zip (the container of .npz): central directory, zip64, stored and deflate members.
@@ -22,19 +19,15 @@ pub(crate) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// The longest `.npy` header read from a deflated member (NumPy's own reader refuses headers
-/// over 10 000 bytes unless told otherwise).
-const MAX_NPY_HEADER: u64 = 1 << 20;
-
 /// One member of the central directory.
 pub(crate) struct Member {
-    name: String,
-    crc: u32,
-    method: u16,
-    flags: u16,
-    compressed: u64,
-    uncompressed: u64,
-    local_offset: u64,
+    pub(super) name: String,
+    pub(super) crc: u32,
+    pub(super) method: u16,
+    pub(super) flags: u16,
+    pub(super) compressed: u64,
+    pub(super) uncompressed: u64,
+    pub(super) local_offset: u64,
 }
 
 /// An [`Error::InvalidData`] in archive `path`: its zip structure is broken.
@@ -176,137 +169,4 @@ pub(crate) fn crc_of(input: &Input, offset: u64, len: u64, what: &Loc) -> Result
         done += k as u64;
     }
     Ok(hasher.finalize())
-}
-
-/// The arrays of a `.npz` archive, in the archive's order.
-pub(crate) fn open_zip(
-    path: &Path,
-    input: Arc<Input>,
-    is_zip: bool,
-    drop: &[String],
-) -> Result<Vec<(String, Option<Array>)>> {
-    const LOCAL: u32 = 0x0403_4b50;
-    if !is_zip {
-        return Err(Error::argument(
-            "input",
-            format!(
-                "{} is neither a .npz archive nor a directory of .npy files",
-                path.display()
-            ),
-        ));
-    }
-    let mut out = vec![];
-    for m in zip_members(path, &input)? {
-        if m.name.ends_with('/') {
-            continue; // a directory entry
-        }
-        let Some(name) = m.name.strip_suffix(".npy") else {
-            return Err(
-                Error::invalid_data(format!("member `{}` is not a .npy array", m.name))
-                    .in_input(path.display()),
-            );
-        };
-        let name = name.to_string();
-        if drop.contains(&name) {
-            out.push((name, None));
-            continue;
-        }
-        let what = Loc::array(path, &name);
-        if m.flags & 1 != 0 {
-            return Err(what.data("the array is encrypted"));
-        }
-        if m.local_offset
-            .checked_add(30)
-            .is_none_or(|e| e > input.len())
-        {
-            return Err(corrupt(path, &format!("no local header for `{}`", m.name)));
-        }
-        let local = input.read_at(m.local_offset, 30, &what)?;
-        if u32_at(&local, 0) != Some(LOCAL) {
-            return Err(corrupt(path, &format!("no local header for `{}`", m.name)));
-        }
-        let (n, e) = (
-            u16_at(&local, 26).unwrap_or(0) as u64,
-            u16_at(&local, 28).unwrap_or(0) as u64,
-        );
-        let start = m.local_offset + 30 + n + e;
-        if start
-            .checked_add(m.compressed)
-            .is_none_or(|end| end > input.len())
-        {
-            return Err(corrupt(path, &format!("member `{}` is truncated", m.name)));
-        }
-        let array = match m.method {
-            0 => {
-                let got = crc_of(&input, start, m.compressed, &what)?;
-                if got != m.crc {
-                    return Err(what.data(format!(
-                        "CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \
-                         archive is corrupt",
-                        m.crc
-                    )));
-                }
-                let header = input.header_at(start, m.compressed, &what)?;
-                let available = m.compressed - header.data_offset as u64;
-                let a = Array {
-                    name: name.clone(),
-                    data: Data::Stored {
-                        input: input.clone(),
-                        offset: start + header.data_offset as u64,
-                    },
-                    header,
-                };
-                check_size(&a, available, &what)?;
-                a
-            }
-            8 => {
-                // Inflate just the header now; the data is inflated while ingesting.
-                let mut decoder = inflater(&input, start, m.compressed);
-                let mut head = [0u8; 12];
-                decoder
-                    .read_exact(&mut head)
-                    .map_err(|e| what.data(format!("cannot inflate: {e}")))?;
-                let (pre, len) = preamble(&head, &what)?;
-                // NumPy's headers are a few hundred bytes; a length field that says more than
-                // the member holds (or than any header needs) is damage, not a header to inflate.
-                if (pre + len) as u64 > m.uncompressed.min(MAX_NPY_HEADER) {
-                    return Err(what.data(format!(
-                        "a .npy header of {} bytes in a member of {} bytes (damaged header)",
-                        pre + len,
-                        m.uncompressed
-                    )));
-                }
-                let mut text = vec![0u8; pre + len];
-                let copied = text.len().min(12);
-                text[..copied].copy_from_slice(&head[..copied]);
-                if text.len() > 12 {
-                    decoder
-                        .read_exact(&mut text[12..])
-                        .map_err(|e| what.data(format!("cannot inflate: {e}")))?;
-                }
-                let header = parse_header(&text[pre..], pre + len, &what)?;
-                let have = m.uncompressed.saturating_sub(header.data_offset as u64);
-                let a = Array {
-                    name: name.clone(),
-                    data: Data::Deflated {
-                        input: input.clone(),
-                        offset: start,
-                        len: m.compressed,
-                        crc: m.crc,
-                    },
-                    header,
-                };
-                check_size(&a, have, &what)?;
-                a
-            }
-            other => {
-                return Err(what.data(format!(
-                    "the array uses zip compression method {other}; only stored (np.savez) and \
-                     deflate (np.savez_compressed) are supported"
-                )));
-            }
-        };
-        out.push((name, Some(array)));
-    }
-    Ok(out)
 }

@@ -511,7 +511,7 @@ async fn fetch_once(
             }
         }
     }
-    let found = crate::store::segment::checksum_string(crc);
+    let found = crate::store::ipc::checksum_string(crc);
     if have != f.bytes || found != f.checksum {
         let _ = std::fs::remove_file(&part);
         return Err(Error::corrupt(

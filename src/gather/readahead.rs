@@ -382,7 +382,7 @@ mod tests {
     fn probes_of_anonymous_memory_say_resident() {
         let v = vec![1u8; 1 << 16];
         assert!(resident(v.as_ptr()));
-        crate::store::segment::will_need(&v);
+        crate::store::ipc::will_need(&v);
         assert!(major_faults() < u64::MAX);
         assert!(page_size().is_power_of_two());
     }

@@ -1,7 +1,6 @@
-//! Unit tests of the ingest conversion (`#[path]`-included by `convert.rs`): every supported
-//! input shape (scalars, fixed-size lists, nested fixed-size lists, variable-size and large
-//! lists, several columns combined), every element type, flags, episode ids, user columns, and
-//! the errors, which name the column and the input row.
+//! Unit tests of the ingest conversion: every supported input shape (scalars, fixed-size lists,
+//! nested fixed-size lists, variable-size and large lists, several columns combined), every element
+//! type, flags, episode ids, user columns, and the errors, which name the column and the input row.
 
 use super::*;
 

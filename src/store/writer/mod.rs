@@ -13,12 +13,12 @@ use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Float32Type};
 
 use crate::error::{Error, IoContext, Result};
-use crate::format::{self, col, ep, meta};
+use crate::format::{self, col, ep, episodes_path, meta, segment_path};
 use crate::schema::TransitionSchema;
 use crate::store::episode::{ColumnBuf, EpisodeRows};
 pub use crate::store::episode::{EpisodeEnd, Step, Values};
+use crate::store::ipc::{IpcFileWriter, checksum_string};
 use crate::store::manifest::{self, Manifest, SegmentEntry};
-use crate::store::segment::{IpcFileWriter, checksum_string};
 
 /// Options of a [`DatasetWriter`]. Construct with `WriterOptions::default()` and the `with_*`
 /// methods; new options get defaults, so callers do not break.
@@ -663,26 +663,6 @@ impl DatasetWriter {
     }
 }
 
-/// Relative path of segment `id`'s transition file.
-pub fn segment_path(id: u64) -> String {
-    format!(
-        "{}/{}{}",
-        format::SEGMENTS_DIR,
-        format::segment_name(id),
-        format::SEGMENT_SUFFIX
-    )
-}
-
-/// Relative path of segment `id`'s episode table.
-pub fn episodes_path(id: u64) -> String {
-    format!(
-        "{}/{}{}",
-        format::SEGMENTS_DIR,
-        format::segment_name(id),
-        format::EPISODES_SUFFIX
-    )
-}
-
 /// Ids of the segment files present in `segments/`.
 fn segment_files(root: &Path) -> Result<Vec<u64>> {
     let dir = root.join(format::SEGMENTS_DIR);
@@ -778,5 +758,4 @@ fn conform(field: &arrow::datatypes::FieldRef, array: &ArrayRef) -> Result<Array
 }
 
 #[cfg(test)]
-#[path = "writer_tests.rs"]
 mod tests;

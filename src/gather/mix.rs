@@ -1,7 +1,6 @@
 //! Mixed gatherers ([`Gatherer::mixed`]): batches whose slices come from several snapshots (for
 //! instance offline and online data, RLPD-style), each part gathering a fixed range of every
 //! batch with its own [`Gatherer`], as a [`crate::sample::MixSampler`] plans them.
-//! `#[path]`-included by `gather.rs`.
 
 use arrow::array::UInt16Array;
 

@@ -28,17 +28,6 @@ pub(crate) struct Chunk {
     pub(crate) truncated: Option<BooleanArray>,
 }
 
-pub(crate) fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
-    batch
-        .column_by_name(name)
-        .ok_or_else(|| Error::schema(name, "the decoded batch has no such column"))
-}
-
-/// Column `name` is null at input row `row`.
-pub(crate) fn null_at(name: &str, row: u64) -> Error {
-    Error::invalid_data(format!("row {row} is null")).in_column(name)
-}
-
 /// Column `name` has a null list item in input row `row`.
 fn null_item_at(name: &str, row: u64) -> Error {
     Error::invalid_data(format!("row {row} has a null list item")).in_column(name)
@@ -314,5 +303,4 @@ pub(crate) fn convert(mapping: &Mapping, batch: &RecordBatch, base: u64) -> Resu
 }
 
 #[cfg(test)]
-#[path = "convert_tests.rs"]
 mod tests;

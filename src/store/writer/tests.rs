@@ -1,6 +1,6 @@
-//! Unit tests of the writer (`#[path]`-included by `writer.rs`): rejected episodes leave the
-//! writer unchanged, commits with nothing to commit, episodes larger than a segment or a record
-//! batch, column conformance, and the clean-up of what a crashed writer left.
+//! Unit tests of the writer: rejected episodes leave the writer unchanged, commits with nothing to
+//! commit, episodes larger than a segment or a record batch, column conformance, and the clean-up
+//! of what a crashed writer left.
 
 use super::*;
 

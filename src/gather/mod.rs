@@ -16,10 +16,8 @@ use crate::format::col;
 use crate::index::SliceRef;
 use crate::store::Snapshot;
 
-#[path = "gather_readahead.rs"]
 mod readahead;
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
-#[path = "gather_mix.rs"]
 mod mix;
 
 /// One gathered column: `num_slices * slice_len` steps of `width` values of `data_type` each,
@@ -785,8 +783,6 @@ unsafe impl Send for SendPtr {}
 // SAFETY: as above; the pointer itself is never written through by two threads for one range.
 unsafe impl Sync for SendPtr {}
 
-#[path = "gather_pages.rs"]
 mod pages;
 #[cfg(test)]
-#[path = "gather_tests.rs"]
 mod tests;

@@ -1,6 +1,6 @@
 //! [`Gatherer::pages_touched`]: the memory pages of the mapped files that gathering a plan reads,
 //! the unit of work of out-of-core sampling (each page not in the page cache is one random read
-//! from disk). `#[path]`-included by `gather.rs`, whose private column sources it walks.
+//! from disk). A child of `gather`, whose private column sources it walks.
 
 use super::*;
 

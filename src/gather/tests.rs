@@ -1,7 +1,6 @@
-//! Unit tests of gather (`#[path]`-included by `gather.rs`): every column source (stored values,
-//! stored bools, derived `next_observation`), slices in several segments, padding of slices
-//! outside their episode, out-of-range references, destination checks of `gather_into`, and the
-//! private helpers.
+//! Unit tests of gather: every column source (stored values, stored bools, derived
+//! `next_observation`), slices in several segments, padding of slices outside their episode,
+//! out-of-range references, destination checks of `gather_into`, and the private helpers.
 
 use super::*;
 
