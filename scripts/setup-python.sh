@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates (once) a Python venv under ~/.cache with pyarrow, numpy, Polars, DuckDB and h5py (the interop
-# test and the benchmark scripts) and moto's S3 server (the S3-compatible server that tests/remote.rs
+# test and the benchmark scripts) and moto's S3 server (the S3-compatible server that tests/remote/s3.rs
 # starts on a local port). Prints the interpreter path on its last line.
 set -euo pipefail
 venv="${TRAJSTORE_PY_VENV:-$HOME/.cache/trajstore-py}"

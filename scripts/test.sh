@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command of the README: sets up Python (pyarrow for the interop test, moto for the S3
-# server of tests/remote.rs), runs every test with the default features, then the Python
+# server of tests/remote/s3.rs), runs every test with the default features, then the Python
 # package's pytest suite (scripts/test-python.sh: PyTorch from pip, the extension built in the
 # same target directory), then sets up libtorch (the same pip torch==2.11.0) and runs the Rust
 # tests again with the `torch` feature. Extra arguments go to both `cargo test` runs (e.g.

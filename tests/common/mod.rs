@@ -14,6 +14,38 @@ use arrow::datatypes::{DataType, Field, Float32Type};
 use trajstore::synth::{ObsDtype, SynthSpec};
 use trajstore::{Dataset, EpisodeEnd, Snapshot, TransitionSchema, WriterOptions};
 
+/// The `trajstore` binary (built for the integration tests).
+#[cfg(feature = "cli")]
+pub const BIN: &str = env!("CARGO_BIN_EXE_trajstore");
+
+/// A command of the `trajstore` binary.
+#[cfg(feature = "cli")]
+pub fn bin() -> std::process::Command {
+    std::process::Command::new(BIN)
+}
+
+/// Runs the `trajstore` binary: (exit code, -1 when a signal ended it; stdout; stderr). The one
+/// CLI runner of the tests.
+#[cfg(feature = "cli")]
+pub fn run_cli(args: &[&str]) -> (i32, String, String) {
+    run_cli_env(args, &[])
+}
+
+/// [`run_cli`] with extra environment variables.
+#[cfg(feature = "cli")]
+pub fn run_cli_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = bin()
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// (terminated, truncated) of every episode, read from the boundary columns of its last row.
 pub fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
     (0..snap.num_episodes())

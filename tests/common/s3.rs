@@ -155,7 +155,7 @@ impl S3Server {
 
     /// The trajstore binary with this server's settings in the environment.
     pub fn cli(&self, cache: &Path) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_trajstore"));
+        let mut c = super::bin();
         for (k, v) in self.settings() {
             c.env(k.to_ascii_uppercase(), v);
         }

@@ -1,0 +1,3 @@
+//! The `trajstore` binary (`src/bin/trajstore/`): exit codes, one-line errors, JSON output.
+
+mod commands;

@@ -1,0 +1,5 @@
+//! Object storage (`src/remote/`): push, pull and streams against object_store's `InMemory` and a real S3-compatible server (moto).
+
+mod memory;
+mod s3;
+mod stream;

@@ -1,0 +1,401 @@
+//! Streaming reads of a dataset in object storage through a bounded cache, against a real
+//! S3-compatible server (moto's; see `tests/common/s3.rs`): the cache never holds more than its
+//! limit on disk, every batch comes from the resident window and equals the local dataset's
+//! gather of the same plan, ranks download disjoint shares that cover the version, an
+//! interrupted download resumes, and damaged objects are errors naming them.
+
+#![cfg(feature = "remote")]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::common::TestData;
+use crate::common::s3::S3Server;
+use trajstore::remote::{Stream, StreamOptions, StreamSampling};
+use trajstore::{
+    Batch, Dataset, EpochSampler, Gatherer, LoaderOptions, Sampler, SliceOptions, SliceRef,
+    SliceSampler, Snapshot,
+};
+
+const COLUMNS: [&str; 3] = ["observation", "action", "reward"];
+
+/// 24,000 transitions in 64 KiB segments (about 20 of them), pushed to `bucket`.
+fn pushed(s3: &S3Server, bucket: &str, dir: &Path) -> (String, Dataset) {
+    let url = format!("{}/runs/walker", s3.bucket(bucket));
+    let ds = TestData::new()
+        .obs_dim(8)
+        .seed(3)
+        .transitions(24_000)
+        .mean_episode_len(60.0)
+        .segment_bytes(64 << 10)
+        .write(&dir.join("local"));
+    s3.remote(&url).push(&ds).unwrap();
+    (url, ds)
+}
+
+fn options(s3: &S3Server, cache: &Path, limit: u64) -> StreamOptions {
+    let mut o = StreamOptions::new(limit);
+    o.cache_dir = Some(cache.to_path_buf());
+    o.remote = s3.options();
+    o
+}
+
+/// Bytes of the transition files of `snap`.
+fn transition_bytes(snap: &Snapshot) -> u64 {
+    snap.manifest().segments.iter().map(|s| s.bytes).sum()
+}
+
+/// Bytes of every file under `dir` (a cache directory), partial downloads included.
+fn bytes_on_disk(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The local snapshot's gather of the plan that `b` holds (episode ids and start steps).
+fn local_gather(snap: &Snapshot, b: &Batch) -> Batch {
+    let plan: Vec<SliceRef> = (0..b.num_slices)
+        .map(|i| SliceRef {
+            episode: (b.episode_id[i] - snap.episodes().first_id()) as u32,
+            start: b.start_step[i],
+            len: b.slice_len as u32,
+        })
+        .collect();
+    let mut out = Batch::default();
+    Gatherer::try_new(snap, &COLUMNS)
+        .unwrap()
+        .gather(&plan, &mut out)
+        .unwrap();
+    out
+}
+
+fn assert_same_batch(a: &Batch, b: &Batch, what: &str) {
+    assert_eq!(a.episode_id, b.episode_id, "{what}: episode ids");
+    assert_eq!(a.start_step, b.start_step, "{what}: start steps");
+    assert_eq!(a.mask, b.mask, "{what}: masks");
+    assert_eq!(a.is_first, b.is_first, "{what}");
+    assert_eq!(a.terminated, b.terminated, "{what}");
+    for (x, y) in a.columns.iter().zip(&b.columns) {
+        assert_eq!(x.name, y.name);
+        assert_eq!(x.data, y.data, "{what}: column {}", x.name);
+    }
+}
+
+#[test]
+fn a_cache_that_holds_the_version_streams_the_local_datasets_batches() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "whole", dir.path());
+    let snap = ds.snapshot().unwrap();
+    let slice = SliceOptions::new(16, 32).with_seed(5);
+    let opts = options(&s3, &dir.path().join("cache"), 1 << 30);
+    let stream = Stream::open(&url, opts.clone()).unwrap();
+    let gatherer = Gatherer::try_new(&snap, &COLUMNS).unwrap();
+    let index = snap.slice_index(16, slice.policy).unwrap();
+    let local = SliceSampler::try_new(index.clone(), snap.episodes(), &slice).unwrap();
+    let mut loader = stream
+        .loader(
+            &slice,
+            &COLUMNS,
+            LoaderOptions::default()
+                .with_workers(3)
+                .with_max_batches(40),
+        )
+        .unwrap();
+    let mut plan = vec![];
+    for k in 0..40 {
+        let b = loader.next_batch().unwrap().unwrap();
+        local.plan(k, &mut plan);
+        let mut want = Batch::default();
+        gatherer.gather(&plan, &mut want).unwrap();
+        assert_same_batch(&b, &want, &format!("batch {k}"));
+    }
+    assert!(loader.next_batch().is_none());
+    let st = loader.stats();
+    assert_eq!(
+        st.bytes_downloaded,
+        transition_bytes(&snap),
+        "each file once"
+    );
+    assert_eq!((st.files_evicted, st.windows_opened), (0, 1));
+    drop(loader);
+
+    // Without replacement too: the local epoch sampler's batches, one epoch, then the end.
+    let mut o = opts;
+    o.sampling = StreamSampling::Epoch;
+    let stream = Stream::open(&url, o).unwrap();
+    let epoch = EpochSampler::windows(index, 32, 5, true).unwrap();
+    let per = epoch.batches_per_epoch().unwrap();
+    let mut loader = stream
+        .loader(&slice, &COLUMNS, LoaderOptions::default().with_workers(2))
+        .unwrap();
+    let mut n = 0;
+    while let Some(b) = loader.next_batch() {
+        let b = b.unwrap();
+        if n % 50 == 0 {
+            epoch.plan(n, &mut plan);
+            let mut want = Batch::default();
+            gatherer.gather(&plan, &mut want).unwrap();
+            assert_same_batch(&b, &want, &format!("epoch batch {n}"));
+        }
+        n += 1;
+    }
+    assert_eq!(n, per, "one epoch");
+    assert_eq!(loader.stats().bytes_downloaded, 0, "the cache was kept");
+}
+
+#[test]
+fn a_quarter_cache_rotates_windows_within_its_limit_on_disk() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "quarter", dir.path());
+    let snap = ds.snapshot().unwrap();
+    let total = transition_bytes(&snap);
+    assert!(
+        snap.segments().len() >= 12,
+        "{} segments",
+        snap.segments().len()
+    );
+    let limit = total / 4;
+    let mut o = options(&s3, &dir.path().join("cache"), limit);
+    o.reuse = 1.0;
+    let stream = Stream::open(&url, o).unwrap();
+    let cache_dir = stream.cache_dir(0);
+    // A watcher measures the cache directory on disk while the loader runs.
+    let (stop, peak) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let watcher = {
+        let (stop, peak, d) = (stop.clone(), peak.clone(), cache_dir.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(bytes_on_disk(&d), Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        })
+    };
+    let slice = SliceOptions::new(16, 32).with_seed(9);
+    // About 22 segments, one per window (a third of the cache); each window serves at least the
+    // loader's 3 + 4 batches in flight, so a round is about 154 batches: two rounds.
+    let batches = 320;
+    let mut loader = stream
+        .loader(
+            &slice,
+            &COLUMNS,
+            LoaderOptions::default()
+                .with_workers(3)
+                .with_max_batches(batches),
+        )
+        .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..batches {
+        let b = loader.next_batch().unwrap().unwrap();
+        let window = loader.window_episodes(k);
+        for &id in &b.episode_id {
+            assert!(
+                window.iter().any(|r| r.contains(&id)),
+                "batch {k}: episode {id} is not in the resident window {window:?}"
+            );
+            seen.insert(id);
+        }
+        if k % 7 == 0 {
+            assert_same_batch(&b, &local_gather(&snap, &b), &format!("batch {k}"));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().unwrap();
+    let st = loader.stats();
+    assert!(st.peak_cache_bytes <= limit, "{st:?}");
+    assert!(
+        peak.load(Ordering::Relaxed) <= limit,
+        "on disk {} > limit {limit}",
+        peak.load(Ordering::Relaxed)
+    );
+    assert!(st.files_evicted > 0 && st.windows_opened >= 6, "{st:?}");
+    // A round covers the version (it deals every segment to the one rank).
+    assert!(st.bytes_downloaded >= total, "{st:?}");
+    assert!(
+        seen.len() as u64 > snap.num_episodes() / 2,
+        "{} episodes",
+        seen.len()
+    );
+    drop(loader);
+    assert!(bytes_on_disk(&cache_dir) <= limit);
+
+    // Too small a cache for two windows is refused up front, naming the need.
+    let largest = snap
+        .manifest()
+        .segments
+        .iter()
+        .map(|s| s.bytes)
+        .max()
+        .unwrap();
+    let stream = Stream::open(&url, options(&s3, &dir.path().join("c2"), largest)).unwrap();
+    let e = stream
+        .loader(&slice, &COLUMNS, LoaderOptions::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("needs at least"), "{e}");
+}
+
+#[test]
+fn ranks_in_two_processes_download_disjoint_shares_that_cover_the_version() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "ranks", dir.path());
+    let snap = ds.snapshot().unwrap();
+    let total = transition_bytes(&snap);
+    let run = |rank: u64| {
+        let mut c = s3.cli(&dir.path().join(format!("node{rank}")));
+        c.args([
+            "stream",
+            &url,
+            "--cache-limit",
+            &total.to_string(),
+            "--sampling",
+            "epoch",
+            "--slice-len",
+            "16",
+            "--num-slices",
+            "32",
+            "--world-size",
+            "2",
+            "--json",
+        ]);
+        c.env("RANK", rank.to_string());
+        c
+    };
+    let (a, b) = (run(0).output().unwrap(), run(1).output().unwrap());
+    let parse = |o: &std::process::Output| -> serde_json::Value {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (ja, jb) = (parse(&a), parse(&b));
+    assert_eq!(ja["rank"], 0);
+    assert_eq!(jb["rank"], 1);
+    assert_eq!(ja["batches"], jb["batches"], "ranks stay in step");
+    let files = |j: &serde_json::Value| -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(j["cache_dir"].as_str().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let (fa, fb) = (files(&ja), files(&jb));
+    assert!(fa.is_disjoint(&fb), "{fa:?} {fb:?}");
+    let all: std::collections::BTreeSet<String> = snap
+        .manifest()
+        .segments
+        .iter()
+        .map(|s| {
+            let crc = s
+                .checksum
+                .trim_start_matches("crc32c:")
+                .to_ascii_lowercase();
+            format!("{:020}-{crc}.arrow", s.id)
+        })
+        .collect();
+    let union: std::collections::BTreeSet<String> = fa.union(&fb).cloned().collect();
+    assert_eq!(union, all, "together the ranks hold every segment once");
+    let bytes = |j: &serde_json::Value| j["stats"]["bytes_downloaded"].as_u64().unwrap();
+    assert_eq!(bytes(&ja) + bytes(&jb), total, "the version once in total");
+}
+
+#[test]
+fn an_interrupted_download_resumes_and_damaged_objects_are_errors_naming_them() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "damage", dir.path());
+    let snap = ds.snapshot().unwrap();
+    let opts = options(&s3, &dir.path().join("cache"), 1 << 30);
+    let stream = Stream::open(&url, opts.clone()).unwrap();
+    // A killed download leaves a partial file: the first half of segment 2's object.
+    let seg = &snap.manifest().segments[2];
+    let crc = seg
+        .checksum
+        .trim_start_matches("crc32c:")
+        .to_ascii_lowercase();
+    let name = format!("{:020}-{crc}.arrow", seg.id);
+    let key = format!("runs/walker/segments/{name}");
+    let object = s3.get_raw("damage", &key);
+    let cache_dir = stream.cache_dir(0);
+    std::fs::create_dir_all(&cache_dir).unwrap();
+    let half = object.len() / 2;
+    std::fs::write(cache_dir.join(format!("{name}.partial")), &object[..half]).unwrap();
+    let slice = SliceOptions::new(16, 32);
+    let mut loader = stream
+        .loader(
+            &slice,
+            &COLUMNS,
+            LoaderOptions::default().with_max_batches(3),
+        )
+        .unwrap();
+    let b = loader.next_batch().unwrap().unwrap();
+    assert_same_batch(&b, &local_gather(&snap, &b), "after the resume");
+    let st = loader.stats();
+    assert_eq!(st.bytes_resumed, half as u64);
+    assert_eq!(st.bytes_downloaded, transition_bytes(&snap) - half as u64);
+    // A second loader of the same rank's cache is refused while the first runs.
+    let e = stream
+        .loader(&slice, &COLUMNS, LoaderOptions::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("in use by another loader"), "{e}");
+    drop(loader);
+
+    // Damaged (same size, one byte flipped) and missing objects, in a fresh cache.
+    let mut damaged = object.clone();
+    damaged[half] ^= 0xff;
+    s3.put_raw("damage", &key, &damaged);
+    let stream = Stream::open(&url, options(&s3, &dir.path().join("c2"), 1 << 30)).unwrap();
+    let mut loader = stream
+        .loader(&slice, &COLUMNS, LoaderOptions::default())
+        .unwrap();
+    let e = loader.next_batch().unwrap().unwrap_err();
+    assert!(matches!(e, trajstore::Error::Corrupt { .. }), "{e:?}");
+    assert!(e.to_string().contains(&name), "{e}");
+    drop(loader);
+    assert!(
+        !stream.cache_dir(0).join(&name).exists(),
+        "a damaged file is never renamed into place"
+    );
+    s3.delete_raw("damage", &key);
+    let stream = Stream::open(&url, options(&s3, &dir.path().join("c3"), 1 << 30)).unwrap();
+    let mut loader = stream
+        .loader(&slice, &COLUMNS, LoaderOptions::default())
+        .unwrap();
+    let e = loader.next_batch().unwrap().unwrap_err();
+    assert!(e.to_string().contains(&name), "{e}");
+}
+
+#[test]
+fn the_cli_streams_and_reports_its_cache() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "cli", dir.path());
+    let total = transition_bytes(&ds.snapshot().unwrap());
+    let out = s3
+        .cli(&dir.path().join("cache"))
+        .args(["stream", &url, "--cache-limit", &(total / 3).to_string()])
+        .args(["--batches", "60", "--reuse", "1", "--slice-len", "16"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("streamed 60 batches"), "{text}");
+    assert!(text.contains("evicted"), "{text}");
+    let out = crate::common::bin()
+        .args(["stream", "/tmp/not-a-url", "--cache-limit", "1GiB"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reads a URL"));
+}
