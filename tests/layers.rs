@@ -51,6 +51,8 @@ const FOLDERS: &[(&str, &[&str])] = &[
         &[
             "readahead",
             "functions",
+            "limits",
+            "sized",
             "episode_agg",
             "table",
             "remote_scan",

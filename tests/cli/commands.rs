@@ -1,8 +1,7 @@
 //! The `trajstore` binary: exit codes, one-line errors, JSON output, export.
 
-use std::process::Command;
 
-use crate::common::{BIN, run_cli as run};
+use crate::common::run_cli as run;
 
 
 #[test]

@@ -6,7 +6,6 @@
 //! memory limit.
 
 use std::path::Path;
-use std::process::Command;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, UInt8Type};
@@ -14,7 +13,7 @@ use trajstore::format::col;
 use trajstore::synth::{ObsDtype, SynthSpec};
 use trajstore::{Batch, Dataset, Gatherer, SliceRef, Snapshot, WriterOptions};
 
-use crate::common::{BIN, run_cli_env as run};
+use crate::common::run_cli_env as run;
 const SHAPE: [usize; 3] = [84, 84, 4];
 const D: usize = 84 * 84 * 4;
 

@@ -1035,7 +1035,7 @@ fn arrow_ipc_files_ingest_like_parquet() {
 #[test]
 fn a_live_arrow_stream_on_stdin_commits_as_it_goes() {
     use std::io::Write;
-    use std::process::{Command, Stdio};
+    use std::process::Stdio;
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let (batch, expected) = d4rl_batch();

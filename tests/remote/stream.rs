@@ -7,7 +7,6 @@
 #![cfg(feature = "remote")]
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

@@ -5,7 +5,6 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch};

@@ -4,7 +4,7 @@
 //! files at once and `verify` failed in about half its runs.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::bin;
