@@ -3,9 +3,13 @@
 # server of tests/remote/s3.rs), runs every test with the default features, then the Python
 # package's pytest suite (scripts/test-python.sh: PyTorch from pip, the extension built in the
 # same target directory), then sets up libtorch (the same pip torch==2.11.0) and runs the Rust
-# tests again with the `torch` feature. Extra arguments go to both `cargo test` runs (e.g.
-# `scripts/test.sh --test crash`); TRAJSTORE_SKIP_PYTHON=1 skips the pytest suite and
-# TRAJSTORE_SKIP_TORCH=1 the torch run.
+# tests again with the `torch` feature. Every stage builds into one target directory and the
+# dependencies are compiled once: the Python stage selects what the first stage selected, and
+# Cargo.toml turns on in every build the dependency features that the torch stage would change,
+# so the later stages compile only trajstore itself, the extension and tch. Extra arguments go
+# to both `cargo test` runs (e.g. `scripts/test.sh --test crash`, or one module:
+# `scripts/test.sh --test integration loader::`); TRAJSTORE_SKIP_PYTHON=1 skips the pytest suite
+# and TRAJSTORE_SKIP_TORCH=1 the torch run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # One target directory for every stage (the Python stage and the torch stage reuse what the
