@@ -4,7 +4,6 @@ from __future__ import annotations
 
 # pyarrow and NumPy are imported where they are used: the loader needs neither (a GPU machine
 # with only PyTorch can train from a dataset).
-
 import inspect
 import json
 import os
@@ -127,7 +126,7 @@ def sql_memory_limit() -> Tuple[int, str]:
 
 def open(
     uri: PathLike, version: Optional[int] = None, *, cache_dir: Optional[PathLike] = None
-) -> "Dataset":
+) -> Dataset:
     """Opens the dataset at ``uri``: a local directory, ``file://...``, or ``s3://bucket/prefix``
     (mirrored into ``cache_dir``, default ``$TRAJSTORE_CACHE`` or ``~/.cache/trajstore``, then
     memory-mapped). Opens the newest committed version, or ``version``.
@@ -184,7 +183,7 @@ class Dataset:
         return self._n.num_transitions
 
     @property
-    def schema(self) -> "pa.Schema":
+    def schema(self) -> pa.Schema:
         """The transitions' schema (observation, action, reward, boundary columns, ...)."""
         import pyarrow as pa
 
@@ -212,7 +211,8 @@ class Dataset:
 
     def info_dict(self) -> Dict[str, Any]:
         """What ``trajstore info --json`` prints, as a dict."""
-        return json.loads(self._n.info_json())
+        info: Dict[str, Any] = json.loads(self._n.info_json())
+        return info
 
     def __repr__(self) -> str:
         return f"<trajstore.Dataset\n{self._n.info(0).rstrip()}\n>"
@@ -225,7 +225,7 @@ class Dataset:
 
         return pa.table(self._n.episodes())
 
-    def episode(self, episode_id: int) -> "pa.RecordBatch":
+    def episode(self, episode_id: int) -> pa.RecordBatch:
         """The transitions of one episode, a zero-copy view of the memory map."""
         b = self._n.episode(int(episode_id)) if int(episode_id) >= 0 else None
         if b is None:
@@ -237,7 +237,7 @@ class Dataset:
 
         return pa.record_batch(b)
 
-    def sql(self, query: str, *, allow_writes: bool = False) -> "pa.Table":
+    def sql(self, query: str, *, allow_writes: bool = False) -> pa.Table:
         """Runs SQL (DataFusion) over the tables ``transitions`` and ``episodes``; the result as a
         ``pyarrow.Table``. Read-only unless ``allow_writes`` (``COPY ... TO`` and the like).
 
@@ -246,7 +246,7 @@ class Dataset:
 
         return pa.table(self._n.sql(query, allow_writes))
 
-    def episodes_where(self, query: str) -> "np.ndarray":
+    def episodes_where(self, query: str) -> np.ndarray:
         """The sorted, distinct episode ids returned by ``query`` (which must return an
         ``episode_id`` column), as an ``int64`` array: a subset for :meth:`loader`'s
         ``episodes=``."""
@@ -301,7 +301,7 @@ class Dataset:
         return make_loader(self, cast(LoaderArgs, args), follow=follow)
 
     # --- writing ----------------------------------------------------------------------------
-    def writer(self, *, lock_wait: float = 0.5) -> "Writer":
+    def writer(self, *, lock_wait: float = 0.5) -> Writer:
         """The dataset's single writer, for appending episodes (waits up to ``lock_wait``
         seconds for the lock, then raises :class:`~trajstore.LockedError`)."""
         from ._writer import Writer

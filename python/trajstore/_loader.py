@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import os
-from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union
 
 from . import _native
 from ._batch import FLAGS, PER_SLICE, Batch
