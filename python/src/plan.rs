@@ -175,7 +175,7 @@ impl PartOpts {
         Ok(Self {
             snap,
             kind: part.sampler.unwrap_or(common.sampler),
-            policy: part.policy.unwrap_or_else(|| common.policy.clone()),
+            policy: part.policy.unwrap_or(common.policy),
             weighting: part.weighting.unwrap_or(common.weighting),
             seed: part
                 .seed
