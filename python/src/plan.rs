@@ -4,8 +4,10 @@
 //! tensor types and the loaders' options. Loaders made from it one after the other (each
 //! iteration, each restart at another batch) share its follow thread, priorities and indexes.
 
+use std::str::FromStr;
 use std::sync::Arc;
 
+use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use trajstore::sql::SnapshotSql;
@@ -26,50 +28,120 @@ pub(crate) struct Column {
     pub(crate) step_bytes: usize,
 }
 
-fn extract<'py, T>(key: &str, v: &Bound<'py, PyAny>) -> PyResult<T>
+/// The options of every part of a plan (`PlanOptions` in `python/trajstore/_types.py`): every
+/// key is given by the Python package (whose `Dataset.loader` signature holds the defaults), so
+/// a missing key is an error, never a default.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct LoaderArgs {
+    slice_len: u32,
+    num_slices: usize,
+    columns: Vec<String>,
+    workers: usize,
+    prefetch: usize,
+    rank: u64,
+    world_size: u64,
+    #[pyo3(from_py_with = read_ahead)]
+    readahead: ReadAhead,
+    #[pyo3(from_py_with = parsed::<SamplerKind>)]
+    sampler: SamplerKind,
+    #[pyo3(from_py_with = parsed::<BoundaryPolicy>)]
+    policy: BoundaryPolicy,
+    #[pyo3(from_py_with = parsed::<Weighting>)]
+    weighting: Weighting,
+    seed: u64,
+    alpha: f64,
+    drop_last: bool,
+    episode_ids: Option<Vec<u64>>,
+    episodes_sql: Option<String>,
+}
+
+/// One dataset's options (`PartOptions` in `python/trajstore/_types.py`): its weight and how it
+/// follows new versions (keys always given, None where it does not follow), and, where given and
+/// not None, sampler options overriding the loader's ([`LoaderArgs`]); its seed is otherwise the
+/// loader's `seed + i`.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct PartArgs {
+    weight: f64,
+    follow_every: Option<f64>,
+    follow_every_batches: Option<u64>,
+    #[pyo3(default, from_py_with = parsed_opt::<SamplerKind>)]
+    sampler: Option<SamplerKind>,
+    #[pyo3(default, from_py_with = parsed_opt::<BoundaryPolicy>)]
+    policy: Option<BoundaryPolicy>,
+    #[pyo3(default, from_py_with = parsed_opt::<Weighting>)]
+    weighting: Option<Weighting>,
+    #[pyo3(default)]
+    seed: Option<u64>,
+    #[pyo3(default)]
+    alpha: Option<f64>,
+    #[pyo3(default)]
+    drop_last: Option<bool>,
+    #[pyo3(default)]
+    episode_ids: Option<Vec<u64>>,
+    #[pyo3(default)]
+    episodes_sql: Option<String>,
+}
+
+/// A string option parsed by trajstore (its error names the option and what it takes).
+fn parsed<T: FromStr<Err = trajstore::Error>>(v: &Bound<'_, PyAny>) -> PyResult<T> {
+    v.extract::<String>()?.parse::<T>().py()
+}
+
+/// [`parsed`], None as None.
+fn parsed_opt<T: FromStr<Err = trajstore::Error>>(v: &Bound<'_, PyAny>) -> PyResult<Option<T>> {
+    if v.is_none() {
+        return Ok(None);
+    }
+    parsed(v).map(Some)
+}
+
+/// The `readahead` option: "auto", "always", "never" (or "on", "off"), or a bool (True: always).
+fn read_ahead(v: &Bound<'_, PyAny>) -> PyResult<ReadAhead> {
+    match v.extract::<bool>() {
+        Ok(true) => Ok(ReadAhead::Always),
+        Ok(false) => Ok(ReadAhead::Never),
+        Err(_) => parsed(v),
+    }
+}
+
+/// `options` as a `T`: a missing key is a `KeyError` (the Python package gives every key); a
+/// value of the wrong type an `InvalidArgumentError` naming the option and the value.
+fn extract_args<'py, T>(options: &Bound<'py, PyAny>) -> PyResult<T>
 where
-    T: for<'a> pyo3::conversion::FromPyObject<'a, 'py, Error = PyErr>,
+    T: for<'a> FromPyObject<'a, 'py, Error = PyErr>,
 {
-    v.extract::<T>().map_err(|e| {
-        argument(
-            key,
-            format!(
-                "{key}={}: {e}",
-                v.repr().map(|r| r.to_string()).unwrap_or_default()
-            ),
-        )
+    options.extract::<T>().map_err(|e| {
+        let py = options.py();
+        if e.is_instance_of::<PyKeyError>(py) {
+            return e;
+        }
+        let Some(cause) = e.cause(py) else {
+            return e;
+        };
+        // An error of trajstore's own (an option it parsed) says it all.
+        let ours = py
+            .import("trajstore.errors")
+            .and_then(|m| m.getattr("TrajstoreError"))
+            .and_then(|c| cause.value(py).is_instance(&c))
+            .unwrap_or(false);
+        if ours {
+            return cause;
+        }
+        // "failed to extract field LoaderArgs.seed"
+        let text = e.value(py).to_string();
+        let key = text.rsplit('.').next().unwrap_or("options");
+        let value = options
+            .get_item(key)
+            .and_then(|v| v.repr())
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        argument(key, format!("{key}={value}: {cause}"))
     })
 }
 
-/// Option `key` of the first dict that has it (not None), else `default`.
-fn get<'py, T>(dicts: &[&Bound<'py, PyDict>], key: &str, default: T) -> PyResult<T>
-where
-    T: for<'a> pyo3::conversion::FromPyObject<'a, 'py, Error = PyErr>,
-{
-    for d in dicts {
-        if let Some(v) = d.get_item(key)?
-            && !v.is_none()
-        {
-            return extract(key, &v);
-        }
-    }
-    Ok(default)
-}
-
-/// The `readahead` option: "auto" (default), "always", "never", or a bool (True: always).
-fn read_ahead(opts: &Bound<'_, PyDict>) -> PyResult<ReadAhead> {
-    match opts.get_item("readahead")? {
-        None => Ok(ReadAhead::Auto),
-        Some(v) if v.is_none() => Ok(ReadAhead::Auto),
-        Some(v) => match v.extract::<bool>() {
-            Ok(true) => Ok(ReadAhead::Always),
-            Ok(false) => Ok(ReadAhead::Never),
-            Err(_) => v.extract::<String>()?.parse::<ReadAhead>().py(),
-        },
-    }
-}
-
-/// One dataset's options, read from its dict (then the loader's).
+/// One dataset's options, its dict's overriding the loader's.
 struct PartOpts {
     snap: Snapshot,
     kind: SamplerKind,
@@ -85,25 +157,13 @@ struct PartOpts {
 }
 
 impl PartOpts {
-    /// Part `i`'s options: its dict's, else the loader's; its seed is the loader's `seed + i`
-    /// unless its dict gives one.
-    fn read(
-        i: usize,
-        snap: Snapshot,
-        part: &Bound<'_, PyDict>,
-        common: &Bound<'_, PyDict>,
-    ) -> PyResult<Self> {
-        let both = [part, common];
-        let seed = match get::<Option<u64>>(&[part], "seed", None)? {
-            Some(s) => s,
-            None => get::<u64>(&[common], "seed", 0)?.wrapping_add(i as u64),
-        };
-        let every: Option<f64> = get(&both, "follow_every", None)?;
-        let every_batches: Option<u64> = get(&both, "follow_every_batches", None)?;
-        if every_batches == Some(0) {
+    /// Part `i`'s options: its dict's where given, else the loader's; its seed is the loader's
+    /// `seed + i` unless its dict gives one.
+    fn new(i: usize, snap: Snapshot, part: PartArgs, common: &LoaderArgs) -> PyResult<Self> {
+        if part.follow_every_batches == Some(0) {
             return Err(argument("follow", "follow every 0 batches: at least 1"));
         }
-        let follow = match (every, every_batches) {
+        let follow = match (part.follow_every, part.follow_every_batches) {
             (None, None) => None,
             (None, Some(n)) => Some(Follow::every_batches(n)),
             (Some(s), n) => {
@@ -112,20 +172,19 @@ impl PartOpts {
                 Some(f)
             }
         };
-        let kind: String = get(&both, "sampler", "uniform".to_string())?;
-        let policy: String = get(&both, "policy", "strict".to_string())?;
-        let weighting: String = get(&both, "weighting", "windows".to_string())?;
         Ok(Self {
             snap,
-            kind: kind.parse().py()?,
-            policy: policy.parse().py()?,
-            weighting: weighting.parse().py()?,
-            seed,
-            alpha: get(&both, "alpha", 0.6)?,
-            drop_last: get(&both, "drop_last", false)?,
-            episode_ids: get(&both, "episode_ids", None)?,
-            episodes_sql: get(&both, "episodes_sql", None)?,
-            weight: get(&[part], "weight", 1.0)?,
+            kind: part.sampler.unwrap_or(common.sampler),
+            policy: part.policy.unwrap_or(common.policy),
+            weighting: part.weighting.unwrap_or(common.weighting),
+            seed: part
+                .seed
+                .unwrap_or_else(|| common.seed.wrapping_add(i as u64)),
+            alpha: part.alpha.unwrap_or(common.alpha),
+            drop_last: part.drop_last.unwrap_or(common.drop_last),
+            episode_ids: part.episode_ids.or_else(|| common.episode_ids.clone()),
+            episodes_sql: part.episodes_sql.or_else(|| common.episodes_sql.clone()),
+            weight: part.weight,
             follow,
         })
     }
@@ -203,41 +262,43 @@ pub struct Plan {
 
 #[pymethods]
 impl Plan {
-    /// `parts`: `(dataset, options)` per dataset (sampler options, `weight`, `follow_every`
-    /// seconds, `follow_every_batches`; what a part does not give comes from `options`, its
-    /// seed from `options["seed"] + i`). `options`: the loader's (slice_len, num_slices,
-    /// columns, workers, prefetch, rank, world_size, readahead, and sampler options for every
-    /// part). `state`, `priorities`: a loader state to resume (its JSON header and each part's
+    /// `parts`: `(dataset, options)` per dataset ([`PartArgs`]: `weight`, `follow_every`
+    /// seconds, `follow_every_batches`, and sampler options overriding the loader's; its seed
+    /// is otherwise `options["seed"] + i`). `options`: the loader's ([`LoaderArgs`]:
+    /// slice_len, num_slices, columns, workers, prefetch, rank, world_size, readahead, and
+    /// sampler options for every part), every key given. `state`, `priorities`: a loader state to resume (its JSON header and each part's
     /// priorities): the plan is opened at the state's versions, and refuses a state of another
     /// dataset, rank or sampler. Every bad argument fails here, before any batch is sampled.
     #[new]
     #[pyo3(signature = (parts, options, state=None, priorities=None))]
     fn new(
         py: Python<'_>,
-        parts: Vec<(Py<Dataset>, Py<PyDict>)>,
+        parts: Vec<(Py<Dataset>, Bound<'_, PyDict>)>,
         options: &Bound<'_, PyDict>,
         state: Option<String>,
         priorities: Option<Vec<Option<Py<PyBytes>>>>,
     ) -> PyResult<Self> {
-        let common = [options];
-        let slice_len: u32 = get(&common, "slice_len", 64)?;
-        let num_slices: usize = get(&common, "num_slices", 256)?;
-        let columns: Vec<String> = get(&common, "columns", vec![])?;
+        let common: LoaderArgs = extract_args(options.as_any())?;
         // Where a stream starts and how long it runs are the loaders' (`Plan::options`).
         let opts = LoaderOptions::default()
-            .with_workers(get(&common, "workers", 2)?)
-            .with_prefetch(get(&common, "prefetch", 4)?)
-            .with_rank(get(&common, "rank", 0)?, get(&common, "world_size", 1)?)
-            .with_read_ahead(read_ahead(options)?);
+            .with_workers(common.workers)
+            .with_prefetch(common.prefetch)
+            .with_rank(common.rank, common.world_size)
+            .with_read_ahead(common.readahead);
         let parts = parts
             .iter()
             .enumerate()
-            .map(|(i, (ds, d))| PartOpts::read(i, ds.get().snapshot(), d.bind(py), options))
+            .map(|(i, (ds, d))| {
+                let part: PartArgs = extract_args(d.as_any())?;
+                PartOpts::new(i, ds.get().snapshot(), part, &common)
+            })
             .collect::<PyResult<Vec<_>>>()?;
         let resume = match state {
             Some(json) => Some(read_state(py, &json, priorities)?),
             None => None,
         };
+        let (columns, slice_len, num_slices) =
+            (common.columns, common.slice_len, common.num_slices);
         py.detach(move || Self::open(parts, columns, slice_len, num_slices, opts, resume))
             .py()
     }

@@ -21,21 +21,21 @@ use crate::errors::{IntoPyResult, argument};
 /// `{name: (dtype, shape)}`), or opens it for appending when `append` and it exists (the schemas
 /// must match). Returns its writer, which holds the dataset's lock.
 #[pyfunction]
-#[pyo3(signature = (path, observation_shape, action_shape=None, *, observation_dtype="float32".to_string(), store_next_observation=false, columns=None, append=false, segment_bytes=None, lock_wait_ms=None))]
+#[pyo3(signature = (path, observation_shape, action_shape=None, *, observation_dtype="float32", store_next_observation=false, columns=None, append=false, segment_bytes=None, lock_wait_ms=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn create(
     py: Python<'_>,
     path: PathBuf,
     observation_shape: Vec<usize>,
     action_shape: Option<Vec<usize>>,
-    observation_dtype: String,
+    observation_dtype: &str,
     store_next_observation: bool,
     columns: Option<Vec<(String, String, Vec<usize>)>>,
     append: bool,
     segment_bytes: Option<u64>,
     lock_wait_ms: Option<u64>,
 ) -> PyResult<Writer> {
-    let obs_dt = parse_type(&observation_dtype).py()?;
+    let obs_dt = parse_type(observation_dtype).py()?;
     let mut b =
         TransitionSchema::builder(&observation_shape, 0).observation(obs_dt, &observation_shape);
     b = match action_shape.as_deref() {

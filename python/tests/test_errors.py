@@ -206,3 +206,9 @@ def test_ingest_missing_input(tmp_path):
     with pytest.raises(trajstore.TrajstoreError) as e:
         trajstore.ingest(tmp_path / "in.parquet", tmp_path / "out")
     assert isinstance(e.value, FileNotFoundError)
+
+
+def test_every_error_class_is_exported():
+    # trajstore.__all__ lists errors.__all__ by name (so that type checkers see the re-exports).
+    assert set(trajstore.errors.__all__) <= set(trajstore.__all__)
+    assert all(getattr(trajstore, n) is getattr(trajstore.errors, n) for n in trajstore.errors.__all__)

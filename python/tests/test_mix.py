@@ -196,8 +196,22 @@ def test_mix_follow_and_resume(tmp_path):
 def test_mix_takes_every_argument_of_dataset_loader():
     import inspect
 
-    from trajstore._loader import LOADER_DEFAULTS
+    from trajstore._types import LoaderArgs
 
+    # mix's keywords are Dataset.loader's (but `follow`, which mix takes per dataset), in the
+    # same order; their defaults are written only in Dataset.loader's signature.
     params = inspect.signature(trajstore.Dataset.loader).parameters
-    defaults = {k: p.default for k, p in params.items() if k != "self"}
-    assert defaults == LOADER_DEFAULTS
+    assert [k for k in params if k not in ("self", "follow")] == list(LoaderArgs.__annotations__)
+    assert LoaderArgs.__required_keys__ == frozenset()
+    assert list(inspect.signature(trajstore.mix).parameters)[-2:] == ["follow", "loader_args"]
+
+
+def test_mix_takes_the_defaults_of_dataset_loader(two):
+    # A mix of one dataset given no loader argument draws the batches Dataset.loader draws.
+    a = trajstore.mix([two[0]], max_batches=3, workers=1)
+    b = two[0].loader(max_batches=3, workers=1)
+    assert a._options == b._options
+    for x, y in zip(a, b):
+        assert x.keys() - {"source"} == y.keys()
+        for k in y:
+            assert (x[k] == y[k]).all()

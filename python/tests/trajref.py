@@ -105,7 +105,7 @@ class Reference:
                 self.columns[name], _ = column_to_numpy(self.transitions.column(name))
         self.episodes: Dict[int, Episode] = {}
         offset = 0
-        for seg, st, et in zip(self.manifest["segments"], seg_tables, ep_tables):
+        for _seg, st, et in zip(self.manifest["segments"], seg_tables, ep_tables):
             ids = et.column("episode_id").to_pylist()
             starts = et.column("row_start").to_pylist()
             lengths = et.column("length").to_pylist()

@@ -4,16 +4,33 @@ from __future__ import annotations
 
 # pyarrow and NumPy are imported where they are used: the loader needs neither (a GPU machine
 # with only PyTorch can train from a dataset).
-
+import inspect
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, cast
 
 from . import _native
+from ._types import (
+    Backend,
+    Device,
+    Episodes,
+    Follow,
+    LoaderArgs,
+    Policy,
+    ReadAhead,
+    SamplerName,
+    Transform,
+    Weighting,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
+    import torch
+
+    # Python >= 3.11 has `typing.Unpack`; typing_extensions (a dependency of PyTorch and of
+    # mypy) gives it to the type checker on 3.9 and 3.10. Only annotations use it.
+    from typing_extensions import Unpack
 
     from ._loader import Loader
     from ._writer import Writer
@@ -22,12 +39,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def mix(
-    datasets: Sequence[Union["Dataset", PathLike]],
+    datasets: Sequence[Union[Dataset, PathLike]],
     weights: Optional[Sequence[float]] = None,
     *,
-    follow: Any = None,
-    **loader_args: Any,
-) -> "Loader":
+    follow: Union[Follow, Sequence[Follow]] = None,
+    **loader_args: Unpack[LoaderArgs],
+) -> Loader:
     """A loader whose every batch mixes ``datasets`` in fixed proportions: of its
     ``num_slices`` slices, dataset ``i`` gives ``num_slices * weights[i] / sum(weights)``
     (rounded so that they add up; exactly the same counts in every batch), each dataset sampled
@@ -52,7 +69,7 @@ def mix(
       (``uniform`` or ``episodes``), ``episodes=`` a SQL query that each dataset answers.
 
     ``state_dict``/``load_state_dict`` resume a mix exactly, as they do a single dataset."""
-    from ._loader import LOADER_DEFAULTS, make_loader
+    from ._loader import make_loader
 
     if isinstance(datasets, (str, bytes)) or not isinstance(datasets, Sequence):
         raise TypeError("datasets must be a list of trajstore.Dataset (or paths)")
@@ -61,25 +78,29 @@ def mix(
         raise _invalid("a mix needs at least one dataset")
     n = len(ds)
     if weights is None:
-        weights = [1.0] * n
+        ws = [1.0] * n
     else:
-        if hasattr(weights, "tolist"):
-            weights = weights.tolist()
-        weights = list(weights)
-        if len(weights) != n:
-            raise _invalid(f"{len(weights)} weights for {n} datasets")
+        given: Any = weights
+        if hasattr(given, "tolist"):
+            given = given.tolist()
+        ws = [float(w) for w in given]
+        if len(ws) != n:
+            raise _invalid(f"{len(ws)} weights for {n} datasets")
     if isinstance(follow, (list, tuple)):
         if len(follow) != n:
             raise _invalid(f"{len(follow)} follow values for {n} datasets")
-        follows = list(follow)
+        follows: List[Follow] = list(follow)
     else:
-        follows = [follow] * n
-    unknown = sorted(set(loader_args) - set(LOADER_DEFAULTS))
+        follows = [cast(Follow, follow)] * n
+    unknown = sorted(set(loader_args) - set(LoaderArgs.__annotations__))
     if unknown:
         raise TypeError(f"mix() got unexpected argument(s) {', '.join(unknown)}")
-    kw = dict(LOADER_DEFAULTS, **loader_args)
-    kw.pop("follow")
-    return make_loader(ds[0], _mix=(ds, [float(w) for w in weights], follows), **kw)
+    # The defaults of what is not given: those of Dataset.loader's signature (the only place
+    # they are written).
+    bound = inspect.signature(Dataset.loader).bind(ds[0], **loader_args)
+    bound.apply_defaults()
+    args = {k: v for k, v in bound.arguments.items() if k not in ("self", "follow")}
+    return make_loader(ds[0], cast(LoaderArgs, args), mix=(ds, ws, follows))
 
 
 def _invalid(msg: str) -> Exception:
@@ -105,7 +126,7 @@ def sql_memory_limit() -> Tuple[int, str]:
 
 def open(
     uri: PathLike, version: Optional[int] = None, *, cache_dir: Optional[PathLike] = None
-) -> "Dataset":
+) -> Dataset:
     """Opens the dataset at ``uri``: a local directory, ``file://...``, or ``s3://bucket/prefix``
     (mirrored into ``cache_dir``, default ``$TRAJSTORE_CACHE`` or ``~/.cache/trajstore``, then
     memory-mapped). Opens the newest committed version, or ``version``.
@@ -162,7 +183,7 @@ class Dataset:
         return self._n.num_transitions
 
     @property
-    def schema(self) -> "pa.Schema":
+    def schema(self) -> pa.Schema:
         """The transitions' schema (observation, action, reward, boundary columns, ...)."""
         import pyarrow as pa
 
@@ -190,7 +211,8 @@ class Dataset:
 
     def info_dict(self) -> Dict[str, Any]:
         """What ``trajstore info --json`` prints, as a dict."""
-        return json.loads(self._n.info_json())
+        info: Dict[str, Any] = json.loads(self._n.info_json())
+        return info
 
     def __repr__(self) -> str:
         return f"<trajstore.Dataset\n{self._n.info(0).rstrip()}\n>"
@@ -203,7 +225,7 @@ class Dataset:
 
         return pa.table(self._n.episodes())
 
-    def episode(self, episode_id: int) -> "pa.RecordBatch":
+    def episode(self, episode_id: int) -> pa.RecordBatch:
         """The transitions of one episode, a zero-copy view of the memory map."""
         b = self._n.episode(int(episode_id)) if int(episode_id) >= 0 else None
         if b is None:
@@ -215,7 +237,7 @@ class Dataset:
 
         return pa.record_batch(b)
 
-    def sql(self, query: str, *, allow_writes: bool = False) -> "pa.Table":
+    def sql(self, query: str, *, allow_writes: bool = False) -> pa.Table:
         """Runs SQL (DataFusion) over the tables ``transitions`` and ``episodes``; the result as a
         ``pyarrow.Table``. Read-only unless ``allow_writes`` (``COPY ... TO`` and the like).
 
@@ -224,7 +246,7 @@ class Dataset:
 
         return pa.table(self._n.sql(query, allow_writes))
 
-    def episodes_where(self, query: str) -> "np.ndarray":
+    def episodes_where(self, query: str) -> np.ndarray:
         """The sorted, distinct episode ids returned by ``query`` (which must return an
         ``episode_id`` column), as an ``int64`` array: a subset for :meth:`loader`'s
         ``episodes=``."""
@@ -239,67 +261,47 @@ class Dataset:
         num_slices: int = 256,
         *,
         columns: Optional[Sequence[str]] = None,
-        policy: str = "strict",
-        weighting: str = "windows",
-        episodes: Union[None, str, Sequence[int], "np.ndarray"] = None,
-        sampler: str = "uniform",
+        policy: Policy = "strict",
+        weighting: Weighting = "windows",
+        episodes: Episodes = None,
+        sampler: SamplerName = "uniform",
         seed: int = 0,
         alpha: float = 0.6,
         beta: Optional[float] = None,
         drop_last: bool = False,
         workers: Optional[int] = None,
         prefetch: int = 4,
-        device: Any = "cpu",
-        dtype_cast: Any = None,
-        rank: Union[int, str] = 0,
+        device: Device = "cpu",
+        dtype_cast: Optional[torch.dtype] = None,
+        rank: Union[int, Literal["auto"]] = 0,
         world_size: Optional[int] = None,
         max_batches: Optional[int] = None,
-        backend: str = "torch",
-        transform: Any = None,
+        backend: Backend = "torch",
+        transform: Optional[Transform] = None,
         pin_memory: bool = False,
         staging_slots: Optional[int] = None,
-        readahead: Union[str, bool] = "auto",
-        follow: Union[None, bool, float, Dict[str, Any]] = None,
-    ) -> "Loader":
+        readahead: ReadAhead = "auto",
+        follow: Follow = None,
+    ) -> Loader:
         """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,
         gathered ahead by ``workers`` Rust threads. See :class:`trajstore.Loader` for every
         argument; each bad one raises :class:`~trajstore.InvalidArgumentError` here, before any
         batch is sampled.
 
         ``follow=True`` (or a number of seconds, or ``{"every": s, "every_batches": n}``) keeps
-        sampling the newest committed version while a collector writes to the dataset."""
+        sampling the newest committed version while a collector writes to the dataset.
+
+        This signature is the one place the loader's defaults are written (:func:`mix` takes
+        them from it)."""
+        # Every argument but `self` and `follow`, as given: the keys of `LoaderArgs`.
+        given = dict(locals())
+        args = {k: v for k, v in given.items() if k not in ("self", "follow")}
         from ._loader import make_loader
 
-        return make_loader(
-            self,
-            slice_len=slice_len,
-            num_slices=num_slices,
-            columns=columns,
-            policy=policy,
-            weighting=weighting,
-            episodes=episodes,
-            sampler=sampler,
-            seed=seed,
-            alpha=alpha,
-            beta=beta,
-            drop_last=drop_last,
-            workers=workers,
-            prefetch=prefetch,
-            device=device,
-            dtype_cast=dtype_cast,
-            rank=rank,
-            world_size=world_size,
-            max_batches=max_batches,
-            backend=backend,
-            transform=transform,
-            pin_memory=pin_memory,
-            staging_slots=staging_slots,
-            readahead=readahead,
-            follow=follow,
-        )
+        return make_loader(self, cast(LoaderArgs, args), follow=follow)
 
     # --- writing ----------------------------------------------------------------------------
-    def writer(self, *, lock_wait: float = 0.5) -> "Writer":
+    def writer(self, *, lock_wait: float = 0.5) -> Writer:
         """The dataset's single writer, for appending episodes (waits up to ``lock_wait``
         seconds for the lock, then raises :class:`~trajstore.LockedError`)."""
         from ._writer import Writer

@@ -4,196 +4,31 @@ CPU (``device="cpu"``): each batch's columns are gathered by a worker into the b
 buffers; the tensors (or arrays) handed out view those buffers through DLPack (no copy), and the
 buffers go back to the workers when the last tensor viewing them is freed. No CUDA call is made.
 
-CUDA (``device="cuda[:N]"``): a ring of pinned staging buffers is allocated once by PyTorch; the
-workers gather straight into them (GIL released), each batch is copied to the device without
-blocking on a dedicated CUDA stream, and a staging slot is reused only after an event recorded
-after its copy has completed. The current stream waits on that event, so the batch is ready to
-use in ordinary code.
+CUDA (``device="cuda[:N]"``): the staging ring of ``_cuda.py``. The arguments are checked in
+``_options.py``, their types defined in ``_types.py``.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union
 
 from . import _native
+from ._batch import FLAGS, PER_SLICE, Batch
+from ._cuda import CudaRing
+from ._options import Mix, _torch, settle
+from ._types import Backend, Follow, LoaderArgs
 from .errors import InvalidArgumentError
 
-FLAGS = ("mask", "is_first", "is_last", "terminated", "truncated", "slice_end")
-PER_SLICE = ("episode_id", "start_step")
-SAMPLERS = ("uniform", "epoch", "epoch_episodes", "episodes", "prioritized")
+if TYPE_CHECKING:
+    from ._dataset import Dataset
 
-# The arguments of Dataset.loader and trajstore.mix, with their defaults.
-LOADER_DEFAULTS: Dict[str, Any] = dict(
-    slice_len=64,
-    num_slices=256,
-    columns=None,
-    policy="strict",
-    weighting="windows",
-    episodes=None,
-    sampler="uniform",
-    seed=0,
-    alpha=0.6,
-    beta=None,
-    drop_last=False,
-    workers=None,
-    prefetch=4,
-    device="cpu",
-    dtype_cast=None,
-    rank=0,
-    world_size=None,
-    max_batches=None,
-    backend="torch",
-    transform=None,
-    pin_memory=False,
-    staging_slots=None,
-    readahead="auto",
-    follow=None,
-)
+__all__ = ["FLAGS", "PER_SLICE", "Batch", "Loader", "make_loader"]
 
 
-class Batch(dict):
-    """One batch: a dict of ``[B, L, ...]`` tensors (or NumPy arrays), one per requested column,
-    plus ``mask`` (real steps; padding is False), ``is_first``, ``is_last``, ``terminated``,
-    ``truncated``, ``slice_end`` (``[B, L]`` bool), ``episode_id`` and ``start_step``
-    (``[B]`` int64), ``weight`` (``[B]`` float32 importance weights) when a prioritized
-    loader was given ``beta``, and ``source`` (``[B]`` int64: which dataset of a
-    :func:`trajstore.mix` each slice came from; the same tensor in every batch).
-
-    ``index`` is the batch's number in the stream (what :meth:`Loader.update_priorities` and
-    resuming take)."""
-
-    index: int
-
-    def __init__(self, index: int, items: Any) -> None:
-        super().__init__(items)
-        self.index = index
-
-    @property
-    def num_slices(self) -> int:
-        return int(self["episode_id"].shape[0])
-
-    def to(self, *args: Any, **kwargs: Any) -> "Batch":
-        """Every tensor ``.to(*args, **kwargs)`` (torch backend)."""
-        return Batch(self.index, {k: v.to(*args, **kwargs) for k, v in self.items()})
-
-    def __repr__(self) -> str:
-        cols = ", ".join(f"{k}: {_describe(v)}" for k, v in self.items())
-        return f"Batch(index={self.index}, {cols})"
-
-
-def _describe(v: Any) -> str:
-    dtype = str(getattr(v, "dtype", "?")).replace("torch.", "")
-    return f"{dtype}{list(v.shape)}"
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - exercised without torch only
-        raise InvalidArgumentError(
-            "backend='torch' needs PyTorch (pip install torch); or pass backend='numpy'"
-        ) from e
-    return torch
-
-
-def _resolve_rank(rank: Union[int, str], world_size: Optional[int]) -> Tuple[int, int]:
-    if rank == "auto":
-        r, w = 0, 1
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                r, w = dist.get_rank(), dist.get_world_size()
-            else:
-                r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        except ImportError:
-            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        if world_size is not None and world_size != w:
-            raise InvalidArgumentError(
-                f"rank='auto' found world size {w}, but world_size={world_size} was given"
-            )
-        return r, w
-    if not isinstance(rank, int) or isinstance(rank, bool):
-        raise InvalidArgumentError(f"rank must be an int or 'auto', got {rank!r}")
-    w = 1 if world_size is None else world_size
-    if w < 1 or not 0 <= rank < w:
-        raise InvalidArgumentError(f"rank {rank} is not in 0..world_size {w}")
-    return rank, w
-
-
-# The longest follow period (the Rust loader's `MAX_FOLLOW_PERIOD`, as the CLI's --follow).
-MAX_FOLLOW_SECONDS = 86_400
-
-
-def _follow_options(follow: Any, what: str = "follow") -> Dict[str, Any]:
-    """The native part options of ``follow``: None/False (fixed), True (look every second),
-    seconds, or ``{"every": seconds, "every_batches": n}``."""
-    if follow is None or follow is False:
-        return {}
-    if follow is True:
-        return {"follow_every": 1.0}
-    if isinstance(follow, (int, float)) and not isinstance(follow, bool):
-        if not 0 < follow <= MAX_FOLLOW_SECONDS:
-            raise InvalidArgumentError(
-                f"{what}={follow!r}: a period in seconds, more than 0 and at most {MAX_FOLLOW_SECONDS} (a day)"
-            )
-        return {"follow_every": float(follow)}
-    if isinstance(follow, Mapping):
-        unknown = sorted(set(follow) - {"every", "every_batches"})
-        every, batches = follow.get("every"), follow.get("every_batches")
-        if unknown or (every is None and batches is None):
-            raise InvalidArgumentError(
-                f"{what}={dict(follow)!r}: give 'every' (seconds) and/or 'every_batches' (batches)"
-            )
-        out: Dict[str, Any] = {}
-        if every is not None:
-            if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every <= MAX_FOLLOW_SECONDS:
-                raise InvalidArgumentError(
-                    f"{what}: every={every!r}, a period in seconds, more than 0 and at most "
-                    f"{MAX_FOLLOW_SECONDS} (a day)"
-                )
-            out["follow_every"] = float(every)
-        if batches is not None:
-            if isinstance(batches, bool) or not isinstance(batches, int) or not 1 <= batches <= 2**63:
-                raise InvalidArgumentError(f"{what}: every_batches={batches!r}, an int >= 1")
-            out["follow_every_batches"] = batches
-        return out
-    raise InvalidArgumentError(
-        f"{what}={follow!r}: use True (every second), a number of seconds, or "
-        "{'every': seconds, 'every_batches': n}"
-    )
-
-
-def _parse_device(device: Any):
-    """A ``torch.device`` for ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a device, an
-    int), checked against this machine. ``cpu`` makes no CUDA call."""
-    torch = _torch()
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise InvalidArgumentError(f"device {device!r}: use 'cpu', 'cuda' or 'cuda:N' ({e})") from None
-    if d.type == "cpu":
-        return d
-    if d.type != "cuda":
-        raise InvalidArgumentError(f"device {device!r}: only 'cpu' and 'cuda' devices are supported")
-    if not torch.cuda.is_available():
-        raise InvalidArgumentError(
-            f"device {device!r}: PyTorch sees no CUDA device (no GPU or driver, or a CPU-only "
-            "PyTorch); use device='cpu'"
-        )
-    index = 0 if d.index is None else d.index
-    if index >= torch.cuda.device_count():
-        raise InvalidArgumentError(
-            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
-        )
-    return torch.device("cuda", index)
-
-
-class Loader:
+class Loader(CudaRing):
     """An iterable of :class:`Batch` es sampled from a :class:`~trajstore.Dataset`, or from
     several mixed in fixed proportions per batch.
 
@@ -258,105 +93,38 @@ class Loader:
     batch_size=None)`` (keep ``num_workers=0``: the loader has its own workers).
     """
 
-    def __init__(self, dataset: Any, **kw: Any) -> None:
+    def __init__(
+        self, dataset: Dataset, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None
+    ) -> None:
         # trajstore.mix: (datasets, weights, follow per dataset).
-        mix: Optional[Tuple[List[Any], List[float], List[Any]]] = kw.pop("_mix", None)
-        follow = kw.pop("follow", None)
-        if mix is None:
-            datasets, parts = [dataset], [_follow_options(follow)]
-        else:
-            datasets, weights, follows = mix
-            parts = [
-                dict(weight=float(w), **_follow_options(f, f"follow[{i}]"))
-                for i, (w, f) in enumerate(zip(weights, follows))
-            ]
+        datasets = [dataset] if mix is None else list(mix[0])
         self._dataset = datasets[0]
         self._datasets = datasets
         self._mix = mix is not None
-        self._parts = [(d._n, p) for d, p in zip(datasets, parts)]
-        backend = kw.pop("backend")
-        if backend not in ("torch", "numpy"):
-            raise InvalidArgumentError(f"backend {backend!r}: use 'torch' or 'numpy'")
-        self._backend = backend
-        sampler = kw["sampler"]
-        if sampler not in SAMPLERS:
-            raise InvalidArgumentError(f"sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
-        self._rank, self._world = _resolve_rank(kw.pop("rank"), kw.pop("world_size"))
-        device = kw.pop("device")
-        self._transform: Optional[Callable[[Batch], Optional[Batch]]] = kw.pop("transform")
-        if self._transform is not None and not callable(self._transform):
-            raise InvalidArgumentError("transform must be callable (a function of the batch)")
-        self._pin = bool(kw.pop("pin_memory"))
-        cast = kw.pop("dtype_cast")
-        self._beta: Optional[float] = kw.pop("beta")
-        if self._beta is not None and sampler != "prioritized":
-            raise InvalidArgumentError("beta (importance weights) needs sampler='prioritized'")
-        staging = kw.pop("staging_slots")
-        if backend == "numpy":
-            if device not in ("cpu", None) or self._pin or cast is not None:
-                raise InvalidArgumentError(
-                    "backend='numpy' hands out host arrays: device='cpu', no pin_memory, no dtype_cast"
-                )
-            self._device = None
-            self._cast = None
-        else:
-            self._device = _parse_device(device)
-            torch = _torch()
-            if cast is not None and not (isinstance(cast, torch.dtype) and cast.is_floating_point):
-                raise InvalidArgumentError(f"dtype_cast {cast!r}: a floating torch.dtype (torch.bfloat16, ...)")
-            self._cast = cast
-            if self._pin and self._device.type == "cpu" and not torch.cuda.is_available():
-                raise InvalidArgumentError("pin_memory=True needs CUDA (pinned memory is a CUDA feature)")
-        episodes = kw.pop("episodes")
-        if kw["workers"] is None:
-            # Each worker's gather is itself parallel (rayon, one thread per core): on two cores a
-            # second worker only oversubscribes them (BENCHMARKS.md).
-            kw["workers"] = 1 if (os.cpu_count() or 1) <= 2 else 2
-        options: Dict[str, Any] = dict(kw)
-        if isinstance(episodes, str):
-            options["episodes_sql"] = episodes
-        elif episodes is not None and self._mix:
-            raise InvalidArgumentError(
-                "episodes= in a mix: give a SQL query (each dataset answers it), not episode ids"
-            )
-        elif episodes is not None:
-            if hasattr(episodes, "tolist"):  # NumPy array or tensor
-                episodes = episodes.tolist()
-            options["episode_ids"] = [int(i) for i in episodes]
-        if options.get("columns") is not None:
-            if isinstance(options["columns"], str):
-                raise InvalidArgumentError("columns must be a list of names, not a string")
-            options["columns"] = list(options["columns"])
-        else:
-            # Of a mix: the columns every dataset has, in the first one's order.
-            options["columns"] = [
-                c for c in datasets[0].sample_columns if all(c in d.sample_columns for d in datasets[1:])
-            ]
-        options["rank"], options["world_size"] = self._rank, self._world
-        self._per_iteration: Optional[int] = options.pop("max_batches")
-        if self._per_iteration is not None and self._per_iteration < 1:
-            raise InvalidArgumentError(f"max_batches={self._per_iteration}: at least 1")
-        self._options = options
-        self._cuda = self._device is not None and self._device.type == "cuda"
-        # Test hook: the staged path (slots, release order, closing) on CPU, with plain host
-        # slots and a clone standing for the device copy, so that machines without a GPU test it.
-        self._staged_on_cpu = (
-            not self._cuda and self._device is not None and os.environ.get("TRAJSTORE_STAGED_CPU") == "1"
-        )
-        self._cuda = self._cuda or self._staged_on_cpu
-        self._pin = self._pin and not self._cuda
-        self._staging = staging if staging is not None else options["workers"] + options["prefetch"] + 2
-        if self._cuda and self._staging < 2:
-            raise InvalidArgumentError(f"staging_slots={staging}: at least 2")
+        s = settle(datasets, args, follow, mix)
+        self._parts = s.parts
+        self._backend: Backend = s.backend
+        self._rank, self._world = s.rank, s.world
+        self._transform = s.transform
+        self._pin = s.pin
+        self._beta = s.beta
+        self._device = s.device
+        self._cast = s.cast
+        self._per_iteration = s.per_iteration
+        # The options of the native plan (`sampler`, `workers`, `prefetch`, ...).
+        self._options = s.native
+        self._cuda = s.cuda
+        self._staged_on_cpu = s.staged_on_cpu
+        self._staging = s.staging
         self._position = 0
         # The end of the iteration in progress (None: endless, or none started), and the end of
         # the iteration a loaded state was taken in.
         self._iter_end: Optional[int] = None
         self._resume_end: Optional[int] = None
         self._pid = os.getpid()
-        self._recent: Deque[Tuple[int, Any, Any]] = collections.deque(maxlen=256)
+        self._recent: Deque[Tuple[int, List[int], List[int]]] = collections.deque(maxlen=256)
         # Samplers and gatherers: every bad argument fails here.
-        self._plan = _native.Plan(self._parts, options)
+        self._plan = _native.Plan(self._parts, self._options)
         self._names = [c[0] for c in self._plan.columns()]
         keys = FLAGS + PER_SLICE + ("weight",) + (("source",) if self._mix else ())
         reserved = sorted(set(self._names) & set(keys))
@@ -368,7 +136,7 @@ class Loader:
         self._source_host: Any = None
         self._source_dev: Any = None
         self._inflight: Deque[Tuple[int, Any]] = collections.deque()
-        self._stream_native: Any = None
+        self._stream_native: Optional[_native.SlotLoader] = None
         self._active: Any = None
         # The first stream starts now, so that its workers gather while the caller sets up.
         self._native: Any = self._start(0)
@@ -649,152 +417,12 @@ class Loader:
             raise InvalidArgumentError(f"{len(p)} priorities for a batch of {len(ids)} slices")
         self._plan.update_priorities(ids, starts, p)
 
-    # --- CUDA -------------------------------------------------------------------------------
-    def _cuda_native(self, start: int, count: Optional[int]) -> Any:
-        torch = _torch()
-        b, l = self._plan.num_slices, self._plan.slice_len
-        pin = not self._staged_on_cpu
-        if not getattr(self, "_slots", None):
-            # Allocated once per loader, by PyTorch, so that they are page-locked memory its
-            # copies recognise as pinned.
-            self._slots: List[Dict[str, Any]] = []
-            # Under the target device, so that pinning creates no CUDA context on another GPU.
-            ctx = torch.cuda.device(self._device) if pin else contextlib.nullcontext()
-            with ctx:
-                self._alloc_slots(torch, b, l, pin)
-            if pin:
-                self._copy_stream = torch.cuda.Stream(device=self._device)
-        regions = [[(t.data_ptr(), t.numel() * t.element_size()) for t in slot.values()] for slot in self._slots]
-        return _native.SlotLoader(self._plan, start, count, regions, self._slots)
-
-    def _alloc_slots(self, torch: Any, b: int, l: int, pin: bool) -> None:
-        for _ in range(self._staging):
-            slot: Dict[str, Any] = {}
-            for name, dtype, shape in self._plan.columns():
-                slot[name] = torch.empty((b, l, *shape), dtype=_torch_dtype(torch, dtype), pin_memory=pin)
-            for name in FLAGS:
-                slot[name] = torch.empty((b, l), dtype=torch.bool, pin_memory=pin)
-            for name in PER_SLICE:
-                slot[name] = torch.empty((b,), dtype=torch.int64, pin_memory=pin)
-            self._slots.append(slot)
-
-    def _release_done(self, native: Any, upto: int) -> None:
-        """Releases the slots whose copies finished, and (waiting for them) those of every batch
-        up to ``upto``."""
-        while self._inflight:
-            k, event = self._inflight[0]
-            if k > upto and not event.query():
-                break
-            event.synchronize()
-            self._inflight.popleft()
-            native.release(k)
-
-    def _drain(self) -> None:
-        """Waits for the copies in flight and releases their slots."""
-        native = self._stream_native
-        while self._inflight:
-            k, event = self._inflight.popleft()
-            event.synchronize()
-            if native is not None:
-                native.release(k)
-
-    def _iter_cuda(self, native: Any) -> Iterator[Batch]:
-        torch = _torch()
-        self._stream_native = native
-        R = self._staging
-        names = self._names + list(FLAGS) + list(PER_SLICE)
-        device, cast = self._device, self._cast
-        while True:
-            pos = native.position()
-            if pos is None:  # closed by another iteration or load_state_dict
-                return
-            self._release_done(native, pos - R)
-            got = native.next()
-            if got is None:
-                return
-            k, slot, nb = got
-            host = Batch(k, ((n, self._slots[slot][n][:nb]) for n in names))
-            if self._mix:
-                host["source"] = self._sources()
-            self._weights(host)
-            if self._transform is not None:
-                out = self._transform(host)
-                if out is not None:
-                    host = out if isinstance(out, Batch) else Batch(k, out)
-                for n, t in list(host.items()):
-                    if not self._staged_on_cpu and t.device.type == "cpu" and not t.is_pinned():
-                        host[n] = t.pin_memory()
-            if self._staged_on_cpu:
-                out = {
-                    n: (
-                        t
-                        if t is self._source_host
-                        else t.to(cast, copy=True) if cast is not None and t.is_floating_point() else t.clone()
-                    )
-                    for n, t in host.items()
-                }
-                self._inflight.append((k, _Done()))
-                self._position = k + 1
-                yield Batch(k, out)
-                continue
-            current = torch.cuda.current_stream(device)
-            with torch.cuda.stream(self._copy_stream):
-                # Host-to-device copies of host memory only: the copy stream does not wait for the
-                # consumer's stream, so that batch k+1's copy overlaps step k's compute. (A tensor
-                # a transform put on the device is already there: `.to` returns it as is.)
-                out: Dict[str, Any] = {}
-                for n, t in host.items():
-                    if t is self._source_host and self._source_host is not None:
-                        if self._source_dev is None:  # copied once, reused by every batch
-                            self._source_dev = t.to(device, non_blocking=True)
-                        out[n] = self._source_dev
-                        continue
-                    d = t.to(device, non_blocking=True)
-                    if cast is not None and d.is_floating_point():
-                        d = d.to(cast)
-                    out[n] = d
-                event = torch.cuda.Event()
-                event.record(self._copy_stream)
-            current.wait_event(event)
-            for t in out.values():
-                t.record_stream(current)
-            self._inflight.append((k, event))
-            self._position = k + 1
-            yield Batch(k, out)
 
 
-class _Done:
-    """The event of a copy that is already complete (the staged path's CPU test hook)."""
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
+_TORCH_LOADER: Optional[Type[Loader]] = None
 
 
-def _torch_dtype(torch: Any, name: str) -> Any:
-    table = {
-        "bool": torch.bool,
-        "float16": torch.float16,
-        "float32": torch.float32,
-        "float64": torch.float64,
-        "int8": torch.int8,
-        "int16": torch.int16,
-        "int32": torch.int32,
-        "int64": torch.int64,
-        "uint8": torch.uint8,
-    }
-    if name not in table:
-        # uint16/32/64 have limited PyTorch support; gathered bytes stay exact in int of the width.
-        table.update({"uint16": torch.int16, "uint32": torch.int32, "uint64": torch.int64})
-    return table[name]
-
-
-_TORCH_LOADER: Optional[type] = None
-
-
-def _loader_class(backend: str) -> type:
+def _loader_class(backend: str) -> Type[Loader]:
     """``Loader``, also a ``torch.utils.data.IterableDataset`` with the torch backend."""
     global _TORCH_LOADER
     if backend != "torch":
@@ -806,7 +434,9 @@ def _loader_class(backend: str) -> type:
     return _TORCH_LOADER
 
 
-def make_loader(dataset: Any, **kw: Any) -> Loader:
-    if kw["backend"] == "torch":
+def make_loader(dataset: Dataset, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None) -> Loader:
+    """A loader over ``dataset`` (or the datasets of ``mix``): ``args`` holds every argument of
+    :meth:`Dataset.loader` but ``follow``, its defaults filled in."""
+    if args["backend"] == "torch":
         _torch()  # a clear error without PyTorch, before the IterableDataset base is imported
-    return _loader_class(kw["backend"])(dataset, **kw)
+    return _loader_class(args["backend"])(dataset, args, follow=follow, mix=mix)

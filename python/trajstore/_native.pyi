@@ -1,23 +1,47 @@
 """Type stubs of the Rust extension module (internal: use the `trajstore` package's API)."""
 
 from os import PathLike
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
+
+from trajstore._types import PartOptions, PlanOptions
+
+__all__ = [
+    "__version__",
+    "MAX_BATCH_NUMBER",
+    "Dataset",
+    "ArrowStream",
+    "ArrowBatch",
+    "Buffer",
+    "Plan",
+    "BatchLoader",
+    "SlotLoader",
+    "Writer",
+    "open",
+    "set_sql_memory_limit",
+    "sql_memory_limit",
+    "create",
+    "ingest",
+    "max_batch_bytes",
+]
 
 __version__: str
 MAX_BATCH_NUMBER: int
 
 _Path = Union[str, PathLike[str]]
 
+@final
 class ArrowStream:
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any: ...
     def __arrow_c_schema__(self) -> Any: ...
     def num_rows(self) -> int: ...
 
+@final
 class ArrowBatch:
     def __arrow_c_array__(self, requested_schema: Any = None) -> Tuple[Any, Any]: ...
     def __arrow_c_schema__(self) -> Any: ...
     def num_rows(self) -> int: ...
 
+@final
 class Buffer:
     """A DLPack-exportable view of Rust-owned host memory."""
 
@@ -35,6 +59,7 @@ class Buffer:
     @property
     def nbytes(self) -> int: ...
 
+@final
 class Dataset:
     @property
     def uri(self) -> str: ...
@@ -61,14 +86,15 @@ class Dataset:
 
 def open(uri: str, version: Optional[int] = None, cache_dir: Optional[str] = None) -> Dataset: ...
 
+@final
 class Plan:
-    def __init__(
-        self,
-        parts: Sequence[Tuple[Dataset, Dict[str, Any]]],
-        options: Dict[str, Any],
+    def __new__(
+        cls,
+        parts: Sequence[Tuple[Dataset, PartOptions]],
+        options: PlanOptions,
         state: Optional[str] = None,
         priorities: Optional[Sequence[Optional[bytes]]] = None,
-    ) -> None: ...
+    ) -> Plan: ...
     def columns(self) -> List[Tuple[str, str, List[int]]]: ...
     @property
     def num_slices(self) -> int: ...
@@ -90,27 +116,32 @@ class Plan:
     ) -> List[float]: ...
     def time_rust_loader(self, start: int, count: int) -> float: ...
 
+@final
 class BatchLoader:
-    def __init__(self, plan: Plan, start: int, count: Optional[int] = None) -> None: ...
-    def position(self) -> int: ...
+    def __new__(cls, plan: Plan, start: int, count: Optional[int] = None) -> BatchLoader: ...
+    def position(self) -> Optional[int]: ...
     def next(self) -> Optional[Tuple[int, int, List[Buffer]]]: ...
+    def close(self) -> None: ...
 
+@final
 class SlotLoader:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         plan: Plan,
         start: int,
         count: Optional[int],
         slots: Sequence[Sequence[Tuple[int, int]]],
         keep: Any,
-    ) -> None: ...
+    ) -> SlotLoader: ...
     def next(self) -> Optional[Tuple[int, int, int]]: ...
     def release(self, number: int) -> None: ...
-    def position(self) -> int: ...
+    def position(self) -> Optional[int]: ...
+    def close(self) -> None: ...
 
+@final
 class Writer:
     @staticmethod
-    def open(path: _Path, lock_wait_ms: Optional[int] = None) -> "Writer": ...
+    def open(path: _Path, lock_wait_ms: Optional[int] = None) -> Writer: ...
     def payload_schema(self) -> ArrowStream: ...
     def next_episode_id(self) -> int: ...
     def base_version(self) -> int: ...

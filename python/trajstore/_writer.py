@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
 from .errors import InvalidArgumentError
@@ -31,7 +29,7 @@ def create(
     append: bool = False,
     segment_bytes: Optional[int] = None,
     lock_wait: float = 0.5,
-) -> "Writer":
+) -> Writer:
     """Creates a dataset at ``path`` and returns its (single) writer.
 
     - ``observation_shape``: e.g. ``(17,)`` or ``(3, 84, 84)`` with ``observation_dtype="uint8"``.
@@ -77,10 +75,11 @@ def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]
 
     Returns the report: rows, episodes, version, seconds, column mapping, boundaries. Nothing is
     committed when it fails."""
-    return json.loads(_native.ingest(os.fspath(input), os.fspath(dataset), options))
+    report: Dict[str, Any] = json.loads(_native.ingest(os.fspath(input), os.fspath(dataset), options))
+    return report
 
 
-def _step_shape(field: "pa.Field", width: int) -> Tuple[int, ...]:
+def _step_shape(field: pa.Field, width: int) -> Tuple[int, ...]:
     """The shape of one step of ``field``: its ``arrow.fixed_shape_tensor`` shape, else
     ``(width,)`` for a fixed-size list, else ``()``."""
     import pyarrow as pa
@@ -99,7 +98,7 @@ def _squeeze(shape: Tuple[int, ...]) -> Tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _numpy(x: Any) -> "np.ndarray":
+def _numpy(x: Any) -> np.ndarray:
     import numpy as np
 
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
@@ -117,11 +116,11 @@ class Writer:
         import pyarrow as pa
 
         self._n = native
-        self._schema: "pa.Schema" = pa.schema(native.payload_schema())
-        self._steps: List[Dict[str, "np.ndarray"]] = []
+        self._schema: pa.Schema = pa.schema(native.payload_schema())
+        self._steps: List[Dict[str, np.ndarray]] = []
 
     @property
-    def schema(self) -> "pa.Schema":
+    def schema(self) -> pa.Schema:
         """The columns of one step (observation, action, reward, [next_observation], extras)."""
         return self._schema
 
@@ -133,7 +132,7 @@ class Writer:
     def closed(self) -> bool:
         return self._n.closed
 
-    def _column(self, field: "pa.Field", value: Any, steps: Optional[int]) -> "pa.Array":
+    def _column(self, field: pa.Field, value: Any, steps: Optional[int]) -> pa.Array:
         import numpy as np
         import pyarrow as pa
 
@@ -262,7 +261,7 @@ class Writer:
         self._steps = []
         self._n.close()
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
