@@ -1,8 +1,6 @@
 //! The `trajstore` binary: exit codes, one-line errors, JSON output, export.
 
-
 use crate::common::run_cli as run;
-
 
 #[test]
 fn demo_info_verify_export() {

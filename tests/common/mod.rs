@@ -34,11 +34,7 @@ pub fn run_cli(args: &[&str]) -> (i32, String, String) {
 /// [`run_cli`] with extra environment variables.
 #[cfg(feature = "cli")]
 pub fn run_cli_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = bin()
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+    let out = bin().args(args).envs(env.iter().copied()).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -2,10 +2,10 @@
 //! against per-slice gathers, derived `next_observation` against a stored one,
 //! `Batch::to_record_batch`, and `gather_into` caller memory.
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{Float32Type, Int64Type, UInt8Type, UInt32Type, UInt64Type};
 use crate::common::sampling::plans;
 use crate::common::{TestData, fsl};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::datatypes::{Float32Type, Int64Type, UInt8Type, UInt32Type, UInt64Type};
 use trajstore::format::{col, ep};
 use trajstore::{
     Batch, BoundaryPolicy, Dataset, EpisodeEnd, Error, Gatherer, Sampler, SliceOptions, SliceRef,

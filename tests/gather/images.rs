@@ -266,7 +266,6 @@ fn other_shapes_and_types() {
     assert!("float16".parse::<ObsDtype>().is_err());
 }
 
-
 #[test]
 fn cli_demo_writes_images_and_bench_reads_them() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
 //! Gathering plans into batches (`src/gather/`): every column source, data larger than memory, image observations.
 
 mod columns;
-mod out_of_core;
 mod images;
+mod out_of_core;

@@ -539,9 +539,18 @@ fn minari_datasets_ingest_as_minari_reads_them() {
             assert_eq!(e.num_rows(), steps, "{name} episode {k}");
             let all = f32s_of(&want["observations"]);
             let dim = all.len() / obs.len();
-            assert_eq!(crate::common::f32_values(&e, "observation"), all[..steps * dim]);
-            assert_eq!(crate::common::f32_values(&e, "next_observation"), all[dim..]);
-            assert_eq!(crate::common::f32_values(&e, "reward"), f32s_of(&want["rewards"]));
+            assert_eq!(
+                crate::common::f32_values(&e, "observation"),
+                all[..steps * dim]
+            );
+            assert_eq!(
+                crate::common::f32_values(&e, "next_observation"),
+                all[dim..]
+            );
+            assert_eq!(
+                crate::common::f32_values(&e, "reward"),
+                f32s_of(&want["rewards"])
+            );
             let action = e.column_by_name("action").unwrap();
             let got: Vec<f32> = if name == "cartpole" {
                 action

@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use arrow::array::AsArray;
-use arrow::datatypes::UInt16Type;
 use crate::common::sampling::{assert_fits, check_gathered};
 use crate::common::{TestData, assert_invalid_argument, err_of};
+use arrow::array::AsArray;
+use arrow::datatypes::UInt16Type;
 use trajstore::format::col;
 use trajstore::{
     Batch, BoundaryPolicy, EpochSampler, Error, GatherInto, Gatherer, Loader, LoaderOptions,

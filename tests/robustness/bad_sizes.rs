@@ -7,9 +7,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::common::{TestData, assert_invalid_argument, err_of};
 use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field};
-use crate::common::{TestData, assert_invalid_argument, err_of};
 use trajstore::ingest::{IngestOptions, InputFormat, infer_schema, ingest};
 use trajstore::{
     BoundaryPolicy, EpisodeIndex, EpisodeSampler, EpochSampler, Error, GatherInto, Gatherer,

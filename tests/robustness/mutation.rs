@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{TestData, copy_tree, fixture_path, small_segments};
 use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field};
-use crate::common::{TestData, copy_tree, fixture_path, small_segments};
 use trajstore::ingest::{IngestOptions, InputFormat, ingest};
 use trajstore::{BoundaryPolicy, Dataset, Gatherer, Sampler, SliceOptions, SliceSampler};
 

@@ -1,5 +1,5 @@
 //! Samplers (`src/sample/`): χ² tests of every distribution, epochs, refreshed indexes.
 
-mod slice;
 mod epoch;
 mod refresh;
+mod slice;

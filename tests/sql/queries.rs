@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::process::Command;
 
+use crate::common::TestData;
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, UInt32Type, UInt64Type};
-use crate::common::TestData;
 use trajstore::format::{col, ep};
 use trajstore::sql::{QueryResult, SnapshotSql, SqlSession, default_config};
 use trajstore::{Dataset, Sampler, SliceOptions, SliceSampler, Snapshot};
@@ -456,7 +456,6 @@ fn sql_subsets_restrict_samplers() {
     let e = snap.episodes_where("SELEC nonsense").unwrap_err();
     assert!(matches!(e, trajstore::Error::Sql(_)), "{e}");
 }
-
 
 #[test]
 fn cli_sql() {

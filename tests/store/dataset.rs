@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::common::{TestData, fsl};
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array, RecordBatch};
 use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
-use crate::common::{TestData, fsl};
 use proptest::prelude::*;
 use trajstore::format::{col, ep};
 use trajstore::{Dataset, EpisodeEnd, EpisodeIndex, Error, Step, Values, WriterOptions};

@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::common::TestData;
 use arrow::array::AsArray;
 use arrow::datatypes::{Float32Type, Float64Type};
-use crate::common::TestData;
 use serde_json::Value;
 use trajstore::format::{col, ep};
 use trajstore::{Dataset, Snapshot, WriterOptions};

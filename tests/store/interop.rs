@@ -4,9 +4,9 @@
 
 use std::process::Command;
 
+use crate::common::TestData;
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
-use crate::common::TestData;
 use serde_json::json;
 use trajstore::Dataset;
 use trajstore::format::col;
