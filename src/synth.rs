@@ -395,7 +395,7 @@ impl SynthSpec {
     /// in order. Commits every `commit_every` episodes if given (as a live collector would), and
     /// once at the end. `on_rows` is called with the rows appended (for progress bars).
     ///
-    /// Episodes are generated in groups (of at most [`GROUP_BYTES`], or one episode) on the
+    /// Episodes are generated in groups (of at most 128 MiB, or one episode) on the
     /// current rayon pool, the next group while this thread appends the current one: at most two
     /// groups are in memory.
     pub fn write(

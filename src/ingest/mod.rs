@@ -31,7 +31,7 @@
 //!
 //! Ingest streams: units (Parquet row groups, row ranges of NumPy arrays) are decoded in parallel
 //! (a window of up to [`rayon::current_num_threads`] units; one by one for compressed `.npz`) and
-//! fed in order to one [`DatasetWriter`]. Memory is bounded by the window of decoded units, plus
+//! fed in order to one [`DatasetWriter`](crate::store::DatasetWriter). Memory is bounded by the window of decoded units, plus
 //! the longest episode (an episode that spans units is carried across them), plus the writer's
 //! batch buffer. The ingest commits once at the end; on any error nothing is committed, and a dataset
 //! directory that the ingest created is removed again.

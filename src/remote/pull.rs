@@ -21,7 +21,7 @@ use super::*;
 impl Remote {
     /// Brings the mirror directory `mirror` to version `version` (default: the newest) of the
     /// remote dataset, downloading only the files it lacks, and returns what it did. The mirror
-    /// is a trajstore dataset: open it with [`Dataset::open`]. Older versions' files are
+    /// is a trajstore dataset: open it with [`Dataset::open`](crate::store::Dataset::open). Older versions' files are
     /// removed from the mirror afterwards (processes that still map them keep their data).
     pub fn pull(&self, mirror: &Path, version: Option<u64>) -> Result<PullReport> {
         let start = Instant::now();

@@ -327,6 +327,7 @@ fn vacuum_removes_replaced_versions_only_after_their_grace() {
 }
 
 /// The SQL text `SELECT ... WHERE episode_id = 0 OR episode_id = 1 OR ...` with `n` terms.
+#[cfg(feature = "sql")]
 fn or_chain(n: usize) -> String {
     let terms: Vec<String> = (0..n).map(|i| format!("episode_id = {i}")).collect();
     format!(
