@@ -73,6 +73,7 @@ pub mod store;
 pub mod synth;
 #[cfg(feature = "torch")]
 pub mod torch;
+pub mod units;
 
 mod fault;
 mod guard;

@@ -66,9 +66,11 @@ pub(crate) fn check_process(pid: u32) -> PyResult<()> {
     ))
 }
 
-/// Drops `inner` where it was made; in a forked child, leaks it instead (joining workers that
-/// do not exist in the child would hang).
-fn drop_here<T>(pid: u32, inner: Option<T>) {
+/// Takes the loader out of `slot` and drops it (joining its workers) in the process `pid` that
+/// made it; in a forked child, leaks it instead (joining workers that do not exist in the child
+/// would hang).
+fn release<T>(pid: u32, slot: &Mutex<Option<T>>) {
+    let inner = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
     if std::process::id() == pid {
         drop(inner);
     } else {
@@ -78,12 +80,7 @@ fn drop_here<T>(pid: u32, inner: Option<T>) {
 
 impl Drop for BatchLoader {
     fn drop(&mut self) {
-        let inner = self
-            .loader
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        drop_here(self.pid, inner);
+        release(self.pid, &self.loader);
     }
 }
 
@@ -116,8 +113,7 @@ impl BatchLoader {
 
     /// Stops and joins the workers (batches handed out stay valid). `next` then returns None.
     fn close(&self, py: Python<'_>) {
-        let taken = self.loader.lock().unwrap_or_else(|e| e.into_inner()).take();
-        py.detach(|| drop_here(self.pid, taken));
+        py.detach(|| release(self.pid, &self.loader));
     }
 
     /// The next batch as `(number, num_slices, buffers)`: one buffer per column `[B, L, ...]`,
@@ -231,12 +227,7 @@ pub struct SlotLoader {
 
 impl Drop for SlotLoader {
     fn drop(&mut self) {
-        let inner = self
-            .loader
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        drop_here(self.pid, inner);
+        release(self.pid, &self.loader);
     }
 }
 
@@ -352,7 +343,6 @@ impl SlotLoader {
     /// Stops and joins the workers: none writes into the slots after this returns (call it
     /// before another loader uses the same slots).
     fn close(&self, py: Python<'_>) {
-        let taken = self.loader.lock().unwrap_or_else(|e| e.into_inner()).take();
-        py.detach(|| drop_here(self.pid, taken));
+        py.detach(|| release(self.pid, &self.loader));
     }
 }

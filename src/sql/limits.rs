@@ -67,29 +67,10 @@ pub fn memory_limit() -> Result<(u64, &'static str)> {
     ))
 }
 
-/// `123`, `64KiB`, `256MiB`, `8GiB`, `1.5GB` in bytes (at least 1 MiB; saturating).
+/// `123`, `64KiB`, `256MiB`, `8GiB`, `1.5GB` in bytes ([`crate::units::parse_size`]), at least
+/// 1 MiB.
 pub fn parse_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num.parse().ok()?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1024.0 * 1024.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tb" => 1e12,
-        "tib" => 1024.0f64.powi(4),
-        _ => return None,
-    };
-    let v = num * mult;
-    // `as` saturates: a size beyond u64 is "all of it", never a wrapped small one.
-    (v.is_finite() && v >= (1u64 << 20) as f64).then_some(v as u64)
+    crate::units::parse_size(s).ok().filter(|&n| n >= 1 << 20)
 }
 
 /// Physical memory, or the cgroup v2 limit when it is lower.
