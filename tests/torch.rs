@@ -726,7 +726,7 @@ fn source_resumes_a_mix(device: Device) {
     );
     let lo = LoaderOptions::default()
         .with_workers(3)
-        .resume(state)
+        .with_resume(state)
         .with_max_batches(12);
     let source = BatchSource::open(spec, &lo).unwrap();
     let opts = TorchLoaderOptions::new(device).with_loader(lo);

@@ -447,7 +447,7 @@ impl Plan {
         }
         let mut open = opts.clone();
         if let Some(s) = resume {
-            open = open.resume(s);
+            open = open.with_resume(s);
         }
         let source = BatchSource::open(spec, &open)?;
         let (sampler, gatherer) = source.at(0);

@@ -77,6 +77,8 @@ pub(crate) struct Feed {
     consumed: AtomicU64,
     stats: Mutex<FollowStats>,
     stop: (Mutex<bool>, Condvar),
+    /// The state this feed was opened at, if any (checked against it, priorities restored).
+    resumed: std::sync::OnceLock<Arc<LoaderState>>,
 }
 
 impl Feed {
@@ -120,7 +122,54 @@ impl Feed {
             consumed: AtomicU64::new(0),
             stats: Mutex::default(),
             stop: (Mutex::new(false), Condvar::new()),
+            resumed: std::sync::OnceLock::new(),
         })
+    }
+
+    /// [`Feed::fixed`] resumed from `resume` when given: the state is checked against the
+    /// sampler and gatherer (which must be at the state's version: they were built by hand).
+    pub(crate) fn fixed_resumed(
+        sampler: Arc<dyn Sampler>,
+        gatherer: Arc<Gatherer>,
+        rank_world: (u64, u64),
+        resume: Option<&LoaderState>,
+    ) -> Result<Arc<Self>> {
+        let feed = Self::fixed(sampler, gatherer);
+        if let Some(state) = resume {
+            let g = feed.first();
+            let fresh = feed.state(state.next_batch, rank_world, false);
+            state.check_resumable(&fresh, &[g.parts[0].snapshot.clone()])?;
+            if state.parts[0].version != g.parts[0].snapshot.version() {
+                return Err(Error::argument(
+                    "state",
+                    format!(
+                        "cannot resume: the state was taken on version {}, the gatherer's \
+                         snapshot is version {} (open that version, or use a BatchSource of a \
+                         LoaderSpec)",
+                        state.parts[0].version,
+                        g.parts[0].snapshot.version()
+                    ),
+                ));
+            }
+            let _ = feed.resumed.set(Arc::new(state.clone()));
+        }
+        Ok(feed)
+    }
+
+    /// Refuses loader options that resume from a state this feed was not opened at: a loader
+    /// takes its batches from its source, so the state must be given where the source is opened
+    /// ([`super::BatchSource::open`]), never silently ignored.
+    pub(crate) fn check_resume(&self, resume: Option<&Arc<LoaderState>>) -> Result<()> {
+        match (resume, self.resumed.get()) {
+            (None, _) => Ok(()),
+            (Some(a), Some(b)) if **a == **b => Ok(()),
+            (Some(_), _) => Err(Error::argument(
+                "resume",
+                "the loader options resume from a state its source was not opened at: give the \
+                 options with the state to BatchSource::open (or use Loader::open), then make \
+                 the loader from that source",
+            )),
+        }
     }
 
     /// The feed of `spec`, starting at `start`; with `resume`, each part at the version the
@@ -239,6 +288,7 @@ impl Feed {
                     _ => {}
                 }
             }
+            let _ = feed.resumed.set(Arc::new(state.clone()));
         }
         if feed.parts.iter().any(|p| p.follow.is_some()) {
             let weak = Arc::downgrade(&feed);

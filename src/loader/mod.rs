@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gather::{Batch, Gatherer, ReadAhead};
 use crate::sample::Sampler;
 
@@ -52,7 +52,7 @@ pub struct LoaderOptions {
     /// and costs nothing on data in memory; see [`Gatherer::set_read_ahead`] for the gather
     /// itself.
     pub read_ahead: ReadAhead,
-    /// A state to continue from ([`LoaderOptions::resume`]).
+    /// A state to continue from ([`LoaderOptions::with_resume`]).
     pub resume: Option<Arc<LoaderState>>,
 }
 
@@ -93,14 +93,6 @@ impl LoaderOptions {
         self.read_ahead = mode;
         self
     }
-    /// `true`: [`ReadAhead::Always`]; `false`: [`ReadAhead::Never`].
-    pub fn with_readahead(self, on: bool) -> Self {
-        self.with_read_ahead(if on {
-            ReadAhead::Always
-        } else {
-            ReadAhead::Never
-        })
-    }
     /// Stops after `n` batches.
     pub fn with_max_batches(mut self, n: u64) -> Self {
         self.max_batches = Some(n);
@@ -113,11 +105,14 @@ impl LoaderOptions {
     }
     /// Continues exactly where `state` was taken ([`Loader::state`]): the next batch is the
     /// one the interrupted loader would have returned next, and so are all that follow,
-    /// whatever the number of workers before and after. The loader checks that the state is of
-    /// its dataset(s), rank, world size and sampler options, and resumes on the version the
-    /// state was taken on (unless it follows the dataset and that version is gone). Sets
+    /// whatever the number of workers before and after; inside an interrupted iteration
+    /// (`max_batches`, an epoch) only the rest of it. Honoured the same way by every loader:
+    /// [`BatchSource::open`] (and `Loader::open`, `StagedLoader::open`) opens the dataset(s) at
+    /// the state's versions and checks that the state is of them, of this rank and world size
+    /// and of these sampler options; `try_new` checks it against the sampler and gatherer it is
+    /// given; a loader made `from_source` requires the state its source was opened at. Sets
     /// [`LoaderOptions::start`].
-    pub fn resume(mut self, state: LoaderState) -> Self {
+    pub fn with_resume(mut self, state: LoaderState) -> Self {
         self.start = state.next_batch;
         self.resume = Some(Arc::new(state));
         self
@@ -262,37 +257,28 @@ impl Loader {
         gatherer: Arc<Gatherer>,
         opts: LoaderOptions,
     ) -> Result<Self> {
-        let feed = Feed::fixed(sampler, gatherer);
-        if let Some(state) = &opts.resume {
-            let g = feed.first();
-            let fresh = feed.state(state.next_batch, (opts.rank, opts.world_size), false);
-            state.check_resumable(&fresh, &[g.parts[0].snapshot.clone()])?;
-            if state.parts[0].version != g.parts[0].snapshot.version() {
-                return Err(Error::argument(
-                    "state",
-                    format!(
-                        "cannot resume: the state was taken on version {}, the gatherer's \
-                         snapshot is version {} (open that version, or use Loader::open)",
-                        state.parts[0].version,
-                        g.parts[0].snapshot.version()
-                    ),
-                ));
-            }
-        }
+        let feed = Feed::fixed_resumed(
+            sampler,
+            gatherer,
+            (opts.rank, opts.world_size),
+            opts.resume.as_deref(),
+        )?;
         Self::from_feed(feed, opts)
     }
 
     /// A loader of `spec`: one dataset or a mix, fixed or following new versions, resumed
     /// from `opts.resume` when given. Errors as [`Loader::try_new`] does, and when a state
-    /// cannot resume this loader (see [`LoaderOptions::resume`]).
+    /// cannot resume this loader (see [`LoaderOptions::with_resume`]).
     pub fn open(spec: LoaderSpec, opts: LoaderOptions) -> Result<Self> {
         Self::from_source(&BatchSource::open(spec, &opts)?, opts)
     }
 
     /// A loader of `source`'s batches from `opts.start` on (several loaders may share a source:
     /// one after the other to iterate again, with their follow thread, priorities and cached
-    /// indexes). `opts.resume` is ignored here: the source was opened with it.
+    /// indexes). `opts.resume`, when given, must be the state the source was opened at (it sets
+    /// the start and the end of the resumed iteration); any other is an error.
     pub fn from_source(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
+        source.0.check_resume(opts.resume.as_ref())?;
         Self::from_feed(source.0.clone(), opts)
     }
 
@@ -338,7 +324,7 @@ impl Loader {
     }
 
     /// Where this loader is: enough to continue exactly here after a restart
-    /// ([`LoaderOptions::resume`]). Small and cheap (no per-batch data), except that a
+    /// ([`LoaderOptions::with_resume`]). Small and cheap (no per-batch data), except that a
     /// prioritized sampler's priorities are copied in (16 bytes per run of equal priorities at
     /// most 8 per window).
     pub fn state(&self) -> LoaderState {

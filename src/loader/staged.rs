@@ -105,13 +105,13 @@ impl StagedLoader {
         opts: LoaderOptions,
         slots: Vec<Box<dyn StagingSlot>>,
     ) -> Result<Self> {
-        if opts.resume.is_some() {
-            return Err(Error::argument(
-                "resume",
-                "a staged loader resumes through StagedLoader::open",
-            ));
-        }
-        Self::from_feed(Feed::fixed(sampler, gatherer), opts, slots)
+        let feed = Feed::fixed_resumed(
+            sampler,
+            gatherer,
+            (opts.rank, opts.world_size),
+            opts.resume.as_deref(),
+        )?;
+        Self::from_feed(feed, opts, slots)
     }
 
     /// A staged loader of `spec` (see [`super::Loader::open`]): one dataset or a mix, fixed or
@@ -132,6 +132,7 @@ impl StagedLoader {
         opts: LoaderOptions,
         slots: Vec<Box<dyn StagingSlot>>,
     ) -> Result<Self> {
+        source.0.check_resume(opts.resume.as_ref())?;
         Self::from_feed(source.0.clone(), opts, slots)
     }
 

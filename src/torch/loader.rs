@@ -71,14 +71,14 @@ impl TorchLoader {
         gatherer: Arc<Gatherer>,
         opts: TorchLoaderOptions,
     ) -> Result<Self> {
-        if opts.loader.resume.is_some() {
-            return Err(Error::argument(
-                "resume",
-                "a torch loader resumes through TorchLoader::from_source (a BatchSource opened \
-                 with the state)",
-            ));
-        }
-        Self::from_feed(Feed::fixed(sampler, gatherer), opts)
+        let lo = &opts.loader;
+        let feed = Feed::fixed_resumed(
+            sampler,
+            gatherer,
+            (lo.rank, lo.world_size),
+            lo.resume.as_deref(),
+        )?;
+        Self::from_feed(feed, opts)
     }
 
     /// A loader of `source`'s batches (one dataset or a mix, fixed or following, opened from a
@@ -88,6 +88,7 @@ impl TorchLoader {
         source: &crate::loader::BatchSource,
         opts: TorchLoaderOptions,
     ) -> Result<Self> {
+        source.feed().check_resume(opts.loader.resume.as_ref())?;
         Self::from_feed(source.feed(), opts)
     }
 

@@ -95,7 +95,9 @@ fn compare(snap: &Snapshot, s: &SamplerSpec, k: u64, (a, b): (usize, usize), ran
     );
     let resumed = Loader::open(
         spec_of(snap, s),
-        opts(b, rank.0, rank.1).resume(state).with_max_batches(100),
+        opts(b, rank.0, rank.1)
+            .with_resume(state)
+            .with_max_batches(100),
     )
     .unwrap();
     let got: Vec<Vec<u8>> = resumed.map(|b| fingerprint(&b)).collect();
@@ -171,7 +173,7 @@ fn states_that_do_not_match_the_loader_are_refused() {
     let state = l.state();
     drop(l);
     let refuse = |snap: &Snapshot, s: &SamplerSpec, o: LoaderOptions, what: &str| {
-        let e = err_of(Loader::open(spec_of(snap, s), o.resume(state.clone())));
+        let e = err_of(Loader::open(spec_of(snap, s), o.with_resume(state.clone())));
         assert!(e.to_string().contains(what), "{what}: {e}");
     };
     // The same episodes written again are still another dataset.
@@ -227,7 +229,9 @@ fn a_state_resumes_on_its_version_after_the_dataset_grew() {
     assert_eq!(newest.version(), snap.version() + 1);
     let resumed = Loader::open(
         spec_of(&newest, s),
-        opts(3, 0, 1).resume(state.clone()).with_max_batches(50),
+        opts(3, 0, 1)
+            .with_resume(state.clone())
+            .with_max_batches(50),
     )
     .unwrap();
     assert_eq!(resumed.versions(), vec![snap.version()]);
@@ -239,7 +243,9 @@ fn a_state_resumes_on_its_version_after_the_dataset_grew() {
     let by_hand = Loader::try_new(
         built.sampler,
         std::sync::Arc::new(g),
-        opts(1, 0, 1).resume(state.clone()).with_max_batches(50),
+        opts(1, 0, 1)
+            .with_resume(state.clone())
+            .with_max_batches(50),
     )
     .unwrap();
     let got: Vec<Vec<u8>> = by_hand.map(|b| fingerprint(&b)).collect();
@@ -311,7 +317,7 @@ fn a_mix_with_a_followed_part_keeps_its_proportions_follows_and_resumes() {
     let newest = ds.snapshot().unwrap();
     let resumed = Loader::open(
         spec(&offline, &newest),
-        opts(3, 0, 1).resume(state).with_max_batches(30),
+        opts(3, 0, 1).with_resume(state).with_max_batches(30),
     )
     .unwrap();
     let got: Vec<Vec<u8>> = resumed.map(|b| fingerprint(&b)).collect();
@@ -386,7 +392,7 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
     for seed in [12, 11] {
         let e = err_of(Loader::open(
             spec_of(&snap, &s.clone().with_seed(seed)),
-            opts(2, 0, 1).resume(no_sampler.clone()),
+            opts(2, 0, 1).with_resume(no_sampler.clone()),
         ));
         assert!(e.to_string().contains("no sampler options"), "{e}");
     }
@@ -397,7 +403,10 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
         "\"dataset_id\":null",
     ))
     .unwrap();
-    let e = err_of(Loader::open(spec_of(&snap, s), opts(2, 0, 1).resume(no_id)));
+    let e = err_of(Loader::open(
+        spec_of(&snap, s),
+        opts(2, 0, 1).with_resume(no_id),
+    ));
     assert!(e.to_string().contains("no dataset_id"), "{e}");
 
     // An epoch sampler's epoch that does not match the batch number.
@@ -410,7 +419,7 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
         LoaderState::from_json(&st.to_json().replace("\"epoch\":0", "\"epoch\":1")).unwrap();
     let e = err_of(Loader::open(
         spec_of(&snap, ep),
-        opts(1, 0, 1).resume(wrong),
+        opts(1, 0, 1).with_resume(wrong),
     ));
     assert!(e.to_string().contains("epoch"), "{e}");
 
@@ -422,12 +431,12 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
     drop(l);
     let e = err_of(Loader::open(
         spec_of(&snap, pr),
-        opts(1, 0, 1).resume(LoaderState::from_json(&st.to_json()).unwrap()),
+        opts(1, 0, 1).with_resume(LoaderState::from_json(&st.to_json()).unwrap()),
     ));
     assert!(e.to_string().contains("priorities"), "{e}");
     Loader::open(
         spec_of(&snap, pr),
-        opts(1, 0, 1).resume(LoaderState::from_bytes(&st.to_bytes()).unwrap()),
+        opts(1, 0, 1).with_resume(LoaderState::from_bytes(&st.to_bytes()).unwrap()),
     )
     .unwrap();
 }
@@ -455,7 +464,7 @@ fn a_resumed_iteration_yields_only_its_remaining_batches() {
         let state = LoaderState::from_bytes(&first.state().to_bytes()).unwrap();
         assert_eq!(state.iteration_end, Some(n as u64), "{:?}", s.kind);
         drop(first);
-        let rest: Vec<Vec<u8>> = Loader::open(spec_of(&snap, &s), o().resume(state))
+        let rest: Vec<Vec<u8>> = Loader::open(spec_of(&snap, &s), o().with_resume(state))
             .unwrap()
             .map(|b| fingerprint(&b))
             .collect();
@@ -466,7 +475,38 @@ fn a_resumed_iteration_yields_only_its_remaining_batches() {
         while done.next_batch().is_some() {}
         let at_end = done.state();
         assert_eq!(at_end.iteration_end, None);
-        let next = Loader::open(spec_of(&snap, &s), o().resume(at_end)).unwrap();
+        let next = Loader::open(spec_of(&snap, &s), o().with_resume(at_end)).unwrap();
         assert!(next.count() > 0, "{:?}", s.kind);
     }
+}
+
+/// `with_resume` is honoured the same way by every constructor: a loader made from a source
+/// requires the state the source was opened at (it used to be ignored there), and one made from
+/// a source opened at it continues exactly.
+#[test]
+fn a_loader_from_a_source_requires_the_state_the_source_was_opened_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let s = &samplers()[0];
+    let mut l = Loader::open(spec_of(&snap, s), opts(2, 0, 1)).unwrap();
+    for _ in 0..7 {
+        l.next_batch().unwrap();
+    }
+    let state = l.state();
+    let want: Vec<Vec<u8>> = l.by_ref().take(10).map(|b| fingerprint(&b)).collect();
+    drop(l);
+    let plain = trajstore::BatchSource::open(spec_of(&snap, s), &opts(2, 0, 1)).unwrap();
+    let e = err_of(Loader::from_source(
+        &plain,
+        opts(2, 0, 1).with_resume(state.clone()),
+    ));
+    assert!(e.to_string().contains("source was not opened at"), "{e}");
+    let o = opts(1, 0, 1).with_resume(state);
+    let source = trajstore::BatchSource::open(spec_of(&snap, s), &o).unwrap();
+    let got: Vec<Vec<u8>> = Loader::from_source(&source, o)
+        .unwrap()
+        .take(10)
+        .map(|b| fingerprint(&b))
+        .collect();
+    assert!(got == want);
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::common::TestData;
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, EpochSampler, Gatherer, Loader, LoaderOptions, Sampler, SliceIndex,
-    SliceOptions, SliceSampler, Snapshot, Weighting,
+    Batch, BoundaryPolicy, EpochSampler, Gatherer, Loader, LoaderOptions, ReadAhead, Sampler,
+    SliceIndex, SliceOptions, SliceSampler, Snapshot, Weighting,
 };
 
 const COLUMNS: [&str; 5] = [
@@ -133,7 +133,11 @@ fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
                     let opts = LoaderOptions::default()
                         .with_workers(workers)
                         .with_prefetch(prefetch)
-                        .with_readahead(readahead)
+                        .with_read_ahead(if readahead {
+                            ReadAhead::Always
+                        } else {
+                            ReadAhead::Never
+                        })
                         .with_max_batches(n);
                     let loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
                     let got = drain(loader, recycle);

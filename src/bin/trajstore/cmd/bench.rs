@@ -412,8 +412,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     drop(loader);
     let t_state = Instant::now();
     let state = trajstore::LoaderState::from_bytes(&state_bytes)?;
-    let resumed =
-        trajstore::BatchSource::open(spec, &trajstore::LoaderOptions::default().resume(state))?;
+    let resumed = trajstore::BatchSource::open(
+        spec,
+        &trajstore::LoaderOptions::default().with_resume(state),
+    )?;
     let state_resume_ms = t_state.elapsed().as_secs_f64() * 1e3;
     drop(resumed);
     let loader_reads = DiskReads::since(reads);
