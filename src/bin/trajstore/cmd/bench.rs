@@ -70,8 +70,7 @@ pub(crate) struct BenchArgs {
     /// faulted in when the copy reaches it).
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = |s: &str| s.parse::<trajstore::ReadAhead>())]
     read_ahead: trajstore::ReadAhead,
-    /// Map every page before timing (MADV_POPULATE_READ), to measure steady state from the start
-    /// instead of the first touches' page faults.
+    /// Map every page before timing (MADV_POPULATE_READ): steady state from the first batch.
     #[arg(long)]
     prefault: bool,
     /// After every other measurement, measure the disk's random-read limit on the dataset's
@@ -97,9 +96,8 @@ pub(crate) struct BenchArgs {
     /// for batches too large to time on the CPU). JSON: {"transitions", ..., "torch": {...}}.
     #[arg(long, requires = "device")]
     device_only: bool,
-    /// The loader phase follows the dataset's new versions, looking every SECS seconds (run a
-    /// collector meanwhile, e.g. `trajstore demo DATASET --append` in a loop in another
-    /// process): set against the same phase on a static dataset, the cost of following.
+    /// The loader phase follows new versions, looking every SECS seconds (at most a day; run
+    /// a collector meanwhile, `trajstore demo DATASET --append` in a loop): following's cost.
     #[arg(long, value_name = "SECS", value_parser = positive_secs)]
     follow: Option<f64>,
     /// With --device: cast floating columns on the device (none, bf16, f16).
@@ -109,13 +107,12 @@ pub(crate) struct BenchArgs {
 }
 
 fn positive_secs(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if x > 0.0 && x <= trajstore::loader::MAX_FOLLOW_PERIOD.as_secs_f64() => Ok(x),
-        _ => Err(format!(
-            "`{s}`: a number of seconds, more than 0 and at most {} (a day)",
-            trajstore::loader::MAX_FOLLOW_PERIOD.as_secs()
-        )),
-    }
+    let x: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}`: a number of seconds"))?;
+    trajstore::Follow::every_secs("--follow", x)
+        .map(|_| x)
+        .map_err(|e| e.to_string())
 }
 
 /// (anonymous, file-backed) resident memory of this process in MiB, from /proc/self/status
