@@ -31,7 +31,7 @@ enum Size {
 
 /// A built-in function that checks its output size first (see the module docs).
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct Sized {
+struct SizeChecked {
     inner: Arc<ScalarUDF>,
     size: Size,
 }
@@ -46,7 +46,7 @@ pub(crate) fn sized_udfs() -> Vec<ScalarUDF> {
         (range::gen_series_udf(), Size::Range),
     ]
     .into_iter()
-    .map(|(inner, size)| ScalarUDF::new_from_impl(Sized { inner, size }))
+    .map(|(inner, size)| ScalarUDF::new_from_impl(SizeChecked { inner, size }))
     .collect()
 }
 
@@ -101,7 +101,7 @@ fn byte_lengths(v: &ColumnarValue) -> Option<Ints> {
     })
 }
 
-impl Sized {
+impl SizeChecked {
     /// The output's bytes, when the arguments say (saturating).
     fn estimate(&self, args: &[ColumnarValue], rows: usize) -> Option<u128> {
         let all_scalar = args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
@@ -144,7 +144,7 @@ fn positive(n: Option<i64>) -> u128 {
     n.unwrap_or(0).max(0) as u128
 }
 
-impl ScalarUDFImpl for Sized {
+impl ScalarUDFImpl for SizeChecked {
     fn name(&self) -> &str {
         self.inner.name()
     }
