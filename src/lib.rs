@@ -55,6 +55,7 @@
 // and tests/layers.rs, which checks it).
 pub mod error;
 pub mod format;
+pub mod frames;
 pub mod gather;
 pub mod index;
 pub mod ingest;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top. A module may use those before it; `fault` (crash points) and `guard` (quiet panic catching) may be used by all.
 const ORDER: &[&str] = &[
-    "error", "units", "progress", "iofloor", "format", "schema", "stats", "index", "store",
-    "synth", "ingest", "sample", "gather", "loader", "torch", "remote", "open", "sql",
+    "error", "units", "progress", "iofloor", "format", "frames", "schema", "stats", "index",
+    "store", "synth", "ingest", "sample", "gather", "loader", "torch", "remote", "open", "sql",
 ];
 const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 
