@@ -108,7 +108,23 @@ pub mod meta {
     pub const KIND_TRANSITIONS: &str = "transitions";
     /// Value of [`FILE_KIND`] for episode tables.
     pub const KIND_EPISODES: &str = "episodes";
+    /// Field metadata of a frame column (`LargeBinary`, one compressed image per row): the JSON
+    /// of its `FrameSpec` (codec, shape, dtype, dictionary; module `frames`).
+    pub const FRAME: &str = "trajstore:frame";
 }
+
+/// Directory of the zstd dictionaries of frame columns (content-addressed, immutable).
+pub const DICTIONARIES_DIR: &str = "dictionaries";
+/// Suffix of a dictionary file.
+pub const DICTIONARY_SUFFIX: &str = ".zdict";
+
+/// Relative path of the dictionary whose CRC-32C is `crc`: `dictionaries/<crc:08x>.zdict`.
+pub fn dictionary_path(crc: u32) -> String {
+    format!("{DICTIONARIES_DIR}/{crc:08x}{DICTIONARY_SUFFIX}")
+}
+
+/// The manifest type name of a frame column (`LargeBinary`).
+pub const FRAME_TYPE: &str = "large_binary";
 
 /// A size in binary units, as the messages and the CLI print it: `512 B`, `1.50 GiB`.
 pub fn human_bytes(n: u64) -> String {

@@ -196,6 +196,65 @@ impl FrameColumn {
     }
 }
 
+/// The stored frames of consecutive rows, zero-copy from the mapped segment: the `LargeBinary`
+/// column's offsets (one more than the rows) and its values buffer. Rows of one episode are one
+/// run of contiguous bytes ([`FrameRun::bytes`], what a read-ahead asks for).
+#[derive(Debug, Clone, Copy)]
+pub struct FrameRun<'a> {
+    offsets: &'a [i64],
+    values: &'a [u8],
+}
+
+impl<'a> FrameRun<'a> {
+    /// A run over `offsets` (rows + 1 of them) into `values`.
+    pub fn new(offsets: &'a [i64], values: &'a [u8]) -> Self {
+        FrameRun { offsets, values }
+    }
+    /// Number of frames.
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+    /// Whether the run holds no frame.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The stored bytes of frame `i` (0-based in the run). Offsets out of order or outside the
+    /// values (a damaged file) are [`Error::InvalidData`]; `i` out of range too.
+    pub fn frame(&self, i: usize) -> Result<&'a [u8]> {
+        let (a, b) = match (self.offsets.get(i), self.offsets.get(i + 1)) {
+            (Some(&a), Some(&b)) => (a, b),
+            _ => {
+                return Err(Error::argument(
+                    "i",
+                    format!("frame {i} of a run of {}", self.len()),
+                ));
+            }
+        };
+        usize::try_from(a)
+            .ok()
+            .zip(usize::try_from(b).ok())
+            .filter(|(a, b)| a <= b)
+            .and_then(|(a, b)| self.values.get(a..b))
+            .ok_or_else(|| {
+                Error::invalid_data(format!(
+                    "frame offsets {a}..{b} outside the {} bytes of frames",
+                    self.values.len()
+                ))
+            })
+    }
+    /// All the run's stored bytes (empty when its offsets are damaged).
+    pub fn bytes(&self) -> &'a [u8] {
+        let (Some(&a), Some(&b)) = (self.offsets.first(), self.offsets.last()) else {
+            return &[];
+        };
+        usize::try_from(a)
+            .ok()
+            .zip(usize::try_from(b).ok())
+            .and_then(|(a, b)| self.values.get(a..b))
+            .unwrap_or(&[])
+    }
+}
+
 /// Compresses frames of one column. Holds one zstd compression context (with the dictionary
 /// loaded once) and reuses it for every frame.
 pub struct FrameEncoder {

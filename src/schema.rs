@@ -1,5 +1,8 @@
 //! The transition schema: boundary columns, observation/action/reward, optional columns, and the
 //! episode-table schema derived from it. Validation of schemas read from disk or given by users.
+//! The observation is a tensor column, or a frame column (pixels, one compressed image per row,
+//! [`crate::frames`]) whose stored type differs from what a writer is given (raw `uint8`
+//! tensors, [`TransitionSchema::input_schema`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::{self, col, ep, meta};
+use crate::frames::{FrameCodec, FrameSpec};
 
 /// How actions are stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +39,9 @@ pub struct ColumnDesc {
     /// Tensor shape of a fixed-size-list column (row-major); absent means `[list_size]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<usize>>,
+    /// A frame column's codec, frame shape, dtype and dictionary (its type is `large_binary`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame: Option<FrameSpec>,
 }
 
 /// A validated transition schema. Cheap to clone.
@@ -45,6 +52,10 @@ pub struct TransitionSchema {
     episodes: SchemaRef,
     obs_shape: Vec<usize>,
     action: ActionKind,
+    /// The observation's frame spec, when it is a frame column.
+    frame: Option<FrameSpec>,
+    /// What a writer is given: the payload, with frame columns as raw `uint8` tensors.
+    input: SchemaRef,
 }
 
 /// Builds a [`TransitionSchema`] from shapes and types.
@@ -56,6 +67,7 @@ pub struct TransitionSchemaBuilder {
     action_type: DataType,
     next_observation: bool,
     extra: Vec<Field>,
+    frames: Option<FrameSpec>,
 }
 
 impl TransitionSchemaBuilder {
@@ -82,6 +94,29 @@ impl TransitionSchemaBuilder {
         self.next_observation = store;
         self
     }
+    /// Stores observations as a frame column: one `uint8` image of `shape` (`[H, W]` or
+    /// `[H, W, C]`) per row, compressed with `codec` (see [`crate::frames`]). Replaces the
+    /// observation type and shape; `next_observation` is never stored (the next frame is the
+    /// next row, and the episode table keeps each episode's final frame).
+    pub fn frames(mut self, codec: FrameCodec, shape: &[usize]) -> Self {
+        self.obs_type = DataType::UInt8;
+        self.obs_shape = shape.to_vec();
+        self.frames = Some(FrameSpec {
+            codec,
+            shape: shape.to_vec(),
+            dtype: crate::frames::FRAME_DTYPE.into(),
+            level: crate::frames::DEFAULT_LEVEL,
+            dictionary: None,
+        });
+        self
+    }
+    /// Sets the zstd level of a frame column (1..=22, default 3).
+    pub fn frame_level(mut self, level: i32) -> Self {
+        if let Some(f) = self.frames.as_mut() {
+            f.level = level;
+        }
+        self
+    }
     /// Adds a user column (any fixed-width type of the manifest grammar).
     pub fn column(mut self, field: Field) -> Self {
         self.extra.push(field);
@@ -99,12 +134,15 @@ impl TransitionSchemaBuilder {
                 ),
             ));
         }
-        let obs = tensor_field(
-            col::OBSERVATION,
-            self.obs_type.clone(),
-            &self.obs_shape,
-            false,
-        )?;
+        let obs = match &self.frames {
+            Some(spec) => frame_field(col::OBSERVATION, spec, false)?,
+            None => tensor_field(
+                col::OBSERVATION,
+                self.obs_type.clone(),
+                &self.obs_shape,
+                false,
+            )?,
+        };
         let action = match self.action {
             ActionKind::Continuous { dim } => {
                 if dim == 0 {
@@ -156,6 +194,26 @@ pub fn tensor_field(name: &str, elem: DataType, shape: &[usize], nullable: bool)
             (meta::EXTENSION_METADATA.to_string(), shape_json),
         ])),
     )
+}
+
+/// A frame column: `LargeBinary` (one encoded frame per row) with the `trajstore:frame` metadata.
+pub fn frame_field(name: &str, spec: &FrameSpec, nullable: bool) -> Result<Field> {
+    spec.check(name)?;
+    Ok(Field::new(name, DataType::LargeBinary, nullable)
+        .with_metadata(HashMap::from([(meta::FRAME.to_string(), spec.to_json())])))
+}
+
+/// The frame spec of `field`, when it is a frame column (`LargeBinary` with `trajstore:frame`
+/// metadata); a `LargeBinary` field with bad metadata is [`Error::SchemaMismatch`].
+pub fn field_frame(field: &Field) -> Result<Option<FrameSpec>> {
+    match (field.data_type(), field.metadata().get(meta::FRAME)) {
+        (DataType::LargeBinary, Some(json)) => FrameSpec::from_json(field.name(), json).map(Some),
+        (DataType::LargeBinary, None) => Err(Error::schema(
+            field.name(),
+            format!("a large_binary column without `{}` metadata", meta::FRAME),
+        )),
+        _ => Ok(None),
+    }
 }
 
 /// Reads the tensor shape of a fixed-size-list field from its extension metadata (or `[n]`).
@@ -216,6 +274,7 @@ impl TransitionSchema {
             action_type: DataType::Float32,
             next_observation: false,
             extra: vec![],
+            frames: None,
         }
     }
 
@@ -295,18 +354,23 @@ impl TransitionSchema {
                 ),
             ));
         }
+        let frame = field_frame(obs)?;
         match obs.data_type() {
             DataType::FixedSizeList(child, _) if is_numeric(child.data_type()) => {}
+            DataType::LargeBinary if frame.is_some() => {}
             other => {
                 return Err(Error::schema_types(
                     col::OBSERVATION,
-                    "a fixed-size list of numbers",
+                    "a fixed-size list of numbers, or a frame column",
                     other,
                     "unsupported observation type",
                 ));
             }
         }
-        let obs_shape = field_shape(obs)?;
+        let obs_shape = match &frame {
+            Some(f) => f.shape.clone(),
+            None => field_shape(obs)?,
+        };
         let action = &rest[1];
         let action_kind = match action.data_type() {
             DataType::FixedSizeList(child, n) if child.data_type().is_floating() => {
@@ -353,6 +417,15 @@ impl TransitionSchema {
         for f in fields {
             if !seen.insert(f.name().as_str()) {
                 return Err(Error::schema(f.name(), "duplicate column"));
+            }
+            if f.name() == col::OBSERVATION && frame.is_some() {
+                continue;
+            }
+            if field_frame(f)?.is_some() {
+                return Err(Error::schema(
+                    f.name(),
+                    "only the observation may be a frame column",
+                ));
             }
             if format::type_name(f.data_type()).is_none() {
                 return Err(Error::schema_types(
@@ -401,6 +474,25 @@ impl TransitionSchema {
         let schema = Arc::new(schema.clone());
         let payload = Arc::new(Schema::new(rest.to_vec()));
         let has_next = rest.iter().any(|f| f.name() == col::NEXT_OBSERVATION);
+        if has_next && frame.is_some() {
+            return Err(Error::schema(
+                col::NEXT_OBSERVATION,
+                "a frame column is never stored twice: the next frame is the next row, and the \
+                 episode table holds each episode's final frame",
+            ));
+        }
+        let input = match &frame {
+            None => payload.clone(),
+            Some(spec) => {
+                let mut fields: Vec<Field> = payload
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone())
+                    .collect();
+                fields[0] = tensor_field(col::OBSERVATION, DataType::UInt8, &spec.shape, false)?;
+                Arc::new(Schema::new(fields))
+            }
+        };
         let mut ep_fields = vec![
             Field::new(ep::EPISODE_ID, DataType::UInt64, false),
             Field::new(ep::ROW_START, DataType::UInt64, false),
@@ -423,7 +515,44 @@ impl TransitionSchema {
             episodes: Arc::new(Schema::new(ep_fields)),
             obs_shape,
             action: action_kind,
+            frame,
+            input,
         })
+    }
+
+    /// The observation's frame spec, when observations are a frame column.
+    pub fn frame_spec(&self) -> Option<&FrameSpec> {
+        self.frame.as_ref()
+    }
+
+    /// The schema of the episodes a writer is given: [`TransitionSchema::payload_schema`], except
+    /// that a frame column is a raw `uint8` tensor of the frame's shape (the writer encodes it).
+    pub fn input_schema(&self) -> &SchemaRef {
+        &self.input
+    }
+
+    /// This schema with the frame column's dictionary set to `dictionary` (or its codec changed
+    /// to plain `zstd` when `dictionary` is `None`: no dictionary could be trained).
+    pub fn with_frame_dictionary(
+        &self,
+        dictionary: Option<crate::frames::DictionaryRef>,
+    ) -> Result<Self> {
+        let Some(spec) = &self.frame else {
+            return Err(Error::invalid_argument("the dataset has no frame column"));
+        };
+        let mut spec = spec.clone();
+        if dictionary.is_none() {
+            spec.codec = FrameCodec::Zstd;
+        }
+        spec.dictionary = dictionary;
+        let mut fields: Vec<Field> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[6] = frame_field(col::OBSERVATION, &spec, false)?;
+        Self::try_from_arrow(&Schema::new(fields))
     }
 
     /// The full on-disk schema of segment files.
@@ -477,7 +606,11 @@ impl TransitionSchema {
             .iter()
             .map(|f| ColumnDesc {
                 name: f.name().clone(),
-                data_type: format::type_name(f.data_type()).expect("validated fixed-width type"),
+                data_type: match field_frame(f).ok().flatten() {
+                    Some(_) => format::FRAME_TYPE.into(),
+                    None => format::type_name(f.data_type()).expect("validated fixed-width type"),
+                },
+                frame: field_frame(f).ok().flatten(),
                 nullable: f.is_nullable(),
                 shape: f
                     .metadata()
@@ -493,6 +626,15 @@ impl TransitionSchema {
         let fields = cols
             .iter()
             .map(|c| {
+                if let Some(spec) = &c.frame {
+                    if c.data_type != format::FRAME_TYPE {
+                        return Err(Error::schema(
+                            &c.name,
+                            format!("a frame column has type {}", format::FRAME_TYPE),
+                        ));
+                    }
+                    return frame_field(&c.name, spec, c.nullable);
+                }
                 let dt = format::parse_type(&c.data_type)?;
                 Ok(match (&dt, &c.shape) {
                     (DataType::FixedSizeList(child, _), Some(shape)) => {

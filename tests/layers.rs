@@ -62,10 +62,19 @@ const FOLDERS: &[(&str, &[&str])] = &[
     (
         "store",
         &[
-            "ipc", "manifest", "episode", "segment", "writer", "dataset", "info", "verify",
+            "ipc",
+            "manifest",
+            "dictionary",
+            "episode",
+            "segment",
+            "writer",
+            "dataset",
+            "info",
+            "verify",
             "export",
         ],
     ),
+    ("store/writer", &["cleanup", "frames"]),
     (
         "torch",
         &[

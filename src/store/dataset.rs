@@ -9,6 +9,7 @@ use arrow::array::{Array, RecordBatch};
 
 use crate::error::{Error, IoContext, Result};
 use crate::format::{self};
+use crate::frames::FrameColumn;
 use crate::index::EpisodeIndex;
 use crate::index::{BoundaryPolicy, SliceIndex};
 use crate::schema::TransitionSchema;
@@ -284,6 +285,17 @@ fn manifest_schema(root: &Path, manifest: &Manifest) -> Result<TransitionSchema>
     })
 }
 
+/// The frame columns of `manifest`'s schema with their dictionaries, read and checked (a bad
+/// dictionary is [`Error::Corrupt`] naming it).
+fn manifest_frames(
+    root: &Path,
+    manifest: &Manifest,
+    schema: &TransitionSchema,
+) -> Result<Vec<Arc<FrameColumn>>> {
+    let path = manifest::versions_dir(root).join(format::manifest_name(manifest.version));
+    crate::store::dictionary::frame_columns(root, &path, schema)
+}
+
 /// How many threads [`open_each`] opens the files of a cold dataset on. Opening a cold dataset
 /// waits on small reads (footers, message headers, episode-table columns), a few at a time per
 /// file: threads are how those waits overlap, up to a queue depth the disk serves well. A warm
@@ -402,6 +414,8 @@ pub struct Snapshot {
     segments: Vec<Arc<Segment>>,
     index: Arc<EpisodeIndex>,
     slice_indexes: Arc<Mutex<SliceCache>>,
+    /// The frame columns, with their dictionaries read and checked on open.
+    frames: Vec<Arc<FrameColumn>>,
     /// Whether this maps only some segments of its version ([`Snapshot::partial`]).
     partial: bool,
 }
@@ -411,6 +425,7 @@ type SliceCache = HashMap<(u32, BoundaryPolicy), Arc<SliceIndex>>;
 impl Snapshot {
     fn load(root: &Path, manifest: Manifest, previous: Option<&Snapshot>) -> Result<Self> {
         let schema = manifest_schema(root, &manifest)?;
+        let frames = manifest_frames(root, &manifest, &schema)?;
         let reuse: HashMap<u64, Arc<Segment>> = previous
             .filter(|p| p.schema == schema)
             .map(|p| {
@@ -478,6 +493,7 @@ impl Snapshot {
             segments,
             index: Arc::new(index),
             slice_indexes: Arc::new(Mutex::new(slice_indexes)),
+            frames,
             partial: false,
         })
     }
@@ -493,6 +509,7 @@ impl Snapshot {
         entries: Vec<manifest::SegmentEntry>,
     ) -> Result<Self> {
         let schema = manifest_schema(root, manifest)?;
+        let frames = manifest_frames(root, manifest, &schema)?;
         let mut m = manifest.clone();
         m.transitions = entries.iter().map(|e| e.rows).sum();
         m.episodes = entries.iter().map(|e| e.episodes).sum();
@@ -513,6 +530,7 @@ impl Snapshot {
             segments,
             index: Arc::new(index),
             slice_indexes: Arc::new(Mutex::new(SliceCache::new())),
+            frames,
             partial: true,
         })
     }
@@ -561,6 +579,17 @@ impl Snapshot {
     /// The mapped segments, in episode order.
     pub fn segments(&self) -> &[Arc<Segment>] {
         &self.segments
+    }
+    /// The frame column `name` (codec, frame shape, dictionary): make a
+    /// [`FrameDecoder`](crate::frames::FrameDecoder) per worker with [`FrameColumn::decoder`],
+    /// and read stored frames with [`Segment::frames`] and
+    /// [`EpisodeTable::final_frame`]. `None` when `name` is not a frame column.
+    pub fn frame_column(&self, name: &str) -> Option<&Arc<FrameColumn>> {
+        self.frames.iter().find(|f| f.name == name)
+    }
+    /// Every frame column (the observation, when it is one).
+    pub fn frame_columns(&self) -> &[Arc<FrameColumn>] {
+        &self.frames
     }
     /// The episode index.
     pub fn episodes(&self) -> &Arc<EpisodeIndex> {

@@ -448,6 +448,13 @@ impl EpisodeTable {
     pub fn final_observation(&self) -> Option<&ArrayRef> {
         self.batch.column_by_name(ep::FINAL_OBSERVATION)
     }
+    /// The stored final frame of episode row `i` (o_T after its last step) when observations
+    /// are a frame column, zero-copy; `None` when the writer was given none (or `i` is out of
+    /// range, or the dataset has no frame column). Decode it like any frame.
+    pub fn final_frame(&self, i: usize) -> Option<&[u8]> {
+        let a = self.final_observation()?.as_binary_opt::<i64>()?;
+        (i < a.len() && a.is_valid(i)).then(|| a.value(i))
+    }
     /// A column by name, including per-episode user metadata.
     pub fn column(&self, name: &str) -> Option<&ArrayRef> {
         self.batch.column_by_name(name)

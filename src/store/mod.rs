@@ -4,6 +4,7 @@
 //! indexes; checks and export.
 
 pub mod dataset;
+pub mod dictionary;
 mod episode;
 pub mod export;
 pub mod info;

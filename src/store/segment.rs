@@ -3,10 +3,11 @@
 
 use std::path::Path;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, RecordBatch};
 
 use crate::error::{Error, Result};
 use crate::format::meta;
+use crate::frames::FrameRun;
 use crate::schema::TransitionSchema;
 use crate::store::episode::{EpisodeTable, check_file, open_episode_table};
 use crate::store::ipc::{MappedIpc, open_ipc, will_need};
@@ -89,6 +90,41 @@ impl Segment {
                 })
             })
             .collect()
+    }
+    /// The stored frames of rows `[row, row + len)` of frame column `name`, zero-copy from the
+    /// map (decode them with [`crate::frames::FrameDecoder`], made from
+    /// [`crate::Snapshot::frame_column`]). The rows must lie inside one record batch, which
+    /// holds for any range inside one episode. A column that is not a frame column, or a range
+    /// outside the segment or across record batches, is [`Error::InvalidArgument`].
+    pub fn frames(&self, name: &str, row: u64, len: usize) -> Result<FrameRun<'_>> {
+        let end = row
+            .checked_add(len as u64)
+            .filter(|&e| e <= self.entry.rows);
+        if end.is_none() {
+            return Err(Error::argument(
+                "row",
+                format!(
+                    "rows {row}..+{len} outside segment {} of {} rows",
+                    self.entry.id, self.entry.rows
+                ),
+            ));
+        }
+        let (b, off) = self.locate(row);
+        let batch = &self.file.batches[b];
+        if off + len > batch.num_rows() {
+            return Err(Error::argument(
+                "len",
+                format!("rows {row}..+{len} span record batches"),
+            ));
+        }
+        let array = batch
+            .column_by_name(name)
+            .and_then(|a| a.as_binary_opt::<i64>())
+            .ok_or_else(|| Error::argument("name", format!("`{name}` is not a frame column")))?;
+        Ok(FrameRun::new(
+            &array.value_offsets()[off..off + len + 1],
+            array.value_data(),
+        ))
     }
     /// The episode table (one row per episode).
     pub fn episode_table(&self) -> &EpisodeTable {

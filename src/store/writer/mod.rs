@@ -1,5 +1,5 @@
 //! The single writer: appends whole episodes, rolls segments at episode boundaries, commits
-//! atomically, applies retention.
+//! atomically, applies retention. A frame column's encoding and dictionary are in `frames.rs`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,14 @@ use crate::store::episode::{ColumnBuf, EpisodeRows};
 pub use crate::store::episode::{EpisodeEnd, Step, Values};
 use crate::store::ipc::{IpcFileWriter, checksum_string};
 use crate::store::manifest::{self, Manifest, SegmentEntry};
+
+mod cleanup;
+mod frames;
+use cleanup::remove_leftovers;
+#[cfg(test)]
+use cleanup::segment_files;
+pub(crate) use cleanup::vacuum_locked;
+use frames::{FrameWriter, Held};
 
 /// Options of a [`DatasetWriter`]. Construct with `WriterOptions::default()` and the `with_*`
 /// methods; new options get defaults, so callers do not break.
@@ -122,6 +130,10 @@ pub struct DatasetWriter {
     open: Option<OpenSegment>,
     pending: Vec<RecordBatch>,
     pending_rows: u64,
+    /// Bytes of frame columns in `pending` (rows times the schema's row bytes count the rest).
+    pending_frame_bytes: u64,
+    /// The frame column's encoder and dictionary training, when the dataset has one.
+    frames: Option<FrameWriter>,
     next_episode_id: u64,
     next_segment_id: u64,
     next_row: u64,
@@ -161,60 +173,6 @@ pub struct VacuumReport {
     /// Versions older than the kept ones that stay for now: replaced less than the grace
     /// period ago.
     pub versions_in_grace: Vec<u64>,
-}
-
-/// Removes, under the writer lock the caller holds, the manifests of versions older than the
-/// newest `keep` that were replaced at least `grace` ago, then the segment files no remaining
-/// manifest uses. Files of uncommitted segments (`id >= next_segment_id`) are not touched. A
-/// manifest that cannot be read stops the file removal (its references are unknown).
-pub(crate) fn vacuum_locked(
-    root: &Path,
-    keep: usize,
-    grace: std::time::Duration,
-    next_segment_id: u64,
-) -> Result<VacuumReport> {
-    let versions = manifest::list_versions(root)?;
-    let cut = versions.len().saturating_sub(keep.max(1));
-    let now = manifest::now_ms();
-    // Saturating: a grace of u64::MAX ms or more means "never", not a wrapped few ms.
-    let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-    let mut report = VacuumReport::default();
-    for i in 0..cut {
-        // A version is replaced when the next one is created.
-        let replaced_at = manifest::read(root, versions[i + 1]).map(|m| m.created_unix_ms);
-        match replaced_at {
-            Ok(t) if now.saturating_sub(t) >= grace_ms => report.versions_removed.push(versions[i]),
-            _ => report.versions_in_grace.push(versions[i]),
-        }
-    }
-    let mut referenced = std::collections::HashSet::new();
-    for &v in versions
-        .iter()
-        .filter(|v| !report.versions_removed.contains(v))
-    {
-        match manifest::read(root, v) {
-            Ok(m) => referenced.extend(m.segments.iter().map(|s| s.id)),
-            Err(e) => return Err(e),
-        }
-    }
-    let dir = manifest::versions_dir(root);
-    for &v in &report.versions_removed {
-        let p = dir.join(format::manifest_name(v));
-        std::fs::remove_file(&p).at(&p)?;
-    }
-    for id in segment_files(root)? {
-        if !referenced.contains(&id) && id < next_segment_id {
-            for rel in [segment_path(id), episodes_path(id)] {
-                let p = root.join(rel);
-                if let Ok(md) = std::fs::metadata(&p) {
-                    report.bytes_removed += md.len();
-                    report.files_removed += 1;
-                }
-            }
-            remove_segment(root, id)?;
-        }
-    }
-    Ok(report)
 }
 
 /// Takes the writer lock of the dataset at `root`, waiting up to `wait` for another writer.
@@ -261,6 +219,16 @@ impl DatasetWriter {
         let base = manifest::read_latest(root)?;
         let schema = TransitionSchema::from_columns(&base.columns)?;
         remove_leftovers(root, base.next_segment_id)?;
+        let manifest_path = manifest::versions_dir(root).join(format::manifest_name(base.version));
+        let spec = schema.frame_spec();
+        let keep: Vec<_> = spec
+            .and_then(|s| s.dictionary.as_ref())
+            .into_iter()
+            .collect();
+        crate::store::dictionary::remove_unreferenced(root, &keep)?;
+        let frames = spec
+            .map(|s| FrameWriter::open(root, &manifest_path, s))
+            .transpose()?;
         Ok(Self {
             root: root.to_path_buf(),
             _lock: lock,
@@ -274,6 +242,8 @@ impl DatasetWriter {
             open: None,
             pending: vec![],
             pending_rows: 0,
+            pending_frame_bytes: 0,
+            frames,
             step: None,
             step_rows: 0,
             replace: false,
@@ -300,7 +270,7 @@ impl DatasetWriter {
 
     /// Id the next appended episode gets.
     pub fn next_episode_id(&self) -> u64 {
-        self.next_episode_id
+        self.next_episode_id + self.frames.as_ref().map_or(0, |f| f.held.len() as u64)
     }
 
     /// Appends one whole episode. `batch` holds the payload columns (observation, action, reward,
@@ -330,28 +300,13 @@ impl DatasetWriter {
                 "an episode must end terminated or truncated (use truncated for time limits and the end of data)",
             ));
         }
-        let payload = self.schema.payload_schema().clone();
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(6 + payload.fields().len());
-        let id = self.next_episode_id;
-        columns.push(Arc::new(UInt64Array::from_value(id, n)));
-        columns.push(Arc::new(UInt32Array::from_iter_values(0..n as u32)));
-        columns.push(Arc::new(BooleanArray::from_iter(
-            (0..n).map(|i| Some(i == 0)),
-        )));
-        columns.push(Arc::new(BooleanArray::from_iter(
-            (0..n).map(|i| Some(i + 1 == n)),
-        )));
-        columns.push(Arc::new(BooleanArray::from_iter(
-            (0..n).map(|i| Some(end.terminated && i + 1 == n)),
-        )));
-        columns.push(Arc::new(BooleanArray::from_iter(
-            (0..n).map(|i| Some(end.truncated && i + 1 == n)),
-        )));
+        let payload = self.schema.input_schema().clone();
+        let mut input: Vec<ArrayRef> = Vec::with_capacity(payload.fields().len());
         for field in payload.fields() {
             let array = batch.column_by_name(field.name()).ok_or_else(|| {
                 Error::schema(field.name(), "the episode batch has no such column")
             })?;
-            columns.push(conform(field, array)?);
+            input.push(conform(field, array)?);
         }
         if batch.num_columns() != payload.fields().len() {
             let extra: Vec<_> = batch
@@ -372,27 +327,91 @@ impl DatasetWriter {
                 )),
             });
         }
-        let ret: f64 = columns[6 + 2]
-            .as_primitive::<Float32Type>()
-            .values()
-            .iter()
-            .map(|&r| r as f64)
-            .sum();
         let final_obs = match (self.schema.has_next_observation(), end.final_observation) {
             (false, Some(obs)) => {
-                let field = self.schema.observation_field();
                 if obs.len() != 1 {
                     return Err(Error::argument(
                         "final_observation",
                         format!("must have one row, got {}", obs.len()),
                     ));
                 }
-                Some(conform(&Arc::new(field.clone()), &obs)?)
+                Some(conform(
+                    payload.fields().first().expect("observation"),
+                    &obs,
+                )?)
             }
             _ => None,
         };
+        let held = Held {
+            columns: input,
+            terminated: end.terminated,
+            truncated: end.truncated,
+            final_frame: final_obs,
+        };
+        if let Some(f) = self.frames.as_mut().filter(|f| f.training()) {
+            let id = self.next_episode_id + f.held.len() as u64;
+            if f.hold(held) {
+                self.train_frames()?;
+            }
+            return Ok(id);
+        }
+        self.append_input(held)
+    }
+
+    /// Trains the frame column's dictionary on the held episodes, records it in the schema the
+    /// next commit publishes, and appends the held episodes.
+    fn train_frames(&mut self) -> Result<()> {
+        let Some(f) = self
+            .frames
+            .as_mut()
+            .filter(|f| f.training() && !f.held.is_empty())
+        else {
+            return Ok(());
+        };
+        let dictionary = f.train(&self.root)?;
+        let held = std::mem::take(&mut f.held);
+        self.schema = self.schema.with_frame_dictionary(dictionary)?;
+        self.base.columns = self.schema.to_columns();
+        for h in held {
+            self.append_input(h)?;
+        }
+        Ok(())
+    }
+
+    /// Appends an episode whose payload was checked against the input schema: encodes its
+    /// frames, adds the boundary columns.
+    fn append_input(&mut self, mut e: Held) -> Result<u64> {
+        if let Some(f) = self.frames.as_mut() {
+            e.columns[0] = f.encode(&e.columns[0])?;
+            e.final_frame = e.final_frame.map(|x| f.encode(&x)).transpose()?;
+        }
+        let n = e.columns[0].len();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(6 + e.columns.len());
+        let id = self.next_episode_id;
+        let (terminated, truncated) = (e.terminated, e.truncated);
+        columns.push(Arc::new(UInt64Array::from_value(id, n)));
+        columns.push(Arc::new(UInt32Array::from_iter_values(0..n as u32)));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(i == 0)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(i + 1 == n)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(terminated && i + 1 == n)),
+        )));
+        columns.push(Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| Some(truncated && i + 1 == n)),
+        )));
+        columns.extend(e.columns);
+        let ret: f64 = columns[6 + 2]
+            .as_primitive::<Float32Type>()
+            .values()
+            .iter()
+            .map(|&r| r as f64)
+            .sum();
         let full = RecordBatch::try_new(self.schema.arrow_schema().clone(), columns)?;
-        self.add(full, ret, end.terminated, end.truncated, final_obs)?;
+        self.add(full, ret, terminated, truncated, e.final_frame)?;
         Ok(id)
     }
 
@@ -406,15 +425,25 @@ impl DatasetWriter {
     ) -> Result<()> {
         let rows = batch.num_rows() as u64;
         let row_bytes = self.schema.row_bytes().max(1.0);
-        let bytes = |r: u64| (r as f64 * row_bytes) as u64;
+        let frame_bytes = frames::stored_bytes(&batch, 6);
+        let bytes = |r: u64, extra: u64| (r as f64 * row_bytes) as u64 + extra;
         // Roll the segment first if this episode would push it past its target.
         if let Some(open) = &self.open
-            && open.writer.bytes_written() + bytes(self.pending_rows + rows)
+            && open.writer.bytes_written()
+                + bytes(
+                    self.pending_rows + rows,
+                    self.pending_frame_bytes + frame_bytes,
+                )
                 > self.options.segment_bytes
         {
             self.finish_segment()?;
         }
-        if !self.pending.is_empty() && bytes(self.pending_rows + rows) > self.options.batch_bytes {
+        if !self.pending.is_empty()
+            && bytes(
+                self.pending_rows + rows,
+                self.pending_frame_bytes + frame_bytes,
+            ) > self.options.batch_bytes
+        {
             self.flush_pending()?;
         }
         if self.open.is_none() {
@@ -446,8 +475,9 @@ impl DatasetWriter {
         self.next_episode_id += 1;
         self.next_row += rows;
         self.pending_rows += rows;
+        self.pending_frame_bytes += frame_bytes;
         self.pending.push(batch);
-        if bytes(self.pending_rows) >= self.options.batch_bytes {
+        if bytes(self.pending_rows, self.pending_frame_bytes) >= self.options.batch_bytes {
             self.flush_pending()?;
         }
         Ok(())
@@ -463,6 +493,7 @@ impl DatasetWriter {
         };
         self.pending.clear();
         self.pending_rows = 0;
+        self.pending_frame_bytes = 0;
         self.open
             .as_mut()
             .expect("pending rows belong to an open segment")
@@ -520,7 +551,7 @@ impl DatasetWriter {
 
     /// Appends one transition to the episode in progress (for live collectors).
     pub fn append_step(&mut self, step: Step<'_>) -> Result<()> {
-        let payload = self.schema.payload_schema().clone();
+        let payload = self.schema.input_schema().clone();
         let bufs = self
             .step
             .get_or_insert_with(|| payload.fields().iter().map(ColumnBuf::new).collect());
@@ -575,7 +606,7 @@ impl DatasetWriter {
             .iter_mut()
             .map(|b| b.finish(rows))
             .collect::<Result<Vec<_>>>()?;
-        let batch = RecordBatch::try_new(self.schema.payload_schema().clone(), columns)?;
+        let batch = RecordBatch::try_new(self.schema.input_schema().clone(), columns)?;
         self.append_episode(&batch, end)
     }
 
@@ -585,6 +616,7 @@ impl DatasetWriter {
     /// intact. An episode in progress (step API) is not part of the commit. Returns the version
     /// (unchanged if there was nothing to commit).
     pub fn commit(&mut self) -> Result<u64> {
+        self.train_frames()?;
         self.finish_segment()?;
         let mut segments = if self.replace {
             vec![]
@@ -661,64 +693,6 @@ impl DatasetWriter {
     pub fn vacuum(&self, keep: usize, grace: std::time::Duration) -> Result<VacuumReport> {
         vacuum_locked(&self.root, keep, grace, self.next_segment_id)
     }
-}
-
-/// Ids of the segment files present in `segments/`.
-fn segment_files(root: &Path) -> Result<Vec<u64>> {
-    let dir = root.join(format::SEGMENTS_DIR);
-    let mut ids = vec![];
-    for entry in std::fs::read_dir(&dir).at(&dir)? {
-        let name = entry.at(&dir)?.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let stem = name
-            .strip_suffix(format::EPISODES_SUFFIX)
-            .or_else(|| name.strip_suffix(format::SEGMENT_SUFFIX));
-        if let Some(stem) = stem
-            && stem.len() == format::ID_DIGITS
-            && let Ok(id) = stem.parse()
-        {
-            ids.push(id);
-        }
-    }
-    ids.sort_unstable();
-    ids.dedup();
-    Ok(ids)
-}
-
-fn remove_segment(root: &Path, id: u64) -> Result<()> {
-    for rel in [segment_path(id), episodes_path(id)] {
-        let p = root.join(rel);
-        match std::fs::remove_file(&p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&p, e)),
-        }
-    }
-    Ok(())
-}
-
-/// Removes what a crashed writer left: temporary files and segments no commit published.
-fn remove_leftovers(root: &Path, next_segment_id: u64) -> Result<()> {
-    for dir in [
-        root.join(format::SEGMENTS_DIR),
-        manifest::versions_dir(root),
-    ] {
-        for entry in std::fs::read_dir(&dir).at(&dir)? {
-            let path = entry.at(&dir)?.path();
-            if path
-                .to_str()
-                .is_some_and(|p| p.ends_with(format::TMP_SUFFIX))
-            {
-                std::fs::remove_file(&path).at(&path)?;
-            }
-        }
-    }
-    for id in segment_files(root)? {
-        if id >= next_segment_id {
-            remove_segment(root, id)?;
-        }
-    }
-    Ok(())
 }
 
 /// Checks `array` against `field` (type, nulls) and rebuilds fixed-size lists with the field's
