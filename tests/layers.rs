@@ -31,6 +31,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
         "ingest/source",
         &[
             "npy",
+            "dqn",
             "zip",
             "array",
             "hdf5",

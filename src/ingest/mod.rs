@@ -59,6 +59,8 @@ use convert::*;
 use mapping::*;
 use source::*;
 
+pub use source::dqn::{DqnOptions, DqnReport, ingest_dqn, is_dqn};
+
 /// Name of the user column that keeps the input's episode id in episode-id mode.
 pub const SOURCE_EPISODE: &str = "source_episode";
 

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 pub(crate) mod array;
 pub(crate) mod arrow_ipc;
+pub(crate) mod dqn;
 pub(crate) mod hdf5;
 mod npy;
 pub(crate) mod parquet;
