@@ -61,7 +61,7 @@ impl<'a> Assembler<'a> {
         let batch = match self.pending.len() {
             0 => return Ok(()),
             1 => self.pending.pop().expect("one batch"),
-            _ => concat_batches(self.mapping.schema.payload_schema(), &self.pending)?,
+            _ => concat_batches(self.mapping.schema.input_schema(), &self.pending)?,
         };
         self.pending.clear();
         let end = EpisodeEnd {

@@ -513,7 +513,20 @@ impl Mapping {
             })?;
             fields.push(Field::new(name, dt, f.is_nullable()));
         }
-        let schema = TransitionSchema::from_payload(&Schema::new(fields))?;
+        let mut schema = TransitionSchema::from_payload(&Schema::new(fields))?;
+        if let Some(codec) = opts.frame_codec
+            && is_image(&schema)
+        {
+            let mut fields: Vec<Field> = schema
+                .payload_schema()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            let spec = crate::frames::FrameSpec::new(codec, schema.observation_shape())?;
+            fields[0] = crate::schema::frame_field(col::OBSERVATION, &spec, false)?;
+            schema = TransitionSchema::from_payload(&Schema::new(fields))?;
+        }
         Ok(Mapping {
             schema,
             projection,
@@ -643,6 +656,21 @@ impl Mapping {
         self.schema = existing.clone();
         Ok(())
     }
+}
+
+/// Whether the observations of `schema` are images that ingest stores as a frame column: `uint8`,
+/// `[H, W]` or channels-last `[H, W, C]` with `C <= 4`, `H` and `W` at least 8, and no stored
+/// `next_observation`.
+fn is_image(schema: &TransitionSchema) -> bool {
+    let uint8 = matches!(schema.observation_field().data_type(),
+        DataType::FixedSizeList(c, _) if c.data_type() == &DataType::UInt8);
+    let shape = schema.observation_shape();
+    let spatial = match shape {
+        [h, w] => *h >= 8 && *w >= 8,
+        [h, w, c] => *h >= 8 && *w >= 8 && *c <= 4,
+        _ => false,
+    };
+    uint8 && spatial && !schema.has_next_observation()
 }
 
 pub(crate) fn type_label(dt: &DataType) -> String {

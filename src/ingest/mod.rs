@@ -110,6 +110,10 @@ pub struct IngestOptions {
     pub drop_cols: Vec<String>,
     /// Rows per decoded record batch (default 64Ki).
     pub batch_rows: usize,
+    /// How image observations are stored: `uint8` observations of shape `[H, W]` or `[H, W, C]`
+    /// (`C <= 4`, `H, W >= 8`) become a frame column of this codec (default `zstd-dict`; see
+    /// [`crate::frames`]). `None` keeps them as a tensor column.
+    pub frame_codec: Option<crate::frames::FrameCodec>,
     /// Where to report progress (rows converted); nothing by default.
     pub progress: ProgressSink,
 }
@@ -129,6 +133,7 @@ impl Default for IngestOptions {
             next_observation_col: None,
             drop_cols: vec![],
             batch_rows: DEFAULT_BATCH_ROWS,
+            frame_codec: Some(crate::frames::FrameCodec::ZstdDict),
             progress: ProgressSink::default(),
         }
     }
@@ -198,6 +203,11 @@ impl IngestOptions {
     /// Sets [`IngestOptions::drop_cols`].
     pub fn with_drop_cols<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
         self.drop_cols = strings(names);
+        self
+    }
+    /// Sets [`IngestOptions::frame_codec`] (`None`: keep image observations as tensors).
+    pub fn with_frame_codec(mut self, codec: Option<crate::frames::FrameCodec>) -> Self {
+        self.frame_codec = codec;
         self
     }
     /// Sets [`IngestOptions::batch_rows`].

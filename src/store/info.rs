@@ -5,9 +5,86 @@ use std::fmt::Write;
 
 use serde_json::json;
 
-use super::Catalog;
+use super::{Catalog, Snapshot};
 use crate::format::{ep, human_bytes};
 use crate::stats::{Summary, render_histogram};
+
+/// What a frame column stores: its codec and shape, frames, and bytes stored against raw.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FrameStats {
+    /// The column.
+    pub column: String,
+    /// The codec's name.
+    pub codec: String,
+    /// The frame shape.
+    pub shape: Vec<usize>,
+    /// Frames stored (rows).
+    pub frames: u64,
+    /// Bytes of the stored frames (the values of the `LargeBinary` column; offsets not counted).
+    pub stored_bytes: u64,
+    /// Bytes of the dictionary file (0 without one).
+    pub dictionary_bytes: u64,
+    /// Stored bytes per frame.
+    pub bytes_per_frame: f64,
+    /// Raw bytes per frame over stored bytes per frame.
+    pub ratio: f64,
+}
+
+/// The [`FrameStats`] of each frame column of `snap`, from the columns' offsets (one read of
+/// the first and last offset of each record batch: no frame is read).
+pub fn frame_stats(snap: &Snapshot) -> Vec<FrameStats> {
+    use arrow::array::{Array, AsArray};
+    snap.frame_columns()
+        .iter()
+        .map(|c| {
+            let (mut frames, mut stored) = (0u64, 0u64);
+            for seg in snap.segments() {
+                for b in seg.batches() {
+                    if let Some(a) = b
+                        .column_by_name(&c.name)
+                        .and_then(|a| a.as_binary_opt::<i64>())
+                    {
+                        let o = a.value_offsets();
+                        frames += a.len() as u64;
+                        stored += (o[o.len() - 1] - o[0]).max(0) as u64;
+                    }
+                }
+            }
+            let per = stored as f64 / frames.max(1) as f64;
+            FrameStats {
+                column: c.name.clone(),
+                codec: c.spec.codec.to_string(),
+                shape: c.spec.shape.clone(),
+                frames,
+                stored_bytes: stored,
+                dictionary_bytes: c.dictionary.as_ref().map_or(0, |d| d.len() as u64),
+                bytes_per_frame: per,
+                ratio: c.spec.frame_len() as f64 / per.max(f64::MIN_POSITIVE),
+            }
+        })
+        .collect()
+}
+
+/// One line per frame column: codec, shape, bytes per frame and the ratio to raw.
+pub fn render_frame_stats(stats: &[FrameStats]) -> String {
+    let mut s = String::new();
+    for f in stats {
+        let raw: usize = f.shape.iter().product();
+        let _ = writeln!(
+            s,
+            "frames ({}): {} {:?} uint8, {} frames, {:.1} B per frame stored ({raw} B raw, {:.1}x), {} with a {} dictionary",
+            f.column,
+            f.codec,
+            f.shape,
+            f.frames,
+            f.bytes_per_frame,
+            f.ratio,
+            human_bytes(f.stored_bytes),
+            human_bytes(f.dictionary_bytes)
+        );
+    }
+    s
+}
 
 /// The most histogram bins `info` draws: each is a line of text, and a count per bin is
 /// allocated before any is drawn.

@@ -1,5 +1,6 @@
-//! Deep verification of a snapshot: checksums of every file and agreement of the per-row
-//! boundary columns with the episode tables. O(bytes), parallel over segments.
+//! Deep verification of a snapshot: checksums of every file, agreement of the per-row
+//! boundary columns with the episode tables, and every stored frame (and final frame) of a frame
+//! column decoding to its shape. O(bytes), parallel over segments.
 
 use arrow::array::{Array, AsArray, BooleanArray};
 use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
@@ -24,6 +25,8 @@ pub struct VerifyReport {
     pub episodes: u64,
     /// Bytes checksummed.
     pub bytes: u64,
+    /// Frames decoded (rows and final frames of frame columns).
+    pub frames: u64,
 }
 
 /// Checks every file's CRC-32C against the manifest and every transition's boundary columns
@@ -31,18 +34,58 @@ pub struct VerifyReport {
 /// return against its episode table. The first failure is [`Error::Corrupt`] naming the file.
 /// `on_segment` is called after each segment (for progress bars).
 pub fn verify(snap: &Snapshot, on_segment: impl Fn(u64) + Sync) -> Result<VerifyReport> {
-    snap.segments().par_iter().try_for_each(|seg| {
-        check_segment(snap, seg)?;
-        on_segment(seg.num_rows());
-        Ok::<_, Error>(())
-    })?;
+    let frames: u64 = snap
+        .segments()
+        .par_iter()
+        .map(|seg| {
+            check_segment(snap, seg)?;
+            let n = check_frames(snap, seg)?;
+            on_segment(seg.num_rows());
+            Ok::<_, Error>(n)
+        })
+        .try_reduce(|| 0, |a, b| Ok(a + b))?;
     Ok(VerifyReport {
         version: snap.version(),
         segments: snap.segments().len(),
         transitions: snap.num_transitions(),
         episodes: snap.num_episodes(),
         bytes: snap.bytes_on_disk(),
+        frames,
     })
+}
+
+/// Decodes every frame of every frame column of `seg` (rows and final frames); returns how many.
+/// A frame that does not decode to its shape is [`Error::Corrupt`] naming the file and row.
+fn check_frames(snap: &Snapshot, seg: &Segment) -> Result<u64> {
+    let e = seg.entry();
+    let (path, ep_path) = (
+        snap.path().join(&e.path),
+        snap.path().join(&e.episodes_path),
+    );
+    let mut n = 0;
+    for col in snap.frame_columns() {
+        let mut dec = col.decoder()?;
+        let mut buf = vec![0u8; dec.frame_len()];
+        let t = seg.episode_table();
+        for i in 0..t.len() {
+            let (start, len) = (t.row_starts()[i], t.lengths()[i]);
+            let run = seg.frames(&col.name, start, len as usize)?;
+            let bad = |r: String, e: Error| Error::corrupt(&path, format!("row {r}: {e}"));
+            for k in 0..run.len() {
+                let row = || (start + k as u64).to_string();
+                let f = run.frame(k).map_err(|e| bad(row(), e))?;
+                dec.decode_into(f, &mut buf).map_err(|e| bad(row(), e))?;
+            }
+            if let Some(f) = t.final_frame(i) {
+                dec.decode_into(f, &mut buf).map_err(|err| {
+                    Error::corrupt(&ep_path, format!("final frame of episode row {i}: {err}"))
+                })?;
+                n += 1;
+            }
+            n += run.len() as u64;
+        }
+    }
+    Ok(n)
 }
 
 fn check_segment(snap: &Snapshot, seg: &Segment) -> Result<()> {

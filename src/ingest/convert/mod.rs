@@ -258,7 +258,8 @@ pub(crate) fn convert(mapping: &Mapping, batch: &RecordBatch, base: u64) -> Resu
         }
         None => (None, None),
     };
-    let payload_schema = mapping.schema.payload_schema().clone();
+    // What the writer takes: a frame column as its raw uint8 tensor (the writer encodes it).
+    let payload_schema = mapping.schema.input_schema().clone();
     let mut columns = Vec::with_capacity(payload_schema.fields().len());
     for field in payload_schema.fields() {
         let array = match field.name().as_str() {

@@ -43,8 +43,17 @@ pub(crate) fn run(a: InfoArgs) -> Result<()> {
         None => open_catalog(&a.v.dataset, a.v.version)?,
     };
     let open_ms = start.elapsed().as_secs_f64() * 1e3;
+    // Frame columns: bytes per frame from the mapped segments' offsets (no frame is read).
+    let frames = match (&snapshot, snap.schema().frame_spec()) {
+        (Some(s), Some(_)) => frame_stats(s),
+        (None, Some(_)) => frame_stats(&open_snapshot(&a.v.dataset, a.v.version)?),
+        _ => vec![],
+    };
     if a.v.json {
         let mut v = info_json(&snap, &name);
+        if !frames.is_empty() {
+            v["frames"] = json!(frames);
+        }
         if snap.path() != Path::new(&name) {
             v["mirror"] = json!(snap.path());
         }
@@ -52,8 +61,9 @@ pub(crate) fn run(a: InfoArgs) -> Result<()> {
         emit(&format!("{}\n", serde_json::to_string_pretty(&v)?));
     } else {
         emit(&format!(
-            "{}opened in {open_ms:.1} ms\n",
-            render_info(&snap, &name, a.bins)
+            "{}{}opened in {open_ms:.1} ms\n",
+            render_info(&snap, &name, a.bins),
+            render_frame_stats(&frames)
         ));
     }
     Ok(())

@@ -16,6 +16,29 @@ enum IngestFormat {
     Torchrl,
     Hdf5,
     Arrow,
+    /// dopamine's DQN Replay layout (a `replay_logs/` directory of `$store$_*_ckpt.N.gz`).
+    Dqn,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CodecArg {
+    /// zstd with a 16 KiB dictionary trained on the first frames (about 85x smaller on Atari).
+    #[value(name = "zstd-dict")]
+    ZstdDict,
+    /// zstd, each frame alone.
+    Zstd,
+    /// The raw bytes.
+    None,
+}
+
+impl From<CodecArg> for trajstore::frames::FrameCodec {
+    fn from(c: CodecArg) -> Self {
+        match c {
+            CodecArg::ZstdDict => Self::ZstdDict,
+            CodecArg::Zstd => Self::Zstd,
+            CodecArg::None => Self::None,
+        }
+    }
 }
 
 impl From<IngestFormat> for trajstore::ingest::InputFormat {
@@ -26,6 +49,7 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
             IngestFormat::Torchrl => Self::TorchRl,
             IngestFormat::Hdf5 => Self::Hdf5,
             IngestFormat::Arrow => Self::Arrow,
+            IngestFormat::Dqn => unreachable!("DQN Replay is ingested by its own path"),
         }
     }
 }
@@ -34,7 +58,8 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
 pub(crate) struct IngestArgs {
     /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive or a directory
     /// of .npy files, a D4RL HDF5 file or Minari dataset directory, an Arrow IPC file (.arrow,
-    /// .feather), or a TorchRL replay buffer directory written by rb.dumps().
+    /// .feather), a TorchRL replay buffer directory written by rb.dumps(), or a DQN Replay
+    /// directory (dopamine's replay_logs/, or the run directory holding it).
     input: PathBuf,
     /// Input format (default: from the extension, else the file's first bytes).
     #[arg(long, value_enum)]
@@ -82,6 +107,21 @@ pub(crate) struct IngestArgs {
     /// have arrived (checked as record batches arrive).
     #[arg(long, value_name = "S")]
     commit_secs: Option<f64>,
+    /// How image observations are stored: uint8 [H, W] or [H, W, C] observations (and DQN
+    /// Replay frames) become a frame column, one compressed frame per step, never stacked and
+    /// never stored twice for next_observation.
+    #[arg(long, value_enum, default_value = "zstd-dict", value_name = "CODEC")]
+    frame_codec: CodecArg,
+    /// Keep uint8 image observations as a plain tensor column (no frame column).
+    #[arg(long)]
+    keep_tensor: bool,
+    /// DQN Replay: the agent's frame stack size; dopamine put stack_size - 1 zero transitions
+    /// before each episode, which are dropped (checked to be zero).
+    #[arg(long, default_value_t = 4, value_name = "K")]
+    stack_size: usize,
+    /// DQN Replay: ingest only these checkpoints (default: all, in order).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,..")]
+    checkpoints: Vec<u64>,
     #[command(flatten)]
     write: WriteArgs,
     /// Print a JSON summary instead of text.
@@ -103,6 +143,7 @@ impl From<&IngestArgs> for trajstore::ingest::IngestOptions {
         o.no_reward = a.no_reward;
         o.next_observation_col.clone_from(&a.next_observation_col);
         o.drop_cols.clone_from(&a.drop_cols);
+        o.frame_codec = (!a.keep_tensor).then(|| a.frame_codec.into());
         match crate::output::TerminalBar::on_terminal(!a.json) {
             Some(bar) => o.with_progress(bar),
             None => o,
@@ -113,6 +154,11 @@ impl From<&IngestArgs> for trajstore::ingest::IngestOptions {
 pub(crate) fn run(a: IngestArgs) -> Result<()> {
     use trajstore::ingest::{IngestOptions, InputFormat};
     let stdin = a.input.as_os_str() == "-";
+    let dqn = matches!(a.format, Some(IngestFormat::Dqn))
+        || (a.format.is_none() && !stdin && trajstore::ingest::is_dqn(&a.input));
+    if dqn {
+        return run_dqn(&a);
+    }
     let format = match a.format {
         Some(f) => f.into(),
         None if stdin => InputFormat::Arrow,
@@ -179,6 +225,42 @@ pub(crate) fn run(a: IngestArgs) -> Result<()> {
             HumanCount((report.rows as f64 / report.seconds.max(1e-9)) as u64),
             a.dataset.display(),
             report.version
+        );
+    }
+    Ok(())
+}
+
+fn run_dqn(a: &IngestArgs) -> Result<()> {
+    if a.keep_tensor {
+        bail!("--keep-tensor: DQN Replay frames are always stored as a frame column");
+    }
+    let mut o = trajstore::ingest::DqnOptions::default();
+    o.stack_size = a.stack_size;
+    o.frame_codec = a.frame_codec.into();
+    o.checkpoints = (!a.checkpoints.is_empty()).then(|| a.checkpoints.clone());
+    let r = trajstore::ingest::ingest_dqn(&a.input, &a.dataset, &o, a.write.options())?;
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::to_string(&json!({
+                "rows": r.rows, "episodes": r.episodes, "version": r.version, "seconds": r.seconds,
+                "checkpoints": r.checkpoints, "padding": r.padding, "skipped": r.skipped,
+                "overlap": r.overlap,
+            }))?
+        );
+    } else {
+        outln!(
+            "DQN Replay checkpoints {:?}: {} steps in {} episodes ({} padding entries dropped, \
+             {} skipped before an episode start, {} already read) in {:.2} s -> {} version {}",
+            r.checkpoints,
+            HumanCount(r.rows),
+            HumanCount(r.episodes),
+            HumanCount(r.padding),
+            HumanCount(r.skipped),
+            HumanCount(r.overlap),
+            r.seconds,
+            a.dataset.display(),
+            r.version
         );
     }
     Ok(())

@@ -28,12 +28,16 @@ pub(crate) fn run(a: VersionArgs) -> Result<()> {
         outln!("{v}");
     } else {
         outln!(
-            "ok: version {} — {} segments, {} transitions, {} episodes, {} checked in {:.2} s",
+            "ok: version {} — {} segments, {} transitions, {} episodes, {} checked{} in {:.2} s",
             report.version,
             report.segments,
             HumanCount(report.transitions),
             HumanCount(report.episodes),
             HumanBytes(report.bytes),
+            match report.frames {
+                0 => String::new(),
+                n => format!(", {} frames decoded", HumanCount(n)),
+            },
             secs
         );
     }
