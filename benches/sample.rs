@@ -10,9 +10,7 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use trajstore::synth::SynthSpec;
-use trajstore::{
-    BoundaryPolicy, Dataset, Gatherer, Sampler, SliceOptions, SliceSampler, WriterOptions,
-};
+use trajstore::{Dataset, Gatherer, SamplerSpec, WriterOptions};
 
 fn bench(c: &mut Criterion) {
     let (len, slices) = (64u32, 256usize);
@@ -29,9 +27,10 @@ fn bench(c: &mut Criterion) {
         spec.write(&mut w, None, |_| {}).unwrap();
         drop(w);
         let snap = ds.snapshot().unwrap();
-        let index = snap.slice_index(len, BoundaryPolicy::Strict).unwrap();
-        let sampler =
-            SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(len, slices)).unwrap();
+        let sampler = SamplerSpec::uniform(len, slices)
+            .build(&snap)
+            .unwrap()
+            .sampler;
         let gatherer =
             Arc::new(Gatherer::try_new(&snap, &["observation", "action", "reward"]).unwrap());
         let id = |what: &str| {

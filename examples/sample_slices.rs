@@ -3,12 +3,11 @@
 //!
 //! `cargo run --release --example sample_slices [DATASET]` (default: a temporary directory).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use trajstore::synth::SynthSpec;
 use trajstore::{
-    BoundaryPolicy, Dataset, Gatherer, Loader, LoaderOptions, SliceOptions, SliceSampler,
+    BatchSource, BoundaryPolicy, Dataset, Loader, LoaderOptions, LoaderSpec, SamplerSpec,
     WriterOptions,
 };
 
@@ -37,22 +36,17 @@ fn main() -> trajstore::Result<()> {
         snap.num_episodes()
     );
 
-    let index = snap.slice_index(32, BoundaryPolicy::Pad)?;
-    let sampler = SliceSampler::try_new(
-        index,
-        snap.episodes(),
-        &SliceOptions::new(32, 128)
-            .with_policy(BoundaryPolicy::Pad)
-            .with_seed(1),
-    )?;
-    let gatherer = Gatherer::try_new(
-        &snap,
-        &["observation", "action", "reward", "next_observation"],
-    )?;
+    // What the batches are: 128 slices of 32 steps, padded at episode ends, these columns.
+    let sampler = SamplerSpec::uniform(32, 128)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(1);
+    let columns = ["observation", "action", "reward", "next_observation"];
+    let source = BatchSource::open(LoaderSpec::single(snap, sampler, &columns))?;
+    // How they are loaded: two background workers, 500 batches.
     let opts = LoaderOptions::default()
         .with_workers(2)
         .with_max_batches(500);
-    let mut loader = Loader::try_new(Arc::new(sampler), Arc::new(gatherer), opts)?;
+    let mut loader = Loader::new(&source, opts)?;
 
     let start = Instant::now();
     let (mut batches, mut steps, mut reward_sum) = (0, 0, 0.0f64);

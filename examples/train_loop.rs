@@ -9,16 +9,13 @@
 //!
 //! Without a DATASET a 500K-transition synthetic one is written to a temporary directory.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 use trajstore::synth::SynthSpec;
 use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
-use trajstore::{
-    BoundaryPolicy, Dataset, Gatherer, LoaderOptions, SliceOptions, SliceSampler, WriterOptions,
-};
+use trajstore::{BatchSource, Dataset, LoaderOptions, LoaderSpec, SamplerSpec, WriterOptions};
 
 fn main() -> trajstore::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,13 +46,13 @@ fn main() -> trajstore::Result<()> {
     let snap = ds.snapshot()?;
 
     let (slices, len) = (256, 16);
-    let index = snap.slice_index(len, BoundaryPolicy::Strict)?;
-    let sampler = SliceSampler::try_new(
-        index,
-        snap.episodes(),
-        &SliceOptions::new(len, slices).with_seed(1),
-    )?;
-    let gatherer = Gatherer::try_new(&snap, &["observation", "action"])?;
+    let sampler = SamplerSpec::uniform(len, slices).with_seed(1);
+    let source = BatchSource::open(LoaderSpec::single(
+        snap,
+        sampler,
+        &["observation", "action"],
+    ))?;
+    let (_, gatherer) = source.at(0).expect("a local dataset");
     let obs_dim = gatherer
         .columns()
         .next()
@@ -73,7 +70,7 @@ fn main() -> trajstore::Result<()> {
     if resident {
         opts = opts.with_resident(8 << 30);
     }
-    let mut loader = TorchLoader::try_new(Arc::new(sampler), Arc::new(gatherer), opts)?;
+    let mut loader = TorchLoader::new(&source, opts)?;
 
     let vs = nn::VarStore::new(device);
     let root = vs.root();

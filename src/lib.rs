@@ -86,11 +86,13 @@ pub use loader::{
     BatchSource, Follow, FollowStats, Loader, LoaderOptions, LoaderSpec, LoaderState, PartSpec,
     Recycler, StagedBatch, StagedLoader, StagingSlot,
 };
+#[cfg(feature = "remote")]
+pub use loader::{StreamLoader, StreamStats};
 pub use open::{DatasetBuilder, open};
 pub use progress::{Progress, ProgressSink};
 pub use sample::{
     BuiltSampler, EpisodeSampler, EpochSampler, MixSampler, PrioritizedSampler, Sampler,
-    SamplerKind, SamplerSpec, SliceOptions, SliceSampler, Weighting, mix_counts,
+    SamplerKind, SamplerSpec, SliceSampler, Weighting, mix_counts,
 };
 pub use schema::{ActionKind, TransitionSchema};
 pub use store::{

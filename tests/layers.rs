@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// Bottom to top. A module may use those before it; `fault` (crash points) and `guard` (quiet panic catching) may be used by all.
 const ORDER: &[&str] = &[
     "error", "units", "progress", "iofloor", "format", "frames", "schema", "stats", "index",
-    "store", "synth", "ingest", "sample", "gather", "loader", "torch", "remote", "open", "sql",
+    "store", "remote", "open", "synth", "ingest", "sample", "gather", "loader", "torch", "sql",
 ];
 const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 
@@ -40,12 +40,15 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "arrow_ipc",
         ],
     ),
-    ("loader", &["spec", "state", "feed", "pipeline", "staged"]),
+    (
+        "loader",
+        &["state", "spec", "feed", "pipeline", "staged", "stream"],
+    ),
+    ("loader/stream", &["schedule", "cache"]),
     ("remote", &["mirror", "push", "pull", "stream"]),
-    ("remote/stream", &["schedule", "cache"]),
     (
         "sample",
-        &["slice", "episode", "epoch", "prioritized", "mix", "spec"],
+        &["spec", "slice", "episode", "epoch", "prioritized", "mix"],
     ),
     (
         "sql",

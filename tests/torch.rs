@@ -15,8 +15,8 @@ use trajstore::torch::{
     FloatCast, TensorBatch, TorchLoader, TorchLoaderOptions, parse_device, resident_bytes,
 };
 use trajstore::{
-    Batch, BoundaryPolicy, Error, Gatherer, LoaderOptions, Sampler, SliceOptions, SliceSampler,
-    Snapshot,
+    Batch, BatchSource, BoundaryPolicy, Error, Gatherer, LoaderOptions, LoaderSpec, Sampler,
+    SamplerKind, SamplerSpec, SliceSampler, Snapshot,
 };
 
 fn dataset(dir: &std::path::Path, discrete: bool) -> Snapshot {
@@ -41,11 +41,17 @@ const COLUMNS: [&str; 5] = [
     "step",
 ];
 
+/// The loaders' sampler: 24 slices of 16 steps.
+fn uniform(policy: BoundaryPolicy, seed: u64) -> SamplerSpec {
+    SamplerSpec::uniform(16, 24)
+        .with_policy(policy)
+        .with_seed(seed)
+}
+
+/// [`uniform`] built by hand over the slice index: the plans the loaders' batches must equal.
 fn sampler(snap: &Snapshot, policy: BoundaryPolicy, seed: u64) -> Arc<SliceSampler> {
     let index = snap.slice_index(16, policy).unwrap();
-    let opts = SliceOptions::new(16, 24)
-        .with_policy(policy)
-        .with_seed(seed);
+    let opts = uniform(policy, seed);
     Arc::new(SliceSampler::try_new(index, snap.episodes(), &opts).unwrap())
 }
 
@@ -115,14 +121,13 @@ fn gathered(snap: &Snapshot, s: &dyn Sampler, cols: &[&str], k: u64) -> Batch {
     b
 }
 
-fn loader(
-    snap: &Snapshot,
-    s: Arc<SliceSampler>,
-    cols: &[&str],
-    opts: TorchLoaderOptions,
-) -> TorchLoader {
-    let g = Arc::new(Gatherer::try_new(snap, cols).unwrap());
-    TorchLoader::try_new(s, g, opts).unwrap()
+/// The source of `cols` of `snap` sampled by `s`.
+fn source(snap: &Snapshot, s: SamplerSpec, cols: &[&str]) -> BatchSource {
+    BatchSource::open(LoaderSpec::single(snap.clone(), s, cols)).unwrap()
+}
+
+fn loader(snap: &Snapshot, s: SamplerSpec, cols: &[&str], opts: TorchLoaderOptions) -> TorchLoader {
+    TorchLoader::new(&source(snap, s, cols), opts).unwrap()
 }
 
 fn cpu(workers: usize, batches: u64) -> TorchLoaderOptions {
@@ -140,7 +145,7 @@ fn cpu_tensors_equal_the_arrow_data_with_dtypes_preserved() {
         let snap = dataset(dir.path(), discrete);
         for policy in [BoundaryPolicy::Strict, BoundaryPolicy::Pad] {
             let s = sampler(&snap, policy, 3);
-            let mut l = loader(&snap, s.clone(), &COLUMNS, cpu(2, 6));
+            let mut l = loader(&snap, uniform(policy, 3), &COLUMNS, cpu(2, 6));
             let mut k = 0;
             while let Some(t) = l.next_batch() {
                 let t = t.unwrap();
@@ -154,7 +159,7 @@ fn cpu_tensors_equal_the_arrow_data_with_dtypes_preserved() {
         // Integer actions stay integer (never one-hot, never float).
         let mut l = loader(
             &snap,
-            sampler(&snap, BoundaryPolicy::Strict, 1),
+            uniform(BoundaryPolicy::Strict, 1),
             &["action"],
             cpu(1, 1),
         );
@@ -169,23 +174,31 @@ fn same_seed_same_tensors_whatever_the_workers() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
     let run = |workers: usize| -> Vec<Vec<u8>> {
-        let s = sampler(&snap, BoundaryPolicy::Pad, 9);
-        loader(&snap, s, &COLUMNS, cpu(workers, 10))
-            .map(|t| {
-                let t = t.unwrap();
-                t.tensors().flat_map(|(_, x)| bytes(x)).collect()
-            })
-            .collect()
+        loader(
+            &snap,
+            uniform(BoundaryPolicy::Pad, 9),
+            &COLUMNS,
+            cpu(workers, 10),
+        )
+        .map(|t| {
+            let t = t.unwrap();
+            t.tensors().flat_map(|(_, x)| bytes(x)).collect()
+        })
+        .collect()
     };
     let one = run(1);
     assert_eq!(one.len(), 10);
     assert_eq!(one, run(3));
     // A different seed is a different stream.
     let other: Vec<Vec<u8>> = {
-        let s = sampler(&snap, BoundaryPolicy::Pad, 10);
-        loader(&snap, s, &COLUMNS, cpu(1, 10))
-            .map(|t| t.unwrap().tensors().flat_map(|(_, x)| bytes(x)).collect())
-            .collect()
+        loader(
+            &snap,
+            uniform(BoundaryPolicy::Pad, 10),
+            &COLUMNS,
+            cpu(1, 10),
+        )
+        .map(|t| t.unwrap().tensors().flat_map(|(_, x)| bytes(x)).collect())
+        .collect()
     };
     assert_ne!(one, other);
 }
@@ -196,12 +209,15 @@ fn ranks_draw_disjoint_batches() {
     let snap = dataset(dir.path(), false);
     let s = sampler(&snap, BoundaryPolicy::Strict, 5);
     for rank in 0..2u64 {
-        let opts = TorchLoaderOptions::new(Device::Cpu).with_loader(
-            LoaderOptions::default()
-                .with_rank(rank, 2)
-                .with_max_batches(3),
-        );
-        let mut l = loader(&snap, s.clone(), &["observation"], opts);
+        let opts = TorchLoaderOptions::new(Device::Cpu)
+            .with_loader(LoaderOptions::default().with_max_batches(3));
+        let spec = LoaderSpec::single(
+            snap.clone(),
+            uniform(BoundaryPolicy::Strict, 5),
+            &["observation"],
+        )
+        .with_rank(rank, 2);
+        let mut l = TorchLoader::new(&BatchSource::open(spec).unwrap(), opts).unwrap();
         for k in 0..3u64 {
             let t = l.next_batch().unwrap().unwrap();
             let b = gathered(&snap, s.as_ref(), &["observation"], k * 2 + rank);
@@ -221,7 +237,12 @@ fn recycled_tensors_are_gathered_into_again() {
             .with_prefetch(1)
             .with_max_batches(40),
     );
-    let mut l = loader(&snap, s.clone(), &["observation"], opts);
+    let mut l = loader(
+        &snap,
+        uniform(BoundaryPolicy::Strict, 2),
+        &["observation"],
+        opts,
+    );
     let mut seen = std::collections::HashSet::new();
     let mut k = 0;
     while let Some(t) = l.next_batch() {
@@ -258,7 +279,8 @@ fn transforms_and_casts_apply() {
             Ok(())
         })
         .with_cast(FloatCast::BFloat16);
-    let mut l = loader(&snap, s.clone(), &["observation", "action", "reward"], opts);
+    let cols = ["observation", "action", "reward"];
+    let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 4), &cols, opts);
     for k in 0..3 {
         let t = l.next_batch().unwrap().unwrap();
         let b = gathered(&snap, s.as_ref(), &["observation", "action", "reward"], k);
@@ -288,10 +310,10 @@ fn transforms_and_casts_apply() {
 fn a_failing_transform_is_an_error_at_its_batch() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
-    let s = sampler(&snap, BoundaryPolicy::Strict, 4);
     let opts = cpu(1, 2).with_transform(|_b: &mut TensorBatch| {
         Err(Error::invalid_argument("transform refused the batch"))
     });
+    let s = uniform(BoundaryPolicy::Strict, 4);
     let mut l = loader(&snap, s, &["observation"], opts);
     let e = l.next_batch().unwrap().unwrap_err();
     assert!(e.to_string().contains("transform refused"), "{e}");
@@ -311,7 +333,7 @@ fn resident_sampling_equals_streaming() {
             let g = Gatherer::try_new(&snap, &COLUMNS).unwrap();
             let need = resident_bytes(&g, FloatCast::None).unwrap();
             let opts = cpu(1, 5).with_resident(need);
-            let mut l = loader(&snap, s.clone(), &COLUMNS, opts);
+            let mut l = loader(&snap, uniform(policy, 8), &COLUMNS, opts);
             assert!(l.is_resident());
             for k in 0..5 {
                 let t = l.next_batch().unwrap().unwrap();
@@ -333,8 +355,12 @@ fn resident_budget_too_small_is_a_clear_error() {
     let rows = snap.num_transitions() + snap.num_episodes();
     assert_eq!(need, rows * 5 * 4);
     assert_eq!(resident_bytes(&g, FloatCast::Half).unwrap(), rows * 5 * 2);
-    let s = sampler(&snap, BoundaryPolicy::Strict, 1);
-    let e = TorchLoader::try_new(s, g, cpu(1, 1).with_resident(need - 1)).unwrap_err();
+    let s = source(
+        &snap,
+        uniform(BoundaryPolicy::Strict, 1),
+        &["observation", "next_observation"],
+    );
+    let e = TorchLoader::new(&s, cpu(1, 1).with_resident(need - 1)).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(e.to_string().contains("budget"), "{e}");
 }
@@ -343,11 +369,13 @@ fn resident_budget_too_small_is_a_clear_error() {
 fn dropping_a_loader_mid_stream_stops_its_workers() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
-    let s = sampler(&snap, BoundaryPolicy::Strict, 4);
-    let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
+    let source = source(&snap, uniform(BoundaryPolicy::Strict, 4), &COLUMNS);
+    // The source's gatherer, which the source and the loader's workers hold.
+    let (_, g) = source.at(0).unwrap();
     let opts = TorchLoaderOptions::new(Device::Cpu)
         .with_loader(LoaderOptions::default().with_workers(3).with_prefetch(2));
-    let mut l = TorchLoader::try_new(s, g.clone(), opts).unwrap(); // endless
+    let mut l = TorchLoader::new(&source, opts).unwrap(); // endless
+    drop(source);
     let _ = l.next_batch().unwrap().unwrap();
     assert!(Arc::strong_count(&g) > 1, "workers hold the gatherer");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -357,7 +385,8 @@ fn dropping_a_loader_mid_stream_stops_its_workers() {
     });
     rx.recv_timeout(std::time::Duration::from_secs(60))
         .expect("dropping the loader returns (workers blocked on a full queue are woken)");
-    // Every worker (each holding a clone of the gatherer) has finished and been joined.
+    // Every worker (each holding the source's feed, and so its gatherer) has finished and been
+    // joined: the source is gone too, and only this test holds the gatherer.
     assert_eq!(Arc::strong_count(&g), 1);
 }
 
@@ -374,9 +403,8 @@ fn bad_devices_are_clear_errors() {
         assert!(e.to_string().contains("no CUDA device"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let snap = dataset(dir.path(), false);
-        let s = sampler(&snap, BoundaryPolicy::Strict, 4);
-        let g = Arc::new(Gatherer::try_new(&snap, &["observation"]).unwrap());
-        let e = TorchLoader::try_new(s, g, TorchLoaderOptions::new(Device::Cuda(0))).unwrap_err();
+        let s = source(&snap, uniform(BoundaryPolicy::Strict, 4), &["observation"]);
+        let e = TorchLoader::new(&s, TorchLoaderOptions::new(Device::Cuda(0))).unwrap_err();
         assert!(e.to_string().contains("no CUDA device"), "{e}");
     } else {
         let n = trajstore::torch::cuda_device_count();
@@ -412,7 +440,7 @@ fn cuda_batches_equal_the_arrow_data() {
                 .with_max_batches(20),
         )
         .with_staging_slots(2);
-    let mut l = loader(&snap, s.clone(), &COLUMNS, opts);
+    let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 6), &COLUMNS, opts);
     let mut k = 0;
     while let Some(t) = l.next_batch() {
         let t = t.unwrap();
@@ -435,7 +463,7 @@ fn cuda_resident_equals_streaming() {
     let opts = TorchLoaderOptions::new(dev)
         .with_loader(LoaderOptions::default().with_max_batches(5))
         .with_resident(1 << 30);
-    let mut l = loader(&snap, s.clone(), &COLUMNS, opts);
+    let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 6), &COLUMNS, opts);
     for k in 0..5 {
         let t = l.next_batch().unwrap().unwrap();
         assert_eq!(t.mask.device(), dev);
@@ -449,7 +477,7 @@ fn pinned_memory_survives_a_transform() {
     let Some(_) = cuda() else { return };
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
-    let s = sampler(&snap, BoundaryPolicy::Strict, 6);
+    let s = uniform(BoundaryPolicy::Strict, 6);
     // A transform that replaces a column with a new (pageable) tensor, as TorchRL's transforms do.
     let opts = cpu(2, 4)
         .with_pinned_output(true)
@@ -476,7 +504,7 @@ fn loaders_and_batches_move_between_threads() {
     // A loader started on one thread and consumed on another.
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
-    let s = sampler(&snap, BoundaryPolicy::Strict, 4);
+    let s = uniform(BoundaryPolicy::Strict, 4);
     let mut l = loader(&snap, s, &["reward"], cpu(2, 3));
     let n = std::thread::spawn(move || {
         let mut n = 0;
@@ -504,18 +532,20 @@ fn a_short_last_batch_of_an_epoch_is_padded() {
     assert!(n > 0, "the fixture must leave a short last batch");
     let s: Arc<dyn Sampler> =
         Arc::new(trajstore::EpochSampler::windows(index, b, 3, false).unwrap());
+    // The same sampler, as the loaders' spec.
+    let epoch = SamplerSpec::new(SamplerKind::Epoch, 16, b)
+        .with_seed(3)
+        .with_drop_last(false);
     let per = s.batches_per_epoch().unwrap();
     let cols = ["observation", "action", "reward", "next_observation"];
     let want = gathered(&snap, s.as_ref(), &cols, per - 1);
     assert_eq!(want.num_slices, n);
     for resident in [false, true] {
-        let g = Arc::new(Gatherer::try_new(&snap, &cols).unwrap());
         let mut opts = TorchLoaderOptions::new(Device::Cpu);
         if resident {
             opts = opts.with_resident(1 << 30);
         }
-        let batches: Vec<TensorBatch> = TorchLoader::try_new(s.clone(), g, opts)
-            .unwrap()
+        let batches: Vec<TensorBatch> = loader(&snap, epoch.clone(), &cols, opts)
             .map(|t| t.unwrap())
             .collect();
         assert_eq!(batches.len() as u64, per, "one epoch");
@@ -584,11 +614,9 @@ fn cuda_staging_ring_never_overwrites_a_batch_in_flight() {
         .mean_episode_len(300.0)
         .seed(5)
         .snapshot(&dir.path().join("d"));
-    let index = snap.slice_index(32, BoundaryPolicy::Pad).unwrap();
-    let opts = SliceOptions::new(32, 64)
+    let s = SamplerSpec::uniform(32, 64)
         .with_policy(BoundaryPolicy::Pad)
         .with_seed(21);
-    let s = Arc::new(SliceSampler::try_new(index, snap.episodes(), &opts).unwrap());
     let batches = 3000u64;
     let cols = ["observation", "action", "reward", "next_observation"];
     // Reference: the same plan on the CPU.
@@ -657,7 +685,12 @@ fn cuda_staging_slots_are_pinned_when_the_transform_runs() {
             b.insert("observation", x);
             Ok(())
         });
-    let mut l = loader(&snap, s.clone(), &["observation", "reward"], opts);
+    let mut l = loader(
+        &snap,
+        uniform(BoundaryPolicy::Strict, 3),
+        &["observation", "reward"],
+        opts,
+    );
     let mut k = 0;
     while let Some(t) = l.next_batch() {
         let t = t.unwrap();
@@ -701,7 +734,7 @@ fn libtorch_cuda_is_loaded_on_first_use() {
 /// A torch loader from a [`trajstore::BatchSource`]: a resumed mix of two datasets gives the
 /// batches the CPU loader gives after the same state, on `device`.
 fn source_resumes_a_mix(device: Device) {
-    use trajstore::{BatchSource, Loader, LoaderSpec, SamplerKind, SamplerSpec};
+    use trajstore::Loader;
     let dir = tempfile::tempdir().unwrap();
     let a = dataset(dir.path(), false);
     let b = TestData::new()
@@ -714,7 +747,11 @@ fn source_resumes_a_mix(device: Device) {
     let spec = LoaderSpec::new(&COLUMNS)
         .part(a, uniform(1), 0.75)
         .part(b, uniform(2), 0.25);
-    let mut cpu_loader = Loader::open(spec.clone(), LoaderOptions::default()).unwrap();
+    let mut cpu_loader = Loader::new(
+        &BatchSource::open(spec.clone()).unwrap(),
+        LoaderOptions::default(),
+    )
+    .unwrap();
     for _ in 0..7 {
         cpu_loader.next_batch().unwrap();
     }
@@ -726,11 +763,10 @@ fn source_resumes_a_mix(device: Device) {
     );
     let lo = LoaderOptions::default()
         .with_workers(3)
-        .with_resume(state)
         .with_max_batches(12);
-    let source = BatchSource::open(spec, &lo).unwrap();
+    let source = BatchSource::open(spec.with_resume(state)).unwrap();
     let opts = TorchLoaderOptions::new(device).with_loader(lo);
-    let got: Vec<TensorBatch> = TorchLoader::from_source(&source, opts)
+    let got: Vec<TensorBatch> = TorchLoader::new(&source, opts)
         .unwrap()
         .map(|b| b.unwrap())
         .collect();

@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::TestData;
 use tch::Device;
 use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
-use trajstore::{BoundaryPolicy, Gatherer, LoaderOptions, SliceOptions, SliceSampler};
+use trajstore::{BatchSource, BoundaryPolicy, LoaderOptions, LoaderSpec, SamplerSpec};
 
 #[test]
 fn a_cpu_run_never_loads_the_cuda_driver() {
@@ -23,18 +21,10 @@ fn a_cpu_run_never_loads_the_cuda_driver() {
         .mean_episode_len(50.0)
         .snapshot(&dir.path().join("d"));
     let device = parse_device("cpu").unwrap();
-    let index = snap.slice_index(8, BoundaryPolicy::Pad).unwrap();
-    let sampler = Arc::new(
-        SliceSampler::try_new(
-            index,
-            snap.episodes(),
-            &SliceOptions::new(8, 32).with_policy(BoundaryPolicy::Pad),
-        )
-        .unwrap(),
-    );
+    let sampler = SamplerSpec::uniform(8, 32).with_policy(BoundaryPolicy::Pad);
     let cols = ["observation", "action", "reward", "next_observation"];
+    let source = BatchSource::open(LoaderSpec::single(snap, sampler, &cols)).unwrap();
     for resident in [false, true] {
-        let g = Arc::new(Gatherer::try_new(&snap, &cols).unwrap());
         let mut opts = TorchLoaderOptions::new(device).with_loader(
             LoaderOptions::default()
                 .with_workers(2)
@@ -44,7 +34,7 @@ fn a_cpu_run_never_loads_the_cuda_driver() {
             opts = opts.with_resident(1 << 30);
         }
         let mut n = 0;
-        for t in TorchLoader::try_new(sampler.clone(), g, opts).unwrap() {
+        for t in TorchLoader::new(&source, opts).unwrap() {
             assert_eq!(t.unwrap().device(), Device::Cpu);
             n += 1;
         }

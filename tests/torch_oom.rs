@@ -5,12 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::TestData;
 use tch::{Device, Kind, Tensor};
 use trajstore::torch::{FloatCast, TorchLoader, TorchLoaderOptions, resident_bytes};
-use trajstore::{BoundaryPolicy, Gatherer, LoaderOptions, SliceOptions, SliceSampler};
+use trajstore::{BatchSource, BoundaryPolicy, Gatherer, LoaderOptions, LoaderSpec, SamplerSpec};
 
 #[test]
 fn cuda_resident_beyond_free_device_memory_is_an_error_not_a_crash() {
@@ -29,27 +27,20 @@ fn cuda_resident_beyond_free_device_memory_is_an_error_not_a_crash() {
         .mean_episode_len(200.0)
         .snapshot(&dir.path().join("d"));
     let cols = ["observation", "reward"];
-    let g = Arc::new(Gatherer::try_new(&snap, &cols).unwrap());
+    let g = Gatherer::try_new(&snap, &cols).unwrap();
     let need = resident_bytes(&g, FloatCast::None).unwrap();
     assert!(
         need > 64 << 20,
         "the dataset must outgrow the memory left: {need}"
     );
-    let index = snap.slice_index(16, BoundaryPolicy::Pad).unwrap();
-    let s = Arc::new(
-        SliceSampler::try_new(
-            index,
-            snap.episodes(),
-            &SliceOptions::new(16, 24).with_policy(BoundaryPolicy::Pad),
-        )
-        .unwrap(),
-    );
+    let sampler = SamplerSpec::uniform(16, 24).with_policy(BoundaryPolicy::Pad);
+    let s = BatchSource::open(LoaderSpec::single(snap.clone(), sampler, &cols)).unwrap();
     let opts = TorchLoaderOptions::new(dev)
         .with_loader(LoaderOptions::default().with_max_batches(2))
         .with_resident(u64::MAX);
     // Once with the memory free: libtorch loads the kernels it needs (CUDA loads modules
     // lazily, into device memory), so that the retry below measures the loader, not that.
-    let mut l = TorchLoader::try_new(s.clone(), g.clone(), opts.clone()).unwrap();
+    let mut l = TorchLoader::new(&s, opts.clone()).unwrap();
     assert!(l.next_batch().unwrap().is_ok());
     drop(l);
     // Take the device's memory until less than 64 MiB is left.
@@ -60,7 +51,7 @@ fn cuda_resident_beyond_free_device_memory_is_an_error_not_a_crash() {
         }
     }
     assert!(!hog.is_empty());
-    let e = match TorchLoader::try_new(s.clone(), g.clone(), opts.clone()) {
+    let e = match TorchLoader::new(&s, opts.clone()) {
         Ok(_) => panic!("a resident upload of {need} bytes fit in less than 64 MiB"),
         Err(e) => e,
     };
@@ -70,6 +61,6 @@ fn cuda_resident_beyond_free_device_memory_is_an_error_not_a_crash() {
     assert!(msg.lines().count() <= 3, "a short error, not a dump: {msg}");
     // The process is fine: with the memory back, the same loader uploads and samples.
     drop(hog);
-    let mut l = TorchLoader::try_new(s, g, opts).unwrap();
+    let mut l = TorchLoader::new(&s, opts).unwrap();
     assert!(l.next_batch().unwrap().is_ok());
 }

@@ -1,4 +1,4 @@
-//! `Dataset`: one version of a dataset (local or in object storage), memory-mapped.
+//! `Snapshot`: one version of a dataset (local or in object storage), memory-mapped.
 
 use std::sync::Mutex;
 
@@ -22,7 +22,7 @@ pub fn open(
     uri: String,
     version: Option<u64>,
     cache_dir: Option<std::path::PathBuf>,
-) -> PyResult<Dataset> {
+) -> PyResult<PySnapshot> {
     let snap = py
         .detach(|| {
             let mut b = DatasetBuilder::from_uri(&uri);
@@ -35,7 +35,7 @@ pub fn open(
             b.load()
         })
         .py()?;
-    Ok(Dataset {
+    Ok(PySnapshot {
         uri,
         snap: Mutex::new(snap),
     })
@@ -73,14 +73,14 @@ pub fn sql_memory_limit() -> PyResult<(u64, String)> {
     Ok((n, from.to_string()))
 }
 
-/// One version of a dataset, memory-mapped (see `trajstore.Dataset`).
-#[pyclass(frozen, module = "trajstore._native")]
-pub struct Dataset {
+/// One version of a dataset, memory-mapped (see `trajstore.Snapshot`).
+#[pyclass(frozen, name = "Snapshot", module = "trajstore._native")]
+pub struct PySnapshot {
     uri: String,
     snap: Mutex<Snapshot>,
 }
 
-impl Dataset {
+impl PySnapshot {
     /// The current snapshot (cheap: reference-counted maps and indexes).
     pub(crate) fn snapshot(&self) -> Snapshot {
         self.snap.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -88,7 +88,7 @@ impl Dataset {
 }
 
 #[pymethods]
-impl Dataset {
+impl PySnapshot {
     /// The URI it was opened from.
     #[getter]
     fn uri(&self) -> &str {

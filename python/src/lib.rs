@@ -20,7 +20,7 @@ mod writer;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_BATCH_NUMBER", trajstore::loader::MAX_BATCH_NUMBER)?;
-    m.add_class::<dataset::Dataset>()?;
+    m.add_class::<dataset::PySnapshot>()?;
     m.add_class::<arrow_io::ArrowStream>()?;
     m.add_class::<arrow_io::ArrowBatch>()?;
     m.add_class::<dlpack::Buffer>()?;

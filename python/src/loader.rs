@@ -93,7 +93,7 @@ impl BatchLoader {
     fn new(py: Python<'_>, plan: Py<Plan>, start: u64, count: Option<u64>) -> PyResult<Self> {
         let p = plan.get();
         let opts = p.options(start, count);
-        let loader = py.detach(|| Loader::from_source(&p.source, opts)).py()?;
+        let loader = py.detach(|| Loader::new(&p.source, opts)).py()?;
         Ok(Self {
             recycler: loader.recycler(),
             loader: Mutex::new(Some(loader)),
@@ -289,7 +289,7 @@ impl SlotLoader {
         }
         let opts = p.options(start, count);
         let loader = py
-            .detach(|| StagedLoader::from_source(&p.source, opts, staged))
+            .detach(|| StagedLoader::new(&p.source, opts, staged))
             .py()?;
         Ok(Self {
             loader: Mutex::new(Some(loader)),

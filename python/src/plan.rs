@@ -16,7 +16,7 @@ use trajstore::{
     PrioritizedSampler, ReadAhead, SamplerKind, SamplerSpec, SliceRef, Snapshot, Weighting,
 };
 
-use crate::dataset::Dataset;
+use crate::dataset::PySnapshot;
 use crate::dlpack::DlType;
 use crate::errors::{IntoPyResult, argument};
 
@@ -29,7 +29,7 @@ pub(crate) struct Column {
 }
 
 /// The options of every part of a plan (`PlanOptions` in `python/trajstore/_types.py`): every
-/// key is given by the Python package (whose `Dataset.loader` signature holds the defaults), so
+/// key is given by the Python package (whose `Snapshot.loader` signature holds the defaults), so
 /// a missing key is an error, never a default.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
@@ -273,7 +273,7 @@ impl Plan {
     #[pyo3(signature = (parts, options, state=None, priorities=None))]
     fn new(
         py: Python<'_>,
-        parts: Vec<(Py<Dataset>, Bound<'_, PyDict>)>,
+        parts: Vec<(Py<PySnapshot>, Bound<'_, PyDict>)>,
         options: &Bound<'_, PyDict>,
         state: Option<String>,
         priorities: Option<Vec<Option<Py<PyBytes>>>>,
@@ -282,9 +282,7 @@ impl Plan {
         // Where a stream starts and how long it runs are the loaders' (`Plan::options`).
         let opts = LoaderOptions::default()
             .with_workers(common.workers)
-            .with_prefetch(common.prefetch)
-            .with_rank(common.rank, common.world_size)
-            .with_read_ahead(common.readahead);
+            .with_prefetch(common.prefetch);
         let parts = parts
             .iter()
             .enumerate()
@@ -299,7 +297,12 @@ impl Plan {
         };
         let (columns, slice_len, num_slices) =
             (common.columns, common.slice_len, common.num_slices);
-        py.detach(move || Self::open(parts, columns, slice_len, num_slices, opts, resume))
+        let source = Source {
+            rank: (common.rank, common.world_size),
+            read_ahead: common.readahead,
+            resume,
+        };
+        py.detach(move || Self::open(parts, columns, slice_len, num_slices, opts, source))
             .py()
     }
 
@@ -330,17 +333,14 @@ impl Plan {
     }
     /// The state of a loader whose next batch is `position`: its JSON header, and each part's
     /// priorities (bytes, None where the sampler is not prioritized).
-    fn state(&self, py: Python<'_>, position: u64) -> (String, Vec<Option<Py<PyBytes>>>) {
-        let s = py.detach(|| {
-            self.source
-                .state(position, self.opts.rank, self.opts.world_size)
-        });
+    fn state(&self, py: Python<'_>, position: u64) -> PyResult<(String, Vec<Option<Py<PyBytes>>>)> {
+        let s = py.detach(|| self.source.state(position)).py()?;
         let prios = s
             .parts
             .iter()
             .map(|p| p.priorities.as_ref().map(|b| PyBytes::new(py, b).unbind()))
             .collect();
-        (s.to_json(), prios)
+        Ok((s.to_json(), prios))
     }
     /// The versions batch `position` is planned from, one per dataset.
     fn versions(&self, position: u64) -> Vec<u64> {
@@ -391,7 +391,7 @@ impl Plan {
         let opts = self.options(start, Some(count));
         py.detach(|| -> trajstore::Result<f64> {
             let t = std::time::Instant::now();
-            let mut loader = Loader::from_source(&self.source, opts)?;
+            let mut loader = Loader::new(&self.source, opts)?;
             while let Some(b) = loader.next_batch() {
                 std::hint::black_box(&b);
                 loader.recycle(b);
@@ -402,6 +402,14 @@ impl Plan {
     }
 }
 
+/// What the source of a plan is besides its datasets: rank and world size, read-ahead, and the
+/// state to resume.
+struct Source {
+    rank: (u64, u64),
+    read_ahead: ReadAhead,
+    resume: Option<LoaderState>,
+}
+
 impl Plan {
     /// Opens the source of `parts` (at `resume`'s versions) and describes its columns.
     fn open(
@@ -410,7 +418,11 @@ impl Plan {
         slice_len: u32,
         num_slices: usize,
         opts: LoaderOptions,
-        resume: Option<LoaderState>,
+        Source {
+            rank,
+            read_ahead,
+            resume,
+        }: Source,
     ) -> trajstore::Result<Self> {
         let n = parts.len();
         if n > 1 && parts.iter().any(|p| p.kind == SamplerKind::Prioritized) {
@@ -445,12 +457,12 @@ impl Plan {
         if n > 1 {
             spec = spec.with_num_slices(num_slices);
         }
-        let mut open = opts.clone();
+        spec = spec.with_rank(rank.0, rank.1).with_read_ahead(read_ahead);
         if let Some(s) = resume {
-            open = open.with_resume(s);
+            spec = spec.with_resume(s);
         }
-        let source = BatchSource::open(spec, &open)?;
-        let (sampler, gatherer) = source.at(0);
+        let source = BatchSource::open(spec)?;
+        let (sampler, gatherer) = source.at(0).expect("a source of local datasets");
         let mut cols = Vec::new();
         for ((name, dt, shape), step) in gatherer.columns().zip(gatherer.step_bytes()) {
             let dtype = DlType::of(dt).ok_or_else(|| {
@@ -508,7 +520,8 @@ impl Plan {
                 format!("{} episode ids for {} start steps", ids.len(), starts.len()),
             ));
         }
-        let first_id = self.source.at(0).1.snapshot().episodes().first_id();
+        let (_, gatherer) = self.source.at(0).expect("a source of local datasets");
+        let first_id = gatherer.snapshot().episodes().first_id();
         let l = self.slice_len as u32;
         ids.iter()
             .zip(starts)

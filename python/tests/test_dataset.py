@@ -113,9 +113,17 @@ def test_episode_negative_id_is_index_error(demo_ds):
         demo_ds.episode(-1)
 
 
+def test_open_returns_a_snapshot_as_in_rust(demo_ds):
+    # Rust's `trajstore::open` and Python's `trajstore.open` return the same kind of object,
+    # one committed version: a Snapshot; `Dataset` is the older name of the same class.
+    assert type(demo_ds) is trajstore.Snapshot
+    assert trajstore.Dataset is trajstore.Snapshot
+    assert isinstance(demo_ds, trajstore.Dataset)
+
+
 def test_repr_and_info(demo_ds, demo_path, ref):
     r = repr(demo_ds)
-    assert r.startswith("<trajstore.Dataset") and r.endswith(">")
+    assert r.startswith("<trajstore.Snapshot") and r.endswith(">")
     assert "transitions  20,000" in r
     assert f"episodes {demo_ds.num_episodes} " in r
     for line in ("observation", "fixed_size_list<float32>[17]", "action", "fixed_size_list<float32>[6]", "reward             float32", "episode_id         uint64"):

@@ -29,7 +29,7 @@ Writing from collectors::
 from __future__ import annotations
 
 from . import errors
-from ._dataset import Dataset, mix, open, set_sql_memory_limit, sql_memory_limit
+from ._dataset import Dataset, Snapshot, mix, open, set_sql_memory_limit, sql_memory_limit
 from ._loader import Batch, Loader
 from ._native import __version__
 from ._writer import Writer, create, ingest
@@ -59,6 +59,7 @@ __all__ = [
     "create",
     "ingest",
     "Dataset",
+    "Snapshot",
     "Loader",
     "Batch",
     "Writer",

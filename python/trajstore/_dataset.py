@@ -1,4 +1,4 @@
-"""Datasets: one committed version, memory-mapped."""
+"""Snapshots: one committed version of a dataset, memory-mapped (Rust's ``trajstore::Snapshot``)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def mix(
-    datasets: Sequence[Union[Dataset, PathLike]],
+    datasets: Sequence[Union[Snapshot, PathLike]],
     weights: Optional[Sequence[float]] = None,
     *,
     follow: Union[Follow, Sequence[Follow]] = None,
@@ -60,20 +60,20 @@ def mix(
         for batch in loader:              # 128 offline slices, then 128 online slices
             ...
 
-    - ``datasets``: :class:`Dataset` objects (or paths, opened at their newest version).
+    - ``datasets``: :class:`Snapshot` objects (or paths, opened at their newest version).
       The gathered columns (default: those every dataset has) must have the same type and
       per-step shape in each.
     - ``weights``: one per dataset (default: equal).
     - ``follow``: per dataset (a list), or one value for all: see :class:`Loader`.
-    - every other argument of :meth:`Dataset.loader`; the sampler must be endless
+    - every other argument of :meth:`Snapshot.loader`; the sampler must be endless
       (``uniform`` or ``episodes``), ``episodes=`` a SQL query that each dataset answers.
 
     ``state_dict``/``load_state_dict`` resume a mix exactly, as they do a single dataset."""
     from ._loader import make_loader
 
     if isinstance(datasets, (str, bytes)) or not isinstance(datasets, Sequence):
-        raise TypeError("datasets must be a list of trajstore.Dataset (or paths)")
-    ds = [d if isinstance(d, Dataset) else open(d) for d in datasets]
+        raise TypeError("datasets must be a list of trajstore.Snapshot (or paths)")
+    ds = [d if isinstance(d, Snapshot) else open(d) for d in datasets]
     if not ds:
         raise _invalid("a mix needs at least one dataset")
     n = len(ds)
@@ -95,9 +95,9 @@ def mix(
     unknown = sorted(set(loader_args) - set(LoaderArgs.__annotations__))
     if unknown:
         raise TypeError(f"mix() got unexpected argument(s) {', '.join(unknown)}")
-    # The defaults of what is not given: those of Dataset.loader's signature (the only place
+    # The defaults of what is not given: those of Snapshot.loader's signature (the only place
     # they are written).
-    bound = inspect.signature(Dataset.loader).bind(ds[0], **loader_args)
+    bound = inspect.signature(Snapshot.loader).bind(ds[0], **loader_args)
     bound.apply_defaults()
     args = {k: v for k, v in bound.arguments.items() if k not in ("self", "follow")}
     return make_loader(ds[0], cast(LoaderArgs, args), mix=(ds, ws, follows))
@@ -126,7 +126,7 @@ def sql_memory_limit() -> Tuple[int, str]:
 
 def open(
     uri: PathLike, version: Optional[int] = None, *, cache_dir: Optional[PathLike] = None
-) -> Dataset:
+) -> Snapshot:
     """Opens the dataset at ``uri``: a local directory, ``file://...``, or ``s3://bucket/prefix``
     (mirrored into ``cache_dir``, default ``$TRAJSTORE_CACHE`` or ``~/.cache/trajstore``, then
     memory-mapped). Opens the newest committed version, or ``version``.
@@ -138,16 +138,18 @@ def open(
     native = _native.open(
         os.fspath(uri), version, None if cache_dir is None else os.fspath(cache_dir)
     )
-    return Dataset(native)
+    return Snapshot(native)
 
 
-class Dataset:
-    """One committed version of a dataset. Its transitions are memory-mapped: opening costs
-    O(episodes), nothing is read until used, and many processes share the page cache.
+class Snapshot:
+    """One committed version of a dataset, as Rust's ``trajstore::Snapshot`` (both made by
+    ``open``). Its transitions are memory-mapped: opening costs O(episodes), nothing is read
+    until used, and many processes share the page cache. ``trajstore.Dataset`` is another name
+    for this class, kept for code written before the two languages' names were aligned.
 
     ``len(ds)`` is the number of transitions; ``ds.num_episodes`` the number of episodes."""
 
-    def __init__(self, native: _native.Dataset) -> None:
+    def __init__(self, native: _native.Snapshot) -> None:
         self._n = native
 
     # --- what it is -------------------------------------------------------------------------
@@ -215,7 +217,7 @@ class Dataset:
         return info
 
     def __repr__(self) -> str:
-        return f"<trajstore.Dataset\n{self._n.info(0).rstrip()}\n>"
+        return f"<trajstore.Snapshot\n{self._n.info(0).rstrip()}\n>"
 
     # --- reading ----------------------------------------------------------------------------
     def episodes(self) -> pa.Table:
@@ -307,3 +309,7 @@ class Dataset:
         from ._writer import Writer
 
         return Writer(_native.Writer.open(self.path, int(lock_wait * 1000)))
+
+
+Dataset = Snapshot
+"""Another name for :class:`Snapshot` (the name before Rust's and Python's were aligned)."""

@@ -23,16 +23,16 @@ from ._types import Backend, Follow, LoaderArgs
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from ._dataset import Dataset
+    from ._dataset import Snapshot
 
 __all__ = ["FLAGS", "PER_SLICE", "Batch", "Loader", "make_loader"]
 
 
 class Loader(CudaRing):
-    """An iterable of :class:`Batch` es sampled from a :class:`~trajstore.Dataset`, or from
+    """An iterable of :class:`Batch` es sampled from a :class:`~trajstore.Snapshot`, or from
     several mixed in fixed proportions per batch.
 
-    Made by :meth:`Dataset.loader` and :func:`trajstore.mix`. Arguments:
+    Made by :meth:`Snapshot.loader` and :func:`trajstore.mix`. Arguments:
 
     - ``slice_len``, ``num_slices``: each batch holds ``num_slices`` slices of ``slice_len``
       consecutive steps of one episode each.
@@ -94,7 +94,7 @@ class Loader(CudaRing):
     """
 
     def __init__(
-        self, dataset: Dataset, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None
+        self, dataset: Snapshot, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None
     ) -> None:
         # trajstore.mix: (datasets, weights, follow per dataset).
         datasets = [dataset] if mix is None else list(mix[0])
@@ -434,9 +434,9 @@ def _loader_class(backend: str) -> Type[Loader]:
     return _TORCH_LOADER
 
 
-def make_loader(dataset: Dataset, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None) -> Loader:
+def make_loader(dataset: Snapshot, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None) -> Loader:
     """A loader over ``dataset`` (or the datasets of ``mix``): ``args`` holds every argument of
-    :meth:`Dataset.loader` but ``follow``, its defaults filled in."""
+    :meth:`Snapshot.loader` but ``follow``, its defaults filled in."""
     if args["backend"] == "torch":
         _torch()  # a clear error without PyTorch, before the IterableDataset base is imported
     return _loader_class(args["backend"])(dataset, args, follow=follow, mix=mix)

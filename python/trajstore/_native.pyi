@@ -8,7 +8,7 @@ from trajstore._types import PartOptions, PlanOptions
 __all__ = [
     "__version__",
     "MAX_BATCH_NUMBER",
-    "Dataset",
+    "Snapshot",
     "ArrowStream",
     "ArrowBatch",
     "Buffer",
@@ -60,7 +60,7 @@ class Buffer:
     def nbytes(self) -> int: ...
 
 @final
-class Dataset:
+class Snapshot:
     @property
     def uri(self) -> str: ...
     @property
@@ -84,13 +84,13 @@ class Dataset:
     def info(self, bins: int = 0) -> str: ...
     def info_json(self) -> str: ...
 
-def open(uri: str, version: Optional[int] = None, cache_dir: Optional[str] = None) -> Dataset: ...
+def open(uri: str, version: Optional[int] = None, cache_dir: Optional[str] = None) -> Snapshot: ...
 
 @final
 class Plan:
     def __new__(
         cls,
-        parts: Sequence[Tuple[Dataset, PartOptions]],
+        parts: Sequence[Tuple[Snapshot, PartOptions]],
         options: PlanOptions,
         state: Optional[str] = None,
         priorities: Optional[Sequence[Optional[bytes]]] = None,

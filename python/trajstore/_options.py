@@ -15,10 +15,10 @@ from .errors import InvalidArgumentError
 if TYPE_CHECKING:
     import torch
 
-    from ._dataset import Dataset
+    from ._dataset import Snapshot
 
 #: A mix: (datasets, weights, follow per dataset).
-Mix = Tuple[List["Dataset"], List[float], List[Follow]]
+Mix = Tuple[List["Snapshot"], List[float], List[Follow]]
 
 # The longest follow period (the Rust loader's `MAX_FOLLOW_PERIOD`, as the CLI's --follow).
 MAX_FOLLOW_SECONDS = 86_400
@@ -134,7 +134,7 @@ class Settings:
     """A loader's arguments, checked: what the Python loader keeps, and what the native ``Plan``
     takes (``parts``, ``native``)."""
 
-    parts: List[Tuple[_native.Dataset, PartOptions]]
+    parts: List[Tuple[_native.Snapshot, PartOptions]]
     native: PlanOptions
     backend: Backend
     rank: int
@@ -150,9 +150,9 @@ class Settings:
     staging: int
 
 
-def settle(datasets: Sequence[Dataset], args: LoaderArgs, follow: Follow, mix: Optional[Mix]) -> Settings:
+def settle(datasets: Sequence[Snapshot], args: LoaderArgs, follow: Follow, mix: Optional[Mix]) -> Settings:
     """Checks and normalises the arguments of a loader over ``datasets`` (one, or those of
-    ``mix``). ``args`` holds every argument of :meth:`Dataset.loader` but ``follow``."""
+    ``mix``). ``args`` holds every argument of :meth:`Snapshot.loader` but ``follow``."""
     if mix is None:
         parts = [_part(1.0, follow)]
     else:

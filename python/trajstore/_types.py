@@ -2,7 +2,7 @@
 arguments, :class:`LoaderArgs` (the keywords :func:`trajstore.mix` passes on to the loader), and
 the dicts the Python package hands to the native ``Plan``.
 
-The defaults live in one place only: the signature of :meth:`trajstore.Dataset.loader`."""
+The defaults live in one place only: the signature of :meth:`trajstore.Snapshot.loader`."""
 
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ Transform = Callable[["Batch"], Optional[Mapping[str, Any]]]
 
 
 class LoaderArgs(TypedDict, total=False):
-    """The keyword arguments of :meth:`trajstore.Dataset.loader` but ``follow``, which
+    """The keyword arguments of :meth:`trajstore.Snapshot.loader` but ``follow``, which
     :func:`trajstore.mix` takes per dataset. No defaults here: what is not given takes the
-    default of :meth:`~trajstore.Dataset.loader`'s signature. Documented in
+    default of :meth:`~trajstore.Snapshot.loader`'s signature. Documented in
     :class:`trajstore.Loader`."""
 
     slice_len: int

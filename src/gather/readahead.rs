@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn major_faults_switch_auto_back_on() {
-        use crate::sample::{SliceOptions, SliceSampler};
+        use crate::sample::SamplerSpec;
         use crate::store::Dataset;
         let dir = tempfile::tempdir().unwrap();
         let spec = crate::synth::SynthSpec {
@@ -365,12 +365,9 @@ mod tests {
         // As if earlier plans had been found in memory.
         g.ra.on.store(false, Ordering::Relaxed);
         g.ra.faults.store(major_faults(), Ordering::Relaxed);
-        let index = snap
-            .slice_index(8, crate::index::BoundaryPolicy::Strict)
-            .unwrap();
-        let s = SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(8, 64)).unwrap();
+        let s = SamplerSpec::uniform(8, 64).build(&snap).unwrap().sampler;
         let (mut plan, mut b) = (vec![], Batch::default());
-        crate::sample::Sampler::plan(&s, 0, &mut plan);
+        s.plan(0, &mut plan);
         g.gather(&plan, &mut b).unwrap();
         assert!(
             g.reading_ahead(),

@@ -39,8 +39,7 @@ pub(crate) struct Generation {
 
 /// How one part was asked for.
 struct PartDesc {
-    /// `None`: a sampler built by hand ([`Feed::fixed`]), which cannot be rebuilt.
-    spec: Option<SamplerSpec>,
+    spec: SamplerSpec,
     follow: Option<Follow>,
     slices: usize,
 }
@@ -73,44 +72,23 @@ pub(crate) struct Feed {
     parts: Vec<PartDesc>,
     columns: Vec<String>,
     read_ahead: ReadAhead,
+    rank_world: (u64, u64),
     /// The consumer's position: generations ending at or before it are dropped.
     consumed: AtomicU64,
     stats: Mutex<FollowStats>,
     stop: (Mutex<bool>, Condvar),
     /// The state this feed was opened at, if any (checked against it, priorities restored).
-    resumed: std::sync::OnceLock<Arc<LoaderState>>,
+    resumed: Option<Arc<LoaderState>>,
 }
 
 impl Feed {
-    /// One generation of a sampler and gatherer built by hand.
-    pub(crate) fn fixed(sampler: Arc<dyn Sampler>, gatherer: Arc<Gatherer>) -> Arc<Self> {
-        let part = GenPart {
-            snapshot: gatherer.snapshot().clone(),
-            built: BuiltSampler {
-                sampler: sampler.clone(),
-                prioritized: None,
-            },
-            gatherer: gatherer.clone(),
-        };
-        let desc = PartDesc {
-            spec: None,
-            follow: None,
-            slices: sampler.num_slices(),
-        };
-        Self::new(
-            vec![desc],
-            gatherer.columns().map(|(n, ..)| n.to_string()).collect(),
-            gatherer.read_ahead(),
-            Generation {
-                from: 0,
-                sampler,
-                gatherer,
-                parts: vec![part],
-            },
-        )
-    }
-
-    fn new(parts: Vec<PartDesc>, columns: Vec<String>, ra: ReadAhead, g: Generation) -> Arc<Self> {
+    fn new(
+        parts: Vec<PartDesc>,
+        columns: Vec<String>,
+        ra: ReadAhead,
+        rank_world: (u64, u64),
+        g: Generation,
+    ) -> Arc<Self> {
         Arc::new(Self {
             gens: Mutex::new(Gens {
                 list: vec![Arc::new(g)],
@@ -119,73 +97,44 @@ impl Feed {
             parts,
             columns,
             read_ahead: ra,
+            rank_world,
             consumed: AtomicU64::new(0),
             stats: Mutex::default(),
             stop: (Mutex::new(false), Condvar::new()),
-            resumed: std::sync::OnceLock::new(),
+            resumed: None,
         })
     }
 
-    /// [`Feed::fixed`] resumed from `resume` when given: the state is checked against the
-    /// sampler and gatherer (which must be at the state's version: they were built by hand).
-    pub(crate) fn fixed_resumed(
-        sampler: Arc<dyn Sampler>,
-        gatherer: Arc<Gatherer>,
-        rank_world: (u64, u64),
-        resume: Option<&LoaderState>,
-    ) -> Result<Arc<Self>> {
-        let feed = Self::fixed(sampler, gatherer);
-        if let Some(state) = resume {
-            let g = feed.first();
-            let fresh = feed.state(state.next_batch, rank_world, false);
-            state.check_resumable(&fresh, &[g.parts[0].snapshot.clone()])?;
-            if state.parts[0].version != g.parts[0].snapshot.version() {
-                return Err(Error::argument(
-                    "state",
-                    format!(
-                        "cannot resume: the state was taken on version {}, the gatherer's \
-                         snapshot is version {} (open that version, or use a BatchSource of a \
-                         LoaderSpec)",
-                        state.parts[0].version,
-                        g.parts[0].snapshot.version()
-                    ),
-                ));
-            }
-            let _ = feed.resumed.set(Arc::new(state.clone()));
-        }
-        Ok(feed)
+    /// The state this feed was opened at, if any.
+    pub(crate) fn resumed(&self) -> Option<&LoaderState> {
+        self.resumed.as_deref()
     }
 
-    /// Refuses loader options that resume from a state this feed was not opened at: a loader
-    /// takes its batches from its source, so the state must be given where the source is opened
-    /// ([`super::BatchSource::open`]), never silently ignored.
-    pub(crate) fn check_resume(&self, resume: Option<&Arc<LoaderState>>) -> Result<()> {
-        match (resume, self.resumed.get()) {
-            (None, _) => Ok(()),
-            (Some(a), Some(b)) if **a == **b => Ok(()),
-            (Some(_), _) => Err(Error::argument(
-                "resume",
-                "the loader options resume from a state its source was not opened at: give the \
-                 options with the state to BatchSource::open (or use Loader::open), then make \
-                 the loader from that source",
-            )),
-        }
+    /// The rank and world size of the batches planned.
+    pub(crate) fn rank_world(&self) -> (u64, u64) {
+        self.rank_world
     }
 
-    /// The feed of `spec`, starting at `start`; with `resume`, each part at the version the
-    /// state was taken on (a following part at its newest version when that one is gone), the
-    /// state checked against the loader and a prioritized sampler's priorities restored.
-    pub(crate) fn open(
-        spec: LoaderSpec,
-        read_ahead: ReadAhead,
-        rank_world: (u64, u64),
-        resume: Option<&LoaderState>,
-    ) -> Result<Arc<Self>> {
+    /// How workers read the pages of upcoming batches ahead.
+    pub(crate) fn read_ahead(&self) -> ReadAhead {
+        self.read_ahead
+    }
+
+    /// The feed of `spec`; with a state to resume, each part at the version the state was
+    /// taken on (a following part at its newest version when that one is gone), the state
+    /// checked against the loader and a prioritized sampler's priorities restored.
+    pub(crate) fn open(spec: LoaderSpec) -> Result<Arc<Self>> {
         let LoaderSpec {
             parts,
             columns,
             num_slices,
+            rank,
+            world_size,
+            read_ahead,
+            resume,
+            ..
         } = spec;
+        let rank_world = (rank, world_size);
         if parts.is_empty() {
             return Err(Error::argument(
                 "parts",
@@ -224,7 +173,7 @@ impl Feed {
                 ));
             }
             let mut snap = p.snapshot;
-            if let Some(part) = resume.and_then(|r| r.parts.get(i))
+            if let Some(part) = resume.as_ref().and_then(|r| r.parts.get(i))
                 && snap.version() != part.version
             {
                 match crate::store::Dataset::open(snap.path())?.snapshot_at(part.version) {
@@ -245,7 +194,7 @@ impl Feed {
                 }
             }
             descs.push(PartDesc {
-                spec: Some(s),
+                spec: s,
                 follow: p.follow,
                 slices: n,
             });
@@ -254,12 +203,12 @@ impl Feed {
         let feed_parts = snaps
             .iter()
             .zip(&descs)
-            .map(|(snap, d)| build_part(snap, d.spec.as_ref().expect("spec"), &columns, read_ahead))
+            .map(|(snap, d)| build_part(snap, &d.spec, &columns, read_ahead))
             .collect::<Result<Vec<_>>>()?;
         let g = assemble(0, feed_parts, &counts)?;
-        let feed = Self::new(descs, columns, read_ahead, g);
+        let mut feed = Self::new(descs, columns, read_ahead, rank_world, g);
         if let Some(state) = resume {
-            let fresh = feed.state(state.next_batch, rank_world, false);
+            let fresh = feed.state(state.next_batch, false);
             state.check_resumable(&fresh, &snaps)?;
             let g = feed.first();
             for (i, (p, part)) in state.parts.iter().zip(&g.parts).enumerate() {
@@ -288,7 +237,7 @@ impl Feed {
                     _ => {}
                 }
             }
-            let _ = feed.resumed.set(Arc::new(state.clone()));
+            Arc::get_mut(&mut feed).expect("not shared yet").resumed = Some(state);
         }
         if feed.parts.iter().any(|p| p.follow.is_some()) {
             let weak = Arc::downgrade(&feed);
@@ -364,12 +313,8 @@ impl Feed {
 
     /// The state of a loader whose next batch is `next` (with `priorities`: saved from the
     /// prioritized samplers of that batch's generation).
-    pub(crate) fn state(
-        &self,
-        next: u64,
-        (rank, world_size): (u64, u64),
-        with_priorities: bool,
-    ) -> LoaderState {
+    pub(crate) fn state(&self, next: u64, with_priorities: bool) -> LoaderState {
+        let (rank, world_size) = self.rank_world;
         let g = self.peek(next);
         let per_epoch = g.sampler.batches_per_epoch();
         LoaderState {
@@ -391,7 +336,7 @@ impl Feed {
                     fingerprint: state::fingerprint(&p.snapshot),
                     follow: d.follow.is_some(),
                     slices: d.slices,
-                    sampler: d.spec.as_ref().map(SamplerState::of),
+                    sampler: Some(SamplerState::of(&d.spec)),
                     priorities: with_priorities.then_some(()).and(
                         p.built
                             .prioritized
@@ -423,11 +368,7 @@ impl Feed {
             }
             let mut snap = part.snapshot.clone();
             if snap.refresh()? {
-                let spec = self.parts[i]
-                    .spec
-                    .as_ref()
-                    .expect("a followed part has a spec");
-                *part = build_part(&snap, spec, &self.columns, self.read_ahead)?;
+                *part = build_part(&snap, &self.parts[i].spec, &self.columns, self.read_ahead)?;
                 changed = true;
             }
         }

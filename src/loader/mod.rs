@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
-use crate::gather::{Batch, Gatherer, ReadAhead};
+use crate::gather::{Batch, Gatherer};
 use crate::sample::Sampler;
 
 mod feed;
@@ -12,22 +12,29 @@ mod pipeline;
 mod spec;
 mod staged;
 mod state;
+#[cfg(feature = "remote")]
+pub mod stream;
 
 pub(crate) use feed::Feed;
 pub use feed::FollowStats;
 #[cfg(feature = "torch")]
 pub(crate) use pipeline::Lane;
-pub(crate) use pipeline::check_rank;
 pub use pipeline::{MAX_WORKERS, global_batch};
-pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, loader_end};
+pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, check_rank, loader_end};
 pub use spec::{Follow, LoaderSpec, MAX_FOLLOW_PERIOD, PartSpec};
 pub use staged::{StagedBatch, StagedLoader, StagingSlot};
 pub use state::{
     DATASET_ID_PROPERTY, LoaderState, MAX_BATCH_NUMBER, PartState, STATE_FORMAT, STATE_VERSION,
     SamplerState,
 };
+#[cfg(feature = "remote")]
+use stream::StreamPlan;
+#[cfg(feature = "remote")]
+pub use stream::{StreamLoader, StreamStats};
 
-/// Options of a [`Loader`].
+/// How a loader runs over its [`BatchSource`]: worker threads, queue depth, and which batches
+/// (where to start, how many). What the batches are (datasets, samplers, rank, read-ahead, a
+/// resumed state) is the source's [`LoaderSpec`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LoaderOptions {
@@ -35,25 +42,13 @@ pub struct LoaderOptions {
     pub workers: usize,
     /// Batches gathered ahead of the consumer (queue depth). Default 4.
     pub prefetch: usize,
-    /// This process's rank among `world_size` data-parallel ranks; ranks draw disjoint streams.
-    pub rank: u64,
-    /// Number of data-parallel ranks.
-    pub world_size: u64,
     /// Stop after this many batches (default: endless, or one epoch for epoch samplers).
     pub max_batches: Option<u64>,
-    /// The number of the first batch (default 0): the sampler's batch `start * world_size + rank`
-    /// comes first. Resumes a stream exactly where a run stopped, or starts epoch `e` of an epoch
-    /// sampler (`start = e * batches_per_epoch`).
-    pub start: u64,
-    /// Whether each worker asks the kernel for the pages of the batch it gathers next while it
-    /// copies the current one (`madvise(WILLNEED)`), so that data not in the page cache
-    /// (datasets larger than RAM, cold starts) arrives with many reads in flight.
-    /// [`ReadAhead::Auto`] (default) does it while the gatherer finds data missing from memory
-    /// and costs nothing on data in memory; see [`Gatherer::set_read_ahead`] for the gather
-    /// itself.
-    pub read_ahead: ReadAhead,
-    /// A state to continue from ([`LoaderOptions::with_resume`]).
-    pub resume: Option<Arc<LoaderState>>,
+    /// The number of the first batch: the sampler's batch `start * world_size + rank` comes
+    /// first. Default: where the source's resumed state stopped (with the end of the iteration
+    /// it was taken in), else 0. Set it to iterate again over a source, or to start epoch `e` of
+    /// an epoch sampler (`start = e * batches_per_epoch`).
+    pub start: Option<u64>,
 }
 
 impl Default for LoaderOptions {
@@ -61,12 +56,8 @@ impl Default for LoaderOptions {
         Self {
             workers: 2,
             prefetch: 4,
-            rank: 0,
-            world_size: 1,
             max_batches: None,
-            start: 0,
-            read_ahead: ReadAhead::Auto,
-            resume: None,
+            start: None,
         }
     }
 }
@@ -82,17 +73,6 @@ impl LoaderOptions {
         self.prefetch = n.max(1);
         self
     }
-    /// Sets rank and world size.
-    pub fn with_rank(mut self, rank: u64, world_size: u64) -> Self {
-        self.rank = rank;
-        self.world_size = world_size;
-        self
-    }
-    /// Sets the read-ahead of upcoming batches (see [`LoaderOptions::read_ahead`]).
-    pub fn with_read_ahead(mut self, mode: ReadAhead) -> Self {
-        self.read_ahead = mode;
-        self
-    }
     /// Stops after `n` batches.
     pub fn with_max_batches(mut self, n: u64) -> Self {
         self.max_batches = Some(n);
@@ -100,70 +80,150 @@ impl LoaderOptions {
     }
     /// Starts at batch `k` (see [`LoaderOptions::start`]).
     pub fn with_start(mut self, k: u64) -> Self {
-        self.start = k;
-        self
-    }
-    /// Continues exactly where `state` was taken ([`Loader::state`]): the next batch is the
-    /// one the interrupted loader would have returned next, and so are all that follow,
-    /// whatever the number of workers before and after; inside an interrupted iteration
-    /// (`max_batches`, an epoch) only the rest of it. Honoured the same way by every loader:
-    /// [`BatchSource::open`] (and `Loader::open`, `StagedLoader::open`) opens the dataset(s) at
-    /// the state's versions and checks that the state is of them, of this rank and world size
-    /// and of these sampler options; `try_new` checks it against the sampler and gatherer it is
-    /// given; a loader made `from_source` requires the state its source was opened at. Sets
-    /// [`LoaderOptions::start`].
-    pub fn with_resume(mut self, state: LoaderState) -> Self {
-        self.start = state.next_batch;
-        self.resume = Some(Arc::new(state));
+        self.start = Some(k);
         self
     }
 }
 
-/// What loaders draw batches from: one dataset or a mix, fixed or following new versions, at the
-/// versions a resumed state names, with a prioritized sampler's priorities. Cheap to clone
+/// Which batches one loader yields: from `start` to `end` (None: endless), of the source's rank.
+pub(crate) struct Run {
+    pub(crate) feed: Arc<Feed>,
+    pub(crate) start: u64,
+    pub(crate) end: Option<u64>,
+}
+
+/// What loaders draw batches from: one dataset or a mix, fixed or following new versions, of
+/// one rank, at the versions a resumed state names, with a prioritized sampler's priorities; or
+/// one dataset streamed from object storage ([`LoaderSpec::streamed`]). Every loader is made
+/// from one: `Loader::new`, `StagedLoader::new` and `TorchLoader::new` from local datasets,
+/// `StreamLoader::new` from a stream. Several loaders may share a source, one after the other,
+/// to iterate again with its follow thread, priorities and cached indexes. Cheap to clone
 /// (shared); the follow thread stops when the last clone and loader are gone.
 #[derive(Clone)]
-pub struct BatchSource(Arc<Feed>);
+pub struct BatchSource(Src);
+
+#[derive(Clone)]
+enum Src {
+    Local(Arc<Feed>),
+    #[cfg(feature = "remote")]
+    Streamed(Arc<StreamPlan>),
+}
 
 impl std::fmt::Debug for BatchSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BatchSource")
-            .field("versions", &self.0.versions(0))
+            .field("versions", &self.versions(0))
+            .field("local", &self.local().is_ok())
             .finish_non_exhaustive()
     }
 }
 
 impl BatchSource {
-    /// Opens `spec` for loaders of `opts` (rank, world size, read-ahead; with `opts.resume`,
-    /// at the state's versions, checked against it, priorities restored).
-    pub fn open(spec: LoaderSpec, opts: &LoaderOptions) -> Result<Self> {
-        check_rank(opts)?;
-        Ok(Self(Feed::open(
-            spec,
-            opts.read_ahead,
-            (opts.rank, opts.world_size),
-            opts.resume.as_deref(),
-        )?))
+    /// Opens `spec`: builds each part's sampler and gatherer (with the spec's state, at the
+    /// state's versions, checked against it, priorities restored), and starts the follow
+    /// thread when a part follows; a streamed spec is checked (sampler, columns) and nothing
+    /// is downloaded until a loader starts. Errors with [`crate::Error::InvalidArgument`] about
+    /// the argument at fault (rank, world size, sampler options, a state of another loader).
+    pub fn open(mut spec: LoaderSpec) -> Result<Self> {
+        check_rank(spec.rank, spec.world_size)?;
+        #[cfg(feature = "remote")]
+        if let Some((stream, sampler)) = spec.streamed.take() {
+            if !spec.parts.is_empty() {
+                return Err(crate::Error::argument(
+                    "parts",
+                    "a streamed source reads one dataset: it cannot be mixed with others yet",
+                ));
+            }
+            if spec.resume.is_some() {
+                return Err(crate::Error::argument(
+                    "resume",
+                    "a streaming loader cannot resume from a state yet: start it at the batch \
+                     to continue from (LoaderOptions::with_start)",
+                ));
+            }
+            let plan =
+                StreamPlan::new(stream, sampler, spec.columns, (spec.rank, spec.world_size))?;
+            return Ok(Self(Src::Streamed(Arc::new(plan))));
+        }
+        Ok(Self(Src::Local(Feed::open(spec)?)))
     }
 
-    #[cfg(feature = "torch")]
-    pub(crate) fn feed(&self) -> Arc<Feed> {
-        self.0.clone()
+    /// The feed of local datasets, or an error naming the loader that reads a stream.
+    fn local(&self) -> Result<&Arc<Feed>> {
+        match &self.0 {
+            Src::Local(f) => Ok(f),
+            #[cfg(feature = "remote")]
+            Src::Streamed(_) => Err(crate::Error::argument(
+                "source",
+                "this source streams a dataset from object storage: read it with \
+                 StreamLoader::new",
+            )),
+        }
     }
 
-    /// A source of one sampler and gatherer built by hand.
-    pub fn fixed(sampler: Arc<dyn Sampler>, gatherer: Arc<Gatherer>) -> Self {
-        Self(Feed::fixed(sampler, gatherer))
+    #[cfg(feature = "remote")]
+    fn streamed(&self) -> Option<&StreamPlan> {
+        match &self.0 {
+            Src::Streamed(p) => Some(p),
+            Src::Local(_) => None,
+        }
     }
 
-    /// The state of a loader of this source whose next batch is `next`.
-    pub fn state(&self, next: u64, rank: u64, world_size: u64) -> LoaderState {
-        self.0.state(next, (rank, world_size), true)
+    /// The batches a loader of `opts` yields: checks the start, and continues the resumed state
+    /// when no start is given.
+    pub(crate) fn run(&self, opts: &LoaderOptions) -> Result<Run> {
+        let feed = self.local()?.clone();
+        let resumed = feed.resumed();
+        let start = match (opts.start, resumed) {
+            (Some(k), _) => k,
+            (None, Some(s)) => s.next_batch,
+            (None, None) => 0,
+        };
+        if start > MAX_BATCH_NUMBER {
+            return Err(crate::Error::argument(
+                "start",
+                format!("batch {start} is beyond the largest batch number, {MAX_BATCH_NUMBER}"),
+            ));
+        }
+        // A resumed state taken inside an iteration: the rest of that iteration.
+        let resumed_end = resumed
+            .filter(|_| opts.start.is_none())
+            .and_then(|s| s.iteration_end)
+            .filter(|&e| e > start);
+        let end = match resumed_end {
+            Some(e) => Some(e),
+            None => loader_end(
+                feed.first().sampler.as_ref(),
+                start,
+                opts.max_batches,
+                feed.rank_world().1,
+            ),
+        };
+        Ok(Run { feed, start, end })
+    }
+
+    /// The state of a loader of this source whose next batch is `next` (an error for a
+    /// streamed source: a streaming loader cannot resume from a state yet).
+    pub fn state(&self, next: u64) -> Result<LoaderState> {
+        Ok(self.local()?.state(next, true))
+    }
+
+    /// This source's rank and world size.
+    pub fn rank(&self) -> (u64, u64) {
+        match &self.0 {
+            Src::Local(f) => f.rank_world(),
+            #[cfg(feature = "remote")]
+            Src::Streamed(p) => p.rank_world,
+        }
     }
 
     /// The versions batch `k` is planned from, one per dataset.
     pub fn versions(&self, k: u64) -> Vec<u64> {
-        self.0.versions(k)
+        match &self.0 {
+            Src::Local(f) => f.versions(k),
+            #[cfg(feature = "remote")]
+            Src::Streamed(p) => vec![p.stream.catalog().version()],
+        }
     }
 
     /// The prioritized sampler of dataset `part` for batch `k` (None when not prioritized).
@@ -172,29 +232,40 @@ impl BatchSource {
         k: u64,
         part: usize,
     ) -> Option<Arc<crate::sample::PrioritizedSampler>> {
-        self.0.prioritized(k).get(part).cloned().flatten()
+        match &self.0 {
+            Src::Local(f) => f.prioritized(k).get(part).cloned().flatten(),
+            #[cfg(feature = "remote")]
+            Src::Streamed(_) => None,
+        }
     }
 
-    /// The sampler and gatherer of batch `k`'s generation.
-    pub fn at(&self, k: u64) -> (Arc<dyn Sampler>, Arc<Gatherer>) {
-        let g = self.0.peek(k);
-        (g.sampler.clone(), g.gatherer.clone())
+    /// The sampler and gatherer of batch `k`'s generation (`None` for a streamed source, whose
+    /// samplers and gatherers are made per window of cached files).
+    pub fn at(&self, k: u64) -> Option<(Arc<dyn Sampler>, Arc<Gatherer>)> {
+        let g = self.local().ok()?.peek(k);
+        Some((g.sampler.clone(), g.gatherer.clone()))
     }
 
     /// The part index of each slice position of every batch (all zeros for one dataset).
     pub fn slice_sources(&self) -> Vec<u16> {
-        let g = self.0.first();
-        g.gatherer.slice_sources(g.sampler.num_slices())
+        match &self.0 {
+            Src::Local(f) => {
+                let g = f.first();
+                g.gatherer.slice_sources(g.sampler.num_slices())
+            }
+            #[cfg(feature = "remote")]
+            Src::Streamed(p) => vec![0; p.sampler.num_slices],
+        }
     }
 
     /// What following new versions has done so far.
     pub fn follow_stats(&self) -> FollowStats {
-        self.0.stats()
+        self.local().map(|f| f.stats()).unwrap_or_default()
     }
 
     /// Whether the source follows a dataset's new versions.
     pub fn follows(&self) -> bool {
-        self.0.follows()
+        self.local().is_ok_and(|f| f.follows())
     }
 }
 
@@ -206,7 +277,6 @@ pub struct Loader {
     pipeline: Pipeline<Batch>,
     pool: Recycler,
     feed: Arc<Feed>,
-    rank_world: (u64, u64),
     /// The end of this loader's batches (None: endless).
     end: Option<u64>,
 }
@@ -245,61 +315,26 @@ impl std::fmt::Debug for Loader {
 }
 
 impl Loader {
-    /// Starts the workers.
+    /// Starts the workers over `source`'s batches (see [`LoaderOptions`] for which).
     ///
     /// Errors with [`crate::Error::InvalidArgument`] when the sampler's batches are larger than
     /// [`crate::sample::max_batch_bytes`] (about `num_slices` or `slice_len`), when the batches
     /// in flight (one per worker, `prefetch` queued, one being consumed) together are (about
-    /// `workers` or `prefetch`), or when there are more than [`MAX_WORKERS`] workers, before any
-    /// thread starts.
-    pub fn try_new(
-        sampler: Arc<dyn Sampler>,
-        gatherer: Arc<Gatherer>,
-        opts: LoaderOptions,
-    ) -> Result<Self> {
-        let feed = Feed::fixed_resumed(
-            sampler,
-            gatherer,
-            (opts.rank, opts.world_size),
-            opts.resume.as_deref(),
-        )?;
-        Self::from_feed(feed, opts)
-    }
-
-    /// A loader of `spec`: one dataset or a mix, fixed or following new versions, resumed
-    /// from `opts.resume` when given. Errors as [`Loader::try_new`] does, and when a state
-    /// cannot resume this loader (see [`LoaderOptions::with_resume`]).
-    pub fn open(spec: LoaderSpec, opts: LoaderOptions) -> Result<Self> {
-        Self::from_source(&BatchSource::open(spec, &opts)?, opts)
-    }
-
-    /// A loader of `source`'s batches from `opts.start` on (several loaders may share a source:
-    /// one after the other to iterate again, with their follow thread, priorities and cached
-    /// indexes). `opts.resume`, when given, must be the state the source was opened at (it sets
-    /// the start and the end of the resumed iteration); any other is an error.
-    pub fn from_source(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
-        source.0.check_resume(opts.resume.as_ref())?;
-        Self::from_feed(source.0.clone(), opts)
-    }
-
-    fn from_feed(feed: Arc<Feed>, opts: LoaderOptions) -> Result<Self> {
+    /// `workers` or `prefetch`), when there are more than [`MAX_WORKERS`] workers, or when the
+    /// start is past [`MAX_BATCH_NUMBER`], before any thread starts.
+    pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
+        let Run { feed, start, end } = source.run(&opts)?;
         let first = feed.first();
         let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
-        let end = loader_end(sampler.as_ref(), &opts)?;
         let batch_bytes =
             gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
         check_in_flight(batch_bytes, &opts)?;
         let pool = Recycler::default();
-        feed.consumed(opts.start);
-        let pipeline = Pipeline::start(
-            opts.workers,
-            opts.prefetch,
-            opts.start,
-            end,
-            "loader",
-            |lane| {
+        feed.consumed(start);
+        let pipeline =
+            Pipeline::start(opts.workers, opts.prefetch, start, end, "loader", |lane| {
                 let pool = pool.clone();
-                let mut planner = WorkerPlans::new(feed.clone(), &opts);
+                let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
                     planner.plan(k, lane);
                     let mut batch = pool.take();
@@ -312,24 +347,22 @@ impl Loader {
                     }
                     batch
                 }
-            },
-        )?;
+            })?;
         Ok(Self {
             pipeline,
             pool,
             feed,
-            rank_world: (opts.rank, opts.world_size),
             end,
         })
     }
 
     /// Where this loader is: enough to continue exactly here after a restart
-    /// ([`LoaderOptions::with_resume`]). Small and cheap (no per-batch data), except that a
+    /// ([`LoaderSpec::with_resume`]). Small and cheap (no per-batch data), except that a
     /// prioritized sampler's priorities are copied in (16 bytes per run of equal priorities at
     /// most 8 per window).
     pub fn state(&self) -> LoaderState {
         let next = self.pipeline.position();
-        let mut s = self.feed.state(next, self.rank_world, true);
+        let mut s = self.feed.state(next, true);
         s.iteration_end = self.end.filter(|&e| e > next);
         s
     }
@@ -342,12 +375,16 @@ impl Loader {
     /// The prioritized sampler of dataset `part` for the next batch, to update priorities
     /// with (`None` when that part's sampler is not prioritized).
     pub fn prioritized(&self, part: usize) -> Option<Arc<crate::sample::PrioritizedSampler>> {
-        self.source().prioritized(self.pipeline.position(), part)
+        self.feed
+            .prioritized(self.pipeline.position())
+            .get(part)
+            .cloned()
+            .flatten()
     }
 
     /// The source of this loader's batches.
     pub fn source(&self) -> BatchSource {
-        BatchSource(self.feed.clone())
+        BatchSource(Src::Local(self.feed.clone()))
     }
 
     /// What following new versions has done so far.

@@ -33,56 +33,36 @@ pub fn global_batch(k: u64, rank: u64, world: u64, per_epoch: Option<u64>) -> u6
     }
 }
 
-/// The number one past the last batch a loader over `sampler` yields (batches are numbered from
-/// `opts.start`): the resumed state's `iteration_end` when it was taken inside an iteration,
-/// else `start + max_batches`, else the end of the epoch `start` is in for epoch samplers (this
-/// rank's share: `ceil(per_epoch / world_size)` batches per epoch), else endless.
-pub(crate) fn loader_end(sampler: &dyn Sampler, opts: &LoaderOptions) -> Result<Option<u64>> {
-    check_rank(opts)?;
-    // A resumed state taken inside an iteration: the rest of that iteration.
-    if let Some(e) = opts.resume.as_ref().and_then(|r| r.iteration_end)
-        && e > opts.start
-    {
-        return Ok(Some(e));
-    }
-    let count = opts.max_batches.or_else(|| {
+/// The number one past the last batch a loader over `sampler` yields, batches numbered from
+/// `start`: `start + max_batches`, else the end of the epoch `start` is in for epoch samplers
+/// (this rank's share: `ceil(per_epoch / world_size)` batches per epoch), else endless.
+pub(crate) fn loader_end(
+    sampler: &dyn Sampler,
+    start: u64,
+    max_batches: Option<u64>,
+    world_size: u64,
+) -> Option<u64> {
+    let count = max_batches.or_else(|| {
         sampler.batches_per_epoch().map(|per| {
-            let c = per.div_ceil(opts.world_size).max(1);
-            c - opts.start % c
+            let c = per.div_ceil(world_size.max(1)).max(1);
+            c - start % c
         })
     });
-    Ok(count.map(|n| opts.start.saturating_add(n)))
+    count.map(|n| start.saturating_add(n))
 }
 
-/// Refuses a start past [`super::state::MAX_BATCH_NUMBER`], a world size of 0 and a rank
-/// outside `0..world_size`, naming the argument.
-pub(crate) fn check_rank(opts: &LoaderOptions) -> Result<()> {
-    if opts.start > super::state::MAX_BATCH_NUMBER {
-        return Err(Error::argument(
-            "start",
-            format!(
-                "batch {} is beyond the largest batch number, {}",
-                opts.start,
-                super::state::MAX_BATCH_NUMBER
-            ),
-        ));
-    }
-    if opts.world_size == 0 {
+/// Refuses a world size of 0 and a rank outside `0..world_size`, naming the argument.
+pub(crate) fn check_rank(rank: u64, world_size: u64) -> Result<()> {
+    if world_size == 0 {
         return Err(Error::argument(
             "world_size",
-            format!(
-                "world_size must be at least 1 (given rank {} of world_size 0)",
-                opts.rank
-            ),
+            format!("world_size must be at least 1 (given rank {rank} of world_size 0)"),
         ));
     }
-    if opts.rank >= opts.world_size {
+    if rank >= world_size {
         return Err(Error::argument(
             "rank",
-            format!(
-                "rank {} is not in 0..world_size {}",
-                opts.rank, opts.world_size
-            ),
+            format!("rank {rank} is not in 0..world_size {world_size}"),
         ));
     }
     Ok(())
@@ -139,13 +119,14 @@ pub(crate) struct WorkerPlans {
 }
 
 impl WorkerPlans {
-    pub(crate) fn new(feed: Arc<Feed>, opts: &LoaderOptions) -> Self {
+    pub(crate) fn new(feed: Arc<Feed>) -> Self {
+        let (rank, world) = feed.rank_world();
         Self {
             per_epoch: feed.first().sampler.batches_per_epoch(),
+            read_ahead: feed.read_ahead(),
             feed,
-            rank: opts.rank,
-            world: opts.world_size,
-            read_ahead: opts.read_ahead,
+            rank,
+            world,
             plan: Vec::new(),
             current_gen: None,
             ahead: Vec::new(),

@@ -1,8 +1,13 @@
 //! What a loader samples, described by data: one dataset or a mix of several, each with the
 //! options of its sampler and whether the loader follows its new versions.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::state::LoaderState;
+use crate::gather::ReadAhead;
+#[cfg(feature = "remote")]
+use crate::remote::Stream;
 use crate::sample::SamplerSpec;
 use crate::store::Snapshot;
 
@@ -89,30 +94,56 @@ pub struct PartSpec {
     pub follow: Option<Follow>,
 }
 
-/// What a loader built by [`super::Loader::open`] samples: the gathered columns, and one
-/// dataset, or several mixed in fixed proportions per batch.
+/// What a loader's batches are: the gathered columns; one dataset, or several mixed in fixed
+/// proportions per batch, each with its sampler and whether it follows new versions; this
+/// process's rank among data-parallel ranks; how upcoming batches are read ahead; and the state
+/// a run resumes from. [`super::BatchSource::open`] opens it, and every loader is made from that
+/// source with its own `new` (`Loader`, `StagedLoader`, `TorchLoader`, `StreamLoader`).
 ///
 /// ```no_run
 /// # use trajstore::*;
 /// # fn main() -> Result<()> {
-/// let offline = Dataset::open("d4rl-hopper")?.snapshot()?;
-/// let online = Dataset::open("online")?.snapshot()?;
-/// let uniform = |seed| SamplerSpec::new(SamplerKind::Uniform, 32, 256).with_seed(seed);
+/// let offline = trajstore::open("d4rl-hopper")?;
+/// let online = trajstore::open("online")?;
+/// let uniform = |seed| SamplerSpec::uniform(32, 256).with_seed(seed);
 /// // RLPD's symmetric sampling: half of every batch from each, following the online data.
 /// let spec = LoaderSpec::new(&["observation", "action", "reward"])
 ///     .part(offline, uniform(0), 0.5)
 ///     .part(online, uniform(1), 0.5)
 ///     .follow(Follow::default());
-/// let mut loader = Loader::open(spec, LoaderOptions::default())?;
+/// let source = BatchSource::open(spec)?;
+/// let mut loader = Loader::new(&source, LoaderOptions::default())?;
 /// let batch = loader.next_batch().unwrap();
 /// assert_eq!(batch.source.iter().filter(|&&s| s == 1).count(), 128);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LoaderSpec {
     pub(crate) parts: Vec<PartSpec>,
     pub(crate) columns: Vec<String>,
     pub(crate) num_slices: Option<usize>,
+    pub(crate) rank: u64,
+    pub(crate) world_size: u64,
+    pub(crate) read_ahead: ReadAhead,
+    pub(crate) resume: Option<Arc<LoaderState>>,
+    #[cfg(feature = "remote")]
+    pub(crate) streamed: Option<(Stream, SamplerSpec)>,
+}
+
+impl Default for LoaderSpec {
+    fn default() -> Self {
+        Self {
+            parts: Vec::new(),
+            columns: Vec::new(),
+            num_slices: None,
+            rank: 0,
+            world_size: 1,
+            read_ahead: ReadAhead::Auto,
+            resume: None,
+            #[cfg(feature = "remote")]
+            streamed: None,
+        }
+    }
 }
 
 impl LoaderSpec {
@@ -126,6 +157,16 @@ impl LoaderSpec {
     /// One dataset sampled by `sampler`.
     pub fn single(snapshot: Snapshot, sampler: SamplerSpec, columns: &[&str]) -> Self {
         Self::new(columns).part(snapshot, sampler, 1.0)
+    }
+    /// One dataset in object storage, read through the stream's bounded cache by a
+    /// [`super::StreamLoader`] and sampled by `sampler` (uniform or epoch; see
+    /// [`super::stream`] for how windows of cached files are sampled).
+    #[cfg(feature = "remote")]
+    pub fn streamed(stream: Stream, sampler: SamplerSpec, columns: &[&str]) -> Self {
+        Self {
+            streamed: Some((stream, sampler)),
+            ..Self::new(columns)
+        }
     }
     /// Adds a dataset with its share `weight` of every batch.
     pub fn part(mut self, snapshot: Snapshot, sampler: SamplerSpec, weight: f64) -> Self {
@@ -148,6 +189,35 @@ impl LoaderSpec {
     /// are this split by the weights, exactly the same in every batch.
     pub fn with_num_slices(mut self, n: usize) -> Self {
         self.num_slices = Some(n);
+        self
+    }
+    /// This process is `rank` of `world_size` data-parallel ranks (default 0 of 1): ranks draw
+    /// disjoint streams of batches (batch `k` of rank `r` is the sampler's batch
+    /// [`super::global_batch`]).
+    pub fn with_rank(mut self, rank: u64, world_size: u64) -> Self {
+        self.rank = rank;
+        self.world_size = world_size;
+        self
+    }
+    /// Whether each worker asks the kernel for the pages of the batch it gathers next while it
+    /// copies the current one (`madvise(WILLNEED)`), so that data not in the page cache
+    /// (datasets larger than RAM, cold starts) arrives with many reads in flight.
+    /// [`ReadAhead::Auto`] (default) does it while the gatherer finds data missing from memory
+    /// and costs nothing on data in memory.
+    pub fn with_read_ahead(mut self, mode: ReadAhead) -> Self {
+        self.read_ahead = mode;
+        self
+    }
+    /// Continues exactly where `state` was taken (`Loader::state`): the source opens each
+    /// dataset at the version the state names and checks that the state is of these datasets,
+    /// this rank and world size and these sampler options, and restores a prioritized sampler's
+    /// priorities. A loader made from it without an explicit
+    /// [`super::LoaderOptions::with_start`] yields the batch the interrupted loader would have
+    /// returned next, and all that follow, whatever the number of workers before and after
+    /// (inside an interrupted iteration, `max_batches` or an epoch, only the rest of it); give
+    /// a start to iterate again from another batch.
+    pub fn with_resume(mut self, state: LoaderState) -> Self {
+        self.resume = Some(Arc::new(state));
         self
     }
 }

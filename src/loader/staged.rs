@@ -10,18 +10,14 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::{
-    Feed, LoaderOptions, LoaderSpec, LoaderState, Pipeline, WorkerPlans, check_in_flight,
-    loader_end,
-};
+use super::{Feed, LoaderOptions, LoaderState, Pipeline, WorkerPlans, check_in_flight};
 use crate::error::{Error, Result};
-use crate::gather::{GatherInto, Gatherer};
-use crate::sample::Sampler;
+use crate::gather::GatherInto;
 
 /// Caller-owned memory that a [`StagedLoader`] gathers one batch into.
 pub trait StagingSlot: Send {
     /// The destinations of one batch of `num_slices` slices of `slice_len` steps (see
-    /// [`GatherInto`] for the layout; [`Gatherer::gather_into`] checks the sizes).
+    /// [`GatherInto`] for the layout; [`crate::gather::Gatherer::gather_into`] checks the sizes).
     fn dest(&mut self) -> GatherInto<'_>;
 }
 
@@ -80,7 +76,6 @@ pub struct StagedLoader {
     gate: Arc<Gate>,
     slots: usize,
     feed: Arc<Feed>,
-    rank_world: (u64, u64),
     /// The end of this loader's batches (None: endless).
     end: Option<u64>,
 }
@@ -95,52 +90,17 @@ impl std::fmt::Debug for StagedLoader {
 }
 
 impl StagedLoader {
-    /// Starts the workers over `slots` (at least 2).
+    /// Starts the workers over `source`'s batches (see [`LoaderOptions`] for which), gathering
+    /// into `slots` (at least 2).
     ///
-    /// Errors with [`Error::InvalidArgument`] as [`super::Loader::try_new`] does, and about
-    /// `slots` when there are fewer than two.
-    pub fn try_new(
-        sampler: Arc<dyn Sampler>,
-        gatherer: Arc<Gatherer>,
-        opts: LoaderOptions,
-        slots: Vec<Box<dyn StagingSlot>>,
-    ) -> Result<Self> {
-        let feed = Feed::fixed_resumed(
-            sampler,
-            gatherer,
-            (opts.rank, opts.world_size),
-            opts.resume.as_deref(),
-        )?;
-        Self::from_feed(feed, opts, slots)
-    }
-
-    /// A staged loader of `spec` (see [`super::Loader::open`]): one dataset or a mix, fixed or
-    /// following, resumed from `opts.resume` when given.
-    pub fn open(
-        spec: LoaderSpec,
-        opts: LoaderOptions,
-        slots: Vec<Box<dyn StagingSlot>>,
-    ) -> Result<Self> {
-        let source = super::BatchSource::open(spec, &opts)?;
-        Self::from_source(&source, opts, slots)
-    }
-
-    /// A staged loader of `source`'s batches from `opts.start` on (see
-    /// [`super::Loader::from_source`]).
-    pub fn from_source(
+    /// Errors with [`Error::InvalidArgument`] as [`super::Loader::new`] does, and about `slots`
+    /// when there are fewer than two or they do not fit in memory together.
+    pub fn new(
         source: &super::BatchSource,
         opts: LoaderOptions,
         slots: Vec<Box<dyn StagingSlot>>,
     ) -> Result<Self> {
-        source.0.check_resume(opts.resume.as_ref())?;
-        Self::from_feed(source.0.clone(), opts, slots)
-    }
-
-    fn from_feed(
-        feed: Arc<Feed>,
-        opts: LoaderOptions,
-        slots: Vec<Box<dyn StagingSlot>>,
-    ) -> Result<Self> {
+        let super::Run { feed, start, end } = source.run(&opts)?;
         let first = feed.first();
         let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
         let n = slots.len();
@@ -150,7 +110,6 @@ impl StagedLoader {
                 format!("{n} staging slot(s): a staged loader needs at least 2"),
             ));
         }
-        let end = loader_end(sampler.as_ref(), &opts)?;
         let batch_bytes =
             gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
         // The workers hold no batch of their own (the worker count is still bounded); the
@@ -165,7 +124,7 @@ impl StagedLoader {
             (n as u64).checked_mul(batch_bytes),
         )?;
         let first_for = |s: u64| {
-            let (start, n) = (opts.start, n as u64);
+            let n = n as u64;
             start + (s + n - start % n) % n
         };
         let gate = Arc::new(Gate {
@@ -178,12 +137,12 @@ impl StagedLoader {
         let pipeline = Pipeline::start(
             opts.workers,
             opts.prefetch,
-            opts.start,
+            start,
             end,
             "staged-loader",
             |lane| {
                 let (gate, slots) = (gate.clone(), slots.clone());
-                let mut planner = WorkerPlans::new(feed.clone(), &opts);
+                let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
                     planner.plan(k, lane);
                     if !gate.wait_for(k) {
@@ -203,13 +162,12 @@ impl StagedLoader {
                 }
             },
         )?;
-        feed.consumed(opts.start);
+        feed.consumed(start);
         Ok(Self {
             pipeline,
             gate,
             slots: n,
             feed,
-            rank_world: (opts.rank, opts.world_size),
             end,
         })
     }
@@ -217,7 +175,7 @@ impl StagedLoader {
     /// Where this loader is (see [`super::Loader::state`]).
     pub fn state(&self) -> LoaderState {
         let next = self.pipeline.position();
-        let mut s = self.feed.state(next, self.rank_world, true);
+        let mut s = self.feed.state(next, true);
         s.iteration_end = self.end.filter(|&e| e > next);
         s
     }
@@ -225,11 +183,11 @@ impl StagedLoader {
     /// The source of this loader's batches (versions, priorities, following: see
     /// [`super::BatchSource`]).
     pub fn source(&self) -> super::BatchSource {
-        super::BatchSource(self.feed.clone())
+        super::BatchSource(super::Src::Local(self.feed.clone()))
     }
 
     /// The next batch, blocking until it is gathered; `None` at the end. Errors when the slots do
-    /// not fit the batches (see [`Gatherer::gather_into`]).
+    /// not fit the batches (see [`crate::gather::Gatherer::gather_into`]).
     ///
     /// The caller must have released every batch up to `number - slots` before asking for batch
     /// `number`, or this waits forever (a worker waits for the slot).

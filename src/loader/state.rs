@@ -71,8 +71,8 @@ pub struct PartState {
     pub follow: bool,
     /// Slices of every batch drawn from this dataset.
     pub slices: usize,
-    /// The sampler's options; `None` for a sampler built by hand
-    /// ([`super::Loader::try_new`]), whose options the loader cannot check.
+    /// The sampler's options (`None` only in states of versions before loaders were made from
+    /// sampler specs alone; such a state is checked without them).
     pub sampler: Option<SamplerState>,
     /// A prioritized sampler's priorities ([`crate::PrioritizedSampler::save_priorities`]).
     #[serde(skip)]

@@ -51,11 +51,11 @@ pub(crate) const MIRROR_MARKER: &str = "_mirror";
 mod mirror;
 mod pull;
 mod push;
-pub mod stream;
+mod stream;
 
 pub use crate::format::is_url;
 pub use mirror::{default_cache_dir, mirror_dir, open, open_catalog};
-pub use stream::{Stream, StreamLoader, StreamOptions, StreamSampling, StreamStats};
+pub use stream::{Stream, StreamOptions};
 
 /// How to reach the store.
 #[derive(Debug, Clone)]
@@ -146,10 +146,10 @@ pub struct Remote {
     /// For `file://` stores: the directory, whose files a push fsyncs (object_store's local
     /// store renames files into place without syncing them).
     local_root: Option<PathBuf>,
-    store: Arc<dyn ObjectStore>,
+    pub(crate) store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
-    rt: tokio::runtime::Runtime,
-    options: RemoteOptions,
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) options: RemoteOptions,
 }
 
 impl std::fmt::Debug for Remote {
@@ -264,12 +264,12 @@ impl Remote {
         (self.key(rel), self.url_of(rel))
     }
 
-    fn key(&self, rel: &str) -> ObjectPath {
+    pub(crate) fn key(&self, rel: &str) -> ObjectPath {
         rel.split('/')
             .fold(self.prefix.clone(), |p, part| p.join(part))
     }
 
-    fn url_of(&self, rel: &str) -> String {
+    pub(crate) fn url_of(&self, rel: &str) -> String {
         format!("{}/{rel}", self.url)
     }
 

@@ -7,11 +7,14 @@
 //! then a uniform window inside the episode); window lookups by number are O(log E) binary
 //! searches over prefix sums. Nothing depends on the number of transitions.
 
+use std::sync::Arc;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
 use crate::format::human_bytes;
+use crate::store::Snapshot;
 
 mod episode;
 mod epoch;
@@ -25,8 +28,8 @@ pub use episode::EpisodeSampler;
 pub use epoch::EpochSampler;
 pub use mix::{MAX_PARTS, MixSampler, mix_counts};
 pub use prioritized::PrioritizedSampler;
-pub use slice::{SliceSampler, transition_sampler};
-pub use spec::{BuiltSampler, SamplerKind, SamplerSpec};
+pub use slice::SliceSampler;
+pub use spec::{SamplerKind, SamplerSpec};
 
 /// Something that turns batch numbers into plans.
 pub trait Sampler: Send + Sync {
@@ -308,89 +311,77 @@ pub(crate) fn check_memory(argument: &str, what: &str, bytes: Option<u64>) -> Re
     }
 }
 
-/// Options of a [`SliceSampler`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct SliceOptions {
-    /// Steps per slice.
-    pub slice_len: u32,
-    /// Slices per batch.
-    pub num_slices: usize,
-    /// Boundary policy.
-    pub policy: BoundaryPolicy,
-    /// How episodes are picked.
-    pub weighting: Weighting,
-    /// Seed.
-    pub seed: u64,
-    /// Optional weight per episode position (multiplies the weighting); 0 excludes an episode.
-    pub episode_weights: Option<Vec<f64>>,
-    /// Optional restriction to these episode ids.
-    pub episode_ids: Option<Vec<u64>>,
+/// A built sampler, and the prioritized sampler behind it when it is one (whose priorities a
+/// training loop updates and a loader state saves).
+#[derive(Clone)]
+pub struct BuiltSampler {
+    /// The sampler.
+    pub sampler: Arc<dyn Sampler>,
+    /// The same sampler when it is prioritized.
+    pub prioritized: Option<Arc<PrioritizedSampler>>,
 }
 
-impl SliceOptions {
-    /// `num_slices` slices of `slice_len` steps, strict policy, windows weighting, seed 0.
-    pub fn new(slice_len: u32, num_slices: usize) -> Self {
-        Self {
-            slice_len,
-            num_slices,
-            policy: BoundaryPolicy::Strict,
-            weighting: Weighting::Windows,
-            seed: 0,
-            episode_weights: None,
-            episode_ids: None,
-        }
-    }
-    /// From a total `batch_size` (transitions) and a slice length: `batch_size / slice_len` slices.
-    pub fn from_batch_size(batch_size: usize, slice_len: u32) -> Result<Self> {
-        if slice_len == 0 {
+impl SamplerSpec {
+    /// Builds the sampler over `snap`, with its cached slice index (O(episodes) the first time
+    /// for a slice length and policy, free after, extended rather than rebuilt by
+    /// [`Snapshot::refresh`]).
+    pub fn build(&self, snap: &Snapshot) -> Result<BuiltSampler> {
+        if self.episode_ids.is_some() && self.kind != SamplerKind::Uniform {
             return Err(Error::argument(
-                "slice_len",
-                "the slice length must be at least 1",
-            ));
-        }
-        if !batch_size.is_multiple_of(slice_len as usize) {
-            return Err(Error::argument(
-                "batch_size",
+                "episodes",
                 format!(
-                    "batch size {batch_size} is not a multiple of the slice length {slice_len}"
+                    "an episode subset is supported by sampler='uniform' only, not '{}'",
+                    self.kind.name()
                 ),
             ));
         }
-        let opts = Self::new(slice_len, batch_size / slice_len as usize);
-        opts.validate()?;
-        Ok(opts)
-    }
-    /// Checks the sizes: at least one slice of at least one step, and a batch that fits
-    /// [`max_batch_bytes`] (counting its plan and flags; the gathered columns come on top, and
-    /// [`crate::Gatherer::gather`] checks them). Every sampler taking these options calls it.
-    pub fn validate(&self) -> Result<()> {
-        check_sizes(self.num_slices, self.slice_len, "num_slices", "slice_len")
-    }
-    /// Sets the boundary policy.
-    pub fn with_policy(mut self, p: BoundaryPolicy) -> Self {
-        self.policy = p;
-        self
-    }
-    /// Sets the weighting.
-    pub fn with_weighting(mut self, w: Weighting) -> Self {
-        self.weighting = w;
-        self
-    }
-    /// Sets the seed.
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
-    }
-    /// Weights episodes (by position in the episode index).
-    pub fn with_episode_weights(mut self, w: Vec<f64>) -> Self {
-        self.episode_weights = Some(w);
-        self
-    }
-    /// Restricts sampling to these episode ids.
-    pub fn with_episode_ids(mut self, ids: Vec<u64>) -> Self {
-        self.episode_ids = Some(ids);
-        self
+        if self.episode_weights.is_some() && self.kind != SamplerKind::Uniform {
+            return Err(Error::argument(
+                "episode_weights",
+                format!(
+                    "episode weights are supported by sampler='uniform' only, not '{}'",
+                    self.kind.name()
+                ),
+            ));
+        }
+        if self.episode_ids.as_ref().is_some_and(|i| i.is_empty()) {
+            return Err(Error::argument(
+                "episodes",
+                "the episode subset is empty: there is nothing to sample",
+            ));
+        }
+        let index = || -> Result<Arc<crate::index::SliceIndex>> {
+            self.validate()?;
+            snap.slice_index(self.slice_len, self.policy)
+        };
+        let (b, seed) = (self.num_slices, self.seed);
+        let mut prioritized = None;
+        let sampler: Arc<dyn Sampler> = match self.kind {
+            SamplerKind::Uniform => {
+                Arc::new(SliceSampler::try_new(index()?, snap.episodes(), self)?)
+            }
+            SamplerKind::Epoch => {
+                Arc::new(EpochSampler::windows(index()?, b, seed, self.drop_last)?)
+            }
+            SamplerKind::EpochEpisodes => {
+                Arc::new(EpochSampler::episodes(index()?, b, seed, self.drop_last)?)
+            }
+            SamplerKind::Episodes => Arc::new(EpisodeSampler::try_new(
+                snap.episodes(),
+                b,
+                self.slice_len,
+                seed,
+            )?),
+            SamplerKind::Prioritized => {
+                let p = Arc::new(PrioritizedSampler::try_new(index()?, b, self.alpha, seed)?);
+                prioritized = Some(p.clone());
+                p
+            }
+        };
+        Ok(BuiltSampler {
+            sampler,
+            prioritized,
+        })
     }
 }
 

@@ -27,12 +27,14 @@ impl std::fmt::Debug for SliceSampler {
 }
 
 impl SliceSampler {
-    /// A sampler over `index` (see [`crate::Snapshot::slice_index`] for the cached one).
-    /// Cost O(1), or O(E) when weights or a subset need an alias table.
+    /// The sampler `opts` describes (its kind, `alpha` and `drop_last` are not used) over
+    /// `index`, a slice index of `opts`'s length and policy (see [`crate::Snapshot::slice_index`]
+    /// for the cached one; [`SamplerSpec::build`] does all this from a snapshot). Cost O(1), or
+    /// O(E) when weights or a subset need an alias table.
     pub fn try_new(
         index: Arc<SliceIndex>,
         episodes: &EpisodeIndex,
-        opts: &SliceOptions,
+        opts: &SamplerSpec,
     ) -> Result<Self> {
         opts.validate()?;
         if index.slice_len != opts.slice_len || index.policy != opts.policy {
@@ -141,27 +143,4 @@ impl Sampler for SliceSampler {
     fn slice_len(&self) -> u32 {
         self.index.slice_len
     }
-}
-
-/// Uniform single transitions: slices of length 1 over every step.
-pub fn transition_sampler(
-    index: Arc<SliceIndex>,
-    episodes: &EpisodeIndex,
-    batch_size: usize,
-    seed: u64,
-) -> Result<SliceSampler> {
-    if index.slice_len != 1 {
-        return Err(Error::argument(
-            "index",
-            format!(
-                "transition sampling needs a slice index of length 1, not {}",
-                index.slice_len
-            ),
-        ));
-    }
-    SliceSampler::try_new(
-        index,
-        episodes,
-        &SliceOptions::new(1, batch_size).with_seed(seed),
-    )
 }

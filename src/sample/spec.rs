@@ -2,13 +2,10 @@
 //! rebuilds on every new version of a dataset it follows, what a mix builds once per part, and
 //! what a loader state records and checks on resume.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
 use super::*;
 use crate::error::{Error, Result};
-use crate::store::Snapshot;
 
 /// Which sampler a [`SamplerSpec`] builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,7 +60,10 @@ impl std::str::FromStr for SamplerKind {
 }
 
 /// Everything that decides which batches a sampler plans: kind, sizes, boundary policy,
-/// weighting, seed, `alpha` (prioritized), `drop_last` (epochs) and an episode subset (uniform).
+/// weighting, seed, `alpha` (prioritized), `drop_last` (epochs), and an episode subset or
+/// per-episode weights (uniform). The one description of a sampler: loaders build theirs from
+/// it ([`SamplerSpec::build`]), a loader state records it, and [`SliceSampler::try_new`] takes it
+/// for a slice index built by hand.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct SamplerSpec {
@@ -85,16 +85,9 @@ pub struct SamplerSpec {
     pub drop_last: bool,
     /// Only these episode ids (uniform sampler only).
     pub episode_ids: Option<Vec<u64>>,
-}
-
-/// A built sampler, and the prioritized sampler behind it when it is one (whose priorities a
-/// training loop updates and a loader state saves).
-#[derive(Clone)]
-pub struct BuiltSampler {
-    /// The sampler.
-    pub sampler: Arc<dyn Sampler>,
-    /// The same sampler when it is prioritized.
-    pub prioritized: Option<Arc<PrioritizedSampler>>,
+    /// A weight per episode position, multiplying the weighting; 0 excludes an episode (uniform
+    /// sampler only).
+    pub episode_weights: Option<Vec<f64>>,
 }
 
 impl SamplerSpec {
@@ -111,7 +104,39 @@ impl SamplerSpec {
             alpha: 0.6,
             drop_last: false,
             episode_ids: None,
+            episode_weights: None,
         }
+    }
+    /// [`SamplerKind::Uniform`]: `num_slices` slices of `slice_len` steps with replacement.
+    pub fn uniform(slice_len: u32, num_slices: usize) -> Self {
+        Self::new(SamplerKind::Uniform, slice_len, num_slices)
+    }
+    /// A sampler of `kind` from a total `batch_size` (transitions) and a slice length:
+    /// `batch_size / slice_len` slices, an error when the one does not divide the other.
+    pub fn from_batch_size(kind: SamplerKind, batch_size: usize, slice_len: u32) -> Result<Self> {
+        if slice_len == 0 {
+            return Err(Error::argument(
+                "slice_len",
+                "the slice length must be at least 1",
+            ));
+        }
+        if !batch_size.is_multiple_of(slice_len as usize) {
+            return Err(Error::argument(
+                "batch_size",
+                format!(
+                    "batch size {batch_size} is not a multiple of the slice length {slice_len}"
+                ),
+            ));
+        }
+        let spec = Self::new(kind, slice_len, batch_size / slice_len as usize);
+        spec.validate()?;
+        Ok(spec)
+    }
+    /// Checks the sizes: at least one slice of at least one step, and a batch that fits
+    /// [`max_batch_bytes`] (counting its plan and flags; the gathered columns come on top, and
+    /// [`crate::Gatherer::gather`] checks them). Every sampler built from a spec calls it.
+    pub fn validate(&self) -> Result<()> {
+        check_sizes(self.num_slices, self.slice_len, "num_slices", "slice_len")
     }
     /// Sets the seed.
     pub fn with_seed(mut self, seed: u64) -> Self {
@@ -143,68 +168,14 @@ impl SamplerSpec {
         self.episode_ids = Some(ids);
         self
     }
+    /// Weights a uniform sampler's episodes (by position in the episode index).
+    pub fn with_episode_weights(mut self, w: Vec<f64>) -> Self {
+        self.episode_weights = Some(w);
+        self
+    }
 
     /// Whether the sampler is endless (with replacement); epochs are not.
     pub fn is_endless(&self) -> bool {
         !matches!(self.kind, SamplerKind::Epoch | SamplerKind::EpochEpisodes)
-    }
-
-    /// Builds the sampler over `snap`, with its cached slice index (O(episodes) the first time
-    /// for a slice length and policy, free after, extended rather than rebuilt by
-    /// [`Snapshot::refresh`]).
-    pub fn build(&self, snap: &Snapshot) -> Result<BuiltSampler> {
-        if self.episode_ids.is_some() && self.kind != SamplerKind::Uniform {
-            return Err(Error::argument(
-                "episodes",
-                format!(
-                    "an episode subset is supported by sampler='uniform' only, not '{}'",
-                    self.kind.name()
-                ),
-            ));
-        }
-        if self.episode_ids.as_ref().is_some_and(|i| i.is_empty()) {
-            return Err(Error::argument(
-                "episodes",
-                "the episode subset is empty: there is nothing to sample",
-            ));
-        }
-        let index = || -> Result<Arc<crate::index::SliceIndex>> {
-            SliceOptions::new(self.slice_len, self.num_slices).validate()?;
-            snap.slice_index(self.slice_len, self.policy)
-        };
-        let (b, seed) = (self.num_slices, self.seed);
-        let mut prioritized = None;
-        let sampler: Arc<dyn Sampler> = match self.kind {
-            SamplerKind::Uniform => {
-                let mut o = SliceOptions::new(self.slice_len, b)
-                    .with_policy(self.policy)
-                    .with_weighting(self.weighting)
-                    .with_seed(seed);
-                o.episode_ids = self.episode_ids.clone();
-                o.validate()?;
-                Arc::new(SliceSampler::try_new(index()?, snap.episodes(), &o)?)
-            }
-            SamplerKind::Epoch => {
-                Arc::new(EpochSampler::windows(index()?, b, seed, self.drop_last)?)
-            }
-            SamplerKind::EpochEpisodes => {
-                Arc::new(EpochSampler::episodes(index()?, b, seed, self.drop_last)?)
-            }
-            SamplerKind::Episodes => Arc::new(EpisodeSampler::try_new(
-                snap.episodes(),
-                b,
-                self.slice_len,
-                seed,
-            )?),
-            SamplerKind::Prioritized => {
-                let p = Arc::new(PrioritizedSampler::try_new(index()?, b, self.alpha, seed)?);
-                prioritized = Some(p.clone());
-                p
-            }
-        };
-        Ok(BuiltSampler {
-            sampler,
-            prioritized,
-        })
     }
 }

@@ -545,7 +545,7 @@ pub trait SnapshotSql {
     /// `CREATE EXTERNAL TABLE`, `INSERT`, `SET`, ...) is refused; see [`SqlSession::allow_writes`].
     fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>>;
     /// The episode ids returned by `sql` (a query with an `episode_id` column), sorted and
-    /// deduplicated, for [`crate::SliceOptions::with_episode_ids`]. Cached per (dataset, version,
+    /// deduplicated, for [`crate::SamplerSpec::with_episode_ids`]. Cached per (dataset, version,
     /// query). Always read-only, so a subset query from a config file cannot read or write files:
     /// SQL other than a query is refused with [`Error::InvalidArgument`].
     fn episodes_where(&self, sql: &str) -> Result<Vec<u64>>;

@@ -11,13 +11,11 @@ use super::resident::Resident;
 use super::streaming::StreamWorker;
 use super::{TensorBatch, check_device};
 use crate::error::{Error, Result};
-use crate::gather::Gatherer;
-use crate::loader::{Feed, Pipeline, WorkerPlans, check_in_flight, loader_end};
-use crate::sample::Sampler;
+use crate::loader::{Feed, Pipeline, Run, WorkerPlans, check_in_flight};
 
 /// Yields [`TensorBatch`]es on the target device in a fixed order: batch `k` of rank `r` is the
 /// sampler's batch [`crate::loader::global_batch`], whatever the number of workers, and equal (bit for bit,
-/// before any cast) to what [`Gatherer::gather`] makes of that plan.
+/// before any cast) to what [`crate::gather::Gatherer::gather`] makes of that plan.
 ///
 /// - **CUDA**: each worker owns a ring of pinned staging slots allocated once; it gathers a batch
 ///   straight into a slot (no intermediate buffer), applies the transform, and issues a
@@ -34,7 +32,6 @@ pub struct TorchLoader {
     inner: Inner,
     device: Device,
     feed: Arc<Feed>,
-    rank_world: (u64, u64),
     /// The end of this loader's batches (None: endless).
     end: Option<u64>,
 }
@@ -63,47 +60,27 @@ impl std::fmt::Debug for TorchLoader {
 }
 
 impl TorchLoader {
-    /// Starts a loader of `gatherer`'s columns over the plans of `sampler`. Checks the device
-    /// first (a CUDA device on a machine without one is an error); on CPU no CUDA function is
-    /// called. In resident mode this uploads the columns (O(dataset) once).
-    pub fn try_new(
-        sampler: Arc<dyn Sampler>,
-        gatherer: Arc<Gatherer>,
-        opts: TorchLoaderOptions,
-    ) -> Result<Self> {
-        let lo = &opts.loader;
-        let feed = Feed::fixed_resumed(
-            sampler,
-            gatherer,
-            (lo.rank, lo.world_size),
-            lo.resume.as_deref(),
-        )?;
-        Self::from_feed(feed, opts)
-    }
-
-    /// A loader of `source`'s batches (one dataset or a mix, fixed or following, opened from a
-    /// state or not: see [`crate::loader::Loader::open`]) from `opts.loader.start` on. Resident mode
-    /// takes a fixed single dataset only.
-    pub fn from_source(
-        source: &crate::loader::BatchSource,
-        opts: TorchLoaderOptions,
-    ) -> Result<Self> {
-        source.feed().check_resume(opts.loader.resume.as_ref())?;
-        Self::from_feed(source.feed(), opts)
+    /// Starts a loader of `source`'s batches (see [`crate::loader::LoaderOptions`] for which)
+    /// on `opts.device`. Checks the device first (a CUDA device on a machine without one is an
+    /// error); on CPU no CUDA function is called. In resident mode (a fixed single dataset
+    /// only) this uploads the columns (O(dataset) once).
+    pub fn new(source: &crate::loader::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
+        let run = source.run(&opts.loader)?;
+        Self::from_run(run, opts)
     }
 
     /// Where this loader is (see [`crate::loader::Loader::state`]).
     pub fn state(&self) -> crate::loader::LoaderState {
         let next = self.position();
-        let mut s = self.feed.state(next, self.rank_world, true);
+        let mut s = self.feed.state(next, true);
         s.iteration_end = self.end.filter(|&e| e > next);
         s
     }
 
-    fn from_feed(feed: Arc<Feed>, opts: TorchLoaderOptions) -> Result<Self> {
+    fn from_run(run: Run, opts: TorchLoaderOptions) -> Result<Self> {
+        let (feed, start, end) = (run.feed.clone(), run.start, run.end);
         let first = feed.first();
         let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
-        let rank_world = (opts.loader.rank, opts.loader.world_size);
         let device = opts.device;
         check_device(device)?;
         if opts.pin_output && device == Device::Cpu {
@@ -115,7 +92,6 @@ impl TorchLoader {
                 )
             })?;
         }
-        let end = loader_end(sampler.as_ref(), &opts.loader)?;
         // Host batches in flight (workers, prefetch queue, the one handed out) must fit memory:
         // checked before any thread starts or anything is allocated.
         let batch_bytes =
@@ -135,12 +111,11 @@ impl TorchLoader {
                     "resident mode uploads one version once: it cannot follow a growing dataset",
                 ));
             }
-            let resident = Resident::new(sampler, &gatherer, layout, &opts, end, budget)?;
+            let resident = Resident::new(sampler, &gatherer, layout, &opts, &run, budget)?;
             return Ok(Self {
                 inner: Inner::Resident(Box::new(resident)),
                 device,
                 feed,
-                rank_world,
                 end,
             });
         }
@@ -149,7 +124,7 @@ impl TorchLoader {
         let pipeline = Pipeline::start(
             lo.workers,
             lo.prefetch,
-            lo.start,
+            start,
             end,
             "torch-loader",
             |lane| {
@@ -164,7 +139,7 @@ impl TorchLoader {
                     cast: opts.cast,
                     transform: opts.transform.clone(),
                     pool: pool.clone(),
-                    planner: WorkerPlans::new(feed.clone(), lo),
+                    planner: WorkerPlans::new(feed.clone()),
                     slots: Vec::new(),
                     max_slots: opts.staging_slots.max(2),
                     next_slot: 0,
@@ -174,12 +149,11 @@ impl TorchLoader {
                 move |k: u64| worker.produce(k, lane)
             },
         )?;
-        feed.consumed(lo.start);
+        feed.consumed(start);
         Ok(Self {
             inner: Inner::Streaming { pipeline, pool },
             device,
             feed,
-            rank_world,
             end,
         })
     }

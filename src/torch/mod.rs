@@ -4,17 +4,15 @@
 //! samples on the device.
 //!
 //! ```no_run
-//! use std::sync::Arc;
 //! use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
-//! use trajstore::{BoundaryPolicy, Dataset, Gatherer, SliceOptions, SliceSampler};
+//! use trajstore::{BatchSource, LoaderSpec, SamplerSpec};
 //!
 //! # fn main() -> trajstore::Result<()> {
-//! let snap = Dataset::open("demo.trajstore")?.snapshot()?;
-//! let index = snap.slice_index(64, BoundaryPolicy::Strict)?;
-//! let sampler = SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(64, 256))?;
-//! let gatherer = Gatherer::try_new(&snap, &["observation", "action", "reward"])?;
+//! let snap = trajstore::open("demo.trajstore")?;
+//! let spec = LoaderSpec::single(snap, SamplerSpec::uniform(64, 256), &["observation", "action", "reward"]);
+//! let source = BatchSource::open(spec)?;
 //! let opts = TorchLoaderOptions::new(parse_device("cuda")?);
-//! let mut loader = TorchLoader::try_new(Arc::new(sampler), Arc::new(gatherer), opts)?;
+//! let mut loader = TorchLoader::new(&source, opts)?;
 //! let batch = loader.next_batch().expect("endless sampler")?;
 //! let obs = batch.get("observation").unwrap(); // [256, 64, 17] f32 on cuda:0
 //! # Ok(()) }

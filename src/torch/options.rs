@@ -19,7 +19,7 @@ pub type Transform = Arc<dyn Fn(&mut TensorBatch) -> Result<()> + Send + Sync>;
 pub struct TorchLoaderOptions {
     /// Target device. Default CPU.
     pub device: Device,
-    /// Workers, queue depth, rank/world size, number of batches, read-ahead.
+    /// Workers, queue depth, first batch and number of batches.
     pub loader: LoaderOptions,
     /// Pinned staging slots per worker on CUDA (a slot is reused only after its copy finished).
     /// Default 4.
@@ -63,7 +63,7 @@ impl TorchLoaderOptions {
             transform: None,
         }
     }
-    /// Sets workers, queue depth, sharding and batch count.
+    /// Sets workers, queue depth, first batch and batch count.
     pub fn with_loader(mut self, loader: LoaderOptions) -> Self {
         self.loader = loader;
         self

@@ -109,9 +109,10 @@ impl Resident {
         gatherer: &Gatherer,
         layout: Layout,
         opts: &TorchLoaderOptions,
-        end: Option<u64>,
+        run: &crate::loader::Run,
         budget: u64,
     ) -> Result<Self> {
+        let ((rank, world), start, end) = (run.feed.rank_world(), run.start, run.end);
         if gatherer.is_mixed() {
             return Err(Error::argument(
                 "gatherer",
@@ -192,10 +193,10 @@ impl Resident {
             sampler,
             layout,
             device,
-            rank: opts.loader.rank,
-            world: opts.loader.world_size,
+            rank,
+            world,
             end,
-            next: opts.loader.start,
+            next: start,
             columns,
             snap,
             episode_flags,

@@ -209,6 +209,15 @@ pub fn err_of<T>(result: trajstore::Result<T>) -> trajstore::Error {
     }
 }
 
+/// A loader made the one way there is: a [`trajstore::BatchSource`] opened from `spec`, and a
+/// [`trajstore::Loader`] of `opts` over it.
+pub fn open_loader(
+    spec: trajstore::LoaderSpec,
+    opts: trajstore::LoaderOptions,
+) -> trajstore::Result<trajstore::Loader> {
+    trajstore::Loader::new(&trajstore::BatchSource::open(spec)?, opts)
+}
+
 /// Asserts that `e` is an [`trajstore::Error::InvalidArgument`] naming `argument`, or naming
 /// anything (or nothing) when `argument` is `None` (errors about a combination of arguments name
 /// none in particular). `what` says which case failed.

@@ -8,7 +8,7 @@ use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type, UInt8Type, UInt32Type, UInt64Type};
 use trajstore::format::{col, ep};
 use trajstore::{
-    Batch, BoundaryPolicy, Dataset, EpisodeEnd, Error, Gatherer, Sampler, SliceOptions, SliceRef,
+    Batch, BoundaryPolicy, Dataset, EpisodeEnd, Error, Gatherer, Sampler, SamplerSpec, SliceRef,
     SliceSampler, TransitionSchema, WriterOptions,
 };
 
@@ -94,7 +94,9 @@ fn parallel_gather_equals_per_slice_gather() {
     let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
-        &SliceOptions::new(24, 256).with_policy(policy).with_seed(5),
+        &SamplerSpec::uniform(24, 256)
+            .with_policy(policy)
+            .with_seed(5),
     )
     .unwrap();
     let names = [
@@ -218,7 +220,7 @@ fn derived_next_observation_equals_stored() {
         let sampler = SliceSampler::try_new(
             index,
             sd.episodes(),
-            &SliceOptions::new(l, 48)
+            &SamplerSpec::uniform(l, 48)
                 .with_policy(policy)
                 .with_seed(l as u64),
         )
@@ -328,7 +330,7 @@ fn to_record_batch_round_trips_the_buffers() {
     let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
-        &SliceOptions::new(6, 10).with_policy(policy).with_seed(3),
+        &SamplerSpec::uniform(6, 10).with_policy(policy).with_seed(3),
     )
     .unwrap();
     let g = Gatherer::try_new(&snap, &[col::OBSERVATION, col::ACTION, col::REWARD]).unwrap();
@@ -462,7 +464,9 @@ fn gather_into_caller_memory_equals_gather_and_checks_sizes() {
         .snapshot(&dir.path().join("d"));
     let policy = BoundaryPolicy::Pad;
     let index = snap.slice_index(10, policy).unwrap();
-    let opts = SliceOptions::new(10, 16).with_policy(policy).with_seed(2);
+    let opts = SamplerSpec::uniform(10, 16)
+        .with_policy(policy)
+        .with_seed(2);
     let sampler = SliceSampler::try_new(index, snap.episodes(), &opts).unwrap();
     let names = [
         col::OBSERVATION,

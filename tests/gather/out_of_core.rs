@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::common::TestData;
+use crate::common::{TestData, open_loader};
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, Dataset, Gatherer, Loader, LoaderOptions, ReadAhead, Sampler,
-    SliceOptions, SliceSampler, Snapshot,
+    Batch, BoundaryPolicy, Dataset, Gatherer, LoaderOptions, LoaderSpec, ReadAhead, Sampler,
+    SamplerSpec, SliceSampler, Snapshot,
 };
 
 const COLUMNS: [&str; 4] = [
@@ -69,18 +69,15 @@ fn vm_flags_under(dir: &Path) -> Vec<(String, Vec<String>)> {
     out
 }
 
+fn sampler_spec(seed: u64) -> SamplerSpec {
+    SamplerSpec::uniform(16, 32)
+        .with_policy(BoundaryPolicy::Strict)
+        .with_seed(seed)
+}
+
 fn sampler(snap: &Snapshot, seed: u64) -> Arc<SliceSampler> {
     let index = snap.slice_index(16, BoundaryPolicy::Strict).unwrap();
-    Arc::new(
-        SliceSampler::try_new(
-            index,
-            snap.episodes(),
-            &SliceOptions::new(16, 32)
-                .with_policy(BoundaryPolicy::Strict)
-                .with_seed(seed),
-        )
-        .unwrap(),
-    )
+    Arc::new(SliceSampler::try_new(index, snap.episodes(), &sampler_spec(seed)).unwrap())
 }
 
 fn bytes_of(b: &Batch) -> Vec<Vec<u8>> {
@@ -95,10 +92,8 @@ fn segments_stay_mapped_for_random_access_whatever_reads_them() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path());
     let snap = Dataset::open(&path).unwrap().snapshot().unwrap();
-    let gatherer = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
-    let mut loader = Loader::try_new(
-        sampler(&snap, 1),
-        gatherer.clone(),
+    let mut loader = open_loader(
+        LoaderSpec::single(snap.clone(), sampler_spec(1), &COLUMNS),
         LoaderOptions::default().with_max_batches(6),
     )
     .unwrap();
@@ -209,14 +204,11 @@ fn a_loader_over_evicted_data_gives_the_same_stream() {
     let path = write(dir.path());
     let stream = |mode: ReadAhead| -> Vec<Vec<Vec<u8>>> {
         let snap = Dataset::open(&path).unwrap().snapshot().unwrap();
-        let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
-        g.set_read_ahead(mode);
-        let mut loader = Loader::try_new(
-            sampler(&snap, 3),
-            g,
+        // The source sets the read-ahead of its gatherer and of its workers.
+        let mut loader = open_loader(
+            LoaderSpec::single(snap, sampler_spec(3), &COLUMNS).with_read_ahead(mode),
             LoaderOptions::default()
                 .with_workers(3)
-                .with_read_ahead(mode)
                 .with_max_batches(12),
         )
         .unwrap();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{TestData, err_of};
+use crate::common::{TestData, err_of, open_loader};
 use trajstore::format::col;
 use trajstore::{
     Batch, Dataset, Follow, Loader, LoaderOptions, LoaderSpec, SamplerKind, SamplerSpec,
@@ -33,7 +33,7 @@ fn check_rows(b: &Batch) {
 
 fn following(snap: trajstore::Snapshot, follow: Follow, workers: usize) -> Loader {
     let s = SamplerSpec::new(SamplerKind::Uniform, 4, 32).with_seed(workers as u64);
-    Loader::open(
+    open_loader(
         LoaderSpec::single(snap, s, &[col::EPISODE_ID, col::STEP, col::REWARD]).follow(follow),
         LoaderOptions::default().with_workers(workers),
     )
@@ -162,7 +162,7 @@ fn following_needs_an_endless_sampler() {
     for kind in [SamplerKind::Epoch, SamplerKind::Prioritized] {
         let spec = LoaderSpec::single(snap.clone(), SamplerSpec::new(kind, 4, 8), &[col::STEP])
             .follow(Follow::default());
-        let e = err_of(Loader::open(spec, LoaderOptions::default()));
+        let e = err_of(open_loader(spec, LoaderOptions::default()));
         assert!(e.to_string().contains("follow"), "{e}");
     }
 }

@@ -8,13 +8,13 @@
 use std::sync::Arc;
 
 use crate::common::sampling::{assert_fits, check_gathered};
-use crate::common::{TestData, assert_invalid_argument, err_of};
+use crate::common::{TestData, assert_invalid_argument, err_of, open_loader};
 use arrow::array::AsArray;
 use arrow::datatypes::UInt16Type;
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, EpochSampler, Error, GatherInto, Gatherer, Loader, LoaderOptions,
-    MixSampler, ReadAhead, Sampler, SliceOptions, SliceRef, SliceSampler, Snapshot, mix_counts,
+    Batch, BoundaryPolicy, EpochSampler, Error, GatherInto, Gatherer, LoaderOptions, LoaderSpec,
+    MixSampler, ReadAhead, Sampler, SamplerSpec, SliceRef, SliceSampler, Snapshot, mix_counts,
 };
 
 const L: u32 = 5;
@@ -49,8 +49,25 @@ fn datasets(dir: &std::path::Path) -> (Snapshot, Snapshot) {
 
 fn sampler(snap: &Snapshot, num_slices: usize, seed: u64) -> Arc<SliceSampler> {
     let index = snap.slice_index(L, BoundaryPolicy::Strict).unwrap();
-    let opts = SliceOptions::new(L, num_slices).with_seed(seed);
+    let opts = SamplerSpec::uniform(L, num_slices).with_seed(seed);
     Arc::new(SliceSampler::try_new(index, snap.episodes(), &opts).unwrap())
+}
+
+/// What [`half_and_half`] builds by hand, as a loader's spec: the same parts (seeds 1 and 2),
+/// half of `num_slices` each.
+fn half_and_half_spec(a: &Snapshot, b: &Snapshot, num_slices: usize) -> LoaderSpec {
+    LoaderSpec::new(&COLUMNS)
+        .part(
+            a.clone(),
+            SamplerSpec::uniform(L, num_slices).with_seed(1),
+            0.5,
+        )
+        .part(
+            b.clone(),
+            SamplerSpec::uniform(L, num_slices).with_seed(2),
+            0.5,
+        )
+        .with_num_slices(num_slices)
 }
 
 fn gatherer(snap: &Snapshot, columns: &[&str]) -> Arc<Gatherer> {
@@ -350,7 +367,8 @@ fn mixes_refuse_epoch_samplers_and_other_slice_lengths() {
     assert!(msg.contains("use an endless sampler"), "{msg}");
 
     let index = b.slice_index(L + 1, BoundaryPolicy::Strict).unwrap();
-    let longer = SliceSampler::try_new(index, b.episodes(), &SliceOptions::new(L + 1, 8)).unwrap();
+    let longer =
+        SliceSampler::try_new(index, b.episodes(), &SamplerSpec::uniform(L + 1, 8)).unwrap();
     let e = err_of(MixSampler::try_new(vec![
         sampler(&a, 8, 1),
         Arc::new(longer),
@@ -432,7 +450,8 @@ fn mixed_batches_do_not_depend_on_the_loader_workers() {
         let opts = LoaderOptions::default()
             .with_workers(workers)
             .with_max_batches(n);
-        let loader = Loader::try_new(mix.clone(), gatherer.clone(), opts).unwrap();
+        // The loader builds its own mix from the spec: the same batches as the one by hand.
+        let loader = open_loader(half_and_half_spec(&a, &b, 256), opts).unwrap();
         let got: Vec<_> = loader.map(|b| key(&b)).collect();
         assert_eq!(got.len(), n as usize, "{workers} workers");
         assert!(got == want, "{workers} workers: other batches");
@@ -445,6 +464,7 @@ fn mixed_batches_do_not_depend_on_the_loader_workers() {
 #[cfg(feature = "torch")]
 #[test]
 fn the_torch_loader_streams_a_mix_but_does_not_make_it_resident() {
+    use trajstore::BatchSource;
     use trajstore::torch::{TorchLoader, TorchLoaderOptions};
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = datasets(dir.path());
@@ -454,7 +474,8 @@ fn the_torch_loader_streams_a_mix_but_does_not_make_it_resident() {
         TorchLoaderOptions::new(tch::Device::Cpu)
             .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(4))
     };
-    let loader = TorchLoader::try_new(mix.clone(), gatherer.clone(), cpu()).unwrap();
+    let source = BatchSource::open(half_and_half_spec(&a, &b, 16)).unwrap();
+    let loader = TorchLoader::new(&source, cpu()).unwrap();
     let (mut plan, mut batch) = (vec![], Batch::default());
     for (k, t) in loader.enumerate() {
         let t = t.unwrap();
@@ -471,11 +492,7 @@ fn the_torch_loader_streams_a_mix_but_does_not_make_it_resident() {
             "batch {k}"
         );
     }
-    let e = err_of(TorchLoader::try_new(
-        mix,
-        gatherer,
-        cpu().with_resident(1 << 30),
-    ));
+    let e = err_of(TorchLoader::new(&source, cpu().with_resident(1 << 30)));
     assert_invalid_argument(&e, Some("gatherer"), "a resident mix");
     assert!(e.to_string().contains("mixed gatherer"), "{e}");
 }

@@ -3,12 +3,14 @@
 //! per rank; priorities survive; states of another dataset, rank or sampler are refused; a state
 //! resumes on its version after the dataset grew.
 
-use crate::common::{TestData, err_of};
+use std::sync::{Arc, Mutex};
+
+use crate::common::{TestData, err_of, open_loader};
 use rand::{Rng, SeedableRng};
 use trajstore::format::col;
 use trajstore::{
-    Batch, Dataset, Loader, LoaderOptions, LoaderSpec, LoaderState, SamplerKind, SamplerSpec,
-    Snapshot, Weighting,
+    Batch, BatchSource, Dataset, GatherInto, Gatherer, Loader, LoaderOptions, LoaderSpec,
+    LoaderState, SamplerKind, SamplerSpec, Snapshot, StagedLoader, StagingSlot, Weighting,
 };
 
 const COLUMNS: [&str; 4] = [col::OBSERVATION, col::REWARD, col::EPISODE_ID, col::STEP];
@@ -36,15 +38,15 @@ fn fingerprint(b: &Batch) -> Vec<u8> {
     out
 }
 
-fn opts(workers: usize, rank: u64, world: u64) -> LoaderOptions {
+fn opts(workers: usize) -> LoaderOptions {
     LoaderOptions::default()
         .with_workers(workers)
         .with_prefetch(3)
-        .with_rank(rank, world)
 }
 
-fn spec_of(snap: &Snapshot, s: &SamplerSpec) -> LoaderSpec {
-    LoaderSpec::single(snap.clone(), s.clone(), &COLUMNS)
+/// `snap` sampled by `s`, as rank `rank` of `world`.
+fn spec_of(snap: &Snapshot, s: &SamplerSpec, (rank, world): (u64, u64)) -> LoaderSpec {
+    LoaderSpec::single(snap.clone(), s.clone(), &COLUMNS).with_rank(rank, world)
 }
 
 /// Priorities the prioritized cases set before sampling (the same in both runs).
@@ -61,11 +63,7 @@ fn set_priorities(loader: &Loader) {
 /// (workers `a`), whose state goes through bytes into a new loader (workers `b`).
 fn compare(snap: &Snapshot, s: &SamplerSpec, k: u64, (a, b): (usize, usize), rank: (u64, u64)) {
     let ctx = format!("{:?} at {k}, workers {a} -> {b}, rank {rank:?}", s.kind);
-    let mut whole = Loader::open(
-        spec_of(snap, s),
-        opts(a, rank.0, rank.1).with_max_batches(k + 100),
-    )
-    .unwrap();
+    let mut whole = open_loader(spec_of(snap, s, rank), opts(a).with_max_batches(k + 100)).unwrap();
     set_priorities(&whole);
     let want: Vec<Vec<u8>> = whole
         .by_ref()
@@ -75,11 +73,7 @@ fn compare(snap: &Snapshot, s: &SamplerSpec, k: u64, (a, b): (usize, usize), ran
     assert_eq!(want.len(), 100, "{ctx}");
 
     // (Epoch samplers stop at the end of an epoch unless told how many batches to give.)
-    let mut first = Loader::open(
-        spec_of(snap, s),
-        opts(a, rank.0, rank.1).with_max_batches(k + 100),
-    )
-    .unwrap();
+    let mut first = open_loader(spec_of(snap, s, rank), opts(a).with_max_batches(k + 100)).unwrap();
     set_priorities(&first);
     for _ in 0..k {
         first.next_batch().unwrap();
@@ -93,11 +87,9 @@ fn compare(snap: &Snapshot, s: &SamplerSpec, k: u64, (a, b): (usize, usize), ran
         s.kind == SamplerKind::Prioritized,
         "{ctx}"
     );
-    let resumed = Loader::open(
-        spec_of(snap, s),
-        opts(b, rank.0, rank.1)
-            .with_resume(state)
-            .with_max_batches(100),
+    let resumed = open_loader(
+        spec_of(snap, s, rank).with_resume(state),
+        opts(b).with_max_batches(100),
     )
     .unwrap();
     let got: Vec<Vec<u8>> = resumed.map(|b| fingerprint(&b)).collect();
@@ -168,32 +160,35 @@ fn states_that_do_not_match_the_loader_are_refused() {
         .episodes((0..40u64).map(|i| 5 + (i * 13) % 37))
         .snapshot(&dir.path().join("other"));
     let s = &samplers()[0];
-    let mut l = Loader::open(spec_of(&snap, s), opts(2, 0, 2)).unwrap();
+    let mut l = open_loader(spec_of(&snap, s, (0, 2)), opts(2)).unwrap();
     l.next_batch().unwrap();
     let state = l.state();
     drop(l);
-    let refuse = |snap: &Snapshot, s: &SamplerSpec, o: LoaderOptions, what: &str| {
-        let e = err_of(Loader::open(spec_of(snap, s), o.with_resume(state.clone())));
+    // The source checks the state it is opened at.
+    let refuse = |snap: &Snapshot, s: &SamplerSpec, rank: (u64, u64), what: &str| {
+        let e = err_of(BatchSource::open(
+            spec_of(snap, s, rank).with_resume(state.clone()),
+        ));
         assert!(e.to_string().contains(what), "{what}: {e}");
     };
     // The same episodes written again are still another dataset.
-    refuse(&other, s, opts(2, 0, 2), "another dataset");
-    refuse(&snap, s, opts(2, 1, 2), "rank 0 of 2");
-    refuse(&snap, s, opts(2, 0, 1), "rank 0 of 2");
-    refuse(&snap, &s.clone().with_seed(12), opts(2, 0, 2), "seed");
+    refuse(&other, s, (0, 2), "another dataset");
+    refuse(&snap, s, (1, 2), "rank 0 of 2");
+    refuse(&snap, s, (0, 1), "rank 0 of 2");
+    refuse(&snap, &s.clone().with_seed(12), (0, 2), "seed");
     refuse(
         &snap,
         &s.clone().with_weighting(Weighting::Episodes),
-        opts(2, 0, 2),
+        (0, 2),
         "weighting",
     );
     refuse(
         &snap,
         &SamplerSpec::new(SamplerKind::Uniform, 6, 9),
-        opts(2, 0, 2),
+        (0, 2),
         "slices",
     );
-    refuse(&snap, &samplers()[3], opts(2, 0, 2), "sampler");
+    refuse(&snap, &samplers()[3], (0, 2), "sampler");
     // Bytes that are not a state, or a state of a later layout.
     for bad in [&b"TSLOADST\x05"[..], b"{}", b""] {
         assert!(LoaderState::from_bytes(bad).is_err());
@@ -211,7 +206,7 @@ fn a_state_resumes_on_its_version_after_the_dataset_grew() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
     let s = &samplers()[0];
-    let mut l = Loader::open(spec_of(&snap, s), opts(2, 0, 1)).unwrap();
+    let mut l = open_loader(spec_of(&snap, s, (0, 1)), opts(2)).unwrap();
     for _ in 0..30 {
         l.next_batch().unwrap();
     }
@@ -227,28 +222,23 @@ fn a_state_resumes_on_its_version_after_the_dataset_grew() {
         .append_to(&ds);
     let newest = ds.snapshot().unwrap();
     assert_eq!(newest.version(), snap.version() + 1);
-    let resumed = Loader::open(
-        spec_of(&newest, s),
-        opts(3, 0, 1)
-            .with_resume(state.clone())
-            .with_max_batches(50),
+    let resumed = open_loader(
+        spec_of(&newest, s, (0, 1)).with_resume(state.clone()),
+        opts(3).with_max_batches(50),
     )
     .unwrap();
     assert_eq!(resumed.versions(), vec![snap.version()]);
     let got: Vec<Vec<u8>> = resumed.map(|b| fingerprint(&b)).collect();
     assert!(got == want, "the resumed batches are those of version V");
-    // The same state through the loader built by hand on the old version.
-    let built = s.build(&snap).unwrap();
-    let g = trajstore::Gatherer::try_new(&snap, &COLUMNS).unwrap();
-    let by_hand = Loader::try_new(
-        built.sampler,
-        std::sync::Arc::new(g),
-        opts(1, 0, 1)
-            .with_resume(state.clone())
-            .with_max_batches(50),
+    // The same state through a loader of the old version's snapshot itself (this used to be a
+    // loader built by hand, `Loader::try_new`, over that snapshot's sampler and gatherer).
+    let on_old = open_loader(
+        spec_of(&snap, s, (0, 1)).with_resume(state.clone()),
+        opts(1).with_max_batches(50),
     )
     .unwrap();
-    let got: Vec<Vec<u8>> = by_hand.map(|b| fingerprint(&b)).collect();
+    assert_eq!(on_old.versions(), vec![snap.version()]);
+    let got: Vec<Vec<u8>> = on_old.map(|b| fingerprint(&b)).collect();
     assert!(got == want);
 }
 
@@ -272,7 +262,7 @@ fn a_mix_with_a_followed_part_keeps_its_proportions_follows_and_resumes() {
             .follow(Follow::every(Duration::from_millis(20)))
             .with_num_slices(16)
     };
-    let mut l = Loader::open(spec(&offline, &online), opts(2, 0, 1)).unwrap();
+    let mut l = open_loader(spec(&offline, &online), opts(2)).unwrap();
     let ds = Dataset::open(&online_path).unwrap();
     let check = |b: &Batch, online_ids: u64| {
         assert_eq!(
@@ -315,9 +305,9 @@ fn a_mix_with_a_followed_part_keeps_its_proportions_follows_and_resumes() {
     let want: Vec<Vec<u8>> = l.by_ref().take(30).map(|b| fingerprint(&b)).collect();
     drop(l);
     let newest = ds.snapshot().unwrap();
-    let resumed = Loader::open(
-        spec(&offline, &newest),
-        opts(3, 0, 1).with_resume(state).with_max_batches(30),
+    let resumed = open_loader(
+        spec(&offline, &newest).with_resume(state),
+        opts(3).with_max_batches(30),
     )
     .unwrap();
     let got: Vec<Vec<u8>> = resumed.map(|b| fingerprint(&b)).collect();
@@ -327,7 +317,7 @@ fn a_mix_with_a_followed_part_keeps_its_proportions_follows_and_resumes() {
         .obs_dim(4)
         .episodes([30u64; 2])
         .snapshot(&dir.path().join("w"));
-    let e = err_of(Loader::open(spec(&offline, &wide), opts(1, 0, 1)));
+    let e = err_of(open_loader(spec(&offline, &wide), opts(1)));
     assert!(e.to_string().contains("observation"), "{e}");
 }
 
@@ -338,7 +328,7 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
     let s = &samplers()[0];
-    let mut l = Loader::open(spec_of(&snap, s), opts(2, 0, 1)).unwrap();
+    let mut l = open_loader(spec_of(&snap, s, (0, 1)), opts(2)).unwrap();
     l.next_batch().unwrap();
     let state = l.state();
     drop(l);
@@ -373,9 +363,9 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
         assert!(e.to_string().contains(what), "{to}: {e}");
     }
     // A loader started at such a batch is refused too, not left waiting.
-    let e = err_of(Loader::open(
-        spec_of(&snap, s),
-        opts(1, 0, 1).with_start(u64::MAX),
+    let e = err_of(open_loader(
+        spec_of(&snap, s, (0, 1)),
+        opts(1).with_start(u64::MAX),
     ));
     assert!(e.to_string().contains("largest batch number"), "{e}");
 
@@ -390,9 +380,8 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
     ))
     .unwrap();
     for seed in [12, 11] {
-        let e = err_of(Loader::open(
-            spec_of(&snap, &s.clone().with_seed(seed)),
-            opts(2, 0, 1).with_resume(no_sampler.clone()),
+        let e = err_of(BatchSource::open(
+            spec_of(&snap, &s.clone().with_seed(seed), (0, 1)).with_resume(no_sampler.clone()),
         ));
         assert!(e.to_string().contains("no sampler options"), "{e}");
     }
@@ -403,40 +392,37 @@ fn states_out_of_range_or_missing_what_checks_them_are_refused() {
         "\"dataset_id\":null",
     ))
     .unwrap();
-    let e = err_of(Loader::open(
-        spec_of(&snap, s),
-        opts(2, 0, 1).with_resume(no_id),
+    let e = err_of(BatchSource::open(
+        spec_of(&snap, s, (0, 1)).with_resume(no_id),
     ));
     assert!(e.to_string().contains("no dataset_id"), "{e}");
 
     // An epoch sampler's epoch that does not match the batch number.
     let ep = &samplers()[3];
-    let mut l = Loader::open(spec_of(&snap, ep), opts(1, 0, 1)).unwrap();
+    let mut l = open_loader(spec_of(&snap, ep, (0, 1)), opts(1)).unwrap();
     l.next_batch().unwrap();
     let st = l.state();
     drop(l);
     let wrong =
         LoaderState::from_json(&st.to_json().replace("\"epoch\":0", "\"epoch\":1")).unwrap();
-    let e = err_of(Loader::open(
-        spec_of(&snap, ep),
-        opts(1, 0, 1).with_resume(wrong),
+    let e = err_of(BatchSource::open(
+        spec_of(&snap, ep, (0, 1)).with_resume(wrong),
     ));
     assert!(e.to_string().contains("epoch"), "{e}");
 
     // A prioritized state without its priorities (to_json drops them) is refused.
     let pr = &samplers()[6];
-    let mut l = Loader::open(spec_of(&snap, pr), opts(1, 0, 1)).unwrap();
+    let mut l = open_loader(spec_of(&snap, pr, (0, 1)), opts(1)).unwrap();
     l.next_batch().unwrap();
     let st = l.state();
     drop(l);
-    let e = err_of(Loader::open(
-        spec_of(&snap, pr),
-        opts(1, 0, 1).with_resume(LoaderState::from_json(&st.to_json()).unwrap()),
+    let e = err_of(BatchSource::open(
+        spec_of(&snap, pr, (0, 1)).with_resume(LoaderState::from_json(&st.to_json()).unwrap()),
     ));
     assert!(e.to_string().contains("priorities"), "{e}");
-    Loader::open(
-        spec_of(&snap, pr),
-        opts(1, 0, 1).with_resume(LoaderState::from_bytes(&st.to_bytes()).unwrap()),
+    open_loader(
+        spec_of(&snap, pr, (0, 1)).with_resume(LoaderState::from_bytes(&st.to_bytes()).unwrap()),
+        opts(1),
     )
     .unwrap();
 }
@@ -449,14 +435,15 @@ fn a_resumed_iteration_yields_only_its_remaining_batches() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
     for s in samplers() {
-        let o = || opts(2, 0, 1).with_max_batches(60);
-        let whole: Vec<Vec<u8>> = Loader::open(spec_of(&snap, &s), o())
+        let o = || opts(2).with_max_batches(60);
+        let spec = || spec_of(&snap, &s, (0, 1));
+        let whole: Vec<Vec<u8>> = open_loader(spec(), o())
             .unwrap()
             .map(|b| fingerprint(&b))
             .collect();
         // An epoch sampler's iteration may end sooner (the end of its epoch).
         let n = whole.len();
-        let mut first = Loader::open(spec_of(&snap, &s), o()).unwrap();
+        let mut first = open_loader(spec(), o()).unwrap();
         let k = 23.min(n - 1);
         for _ in 0..k {
             first.next_batch().unwrap();
@@ -464,49 +451,240 @@ fn a_resumed_iteration_yields_only_its_remaining_batches() {
         let state = LoaderState::from_bytes(&first.state().to_bytes()).unwrap();
         assert_eq!(state.iteration_end, Some(n as u64), "{:?}", s.kind);
         drop(first);
-        let rest: Vec<Vec<u8>> = Loader::open(spec_of(&snap, &s), o().with_resume(state))
+        let rest: Vec<Vec<u8>> = open_loader(spec().with_resume(state), o())
             .unwrap()
             .map(|b| fingerprint(&b))
             .collect();
         assert_eq!(rest.len(), n - k, "{:?}: the rest of the iteration", s.kind);
         assert!(rest == whole[k..], "{:?}: the same batches", s.kind);
         // At the end of an iteration: no iteration_end, and the next iteration is whole.
-        let mut done = Loader::open(spec_of(&snap, &s), o()).unwrap();
+        let mut done = open_loader(spec(), o()).unwrap();
         while done.next_batch().is_some() {}
         let at_end = done.state();
         assert_eq!(at_end.iteration_end, None);
-        let next = Loader::open(spec_of(&snap, &s), o().with_resume(at_end)).unwrap();
+        let next = open_loader(spec().with_resume(at_end), o()).unwrap();
         assert!(next.count() > 0, "{:?}", s.kind);
     }
 }
 
-/// `with_resume` is honoured the same way by every constructor: a loader made from a source
-/// requires the state the source was opened at (it used to be ignored there), and one made from
-/// a source opened at it continues exactly.
+/// Staging memory for one batch that keeps what was gathered into it: when a worker asks for it
+/// again (its batch was released) and when the loader drops it, it appends the batch it holds,
+/// as [`staged_key`] lays it out, to `log` (a slot's batches come in number order).
+struct Keeping {
+    columns: Vec<Vec<u8>>,
+    flags: [Vec<u8>; 6],
+    ids: Vec<u64>,
+    starts: Vec<i64>,
+    full: bool,
+    log: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Keeping {
+    fn keep(&mut self) {
+        if self.full {
+            let mut out: Vec<u8> = self.columns.concat();
+            out.extend(self.flags.concat());
+            out.extend(self.ids.iter().flat_map(|x| x.to_le_bytes()));
+            out.extend(self.starts.iter().flat_map(|x| x.to_le_bytes()));
+            self.log.lock().unwrap().push(out);
+        }
+    }
+}
+
+impl StagingSlot for Keeping {
+    fn dest(&mut self) -> GatherInto<'_> {
+        self.keep();
+        self.full = true;
+        GatherInto {
+            columns: self.columns.iter_mut().map(|c| c.as_mut_slice()).collect(),
+            flags: self.flags.each_mut().map(|f| f.as_mut_slice()),
+            episode_id: &mut self.ids,
+            start_step: &mut self.starts,
+        }
+    }
+}
+
+impl Drop for Keeping {
+    fn drop(&mut self) {
+        self.keep();
+    }
+}
+
+/// A batch as a [`Keeping`] slot records it.
+fn staged_key(b: &Batch) -> Vec<u8> {
+    let mut out: Vec<u8> = b
+        .columns
+        .iter()
+        .flat_map(|c| c.data.as_slice().to_vec())
+        .collect();
+    for f in [
+        &b.mask,
+        &b.is_first,
+        &b.is_last,
+        &b.terminated,
+        &b.truncated,
+        &b.slice_end,
+    ] {
+        out.extend_from_slice(f);
+    }
+    out.extend(b.episode_id.iter().flat_map(|x| x.to_le_bytes()));
+    out.extend(b.start_step.iter().flat_map(|x| x.to_le_bytes()));
+    out
+}
+
+/// The batches a staged loader of `source` (two slots) yields, as [`staged_key`]s in order.
+fn staged(
+    source: &BatchSource,
+    snap: &Snapshot,
+    s: &SamplerSpec,
+    o: LoaderOptions,
+) -> Vec<Vec<u8>> {
+    let g = Gatherer::try_new(snap, &COLUMNS).unwrap();
+    let steps = s.num_slices * s.slice_len as usize;
+    let logs: Vec<Arc<Mutex<Vec<Vec<u8>>>>> = (0..2).map(|_| Arc::default()).collect();
+    let slots: Vec<Box<dyn StagingSlot>> = logs
+        .iter()
+        .map(|log| {
+            Box::new(Keeping {
+                columns: g.step_bytes().iter().map(|b| vec![0; steps * b]).collect(),
+                flags: std::array::from_fn(|_| vec![0; steps]),
+                ids: vec![0; s.num_slices],
+                starts: vec![0; s.num_slices],
+                full: false,
+                log: log.clone(),
+            }) as Box<dyn StagingSlot>
+        })
+        .collect();
+    let mut loader = StagedLoader::new(source, o, slots).unwrap();
+    let mut numbers = vec![];
+    while let Some(b) = loader.next_batch() {
+        let b = b.unwrap();
+        assert_eq!(b.num_slices, s.num_slices);
+        numbers.push(b.number);
+        loader.release(b.number).unwrap();
+    }
+    drop(loader);
+    let mut logs: Vec<std::vec::IntoIter<Vec<u8>>> = logs
+        .iter()
+        .map(|l| std::mem::take(&mut *l.lock().unwrap()).into_iter())
+        .collect();
+    let out: Vec<Vec<u8>> = numbers
+        .iter()
+        .map(|&k| logs[(k % 2) as usize].next().expect("a kept batch"))
+        .collect();
+    assert!(
+        logs.iter_mut().all(|l| l.next().is_none()),
+        "batches never returned"
+    );
+    out
+}
+
+/// A source opened at a state (`LoaderSpec::with_resume`) continues the interrupted run:
+/// a loader made from it without a start yields exactly the rest of the interrupted iteration
+/// (whatever its own `max_batches`); a loader of the same source with an explicit start yields
+/// from that start, and the state's iteration end no longer applies; staged and torch loaders
+/// of a resumed source do as `Loader` does. (This test used to check that `with_resume` was
+/// honoured the same way by every constructor: that `Loader::from_source` refused a state its
+/// source was not opened at. Loader options no longer carry a state: only the source does, and
+/// every loader is made from a source.)
 #[test]
-fn a_loader_from_a_source_requires_the_state_the_source_was_opened_at() {
+fn a_resumed_source_yields_the_rest_then_from_the_start_its_loaders_name() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
     let s = &samplers()[0];
-    let mut l = Loader::open(spec_of(&snap, s), opts(2, 0, 1)).unwrap();
+    let spec = || spec_of(&snap, s, (0, 1));
+    // The uninterrupted stream (endless sampler: batch k is the same in every run).
+    let stream: Vec<Batch> = open_loader(spec(), opts(2)).unwrap().take(40).collect();
+    let want: Vec<Vec<u8>> = stream.iter().map(fingerprint).collect();
+    // An iteration of 17 batches interrupted after 7.
+    let mut l = open_loader(spec(), opts(2).with_max_batches(17)).unwrap();
     for _ in 0..7 {
         l.next_batch().unwrap();
     }
     let state = l.state();
-    let want: Vec<Vec<u8>> = l.by_ref().take(10).map(|b| fingerprint(&b)).collect();
+    assert_eq!((state.next_batch, state.iteration_end), (7, Some(17)));
     drop(l);
-    let plain = trajstore::BatchSource::open(spec_of(&snap, s), &opts(2, 0, 1)).unwrap();
-    let e = err_of(Loader::from_source(
-        &plain,
-        opts(2, 0, 1).with_resume(state.clone()),
-    ));
-    assert!(e.to_string().contains("source was not opened at"), "{e}");
-    let o = opts(1, 0, 1).with_resume(state);
-    let source = trajstore::BatchSource::open(spec_of(&snap, s), &o).unwrap();
-    let got: Vec<Vec<u8>> = Loader::from_source(&source, o)
+    let source = BatchSource::open(spec().with_resume(state.clone())).unwrap();
+    assert_eq!(source.rank(), (0, 1));
+    let mut at = source.state(7).unwrap();
+    at.iteration_end = state.iteration_end;
+    assert_eq!(at, state, "the source's state at the interrupted batch");
+    // The first loader: the rest of the iteration, batches 7..17, and no more.
+    let rest: Vec<Vec<u8>> = Loader::new(&source, opts(1))
         .unwrap()
-        .take(10)
         .map(|b| fingerprint(&b))
         .collect();
-    assert!(got == want);
+    assert_eq!(rest.len(), 10);
+    assert!(rest == want[7..17], "the rest of the interrupted iteration");
+    // Another loader of the source without a start: the rest again, even with max_batches.
+    let again: Vec<Vec<u8>> = Loader::new(&source, opts(3).with_max_batches(30))
+        .unwrap()
+        .map(|b| fingerprint(&b))
+        .collect();
+    assert!(again == want[7..17], "the rest again");
+    // With an explicit start: from there, past the interrupted iteration's end.
+    let from_3: Vec<Vec<u8>> = Loader::new(&source, opts(2).with_start(3))
+        .unwrap()
+        .take(30)
+        .map(|b| fingerprint(&b))
+        .collect();
+    assert!(from_3 == want[3..33], "from the explicit start, endless");
+    let five: Vec<Vec<u8>> = Loader::new(&source, opts(2).with_start(3).with_max_batches(5))
+        .unwrap()
+        .map(|b| fingerprint(&b))
+        .collect();
+    assert!(five == want[3..8], "from the explicit start, max_batches");
+    // A start past the largest batch number is refused by the loader.
+    let e = err_of(Loader::new(&source, opts(1).with_start(u64::MAX)));
+    assert!(e.to_string().contains("largest batch number"), "{e}");
+    // Staged loaders of the resumed source: the same batches.
+    let keys: Vec<Vec<u8>> = stream.iter().map(staged_key).collect();
+    assert!(
+        staged(&source, &snap, s, opts(2)) == keys[7..17],
+        "staged: the rest of the iteration"
+    );
+    assert!(
+        staged(
+            &source,
+            &snap,
+            s,
+            opts(2).with_start(3).with_max_batches(20)
+        ) == keys[3..23],
+        "staged: from the explicit start"
+    );
+    // Torch loaders too.
+    #[cfg(feature = "torch")]
+    {
+        use trajstore::torch::{TorchLoader, TorchLoaderOptions};
+        let torch = |o: LoaderOptions| -> Vec<(Vec<i64>, Vec<i64>, Vec<f32>)> {
+            let to = TorchLoaderOptions::new(tch::Device::Cpu).with_loader(o);
+            TorchLoader::new(&source, to)
+                .unwrap()
+                .map(|t| {
+                    let t = t.unwrap();
+                    (
+                        Vec::try_from(&t.episode_id.flatten(0, -1)).unwrap(),
+                        Vec::try_from(&t.start_step.flatten(0, -1)).unwrap(),
+                        Vec::try_from(&t.get(col::OBSERVATION).unwrap().flatten(0, -1)).unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let of = |b: &Batch| {
+            (
+                b.episode_id.iter().map(|&i| i as i64).collect::<Vec<i64>>(),
+                b.start_step.clone(),
+                b.column(col::OBSERVATION).unwrap().values::<f32>().to_vec(),
+            )
+        };
+        let keys: Vec<_> = stream.iter().map(of).collect();
+        assert!(
+            torch(opts(2)) == keys[7..17],
+            "torch: the rest of the iteration"
+        );
+        assert!(
+            torch(opts(2).with_start(3).with_max_batches(20)) == keys[3..23],
+            "torch: from the explicit start"
+        );
+    }
 }

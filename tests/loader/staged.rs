@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::common::TestData;
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, Error, GatherInto, Gatherer, LoaderOptions, Sampler, SliceOptions,
-    SliceSampler, Snapshot, StagedLoader, StagingSlot,
+    Batch, BatchSource, BoundaryPolicy, Error, GatherInto, Gatherer, LoaderOptions, LoaderSpec,
+    Sampler, SamplerSpec, SliceSampler, Snapshot, StagedLoader, StagingSlot,
 };
 
 const COLUMNS: [&str; 3] = [col::OBSERVATION, col::REWARD, col::ACTION];
@@ -27,13 +27,22 @@ fn dataset(dir: &std::path::Path) -> Snapshot {
         .snapshot(&dir.join("d"))
 }
 
+fn sampler_spec() -> SamplerSpec {
+    SamplerSpec::uniform(L as u32, B)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(3)
+}
+
+/// The sampler of [`sampler_spec`] built by hand (the reference the staged batches equal).
 fn sampler(snap: &Snapshot) -> Arc<SliceSampler> {
-    let policy = BoundaryPolicy::Pad;
-    let index = snap.slice_index(L as u32, policy).unwrap();
-    let opts = SliceOptions::new(L as u32, B)
-        .with_policy(policy)
-        .with_seed(3);
+    let opts = sampler_spec();
+    let index = snap.slice_index(opts.slice_len, opts.policy).unwrap();
     Arc::new(SliceSampler::try_new(index, snap.episodes(), &opts).unwrap())
+}
+
+/// The source the staged loaders draw from: [`sampler_spec`] over `snap`'s [`COLUMNS`].
+fn source(snap: &Snapshot) -> BatchSource {
+    BatchSource::open(LoaderSpec::single(snap.clone(), sampler_spec(), &COLUMNS)).unwrap()
 }
 
 /// One slot's memory, shared with the test so that it can read a batch between `next_batch` and
@@ -148,7 +157,7 @@ fn staged_batches_equal_the_gather_whatever_workers_and_slots() {
             .with_prefetch(2)
             .with_start(7)
             .with_max_batches(40);
-        let mut loader = StagedLoader::try_new(s.clone(), g.clone(), opts, boxed).unwrap();
+        let mut loader = StagedLoader::new(&source(&snap), opts, boxed).unwrap();
         assert_eq!(loader.slots(), n_slots);
         let mut got = vec![];
         // The consumer keeps up to `held` batches unreleased (copies in flight), releasing the
@@ -180,11 +189,10 @@ fn staged_batches_equal_the_gather_whatever_workers_and_slots() {
 fn release_is_checked_and_dropping_a_waiting_loader_returns() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let s = sampler(&snap);
-    let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
+    let g = Gatherer::try_new(&snap, &COLUMNS).unwrap();
     let (boxed, _mems) = slots(&g, 2);
     let opts = LoaderOptions::default().with_workers(2).with_prefetch(2);
-    let mut loader = StagedLoader::try_new(s.clone(), g.clone(), opts, boxed).unwrap();
+    let mut loader = StagedLoader::new(&source(&snap), opts, boxed).unwrap();
     let first = loader.next_batch().unwrap().unwrap();
     assert_eq!(first.number, 0);
     // Not returned yet, or another slot's batch: refused.
@@ -215,11 +223,10 @@ fn release_is_checked_and_dropping_a_waiting_loader_returns() {
 fn too_few_or_too_small_slots_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let s = sampler(&snap);
-    let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
+    let source = source(&snap);
+    let g = Gatherer::try_new(&snap, &COLUMNS).unwrap();
     let (boxed, _) = slots(&g, 1);
-    let e =
-        StagedLoader::try_new(s.clone(), g.clone(), LoaderOptions::default(), boxed).unwrap_err();
+    let e = StagedLoader::new(&source, LoaderOptions::default(), boxed).unwrap_err();
     assert!(
         matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "slots"),
         "{e}"
@@ -236,7 +243,7 @@ fn too_few_or_too_small_slots_are_errors() {
         })
         .collect();
     let mut loader =
-        StagedLoader::try_new(s, g, LoaderOptions::default().with_max_batches(1), small).unwrap();
+        StagedLoader::new(&source, LoaderOptions::default().with_max_batches(1), small).unwrap();
     let e = loader.next_batch().unwrap().unwrap_err();
     assert!(
         matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "dest"),

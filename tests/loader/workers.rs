@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::common::TestData;
+use crate::common::{TestData, open_loader};
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, EpochSampler, Gatherer, Loader, LoaderOptions, ReadAhead, Sampler,
-    SliceIndex, SliceOptions, SliceSampler, Snapshot, Weighting,
+    Batch, BatchSource, BoundaryPolicy, EpochSampler, GatherInto, Gatherer, LoaderOptions,
+    LoaderSpec, ReadAhead, Sampler, SamplerKind, SamplerSpec, SliceIndex, SliceSampler, Snapshot,
+    StagedLoader, StagingSlot, Weighting,
 };
+use trajstore::{Loader, Result};
 
 const COLUMNS: [&str; 5] = [
     col::OBSERVATION,
@@ -79,19 +81,33 @@ fn reference(sampler: &dyn Sampler, g: &Gatherer, batches: impl Iterator<Item = 
         .collect()
 }
 
+/// The uniform sampler of these tests: 128 slices of 16 steps, span windows, episode weighting.
+fn slice_spec(seed: u64) -> SamplerSpec {
+    SamplerSpec::uniform(16, 128)
+        .with_policy(BoundaryPolicy::Span { left: 3, right: 7 })
+        .with_weighting(Weighting::Episodes)
+        .with_seed(seed)
+}
+
+/// The sampler of [`slice_spec`] built by hand over its slice index (the reference the loaders'
+/// batches are compared with).
 fn slice_sampler(snap: &Snapshot, seed: u64) -> Arc<SliceSampler> {
-    let policy = BoundaryPolicy::Span { left: 3, right: 7 };
-    let index = snap.slice_index(16, policy).unwrap();
-    Arc::new(
-        SliceSampler::try_new(
-            index,
-            snap.episodes(),
-            &SliceOptions::new(16, 128)
-                .with_policy(policy)
-                .with_weighting(Weighting::Episodes)
-                .with_seed(seed),
-        )
-        .unwrap(),
+    let spec = slice_spec(seed);
+    let index = snap.slice_index(spec.slice_len, spec.policy).unwrap();
+    Arc::new(SliceSampler::try_new(index, snap.episodes(), &spec).unwrap())
+}
+
+/// A loader of `columns` of `snap` sampled by `sampler`, as rank `rank` of `world`.
+fn loader_of(
+    snap: &Snapshot,
+    sampler: SamplerSpec,
+    columns: &[&str],
+    (rank, world): (u64, u64),
+    opts: LoaderOptions,
+) -> Result<Loader> {
+    open_loader(
+        LoaderSpec::single(snap.clone(), sampler, columns).with_rank(rank, world),
+        opts,
     )
 }
 
@@ -133,13 +149,14 @@ fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
                     let opts = LoaderOptions::default()
                         .with_workers(workers)
                         .with_prefetch(prefetch)
+                        .with_max_batches(n);
+                    let spec = LoaderSpec::single(snap.clone(), slice_spec(1234), &COLUMNS)
                         .with_read_ahead(if readahead {
                             ReadAhead::Always
                         } else {
                             ReadAhead::Never
-                        })
-                        .with_max_batches(n);
-                    let loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
+                        });
+                    let loader = open_loader(spec, opts).unwrap();
                     let got = drain(loader, recycle);
                     assert_eq!(got.len(), n as usize);
                     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -157,13 +174,15 @@ fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
     assert_eq!(runs, 15);
     // The iterator interface yields the same stream.
     let opts = LoaderOptions::default().with_workers(3).with_max_batches(n);
-    let loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
+    let loader = loader_of(&snap, slice_spec(1234), &COLUMNS, (0, 1), opts).unwrap();
     let got: Vec<Key> = loader.map(|b| key(&b)).collect();
     assert!(got == want);
     // Another seed, another stream.
-    let other = slice_sampler(&snap, 1235);
     let opts = LoaderOptions::default().with_max_batches(2);
-    let got = drain(Loader::try_new(other, g, opts).unwrap(), false);
+    let got = drain(
+        loader_of(&snap, slice_spec(1235), &COLUMNS, (0, 1), opts).unwrap(),
+        false,
+    );
     assert!(got[0] != want[0] && got[1] != want[1]);
 }
 
@@ -171,12 +190,15 @@ fn batches_do_not_depend_on_workers_prefetch_recycling_or_readahead() {
 fn ranks_draw_disjoint_interleaved_streams() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD, col::STEP]).unwrap());
+    let columns = [col::REWARD, col::STEP];
+    let g = Arc::new(Gatherer::try_new(&snap, &columns).unwrap());
     let sampler = slice_sampler(&snap, 9);
     let single = drain(
-        Loader::try_new(
-            sampler.clone(),
-            g.clone(),
+        loader_of(
+            &snap,
+            slice_spec(9),
+            &columns,
+            (0, 1),
             LoaderOptions::default().with_max_batches(30),
         )
         .unwrap(),
@@ -189,10 +211,9 @@ fn ranks_draw_disjoint_interleaved_streams() {
         for rank in 0..world {
             let opts = LoaderOptions::default()
                 .with_workers(workers)
-                .with_rank(rank, world)
                 .with_max_batches(per_rank);
             let got = drain(
-                Loader::try_new(sampler.clone(), g.clone(), opts).unwrap(),
+                loader_of(&snap, slice_spec(9), &columns, (rank, world), opts).unwrap(),
                 rank == 0,
             );
             assert_eq!(got.len() as u64, per_rank);
@@ -233,17 +254,20 @@ fn windows_of(index: &SliceIndex, snap: &Snapshot, b: &Batch) -> Vec<u64> {
 fn epoch_sampler_stops_after_one_epoch_covering_every_window_once() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
     for policy in [BoundaryPolicy::Strict, BoundaryPolicy::Pad] {
         let index = snap.slice_index(12, policy).unwrap();
         let n = index.num_windows();
         for (drop_last, workers) in [(false, 1), (false, 3), (true, 2)] {
             let b = 37usize;
             assert_ne!(n % b as u64, 0);
-            let sampler = Arc::new(EpochSampler::windows(index.clone(), b, 5, drop_last).unwrap());
+            let sampler = EpochSampler::windows(index.clone(), b, 5, drop_last).unwrap();
             let per = sampler.batches_per_epoch().unwrap();
+            let spec = SamplerSpec::new(SamplerKind::Epoch, 12, b)
+                .with_policy(policy)
+                .with_seed(5)
+                .with_drop_last(drop_last);
             let opts = LoaderOptions::default().with_workers(workers);
-            let mut loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
+            let mut loader = loader_of(&snap, spec, &[col::REWARD], (0, 1), opts).unwrap();
             let mut counts: HashMap<u64, u32> = HashMap::new();
             let mut batches = 0u64;
             while let Some(batch) = loader.next_batch() {
@@ -279,16 +303,20 @@ fn epoch_sampler_stops_after_one_epoch_covering_every_window_once() {
 fn epoch_sampler_across_ranks_covers_every_window() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
     let index = snap.slice_index(12, BoundaryPolicy::Pad).unwrap();
     let n = index.num_windows();
-    let sampler = Arc::new(EpochSampler::windows(index.clone(), 41, 8, false).unwrap());
+    // `EpochSampler::windows(index, 41, 8, false)`.
+    let sampler = SamplerSpec::new(SamplerKind::Epoch, 12, 41)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(8)
+        .with_drop_last(false);
     for world in [2u64, 3] {
         let mut counts: HashMap<u64, u32> = HashMap::new();
         let mut lengths = vec![];
         for rank in 0..world {
-            let opts = LoaderOptions::default().with_rank(rank, world);
-            let loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
+            let opts = LoaderOptions::default();
+            let loader =
+                loader_of(&snap, sampler.clone(), &[col::REWARD], (rank, world), opts).unwrap();
             let mut k = 0;
             for batch in loader {
                 for w in windows_of(&index, &snap, &batch) {
@@ -318,8 +346,6 @@ fn epoch_sampler_across_ranks_covers_every_window() {
 fn dropping_a_loader_mid_stream_returns() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::try_new(&snap, &COLUMNS).unwrap());
-    let sampler = slice_sampler(&snap, 3);
     let cases: [(usize, usize, usize, Option<u64>); 5] = [
         // (workers, prefetch, batches consumed before the drop, max_batches)
         (3, 1, 2, None),
@@ -335,7 +361,7 @@ fn dropping_a_loader_mid_stream_returns() {
         if let Some(m) = max {
             opts = opts.with_max_batches(m);
         }
-        let mut loader = Loader::try_new(sampler.clone(), g.clone(), opts).unwrap();
+        let mut loader = loader_of(&snap, slice_spec(3), &COLUMNS, (0, 1), opts).unwrap();
         for _ in 0..take {
             assert!(loader.next_batch().is_some());
         }
@@ -353,15 +379,16 @@ fn dropping_a_loader_mid_stream_returns() {
     }
 }
 
+/// Rank and world size are the source's: `BatchSource::open` refuses bad ones.
 #[test]
 fn invalid_rank_or_world_size_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
-    let sampler = slice_sampler(&snap, 0);
+    let spec = |rank, world| {
+        LoaderSpec::single(snap.clone(), slice_spec(0), &[col::REWARD]).with_rank(rank, world)
+    };
     for (rank, world) in [(0u64, 0u64), (1, 1), (2, 2), (5, 3), (u64::MAX, 4)] {
-        let opts = LoaderOptions::default().with_rank(rank, world);
-        let err = Loader::try_new(sampler.clone(), g.clone(), opts)
+        let err = BatchSource::open(spec(rank, world))
             .map(|_| ())
             .unwrap_err();
         assert!(
@@ -369,8 +396,8 @@ fn invalid_rank_or_world_size_is_an_error() {
             "rank {rank} / world {world}: {err}"
         );
     }
-    let opts = LoaderOptions::default().with_rank(2, 3).with_max_batches(1);
-    let mut ok = Loader::try_new(sampler.clone(), g, opts).unwrap();
+    let opts = LoaderOptions::default().with_max_batches(1);
+    let mut ok = open_loader(spec(2, 3), opts).unwrap();
     assert!(ok.next_batch().is_some());
     assert!(ok.next_batch().is_none());
     // Zero workers or queue depth are raised to 1, not errors.
@@ -378,22 +405,46 @@ fn invalid_rank_or_world_size_is_an_error() {
     assert_eq!((o.workers, o.prefetch), (1, 1));
 }
 
-/// A sampler that panics on one batch number (a stand-in for any worker panic, e.g. in gather).
+/// Staging memory for one batch that panics the `panic_on`-th time (from 0) a worker gathers into
+/// it (a stand-in for any worker panic, e.g. in a sampler or the gather: a loader's sampler is
+/// always built from a `SamplerSpec` now, so caller code that runs in a worker is a staging slot).
 struct PanicsAt {
-    inner: Arc<SliceSampler>,
-    at: u64,
+    columns: Vec<Vec<u8>>,
+    flags: [Vec<u8>; 6],
+    ids: Vec<u64>,
+    starts: Vec<i64>,
+    calls: u32,
+    panic_on: Option<u32>,
 }
 
-impl Sampler for PanicsAt {
-    fn plan(&self, batch: u64, out: &mut Vec<trajstore::SliceRef>) {
-        assert!(batch != self.at, "sampler failure at batch {batch}");
-        self.inner.plan(batch, out)
+impl PanicsAt {
+    fn new(g: &Gatherer, num_slices: usize, slice_len: usize, panic_on: Option<u32>) -> Self {
+        let steps = num_slices * slice_len;
+        Self {
+            columns: g.step_bytes().iter().map(|s| vec![0; steps * s]).collect(),
+            flags: std::array::from_fn(|_| vec![0; steps]),
+            ids: vec![0; num_slices],
+            starts: vec![0; num_slices],
+            calls: 0,
+            panic_on,
+        }
     }
-    fn slice_len(&self) -> u32 {
-        self.inner.slice_len()
-    }
-    fn num_slices(&self) -> usize {
-        self.inner.num_slices()
+}
+
+impl StagingSlot for PanicsAt {
+    fn dest(&mut self) -> GatherInto<'_> {
+        let call = self.calls;
+        self.calls += 1;
+        assert!(
+            Some(call) != self.panic_on,
+            "staging failure at call {call}"
+        );
+        GatherInto {
+            columns: self.columns.iter_mut().map(|c| c.as_mut_slice()).collect(),
+            flags: self.flags.each_mut().map(|f| f.as_mut_slice()),
+            episode_id: &mut self.ids,
+            start_step: &mut self.starts,
+        }
     }
 }
 
@@ -401,22 +452,32 @@ impl Sampler for PanicsAt {
 /// on, the consumer buffers their batches while waiting for the lost one, and `next_batch`
 /// returns `None` once they are done (a silently short epoch), or never returns for an endless
 /// sampler. The panic should reach the consumer.
+///
+/// (Loaders share their worker pipeline. This used to run a `Loader` over a hand-built sampler
+/// that panics at batch 1; loaders are built from a `SamplerSpec` only now, so the panic comes
+/// from the caller's staging slot of batch 1 in a `StagedLoader`.)
 #[test]
 fn a_worker_panic_is_not_a_silent_end_of_stream() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path());
-    let g = Arc::new(Gatherer::try_new(&snap, &[col::REWARD]).unwrap());
-    let sampler = Arc::new(PanicsAt {
-        inner: slice_sampler(&snap, 4),
-        at: 1,
-    });
+    let g = Gatherer::try_new(&snap, &[col::REWARD]).unwrap();
+    let spec = slice_spec(4);
+    let (b, l) = (spec.num_slices, spec.slice_len as usize);
+    // Batch k goes to slot k % 2: slot 1 panics at its first batch, batch 1.
+    let slots: Vec<Box<dyn StagingSlot>> = vec![
+        Box::new(PanicsAt::new(&g, b, l, None)),
+        Box::new(PanicsAt::new(&g, b, l, Some(0))),
+    ];
     let opts = LoaderOptions::default()
         .with_workers(2)
         .with_max_batches(2000);
-    let mut loader = Loader::try_new(sampler, g, opts).unwrap();
+    let source = BatchSource::open(LoaderSpec::single(snap.clone(), spec, &[col::REWARD])).unwrap();
+    let mut loader = StagedLoader::new(&source, opts, slots).unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        assert!(loader.next_batch().is_some());
+        let first = loader.next_batch().unwrap().unwrap();
+        assert_eq!(first.number, 0);
+        loader.release(0).unwrap();
         let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             loader.next_batch().is_some()
         }));

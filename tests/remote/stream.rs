@@ -10,12 +10,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::common::TestData;
 use crate::common::s3::S3Server;
-use trajstore::remote::{Stream, StreamOptions, StreamSampling};
+use crate::common::{TestData, assert_invalid_argument, err_of};
+use trajstore::remote::{Stream, StreamOptions};
 use trajstore::{
-    Batch, Dataset, EpochSampler, Gatherer, LoaderOptions, Sampler, SliceOptions, SliceRef,
-    SliceSampler, Snapshot,
+    Batch, BatchSource, Dataset, EpochSampler, Gatherer, LoaderOptions, LoaderSpec, Sampler,
+    SamplerKind, SamplerSpec, SliceRef, SliceSampler, Snapshot, StreamLoader,
 };
 
 const COLUMNS: [&str; 3] = ["observation", "action", "reward"];
@@ -39,6 +39,17 @@ fn options(s3: &S3Server, cache: &Path, limit: u64) -> StreamOptions {
     o.cache_dir = Some(cache.to_path_buf());
     o.remote = s3.options();
     o
+}
+
+/// A streaming loader of `stream`'s [`COLUMNS`] sampled by `sampler`, as rank 0 of 1: a source
+/// of the streamed spec, and a loader of it.
+fn stream_loader(
+    stream: &Stream,
+    sampler: SamplerSpec,
+    opts: LoaderOptions,
+) -> trajstore::Result<StreamLoader> {
+    let source = BatchSource::open(LoaderSpec::streamed(stream.clone(), sampler, &COLUMNS))?;
+    StreamLoader::new(&source, opts)
 }
 
 /// Bytes of the transition files of `snap`.
@@ -92,21 +103,20 @@ fn a_cache_that_holds_the_version_streams_the_local_datasets_batches() {
     let dir = tempfile::tempdir().unwrap();
     let (url, ds) = pushed(&s3, "whole", dir.path());
     let snap = ds.snapshot().unwrap();
-    let slice = SliceOptions::new(16, 32).with_seed(5);
+    let slice = SamplerSpec::uniform(16, 32).with_seed(5);
     let opts = options(&s3, &dir.path().join("cache"), 1 << 30);
     let stream = Stream::open(&url, opts.clone()).unwrap();
     let gatherer = Gatherer::try_new(&snap, &COLUMNS).unwrap();
     let index = snap.slice_index(16, slice.policy).unwrap();
     let local = SliceSampler::try_new(index.clone(), snap.episodes(), &slice).unwrap();
-    let mut loader = stream
-        .loader(
-            &slice,
-            &COLUMNS,
-            LoaderOptions::default()
-                .with_workers(3)
-                .with_max_batches(40),
-        )
-        .unwrap();
+    let mut loader = stream_loader(
+        &stream,
+        slice.clone(),
+        LoaderOptions::default()
+            .with_workers(3)
+            .with_max_batches(40),
+    )
+    .unwrap();
     let mut plan = vec![];
     for k in 0..40 {
         let b = loader.next_batch().unwrap().unwrap();
@@ -125,15 +135,20 @@ fn a_cache_that_holds_the_version_streams_the_local_datasets_batches() {
     assert_eq!((st.files_evicted, st.windows_opened), (0, 1));
     drop(loader);
 
-    // Without replacement too: the local epoch sampler's batches, one epoch, then the end.
-    let mut o = opts;
-    o.sampling = StreamSampling::Epoch;
-    let stream = Stream::open(&url, o).unwrap();
+    // Without replacement too: the local epoch sampler's batches, one epoch, then the end. (The
+    // stream's sampling used to be `StreamOptions::sampling`; it is the sampler's kind now.)
+    let stream = Stream::open(&url, opts).unwrap();
     let epoch = EpochSampler::windows(index, 32, 5, true).unwrap();
     let per = epoch.batches_per_epoch().unwrap();
-    let mut loader = stream
-        .loader(&slice, &COLUMNS, LoaderOptions::default().with_workers(2))
-        .unwrap();
+    let epoch_spec = SamplerSpec::new(SamplerKind::Epoch, 16, 32)
+        .with_seed(5)
+        .with_drop_last(true);
+    let mut loader = stream_loader(
+        &stream,
+        epoch_spec,
+        LoaderOptions::default().with_workers(2),
+    )
+    .unwrap();
     let mut n = 0;
     while let Some(b) = loader.next_batch() {
         let b = b.unwrap();
@@ -147,6 +162,17 @@ fn a_cache_that_holds_the_version_streams_the_local_datasets_batches() {
     }
     assert_eq!(n, per, "one epoch");
     assert_eq!(loader.stats().bytes_downloaded, 0, "the cache was kept");
+    drop(loader);
+    // A stream samples uniform or epoch only; other samplers are refused by the source.
+    for kind in [
+        SamplerKind::EpochEpisodes,
+        SamplerKind::Episodes,
+        SamplerKind::Prioritized,
+    ] {
+        let spec = LoaderSpec::streamed(stream.clone(), SamplerSpec::new(kind, 16, 32), &COLUMNS);
+        let e = err_of(BatchSource::open(spec));
+        assert_invalid_argument(&e, Some("sampler"), kind.name());
+    }
 }
 
 #[test]
@@ -180,19 +206,18 @@ fn a_quarter_cache_rotates_windows_within_its_limit_on_disk() {
             }
         })
     };
-    let slice = SliceOptions::new(16, 32).with_seed(9);
+    let slice = SamplerSpec::uniform(16, 32).with_seed(9);
     // About 22 segments, one per window (a third of the cache); each window serves at least the
     // loader's 3 + 4 batches in flight, so a round is about 154 batches: two rounds.
     let batches = 320;
-    let mut loader = stream
-        .loader(
-            &slice,
-            &COLUMNS,
-            LoaderOptions::default()
-                .with_workers(3)
-                .with_max_batches(batches),
-        )
-        .unwrap();
+    let mut loader = stream_loader(
+        &stream,
+        slice.clone(),
+        LoaderOptions::default()
+            .with_workers(3)
+            .with_max_batches(batches),
+    )
+    .unwrap();
     let mut seen = std::collections::BTreeSet::new();
     for k in 0..batches {
         let b = loader.next_batch().unwrap().unwrap();
@@ -237,9 +262,7 @@ fn a_quarter_cache_rotates_windows_within_its_limit_on_disk() {
         .max()
         .unwrap();
     let stream = Stream::open(&url, options(&s3, &dir.path().join("c2"), largest)).unwrap();
-    let e = stream
-        .loader(&slice, &COLUMNS, LoaderOptions::default())
-        .unwrap_err();
+    let e = err_of(stream_loader(&stream, slice, LoaderOptions::default()));
     assert!(e.to_string().contains("needs at least"), "{e}");
 }
 
@@ -326,23 +349,29 @@ fn an_interrupted_download_resumes_and_damaged_objects_are_errors_naming_them() 
     std::fs::create_dir_all(&cache_dir).unwrap();
     let half = object.len() / 2;
     std::fs::write(cache_dir.join(format!("{name}.partial")), &object[..half]).unwrap();
-    let slice = SliceOptions::new(16, 32);
-    let mut loader = stream
-        .loader(
-            &slice,
-            &COLUMNS,
-            LoaderOptions::default().with_max_batches(3),
-        )
-        .unwrap();
+    let slice = SamplerSpec::uniform(16, 32);
+    let source = BatchSource::open(LoaderSpec::streamed(
+        stream.clone(),
+        slice.clone(),
+        &COLUMNS,
+    ))
+    .unwrap();
+    let mut loader =
+        StreamLoader::new(&source, LoaderOptions::default().with_max_batches(3)).unwrap();
     let b = loader.next_batch().unwrap().unwrap();
     assert_same_batch(&b, &local_gather(&snap, &b), "after the resume");
     let st = loader.stats();
     assert_eq!(st.bytes_resumed, half as u64);
     assert_eq!(st.bytes_downloaded, transition_bytes(&snap) - half as u64);
-    // A second loader of the same rank's cache is refused while the first runs.
-    let e = stream
-        .loader(&slice, &COLUMNS, LoaderOptions::default())
-        .unwrap_err();
+    // A second loader of the same rank's cache is refused while the first runs, whether of the
+    // same source or of another source of the stream.
+    let e = err_of(StreamLoader::new(&source, LoaderOptions::default()));
+    assert!(e.to_string().contains("in use by another loader"), "{e}");
+    let e = err_of(stream_loader(
+        &stream,
+        slice.clone(),
+        LoaderOptions::default(),
+    ));
     assert!(e.to_string().contains("in use by another loader"), "{e}");
     drop(loader);
 
@@ -351,9 +380,7 @@ fn an_interrupted_download_resumes_and_damaged_objects_are_errors_naming_them() 
     damaged[half] ^= 0xff;
     s3.put_raw("damage", &key, &damaged);
     let stream = Stream::open(&url, options(&s3, &dir.path().join("c2"), 1 << 30)).unwrap();
-    let mut loader = stream
-        .loader(&slice, &COLUMNS, LoaderOptions::default())
-        .unwrap();
+    let mut loader = stream_loader(&stream, slice.clone(), LoaderOptions::default()).unwrap();
     let e = loader.next_batch().unwrap().unwrap_err();
     assert!(matches!(e, trajstore::Error::Corrupt { .. }), "{e:?}");
     assert!(e.to_string().contains(&name), "{e}");
@@ -364,9 +391,7 @@ fn an_interrupted_download_resumes_and_damaged_objects_are_errors_naming_them() 
     );
     s3.delete_raw("damage", &key);
     let stream = Stream::open(&url, options(&s3, &dir.path().join("c3"), 1 << 30)).unwrap();
-    let mut loader = stream
-        .loader(&slice, &COLUMNS, LoaderOptions::default())
-        .unwrap();
+    let mut loader = stream_loader(&stream, slice, LoaderOptions::default()).unwrap();
     let e = loader.next_batch().unwrap().unwrap_err();
     assert!(e.to_string().contains(&name), "{e}");
 }

@@ -12,9 +12,9 @@ use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Rec
 use arrow::datatypes::{DataType, Field};
 use trajstore::ingest::{IngestOptions, InputFormat, infer_schema, ingest};
 use trajstore::{
-    BoundaryPolicy, EpisodeIndex, EpisodeSampler, EpochSampler, Error, GatherInto, Gatherer,
-    Loader, LoaderOptions, PrioritizedSampler, Sampler, SliceIndex, SliceOptions, SliceRef,
-    SliceSampler, WriterOptions,
+    BatchSource, BoundaryPolicy, EpisodeIndex, EpisodeSampler, EpochSampler, Error, GatherInto,
+    Gatherer, Loader, LoaderOptions, LoaderSpec, PrioritizedSampler, SamplerKind, SamplerSpec,
+    SliceIndex, SliceRef, SliceSampler, WriterOptions,
 };
 
 /// Runs the CLI; (exit code, or `None` for a signal; stderr). The batch limit is fixed at 64 GiB
@@ -263,7 +263,7 @@ fn samplers_refuse_batches_larger_than_memory_naming_the_argument() {
     let e = err_of(SliceSampler::try_new(
         index(4, BoundaryPolicy::Strict),
         &episodes,
-        &SliceOptions::new(4, huge),
+        &SamplerSpec::uniform(4, huge),
     ));
     assert_invalid_argument(&e, Some("num_slices"), "SliceSampler, 2^50 slices");
     assert!(e.to_string().contains("limit"), "{e}");
@@ -272,15 +272,16 @@ fn samplers_refuse_batches_larger_than_memory_naming_the_argument() {
     let e = err_of(SliceSampler::try_new(
         index(u32::MAX, pad),
         &episodes,
-        &SliceOptions::new(u32::MAX, 1000).with_policy(pad),
+        &SamplerSpec::uniform(u32::MAX, 1000).with_policy(pad),
     ));
     assert_invalid_argument(&e, Some("slice_len"), "SliceSampler, u32::MAX steps");
     // The options say so themselves, and from_batch_size checks them.
-    let e = SliceOptions::new(4, huge).validate().unwrap_err();
-    assert_invalid_argument(&e, Some("num_slices"), "SliceOptions::validate");
-    let e = SliceOptions::from_batch_size(usize::MAX - usize::MAX % 2, 2).unwrap_err();
-    assert_invalid_argument(&e, Some("num_slices"), "SliceOptions::from_batch_size");
-    assert!(SliceOptions::new(64, 256).validate().is_ok());
+    let e = SamplerSpec::uniform(4, huge).validate().unwrap_err();
+    assert_invalid_argument(&e, Some("num_slices"), "SamplerSpec::validate");
+    let e = SamplerSpec::from_batch_size(SamplerKind::Uniform, usize::MAX - usize::MAX % 2, 2)
+        .unwrap_err();
+    assert_invalid_argument(&e, Some("num_slices"), "SamplerSpec::from_batch_size");
+    assert!(SamplerSpec::uniform(64, 256).validate().is_ok());
     // Epochs, whole episodes and prioritized replay.
     let e = err_of(EpochSampler::windows(
         index(4, BoundaryPolicy::Strict),
@@ -397,26 +398,26 @@ fn a_loader_refuses_workers_and_prefetch_beyond_memory_before_starting() {
     let snap = TestData::new()
         .episodes([30, 40])
         .snapshot(&dir.path().join("d"));
-    let g = Arc::new(Gatherer::try_new(&snap, &["observation", "reward"]).unwrap());
-    let index = snap.slice_index(4, BoundaryPolicy::Strict).unwrap();
-    let s: Arc<dyn Sampler> =
-        Arc::new(SliceSampler::try_new(index, snap.episodes(), &SliceOptions::new(4, 8)).unwrap());
+    let source = BatchSource::open(LoaderSpec::single(
+        snap,
+        SamplerSpec::uniform(4, 8),
+        &["observation", "reward"],
+    ))
+    .unwrap();
     // A queue of usize::MAX batches (the channel's slots alone overflowed).
-    let e = err_of(Loader::try_new(
-        s.clone(),
-        g.clone(),
+    let e = err_of(Loader::new(
+        &source,
         LoaderOptions::default().with_prefetch(usize::MAX),
     ));
     assert_invalid_argument(&e, Some("prefetch"), "prefetch usize::MAX");
     // More threads than a loader starts.
-    let e = err_of(Loader::try_new(
-        s.clone(),
-        g.clone(),
+    let e = err_of(Loader::new(
+        &source,
         LoaderOptions::default().with_workers(trajstore::loader::MAX_WORKERS + 1),
     ));
     assert_invalid_argument(&e, Some("workers"), "workers past MAX_WORKERS");
     // Ordinary options still load.
-    let mut loader = Loader::try_new(s, g, LoaderOptions::default().with_max_batches(3)).unwrap();
+    let mut loader = Loader::new(&source, LoaderOptions::default().with_max_batches(3)).unwrap();
     assert_eq!(loader.by_ref().count(), 3);
 }
 

@@ -20,7 +20,7 @@ use crate::common::{TestData, copy_tree, fixture_path, small_segments};
 use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field};
 use trajstore::ingest::{IngestOptions, InputFormat, ingest};
-use trajstore::{BoundaryPolicy, Dataset, Gatherer, Sampler, SliceOptions, SliceSampler};
+use trajstore::{BoundaryPolicy, Dataset, Gatherer, Sampler, SamplerSpec, SliceSampler};
 
 /// Seed of every random choice.
 const SEED: u64 = 0x7a1e_5eed_0019;
@@ -527,7 +527,7 @@ fn read_dataset(root: &Path) -> trajstore::Result<()> {
         let sampler = SliceSampler::try_new(
             index,
             snap.episodes(),
-            &SliceOptions::new(8, 16).with_policy(policy).with_seed(3),
+            &SamplerSpec::uniform(8, 16).with_policy(policy).with_seed(3),
         )?;
         let (mut plan, mut batch) = (vec![], trajstore::Batch::default());
         for k in 0..3 {

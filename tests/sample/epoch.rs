@@ -8,7 +8,7 @@ use crate::common::sampling::{assert_fits, check_gathered, plans, window_number}
 use crate::common::{TestData, assert_invalid_argument, err_of};
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, EpisodeSampler, EpochSampler, Gatherer, Sampler, SliceOptions, SliceRef,
+    Batch, BoundaryPolicy, EpisodeSampler, EpochSampler, Gatherer, Sampler, SamplerSpec, SliceRef,
     SliceSampler, Weighting, WriterOptions,
 };
 
@@ -247,7 +247,7 @@ fn plans_are_pure_functions_of_seed_and_batch() {
     let slice = {
         let (index, eps) = (index.clone(), eps.clone());
         move |seed| -> Box<dyn Sampler> {
-            let o = SliceOptions::new(10, 32)
+            let o = SamplerSpec::uniform(10, 32)
                 .with_policy(policy)
                 .with_seed(seed);
             Box::new(SliceSampler::try_new(index.clone(), &eps, &o).unwrap())
@@ -256,7 +256,7 @@ fn plans_are_pure_functions_of_seed_and_batch() {
     let weighted = {
         let (index, eps) = (index.clone(), eps.clone());
         move |seed| -> Box<dyn Sampler> {
-            let o = SliceOptions::new(10, 32)
+            let o = SamplerSpec::uniform(10, 32)
                 .with_policy(policy)
                 .with_weighting(Weighting::Episodes)
                 .with_episode_weights((0..30).map(|i| i as f64).collect())

@@ -6,7 +6,7 @@ use crate::common::sampling::{check_gathered, plans};
 use proptest::prelude::*;
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, Dataset, Gatherer, SliceIndex, SliceOptions, SliceRef, SliceSampler,
+    Batch, BoundaryPolicy, Dataset, Gatherer, SamplerSpec, SliceIndex, SliceRef, SliceSampler,
     Snapshot, WriterOptions,
 };
 
@@ -125,7 +125,7 @@ fn refresh_extends_slice_indexes_through_retention() {
     let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
-        &SliceOptions::new(7, 64)
+        &SamplerSpec::uniform(7, 64)
             .with_policy(BoundaryPolicy::Pad)
             .with_seed(1),
     )

@@ -10,8 +10,8 @@ use crate::common::{TestData, assert_invalid_argument, err_of};
 use proptest::prelude::*;
 use trajstore::format::col;
 use trajstore::{
-    Batch, BoundaryPolicy, Error, Gatherer, Sampler, SliceIndex, SliceOptions, SliceRef,
-    SliceSampler, Snapshot, Weighting, WriterOptions,
+    Batch, BoundaryPolicy, Error, Gatherer, Sampler, SamplerKind, SamplerSpec, SliceIndex,
+    SliceRef, SliceSampler, Snapshot, Weighting, WriterOptions,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ proptest! {
             prop_assert_eq!(index.windows(e), n, "episode {} of length {}", e, len);
         }
         let weighting = if episodes_weighting { Weighting::Episodes } else { Weighting::Windows };
-        let opts = SliceOptions::new(slice_len, 16)
+        let opts = SamplerSpec::uniform(slice_len, 16)
             .with_policy(policy)
             .with_weighting(weighting)
             .with_seed(seed);
@@ -137,7 +137,7 @@ fn span_windows_always_hold_a_valid_step() {
     let sampler = SliceSampler::try_new(
         index.clone(),
         snap.episodes(),
-        &SliceOptions::new(3, 64).with_policy(policy).with_seed(3),
+        &SamplerSpec::uniform(3, 64).with_policy(policy).with_seed(3),
     )
     .unwrap();
     let mut empty: Vec<SliceRef> = plans(&sampler, 0..20)
@@ -196,10 +196,10 @@ fn windows_weighting_is_uniform_over_windows() {
     );
     // Plain (prefix sums) and through the alias table (all weights 1): same law.
     for (what, opts) in [
-        ("plain", SliceOptions::new(L, BATCH).with_seed(1)),
+        ("plain", SamplerSpec::uniform(L, BATCH).with_seed(1)),
         (
             "alias",
-            SliceOptions::new(L, BATCH)
+            SamplerSpec::uniform(L, BATCH)
                 .with_seed(2)
                 .with_episode_weights(vec![1.0; 8]),
         ),
@@ -238,7 +238,7 @@ fn episodes_weighting_is_uniform_over_episodes_with_a_window() {
         (BoundaryPolicy::Span { left: 2, right: 1 }, vec![1.0; 8]),
     ] {
         let index = snap.slice_index(L, policy).unwrap();
-        let opts = SliceOptions::new(L, BATCH)
+        let opts = SamplerSpec::uniform(L, BATCH)
             .with_policy(policy)
             .with_weighting(Weighting::Episodes)
             .with_seed(7);
@@ -256,7 +256,7 @@ fn episode_weights_multiply_window_counts() {
     let sampler = SliceSampler::try_new(
         index.clone(),
         snap.episodes(),
-        &SliceOptions::new(L, BATCH)
+        &SamplerSpec::uniform(L, BATCH)
             .with_seed(11)
             .with_episode_weights(w.clone()),
     )
@@ -268,7 +268,7 @@ fn episode_weights_multiply_window_counts() {
     let sampler = SliceSampler::try_new(
         index,
         snap.episodes(),
-        &SliceOptions::new(L, BATCH)
+        &SamplerSpec::uniform(L, BATCH)
             .with_seed(12)
             .with_weighting(Weighting::Episodes)
             .with_episode_weights(w.clone()),
@@ -288,7 +288,7 @@ fn episode_id_subsets_are_never_left_and_uniform_over_their_windows() {
     let (_dir, snap) = distribution_fixture();
     let index = snap.slice_index(L, BoundaryPolicy::Strict).unwrap();
     let subset = [1u64, 3, 4, 6]; // 4 has no window under strict
-    let opts = SliceOptions::new(L, BATCH)
+    let opts = SamplerSpec::uniform(L, BATCH)
         .with_seed(13)
         .with_episode_ids(subset.to_vec());
     let sampler = SliceSampler::try_new(index.clone(), snap.episodes(), &opts).unwrap();
@@ -317,7 +317,7 @@ fn episode_id_subsets_are_never_left_and_uniform_over_their_windows() {
         .collect();
     assert_fits("subset windows", &per_window, &in_subset);
     // Under episode weighting: uniform over the subset's episodes with a window.
-    let opts = SliceOptions::new(L, BATCH)
+    let opts = SamplerSpec::uniform(L, BATCH)
         .with_seed(14)
         .with_weighting(Weighting::Episodes)
         .with_episode_ids(subset.to_vec());
@@ -332,7 +332,7 @@ fn episode_id_subsets_are_never_left_and_uniform_over_their_windows() {
         let e = err_of(SliceSampler::try_new(
             index.clone(),
             snap.episodes(),
-            &SliceOptions::new(L, 4).with_episode_ids(ids.clone()),
+            &SamplerSpec::uniform(L, 4).with_episode_ids(ids.clone()),
         ));
         assert_invalid_argument(&e, argument, &format!("{ids:?}"));
     }
@@ -350,7 +350,7 @@ fn starts_within_an_episode_are_uniform() {
         let index = snap.slice_index(L, policy).unwrap();
         let (left, _) = policy.overhang(L);
         let n = index.windows(5) as usize;
-        let opts = SliceOptions::new(L, BATCH)
+        let opts = SamplerSpec::uniform(L, BATCH)
             .with_policy(policy)
             .with_weighting(Weighting::Episodes)
             .with_episode_ids(vec![5])
@@ -387,7 +387,7 @@ fn sampler_options_are_validated() {
         .snapshot(&dir.path().join("d"));
     let eps = snap.episodes();
     let idx = snap.slice_index(5, BoundaryPolicy::Strict).unwrap();
-    let new = |o: SliceOptions| SliceSampler::try_new(idx.clone(), eps, &o);
+    let new = |o: SamplerSpec| SliceSampler::try_new(idx.clone(), eps, &o);
     // `None`: an error about a combination of arguments, which may name none.
     let invalid = |what: &str, argument: Option<&str>, r: trajstore::Result<SliceSampler>| {
         assert_invalid_argument(&err_of(r), argument, what);
@@ -395,17 +395,17 @@ fn sampler_options_are_validated() {
     invalid(
         "no slices",
         Some("num_slices"),
-        new(SliceOptions::new(5, 0)),
+        new(SamplerSpec::uniform(5, 0)),
     );
     invalid(
         "index of another length",
         None,
-        new(SliceOptions::new(6, 4)),
+        new(SamplerSpec::uniform(6, 4)),
     );
     invalid(
         "index of another policy",
         None,
-        new(SliceOptions::new(5, 4).with_policy(BoundaryPolicy::Pad)),
+        new(SamplerSpec::uniform(5, 4).with_policy(BoundaryPolicy::Pad)),
     );
     for (what, argument, w) in [
         (
@@ -428,10 +428,10 @@ fn sampler_options_are_validated() {
         invalid(
             what,
             argument,
-            new(SliceOptions::new(5, 4).with_episode_weights(w)),
+            new(SamplerSpec::uniform(5, 4).with_episode_weights(w)),
         );
     }
-    assert!(new(SliceOptions::new(5, 4).with_episode_weights(vec![0.0, 2.0])).is_ok());
+    assert!(new(SamplerSpec::uniform(5, 4).with_episode_weights(vec![0.0, 2.0])).is_ok());
     let e = snap.slice_index(0, BoundaryPolicy::Pad).unwrap_err();
     assert!(
         matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "slice_len"),
@@ -442,14 +442,19 @@ fn sampler_options_are_validated() {
     invalid(
         "no window",
         None,
-        SliceSampler::try_new(none, eps, &SliceOptions::new(10, 1)),
+        SliceSampler::try_new(none, eps, &SamplerSpec::uniform(10, 1)),
     );
-    let e = SliceOptions::from_batch_size(100, 7).unwrap_err();
+    let e = SamplerSpec::from_batch_size(SamplerKind::Uniform, 100, 7).unwrap_err();
     assert!(
         matches!(e, Error::InvalidArgument { argument: Some(ref a), .. } if a == "batch_size"),
         "{e}"
     );
-    assert_eq!(SliceOptions::from_batch_size(96, 8).unwrap().num_slices, 12);
+    assert_eq!(
+        SamplerSpec::from_batch_size(SamplerKind::Uniform, 96, 8)
+            .unwrap()
+            .num_slices,
+        12
+    );
     // The cached index is shared.
     assert!(Arc::ptr_eq(
         &idx,

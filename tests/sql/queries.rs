@@ -11,7 +11,7 @@ use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, UInt32Type, UInt64Type};
 use trajstore::format::{col, ep};
 use trajstore::sql::{QueryResult, SnapshotSql, SqlSession, default_config};
-use trajstore::{Dataset, Sampler, SliceOptions, SliceSampler, Snapshot};
+use trajstore::{Dataset, Sampler, SamplerSpec, SliceSampler, Snapshot};
 
 use crate::common::{BIN, run_cli as run};
 
@@ -432,7 +432,7 @@ fn sql_subsets_restrict_samplers() {
         .unwrap(),
         want
     );
-    let opts = SliceOptions::new(5, 64).with_episode_ids(ids.clone());
+    let opts = SamplerSpec::uniform(5, 64).with_episode_ids(ids.clone());
     let index = snap.slice_index(5, opts.policy).unwrap();
     let sampler = SliceSampler::try_new(index, snap.episodes(), &opts).unwrap();
     let allowed: HashSet<u64> = ids.into_iter().collect();

@@ -273,7 +273,6 @@ fn io_floor(
 
 pub(crate) fn run(a: BenchArgs) -> Result<()> {
     use std::hint::black_box;
-    use trajstore::Sampler;
     // A device that cannot work is an error before minutes of measurements, not after.
     #[cfg(feature = "torch")]
     if let Some(d) = &a.device {
@@ -309,7 +308,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let gatherer = std::sync::Arc::new(trajstore::Gatherer::try_new(&snap, &cols)?);
     gatherer.set_read_ahead(a.read_ahead);
     check_batch_size(&gatherer, &a.s)?;
-    let sampler = std::sync::Arc::new(slice_sampler(&snap, &a.s)?);
+    let sampler = slice_sampler(&snap, &a.s)?;
     let mut plan = vec![];
     let mut batch = trajstore::Batch::default();
     sampler.plan(0, &mut plan);
@@ -318,7 +317,11 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let first_batch_ms = first_batch_s * 1e3;
     if a.device_only {
         let device = a.device.as_deref().expect("clap: requires --device");
-        let torch = torch_bench(&a, device, sampler, gatherer, batch.data_bytes(), 0)?;
+        let source = trajstore::BatchSource::open(
+            trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols)
+                .with_read_ahead(a.read_ahead),
+        )?;
+        let torch = torch_bench(&a, device, &source, batch.data_bytes(), 0)?;
         let v = json!({
             "transitions": snap.num_transitions(),
             "episodes": snap.num_episodes(),
@@ -372,16 +375,17 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let loader_batches = iters as u64;
     let reads = DiskReads::now();
     let t = Instant::now();
-    let mut spec = trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols);
+    let mut spec = trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols)
+        .with_read_ahead(a.read_ahead);
     if let Some(secs) = a.follow {
         spec = spec.follow(trajstore::Follow::every_secs("--follow", secs)?);
     }
-    let mut loader = trajstore::Loader::open(
-        spec.clone(),
+    let source = trajstore::BatchSource::open(spec.clone())?;
+    let mut loader = trajstore::Loader::new(
+        &source,
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
             .with_prefetch(prefetch_that_fits(bytes, a.workers))
-            .with_read_ahead(a.read_ahead)
             .with_start(loader_start)
             .with_max_batches(loader_batches),
     )
@@ -409,23 +413,13 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     drop(loader);
     let t_state = Instant::now();
     let state = trajstore::LoaderState::from_bytes(&state_bytes)?;
-    let resumed = trajstore::BatchSource::open(
-        spec,
-        &trajstore::LoaderOptions::default().with_resume(state),
-    )?;
+    let resumed = trajstore::BatchSource::open(spec.with_resume(state))?;
     let state_resume_ms = t_state.elapsed().as_secs_f64() * 1e3;
     drop(resumed);
     let loader_reads = DiskReads::since(reads);
     let loader_bps = got as f64 / loader_s;
     let torch = match &a.device {
-        Some(d) => Some(torch_bench(
-            &a,
-            d,
-            sampler.clone(),
-            gatherer.clone(),
-            bytes,
-            torch_start,
-        )?),
+        Some(d) => Some(torch_bench(&a, d, &source, bytes, torch_start)?),
         None => None,
     };
     let page = trajstore::iofloor::page_size();
@@ -691,8 +685,7 @@ fn print_io_floor(f: &serde_json::Value, loader_bps: f64) {
 pub(crate) fn torch_bench(
     a: &BenchArgs,
     device: &str,
-    sampler: std::sync::Arc<trajstore::SliceSampler>,
-    gatherer: std::sync::Arc<trajstore::Gatherer>,
+    source: &trajstore::BatchSource,
     batch_bytes: usize,
     start: u64,
 ) -> Result<serde_json::Value> {
@@ -703,7 +696,6 @@ pub(crate) fn torch_bench(
     let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
-            .with_read_ahead(a.read_ahead)
             .with_start(start)
             .with_max_batches(2 * iters),
     );
@@ -716,7 +708,7 @@ pub(crate) fn torch_bench(
         }
     };
     let t = Instant::now();
-    let mut loader = TorchLoader::try_new(sampler, gatherer, opts).map_err(one_line)?;
+    let mut loader = TorchLoader::new(source, opts).map_err(one_line)?;
     let setup_s = t.elapsed().as_secs_f64();
     // Warm-up: the first half of the batches (allocations, staging slots, kernels).
     for _ in 0..iters {
@@ -766,8 +758,7 @@ pub(crate) const NO_TORCH: &str =
 pub(crate) fn torch_bench(
     _a: &BenchArgs,
     _device: &str,
-    _sampler: std::sync::Arc<trajstore::SliceSampler>,
-    _gatherer: std::sync::Arc<trajstore::Gatherer>,
+    _source: &trajstore::BatchSource,
     _batch_bytes: usize,
     _start: u64,
 ) -> Result<serde_json::Value> {

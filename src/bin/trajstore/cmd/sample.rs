@@ -20,37 +20,16 @@ pub(crate) struct SampleArgs {
     batch: u64,
 }
 
-/// The uniform sampler of `a` as a [`trajstore::SamplerSpec`] (what a loader built with
-/// [`trajstore::Loader::open`] takes), with the `--episodes` query resolved.
-pub(crate) fn slice_spec(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SamplerSpec> {
-    let s = slice_options(snap, a)?;
-    let mut spec =
-        trajstore::SamplerSpec::new(trajstore::SamplerKind::Uniform, s.slice_len, s.num_slices)
-            .with_policy(s.policy)
-            .with_weighting(s.weighting)
-            .with_seed(s.seed);
-    spec.episode_ids = s.episode_ids;
-    Ok(spec)
-}
-
-pub(crate) fn slice_sampler(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceSampler> {
-    let opts = slice_options(snap, a)?;
-    let index = snap.slice_index(a.slice_len, a.policy)?;
-    Ok(trajstore::SliceSampler::try_new(
-        index,
-        snap.episodes(),
-        &opts,
-    )?)
-}
-
+/// The uniform sampler of `a` (what a loader's [`trajstore::LoaderSpec`] takes), with the
+/// `--episodes` query resolved.
 #[cfg_attr(not(feature = "sql"), allow(unused_variables))]
-fn slice_options(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceOptions> {
-    let (policy, weighting) = (a.policy, a.weighting);
-    let opts = trajstore::SliceOptions::new(a.slice_len, a.num_slices)
-        .with_policy(policy)
-        .with_weighting(weighting)
+pub(crate) fn slice_spec(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SamplerSpec> {
+    let spec = trajstore::SamplerSpec::uniform(a.slice_len, a.num_slices)
+        .with_policy(a.policy)
+        .with_weighting(a.weighting)
         .with_seed(a.seed);
-    let opts = match &a.episodes {
+    spec.validate()?;
+    Ok(match &a.episodes {
         #[cfg(feature = "sql")]
         Some(q) => {
             use trajstore::sql::SnapshotSql;
@@ -58,17 +37,23 @@ fn slice_options(snap: &Snapshot, a: &SliceArgs) -> Result<trajstore::SliceOptio
             if ids.is_empty() {
                 bail!("--episodes: the query returned no episode");
             }
-            opts.with_episode_ids(ids)
+            spec.with_episode_ids(ids)
         }
         #[cfg(not(feature = "sql"))]
         Some(_) => bail!("--episodes needs SQL: rebuild with the `sql` feature (on by default)"),
-        None => opts,
-    };
-    Ok(opts)
+        None => spec,
+    })
+}
+
+/// The sampler of `a` over `snap`.
+pub(crate) fn slice_sampler(
+    snap: &Snapshot,
+    a: &SliceArgs,
+) -> Result<std::sync::Arc<dyn trajstore::Sampler>> {
+    Ok(slice_spec(snap, a)?.build(snap)?.sampler)
 }
 
 pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
-    use trajstore::Sampler;
     let args = SliceArgs {
         dataset: snap.path().to_path_buf(),
         slice_len: 64,
@@ -101,7 +86,6 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
 }
 
 pub(crate) fn run(a: SampleArgs) -> Result<()> {
-    use trajstore::Sampler;
     let snap = open_snapshot(&a.s.dataset, None)?;
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
     let gatherer = trajstore::Gatherer::try_new(&snap, &cols)?;

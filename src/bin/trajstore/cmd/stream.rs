@@ -6,8 +6,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::HumanBytes;
 use serde_json::json;
-use trajstore::LoaderOptions;
-use trajstore::remote::{Stream, StreamOptions, StreamSampling};
+use trajstore::remote::{Stream, StreamOptions};
+use trajstore::{BatchSource, LoaderOptions, LoaderSpec, SamplerKind, SamplerSpec, StreamLoader};
 
 use super::*;
 
@@ -21,8 +21,8 @@ pub(crate) struct StreamArgs {
     cache_limit: u64,
     /// uniform (with replacement, over a rotating window of resident segments) or epoch
     /// (without replacement: every slice of this rank's share once per epoch).
-    #[arg(long, default_value = "uniform")]
-    sampling: StreamSampling,
+    #[arg(long, default_value = "uniform", value_parser = ["uniform", "epoch"])]
+    sampling: String,
     /// Uniform sampling: draws per transition before its segment rotates out, on average.
     #[arg(long, default_value_t = 4.0)]
     reuse: f64,
@@ -66,7 +66,6 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
         );
     }
     let mut o = StreamOptions::new(a.cache_limit);
-    o.sampling = a.sampling;
     o.reuse = a.reuse;
     o.version = a.version;
     o.remote = crate::open::reader_remote_options();
@@ -75,7 +74,8 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
         .map_err(crate::output::one_line)
         .with_context(|| format!("cannot open {url} for streaming"))?;
     let opened = t0.elapsed().as_secs_f64();
-    let slice = trajstore::SliceOptions::new(a.s.slice_len, a.s.num_slices)
+    let kind: SamplerKind = a.sampling.parse()?;
+    let sampler = SamplerSpec::new(kind, a.s.slice_len, a.s.num_slices)
         .with_policy(a.s.policy)
         .with_weighting(a.s.weighting)
         .with_seed(a.s.seed);
@@ -84,20 +84,19 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
             "--episodes is not supported with --cache-limit yet; pull the dataset to sample a subset"
         );
     }
-    let mut opts = LoaderOptions::default()
-        .with_workers(a.workers)
-        .with_rank(rank, world_size);
-    let batches = match (a.batches, a.sampling) {
+    let mut opts = LoaderOptions::default().with_workers(a.workers);
+    let batches = match (a.batches, kind) {
         (Some(n), _) => Some(n),
-        (None, StreamSampling::Uniform) => Some(200),
-        (None, StreamSampling::Epoch) => None,
+        (None, SamplerKind::Epoch) => None,
+        (None, _) => Some(200),
     };
     if let Some(n) = batches {
         opts = opts.with_max_batches(n);
     }
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
-    let mut loader = stream
-        .loader(&slice, &cols, opts)
+    let spec = LoaderSpec::streamed(stream.clone(), sampler, &cols).with_rank(rank, world_size);
+    let mut loader = BatchSource::open(spec)
+        .and_then(|source| StreamLoader::new(&source, opts))
         .map_err(crate::output::one_line)?;
     let t = Instant::now();
     let (mut n, mut first) = (0u64, None);
@@ -117,7 +116,7 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
             "{}",
             json!({
                 "url": url, "version": stream.catalog().version(), "rank": rank,
-                "world_size": world_size, "sampling": format!("{:?}", a.sampling).to_lowercase(),
+                "world_size": world_size, "sampling": a.sampling,
                 "batches": n, "seconds": secs, "first_batch_seconds": first,
                 "open_seconds": opened,
                 "batches_per_second": n as f64 / secs, "transitions_per_second": n as f64 * per / secs,

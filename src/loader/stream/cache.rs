@@ -17,8 +17,8 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectStore};
 
-use super::super::{Remote, remote_err};
 use crate::error::{Error, IoContext, Result};
+use crate::remote::{Remote, remote_err};
 
 /// Suffix of a download in progress (kept across a crash, to be resumed).
 const PARTIAL: &str = ".partial";

@@ -1,8 +1,9 @@
 //! Streaming reads of a dataset in object storage through a bounded local cache.
 //!
 //! [`Stream::open`] fetches only the version's catalog (manifest and episode tables). A
-//! [`StreamLoader`] then fetches each transition file on first use into the rank's cache
-//! directory (`<mirror>/_stream/rank-<r>/`), keeps at most [`StreamOptions::cache_limit`]
+//! [`StreamLoader`], made like every loader from a [`super::BatchSource`] (of a
+//! [`super::LoaderSpec::streamed`]), then fetches each transition file on first use into the rank's cache
+//! directory (`<mirror>/_stream/rank-<r>/`), keeps at most [`crate::remote::StreamOptions::cache_limit`]
 //! bytes of them on disk (downloads in progress included; the episode tables, O(episodes), are
 //! kept beside it), evicts the least recently used segment that no window in use pins, and
 //! starts the downloads of the windows the loader will need next while the current one is
@@ -17,7 +18,7 @@
 //! windows, and the next one downloads meanwhile) and serves the round's batches window after
 //! window; every window serves at least the loader's `workers + prefetch` batches:
 //!
-//! - [`StreamSampling::Uniform`] (with replacement): a round has
+//! - Uniform sampling ([`crate::SamplerKind::Uniform`], with replacement): a round has
 //!   `R = max(ceil(reuse × transitions / (world_size × B × L)), m × n)` batches per rank, where
 //!   `m = workers + prefetch` and `n` is the most windows any rank has that round: the same for
 //!   every rank, so that data-parallel steps stay in lockstep. Window `w` gets `m` batches plus a
@@ -29,7 +30,7 @@
 //!   whatever its size, as under uniform sampling of the whole share; but the slices of one batch all come from one
 //!   window: batches are correlated within a window, as with Mosaic's shuffle blocks. Over ranks
 //!   and rounds every slice of the version is equally likely.
-//! - [`StreamSampling::Epoch`] (without replacement): a round is an epoch; window `w` yields
+//! - Epoch sampling ([`crate::SamplerKind::Epoch`], without replacement): a round is an epoch; window `w` yields
 //!   `floor(S_w / B)` batches that visit its slices once in a shuffled order (none if that is
 //!   fewer than `m`), and every rank stops at the shortest rank's epoch (the slices past it, at
 //!   most a few windows' worth, are skipped that epoch, and the next epoch deals segments
@@ -51,12 +52,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{Remote, RemoteOptions};
+use super::{BatchSource, LoaderOptions, Pipeline, Recycler, check_in_flight};
 use crate::error::{Error, Result};
 use crate::gather::{Batch, Gatherer};
 use crate::index::{EpisodeIndex, SliceIndex, SliceRef};
-use crate::loader::{LoaderOptions, Pipeline, Recycler, check_in_flight};
-use crate::sample::{EpochSampler, Sampler, SliceOptions, SliceSampler};
+use crate::remote::Stream;
+use crate::sample::{EpochSampler, Sampler, SamplerKind, SamplerSpec, SliceSampler};
 use crate::store::manifest::Manifest;
 use crate::store::{Catalog, Snapshot};
 
@@ -64,41 +65,8 @@ mod cache;
 mod schedule;
 
 use cache::{Cache, CachedFile, Pins};
-pub use schedule::StreamSampling;
+use schedule::StreamSampling;
 use schedule::{Schedule, ScheduleSpec, SegmentCost, Window, mix};
-
-/// Options of [`Stream::open`].
-#[derive(Debug, Clone)]
-pub struct StreamOptions {
-    /// Bytes of transition files the rank's cache may hold on disk (downloads in progress
-    /// included). At least three times the largest segment, unless it holds the whole version.
-    pub cache_limit: u64,
-    /// With or without replacement.
-    pub sampling: StreamSampling,
-    /// Uniform sampling: draws per transition per round, on average (default 4). Higher values
-    /// download less per batch (each window is sampled longer); lower ones rotate faster.
-    pub reuse: f64,
-    /// Where mirrors live (default [`super::default_cache_dir`]).
-    pub cache_dir: Option<PathBuf>,
-    /// The version (default: the newest).
-    pub version: Option<u64>,
-    /// How to reach the store.
-    pub remote: RemoteOptions,
-}
-
-impl StreamOptions {
-    /// A cache of `cache_limit` bytes, uniform sampling, the newest version.
-    pub fn new(cache_limit: u64) -> Self {
-        Self {
-            cache_limit,
-            sampling: StreamSampling::Uniform,
-            reuse: 4.0,
-            cache_dir: None,
-            version: None,
-            remote: RemoteOptions::default(),
-        }
-    }
-}
 
 /// What a [`StreamLoader`] downloaded and held.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -123,84 +91,56 @@ pub struct StreamStats {
     pub wait_seconds: f64,
 }
 
-/// A dataset in object storage opened for streaming: its catalog, fetched into the mirror.
-pub struct Stream {
-    remote: Arc<Remote>,
-    mirror: PathBuf,
-    catalog: Catalog,
-    /// The version's manifest as the store names its files.
-    remote_manifest: Manifest,
-    options: StreamOptions,
+/// What a streamed [`BatchSource`] holds: the stream, its sampler, columns and rank.
+pub(crate) struct StreamPlan {
+    pub(crate) stream: Stream,
+    pub(crate) sampler: SamplerSpec,
+    pub(crate) columns: Vec<String>,
+    pub(crate) rank_world: (u64, u64),
 }
 
-impl std::fmt::Debug for Stream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stream")
-            .field("url", &self.remote.url())
-            .field("version", &self.catalog.version())
-            .finish()
-    }
-}
-
-impl Stream {
-    /// Opens `url` for streaming: fetches its catalog (manifest and episode tables, checked)
-    /// into the mirror, and nothing else.
-    pub fn open(url: &str, options: StreamOptions) -> Result<Self> {
-        if options.cache_limit == 0 {
+impl StreamPlan {
+    /// Checks what a stream can sample: sizes, a uniform or epoch sampler, no episode subsets
+    /// or weights.
+    pub(crate) fn new(
+        stream: Stream,
+        sampler: SamplerSpec,
+        columns: Vec<String>,
+        rank_world: (u64, u64),
+    ) -> Result<Self> {
+        sampler.validate()?;
+        stream_sampling(sampler.kind)?;
+        if sampler.episode_ids.is_some() || sampler.episode_weights.is_some() {
             return Err(Error::argument(
-                "cache_limit",
-                "the cache limit must be positive",
+                "episodes",
+                "episode subsets and weights are not supported by a streaming loader yet; \
+                 pull the dataset to sample a subset",
             ));
         }
-        if !(options.reuse.is_finite() && options.reuse > 0.0) {
-            return Err(Error::argument(
-                "reuse",
-                format!("reuse {} must be a positive number", options.reuse),
-            ));
-        }
-        let cache = options
-            .cache_dir
-            .clone()
-            .unwrap_or_else(super::default_cache_dir);
-        let mirror = super::mirror_dir(&cache, url)?;
-        let remote = Remote::open(url, options.remote.clone())?;
-        let (catalog, _) = remote.catalog(&mirror, options.version)?;
-        let remote_manifest = remote.manifest(catalog.version())?;
+        let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
+        step_bytes(stream.catalog(), &cols)?;
         Ok(Self {
-            remote: Arc::new(remote),
-            mirror,
-            catalog,
-            remote_manifest,
-            options,
+            stream,
+            sampler,
+            columns,
+            rank_world,
         })
     }
+}
 
-    /// The version's catalog.
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
-    }
-
-    /// The local mirror (catalog, and the ranks' caches under `_stream/`).
-    pub fn mirror(&self) -> &std::path::Path {
-        &self.mirror
-    }
-
-    /// The cache directory of `rank`.
-    pub fn cache_dir(&self, rank: u64) -> PathBuf {
-        self.mirror.join(format!("_stream/rank-{rank}"))
-    }
-
-    /// A loader of `columns` over batches of `slice` (slice length, slices per batch, policy,
-    /// weighting, seed; episode subsets and weights are refused), for rank `opts.rank` of
-    /// `opts.world_size`, starting at the rank's batch `opts.start`. Uniform sampling is
-    /// endless (or `max_batches`); epoch sampling stops at the end of the epoch it starts in.
-    pub fn loader(
-        &self,
-        slice: &SliceOptions,
-        columns: &[&str],
-        opts: LoaderOptions,
-    ) -> Result<StreamLoader> {
-        StreamLoader::start(self, slice, columns, opts)
+/// The stream schedule of a sampler kind: uniform (with replacement) or epoch (without).
+fn stream_sampling(kind: SamplerKind) -> Result<StreamSampling> {
+    match kind {
+        SamplerKind::Uniform => Ok(StreamSampling::Uniform),
+        SamplerKind::Epoch => Ok(StreamSampling::Epoch),
+        other => Err(Error::argument(
+            "sampler",
+            format!(
+                "a streaming loader samples uniform or epoch, not '{}' (pull the dataset to \
+                 use it locally)",
+                other.name()
+            ),
+        )),
     }
 }
 
@@ -221,7 +161,7 @@ struct Shared {
     manifest: Manifest,
     rank_dir: String,
     columns: Vec<String>,
-    slice: SliceOptions,
+    slice: SamplerSpec,
     sampling: StreamSampling,
     views: Mutex<HashMap<(u64, usize), Slot>>,
     /// The consumer's next batch, for the prefetcher.
@@ -255,21 +195,22 @@ impl std::fmt::Debug for StreamLoader {
 }
 
 impl StreamLoader {
-    fn start(
-        stream: &Stream,
-        slice: &SliceOptions,
-        columns: &[&str],
-        opts: LoaderOptions,
-    ) -> Result<Self> {
-        slice.validate()?;
-        if slice.episode_ids.is_some() || slice.episode_weights.is_some() {
-            return Err(Error::argument(
-                "episodes",
-                "episode subsets and weights are not supported by a streaming loader yet; \
-                 pull the dataset to sample a subset",
-            ));
-        }
-        crate::loader::check_rank(&opts)?;
+    /// Starts a loader of a streamed `source` ([`super::LoaderSpec::streamed`]) for its rank,
+    /// from the rank's batch `opts.start` (default 0). Uniform sampling is endless (or
+    /// `max_batches`); epoch sampling stops at the end of the epoch it starts in. Errors with
+    /// [`Error::InvalidArgument`] for a source of local datasets (use `Loader::new`).
+    pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
+        let plan = source.streamed().ok_or_else(|| {
+            Error::argument(
+                "source",
+                "a StreamLoader reads a streamed source (LoaderSpec::streamed); this source's \
+                 datasets are local: use Loader::new",
+            )
+        })?;
+        let (stream, slice, columns) = (&plan.stream.0, &plan.sampler, &plan.columns);
+        let (rank, world_size) = plan.rank_world;
+        let sampling = stream_sampling(slice.kind)?;
+        let start = opts.start.unwrap_or(0);
         let catalog = &stream.catalog;
         let manifest = catalog.manifest().clone();
         // Slices per segment, from the episode tables alone.
@@ -307,10 +248,10 @@ impl StreamLoader {
             costs,
             ScheduleSpec {
                 cache_limit: stream.options.cache_limit,
-                rank: opts.rank,
-                world: opts.world_size,
+                rank,
+                world: world_size,
                 seed: slice.seed,
-                sampling: stream.options.sampling,
+                sampling,
                 num_slices: slice.num_slices as u64,
                 slice_len: slice.slice_len as u64,
                 reuse: stream.options.reuse,
@@ -335,16 +276,16 @@ impl StreamLoader {
                 checksum: r.checksum.clone(),
             })
             .collect();
-        let rank_dir = format!("_stream/rank-{}", opts.rank);
+        let rank_dir = format!("_stream/rank-{rank}");
         let cache = Cache::open(
             stream.remote.clone(),
             &stream.mirror.join(&rank_dir),
             files,
             stream.options.cache_limit,
         )?;
-        let end = match (opts.max_batches, stream.options.sampling) {
-            (Some(n), _) => Some(opts.start.saturating_add(n)),
-            (None, StreamSampling::Epoch) => Some(schedule.round_end(opts.start)),
+        let end = match (opts.max_batches, sampling) {
+            (Some(n), _) => Some(start.saturating_add(n)),
+            (None, StreamSampling::Epoch) => Some(schedule.round_end(start)),
             (None, StreamSampling::Uniform) => None,
         };
         let shared = Arc::new(Shared {
@@ -353,11 +294,11 @@ impl StreamLoader {
             mirror: stream.mirror.clone(),
             manifest,
             rank_dir,
-            columns: columns.iter().map(|c| c.to_string()).collect(),
+            columns: columns.clone(),
             slice: slice.clone(),
-            sampling: stream.options.sampling,
+            sampling,
             views: Mutex::new(HashMap::new()),
-            position: Mutex::new(opts.start),
+            position: Mutex::new(start),
             moved: Condvar::new(),
             stop: AtomicBool::new(false),
             ahead: (opts.workers.max(1) + opts.prefetch.max(1)) as u64,
@@ -365,7 +306,8 @@ impl StreamLoader {
             wait_nanos: AtomicU64::new(0),
             windows_opened: AtomicU64::new(0),
         });
-        let row_bytes = step_bytes(catalog, columns)?;
+        let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
+        let row_bytes = step_bytes(catalog, &cols)?;
         check_in_flight(
             row_bytes.saturating_mul(slice.num_slices as u64 * slice.slice_len as u64),
             &opts,
@@ -378,13 +320,8 @@ impl StreamLoader {
                 .map_err(|e| Error::io(&stream.mirror, e))?
         };
         let pool = Recycler::default();
-        let pipeline = Pipeline::start(
-            opts.workers,
-            opts.prefetch,
-            opts.start,
-            end,
-            "stream",
-            |_lane| {
+        let pipeline =
+            Pipeline::start(opts.workers, opts.prefetch, start, end, "stream", |_lane| {
                 let (shared, pool) = (shared.clone(), pool.clone());
                 let mut plan: Vec<SliceRef> = Vec::new();
                 move |k: u64| -> Result<Batch> {
@@ -396,8 +333,7 @@ impl StreamLoader {
                     view.gatherer.gather(&plan, &mut batch)?;
                     Ok(batch)
                 }
-            },
-        )?;
+            })?;
         Ok(Self {
             pipeline,
             shared,

@@ -1,0 +1,113 @@
+//! A dataset in object storage opened for streaming ([`Stream::open`]): its catalog fetched into
+//! the local mirror, and nothing else. The streaming loader that reads it through a bounded
+//! cache is [`crate::loader::StreamLoader`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{Remote, RemoteOptions};
+use crate::error::{Error, Result};
+use crate::store::Catalog;
+use crate::store::manifest::Manifest;
+
+/// Options of [`Stream::open`].
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    /// Bytes of transition files the rank's cache may hold on disk (downloads in progress
+    /// included). At least three times the largest segment, unless it holds the whole version.
+    pub cache_limit: u64,
+    /// Uniform sampling: draws per transition per round, on average (default 4). Higher values
+    /// download less per batch (each window is sampled longer); lower ones rotate faster.
+    pub reuse: f64,
+    /// Where mirrors live (default [`super::default_cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
+    /// The version (default: the newest).
+    pub version: Option<u64>,
+    /// How to reach the store.
+    pub remote: RemoteOptions,
+}
+
+impl StreamOptions {
+    /// A cache of `cache_limit` bytes, the newest version.
+    pub fn new(cache_limit: u64) -> Self {
+        Self {
+            cache_limit,
+            reuse: 4.0,
+            cache_dir: None,
+            version: None,
+            remote: RemoteOptions::default(),
+        }
+    }
+}
+
+/// A dataset in object storage opened for streaming: its catalog, fetched into the mirror.
+/// Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Stream(pub(crate) Arc<StreamInner>);
+
+pub(crate) struct StreamInner {
+    pub(crate) remote: Arc<Remote>,
+    pub(crate) mirror: PathBuf,
+    pub(crate) catalog: Catalog,
+    /// The version's manifest as the store names its files.
+    pub(crate) remote_manifest: Manifest,
+    pub(crate) options: StreamOptions,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("url", &self.0.remote.url())
+            .field("version", &self.0.catalog.version())
+            .finish()
+    }
+}
+
+impl Stream {
+    /// Opens `url` for streaming: fetches its catalog (manifest and episode tables, checked)
+    /// into the mirror, and nothing else.
+    pub fn open(url: &str, options: StreamOptions) -> Result<Self> {
+        if options.cache_limit == 0 {
+            return Err(Error::argument(
+                "cache_limit",
+                "the cache limit must be positive",
+            ));
+        }
+        if !(options.reuse.is_finite() && options.reuse > 0.0) {
+            return Err(Error::argument(
+                "reuse",
+                format!("reuse {} must be a positive number", options.reuse),
+            ));
+        }
+        let cache = options
+            .cache_dir
+            .clone()
+            .unwrap_or_else(super::default_cache_dir);
+        let mirror = super::mirror_dir(&cache, url)?;
+        let remote = Remote::open(url, options.remote.clone())?;
+        let (catalog, _) = remote.catalog(&mirror, options.version)?;
+        let remote_manifest = remote.manifest(catalog.version())?;
+        Ok(Self(Arc::new(StreamInner {
+            remote: Arc::new(remote),
+            mirror,
+            catalog,
+            remote_manifest,
+            options,
+        })))
+    }
+
+    /// The version's catalog.
+    pub fn catalog(&self) -> &Catalog {
+        &self.0.catalog
+    }
+
+    /// The local mirror (catalog, and the ranks' caches under `_stream/`).
+    pub fn mirror(&self) -> &std::path::Path {
+        &self.0.mirror
+    }
+
+    /// The cache directory of `rank`.
+    pub fn cache_dir(&self, rank: u64) -> PathBuf {
+        self.0.mirror.join(format!("_stream/rank-{rank}"))
+    }
+}
