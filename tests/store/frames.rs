@@ -253,3 +253,66 @@ fn damaged_frames_are_named_errors_never_panics() {
     assert!(snap.segments()[0].frames("reward", 0, 2).is_err());
     assert!(snap.segments()[0].frames("observation", 70, 20).is_err());
 }
+
+/// The ten-line decoder of schemas/FORMAT.md section 3.1, run as written (pyarrow + zstandard),
+/// gives back the frames written, for every codec; Polars and DuckDB read the column as binary.
+#[test]
+fn the_python_decoder_of_format_md_reads_the_frames() {
+    let Some(py) = crate::common::python_with("pyarrow, numpy, zstandard", "the frame decoder")
+    else {
+        return;
+    };
+    let md = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/FORMAT.md"),
+    )
+    .unwrap();
+    let after = md
+        .split("Reading frames needs no trajstore")
+        .nth(1)
+        .unwrap();
+    let code = after
+        .split("```python\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    assert!(code.lines().count() <= 11, "the decoder is about ten lines");
+    for codec in [FrameCodec::ZstdDict, FrameCodec::Zstd, FrameCodec::None] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("f");
+        let shape = [84, 84];
+        let ds = Dataset::create(&root, &frame_schema(codec, &shape)).unwrap();
+        let want = write_episodes(&ds, &shape, 6, 30);
+        let rows: Vec<u8> = want
+            .iter()
+            .flat_map(|e| e[..e.len() - 1].concat())
+            .collect();
+        std::fs::write(dir.path().join("want.bin"), &rows).unwrap();
+        let script = format!(
+            "import json, os, re\n\
+             root = {root:?}\n\
+             v = sorted(n for n in os.listdir(f'{{root}}/_versions') if re.fullmatch(r'\\d{{20}}\\.json', n))\n\
+             manifest = json.load(open(f'{{root}}/_versions/{{v[-1]}}'))\n\
+             {code}\n\
+             want = np.fromfile({want:?}, np.uint8).reshape(frames.shape)\n\
+             assert (frames == want).all(), 'frames differ'\n\
+             try:\n    import duckdb\n    n = duckdb.sql('SELECT sum(octet_length(observation)) FROM t').fetchall()[0][0]\n    assert n == sum(len(b) for b in t.column('observation').to_pylist()), n\n\
+             except ImportError:\n    pass\n\
+             try:\n    import polars as pl\n    assert pl.read_ipc(f\"{{root}}/{{manifest['segments'][0]['path']}}\")['observation'].dtype == pl.Binary\n\
+             except ImportError:\n    pass\n\
+             print('ok', frames.shape)\n",
+            root = root.display().to_string(),
+            want = dir.path().join("want.bin").display().to_string(),
+        );
+        let out = std::process::Command::new(&py)
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok"),
+            "{codec}: {}\n{script}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
