@@ -1,5 +1,6 @@
 //! [`Remote::pull`] and [`Remote::catalog`]: bring a local mirror to a version, checking every
-//! downloaded file against the manifest before it is renamed into place.
+//! downloaded file against the manifest before it is renamed into place. The dictionaries of
+//! frame columns come with the catalog as well as with a pull: every segment needs them.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -53,8 +54,8 @@ impl Remote {
     }
 
     /// The [`Catalog`] of version `version` (default: the newest): its manifest and episode
-    /// tables, which is all `trajstore info` needs. Only the episode tables the mirror lacks
-    /// are downloaded (checked like any pull) into `mirror`, where a later [`Remote::pull`] of
+    /// tables, which is all `trajstore info` needs, and the dictionaries of its frame columns,
+    /// which every segment needs. Only the files the mirror lacks are downloaded (checked like any pull) into `mirror`, where a later [`Remote::pull`] of
     /// that version reuses them; no transition file is fetched, and the mirror's own committed
     /// version does not change. The report's `files_pruned` is 0: nothing is removed.
     pub fn catalog(&self, mirror: &Path, version: Option<u64>) -> Result<(Catalog, PullReport)> {
@@ -117,12 +118,37 @@ impl Remote {
                 r.episodes_checksum.clone(),
             ));
         }
+        // The dictionaries of frame columns: small, and needed to open any segment, so fetched
+        // with the catalog too. Their names are their checksums, in the store as in the mirror.
+        let dictionaries = crate::store::dictionary::referenced(&m.columns);
+        for d in &dictionaries {
+            let manifest_url = self.url_of(&format!(
+                "{}/{}",
+                format::VERSIONS_DIR,
+                format::manifest_name(m.version)
+            ));
+            crate::store::dictionary::check_path(&manifest_url, d)?;
+            files.push((d.path.clone(), d.path.clone(), d.bytes, d.checksum.clone()));
+        }
+        let dict_dir = mirror.join(format::DICTIONARIES_DIR);
+        if !dictionaries.is_empty() {
+            std::fs::create_dir_all(&dict_dir).at(&dict_dir)?;
+        }
         let (mut files_cached, mut bytes_cached) = (0u64, 0u64);
         let mut missing = Vec::new();
         for (rel, name, bytes, checksum) in files {
-            let dest = mirror.join(name);
+            let dest = mirror.join(&name);
+            // A cached dictionary (a few KiB) is checked whole, so that a damaged one is
+            // fetched again rather than failing every open.
+            let intact = |len: u64| {
+                len == bytes
+                    && (!name.starts_with(format::DICTIONARIES_DIR)
+                        || std::fs::read(&dest).is_ok_and(|b| {
+                            crate::store::ipc::checksum_string(crc32c::crc32c(&b)) == checksum
+                        }))
+            };
             match std::fs::metadata(&dest) {
-                Ok(md) if md.len() == bytes => {
+                Ok(md) if intact(md.len()) => {
                     files_cached += 1;
                     bytes_cached += bytes;
                 }
@@ -144,6 +170,9 @@ impl Remote {
         pb.finish(done.is_ok());
         let files_downloaded = done?;
         manifest::sync_dir(&seg_dir)?;
+        if !dictionaries.is_empty() {
+            manifest::sync_dir(&dict_dir)?;
+        }
         let report = PullReport {
             url: self.url.clone(),
             mirror: mirror.to_path_buf(),
@@ -294,8 +323,8 @@ impl Remote {
     }
 }
 
-/// Removes manifests older than `keep_from` and the segment files no remaining manifest names
-/// (and temporary files left by interrupted pulls). Returns the number of files removed.
+/// Removes manifests older than `keep_from` and the segment and dictionary files no remaining
+/// manifest names (and temporary files left by interrupted pulls). Returns the number of files removed.
 pub(crate) fn prune(mirror: &Path, keep_from: u64) -> Result<u64> {
     let mut removed = 0u64;
     let mut referenced = BTreeSet::new();
@@ -307,21 +336,30 @@ pub(crate) fn prune(mirror: &Path, keep_from: u64) -> Result<u64> {
             continue;
         }
         if let Ok(m) = manifest::read(mirror, v) {
+            for d in crate::store::dictionary::referenced(&m.columns) {
+                referenced.insert(d.path.clone());
+            }
             for s in m.segments {
                 referenced.insert(s.path);
                 referenced.insert(s.episodes_path);
             }
         }
     }
-    let dir = mirror.join(format::SEGMENTS_DIR);
-    for entry in std::fs::read_dir(&dir).at(&dir)? {
-        let entry = entry.at(&dir)?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let rel = format!("{}/{name}", format::SEGMENTS_DIR);
-        if !referenced.contains(&rel) {
-            std::fs::remove_file(entry.path()).at(entry.path())?;
-            removed += 1;
+    for sub in [format::SEGMENTS_DIR, format::DICTIONARIES_DIR] {
+        let dir = mirror.join(sub);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.at(&dir)?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !referenced.contains(&format!("{sub}/{name}")) {
+                std::fs::remove_file(entry.path()).at(entry.path())?;
+                removed += 1;
+            }
         }
     }
     Ok(removed)

@@ -1,5 +1,6 @@
-//! [`Remote::push`]: uploads a local dataset's newest version (content-addressed segment files,
-//! then a conditionally created manifest), fast-forward only.
+//! [`Remote::push`]: uploads a local dataset's newest version (content-addressed segment files
+//! and the dictionaries of its frame columns, then a conditionally created manifest),
+//! fast-forward only.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -12,6 +13,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 
 use crate::error::{ConflictKind, Error, IoContext, Result};
 use crate::format;
+use crate::schema::ColumnDesc;
 use crate::store::Dataset;
 use crate::store::manifest::{self, Manifest, SegmentEntry};
 
@@ -62,7 +64,23 @@ impl Remote {
                 s.episodes_checksum.clone(),
             ));
         }
-        let present = self.listing(format::SEGMENTS_DIR)?;
+        // The dictionaries of frame columns, under the same names (already content-addressed).
+        for d in crate::store::dictionary::referenced(&lm.columns) {
+            crate::store::dictionary::check_path(local.path(), d)?;
+            files.push((
+                local.path().join(&d.path),
+                d.path.clone(),
+                d.bytes,
+                d.checksum.clone(),
+            ));
+        }
+        let mut present = self.listing(format::SEGMENTS_DIR)?;
+        if files
+            .iter()
+            .any(|f| f.1.starts_with(format::DICTIONARIES_DIR))
+        {
+            present.extend(self.listing(format::DICTIONARIES_DIR)?);
+        }
         let mut to_send = Vec::new();
         let (mut files_present, mut bytes_present) = (0u64, 0u64);
         for f in files {
@@ -109,6 +127,10 @@ impl Remote {
                 File::open(&p).and_then(|f| f.sync_all()).at(&p)?;
             }
             manifest::sync_dir(&root.join(format::SEGMENTS_DIR))?;
+            let dicts = root.join(format::DICTIONARIES_DIR);
+            if dicts.is_dir() {
+                manifest::sync_dir(&dicts)?;
+            }
         }
         crate::fault::point("remote-push-before-manifest");
         crate::fault::pause("remote-push-before-manifest");
@@ -311,6 +333,21 @@ pub(crate) fn same_content(a: &Manifest, b: &Manifest) -> bool {
         && key(a) == key(b)
 }
 
+/// Whether `local` is the schema `remote` or the same schema with the dictionaries that a
+/// frame column gets at its first commit with frames (a version without rows has none).
+fn extends_schema(remote: &[ColumnDesc], local: &[ColumnDesc]) -> bool {
+    remote.len() == local.len()
+        && remote.iter().zip(local).all(|(r, l)| {
+            let mut r = r.clone();
+            if let (Some(rf), Some(lf)) = (&mut r.frame, &l.frame)
+                && rf.dictionary.is_none()
+            {
+                rf.dictionary.clone_from(&lf.dictionary);
+            }
+            r == *l
+        })
+}
+
 /// A push must extend the remote's newest version: same schema, a newer version, and every
 /// remote segment the local dataset still keeps present with the same content.
 pub(crate) fn check_fast_forward(
@@ -319,7 +356,7 @@ pub(crate) fn check_fast_forward(
     r: &Manifest,
     l: &Manifest,
 ) -> Result<()> {
-    if r.columns != l.columns {
+    if !extends_schema(&r.columns, &l.columns) {
         return Err(Error::schema_mismatch(format!(
             "{url} has a different schema from {}",
             local_path.display()

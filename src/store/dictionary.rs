@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{self, DICTIONARIES_DIR, DICTIONARY_SUFFIX};
 use crate::frames::{DictionaryRef, FrameCodec, FrameColumn, check_dictionary};
-use crate::schema::TransitionSchema;
+use crate::schema::{ColumnDesc, TransitionSchema};
 use crate::store::ipc::checksum_string;
 use crate::store::manifest::sync_dir;
 
@@ -50,9 +50,19 @@ pub fn write_dictionary(root: &Path, bytes: &[u8]) -> Result<DictionaryRef> {
     Ok(reference)
 }
 
-/// The dictionary file a reference names, after checking that its path is a plain relative
-/// path inside `dictionaries/`.
-fn dictionary_file(root: &Path, manifest: &Path, r: &DictionaryRef) -> Result<PathBuf> {
+/// The dictionaries a manifest's columns reference (at most one per frame column), in column
+/// order: what a push uploads, a pull or a catalog fetch downloads, and a mirror keeps.
+pub fn referenced(columns: &[ColumnDesc]) -> Vec<&DictionaryRef> {
+    columns
+        .iter()
+        .filter_map(|c| c.frame.as_ref()?.dictionary.as_ref())
+        .collect()
+}
+
+/// Checks that a reference's path is a plain relative path `dictionaries/<name>.zdict` (a
+/// manifest, local or fetched from a store, must never name a file elsewhere).
+/// [`Error::Corrupt`] naming `manifest` (a path or URL) otherwise.
+pub fn check_path(manifest: impl AsRef<Path>, r: &DictionaryRef) -> Result<()> {
     let p = Path::new(&r.path);
     let plain = p.components().all(|c| matches!(c, Component::Normal(_)))
         && !r.path.contains('\\')
@@ -68,7 +78,14 @@ fn dictionary_file(root: &Path, manifest: &Path, r: &DictionaryRef) -> Result<Pa
             ),
         ));
     }
-    Ok(root.join(p))
+    Ok(())
+}
+
+/// The dictionary file a reference names, after checking that its path is a plain relative
+/// path inside `dictionaries/`.
+fn dictionary_file(root: &Path, manifest: &Path, r: &DictionaryRef) -> Result<PathBuf> {
+    check_path(manifest, r)?;
+    Ok(root.join(&r.path))
 }
 
 /// Reads the dictionary `r` names and checks it: size, CRC-32C, and that zstd accepts it. Any

@@ -3,7 +3,7 @@
 mod concurrency;
 mod dataset;
 mod disk_full;
-mod frames;
+pub(crate) mod frames;
 mod golden;
 mod interop;
 mod schemas;
