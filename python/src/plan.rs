@@ -12,8 +12,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use trajstore::sql::SnapshotSql;
 use trajstore::{
-    BatchSource, BoundaryPolicy, Follow, Loader, LoaderOptions, LoaderSpec, LoaderState,
-    PrioritizedSampler, ReadAhead, SamplerKind, SamplerSpec, SliceRef, Snapshot, Weighting,
+    BatchSource, BoundaryPolicy, Follow, FrameStack, Loader, LoaderOptions, LoaderSpec,
+    LoaderState, PrioritizedSampler, ReadAhead, SamplerKind, SamplerSpec, SliceRef, Snapshot,
+    StackPad, Weighting,
 };
 
 use crate::dataset::PySnapshot;
@@ -54,6 +55,9 @@ struct LoaderArgs {
     drop_last: bool,
     episode_ids: Option<Vec<u64>>,
     episodes_sql: Option<String>,
+    frame_stack: Option<usize>,
+    #[pyo3(from_py_with = parsed::<StackPad>)]
+    frame_pad: StackPad,
 }
 
 /// One dataset's options (`PartOptions` in `python/trajstore/_types.py`): its weight and how it
@@ -297,9 +301,14 @@ impl Plan {
         };
         let (columns, slice_len, num_slices) =
             (common.columns, common.slice_len, common.num_slices);
+        let frame_stack = match common.frame_stack {
+            Some(k) => Some(FrameStack::new(k).py()?.with_pad(common.frame_pad)),
+            None => None,
+        };
         let source = Source {
             rank: (common.rank, common.world_size),
             read_ahead: common.readahead,
+            frame_stack,
             resume,
         };
         py.detach(move || Self::open(parts, columns, slice_len, num_slices, opts, source))
@@ -407,6 +416,7 @@ impl Plan {
 struct Source {
     rank: (u64, u64),
     read_ahead: ReadAhead,
+    frame_stack: Option<FrameStack>,
     resume: Option<LoaderState>,
 }
 
@@ -421,6 +431,7 @@ impl Plan {
         Source {
             rank,
             read_ahead,
+            frame_stack,
             resume,
         }: Source,
     ) -> trajstore::Result<Self> {
@@ -458,6 +469,9 @@ impl Plan {
             spec = spec.with_num_slices(num_slices);
         }
         spec = spec.with_rank(rank.0, rank.1).with_read_ahead(read_ahead);
+        if let Some(st) = frame_stack {
+            spec = spec.with_frame_stack(st);
+        }
         if let Some(s) = resume {
             spec = spec.with_resume(s);
         }

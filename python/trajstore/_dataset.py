@@ -14,6 +14,7 @@ from ._types import (
     Backend,
     Device,
     Episodes,
+    FramePad,
     Follow,
     LoaderArgs,
     Policy,
@@ -283,6 +284,8 @@ class Snapshot:
         pin_memory: bool = False,
         staging_slots: Optional[int] = None,
         readahead: ReadAhead = "auto",
+        frame_stack: Optional[int] = None,
+        frame_pad: FramePad = "repeat",
         follow: Follow = None,
     ) -> Loader:
         """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,

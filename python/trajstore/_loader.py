@@ -72,6 +72,14 @@ class Loader(CudaRing):
       pages of its next batch at once (many reads in flight) and stops when they are found in
       memory; nothing is done for data already in memory. ``"always"``/``True``, ``"never"``/
       ``False`` force it.
+    - ``frame_stack``: for pixel observations stored as frames (one compressed frame per step,
+      see ``trajstore ingest --frame-codec``), each step's observation is its last K frames,
+      ``[B, L, K, H, W]`` (uint8), decoded and stacked by the Rust workers from frames stored
+      once; ``next_observation`` is the stack one frame later (the episode's stored final frame
+      after its last step, zeros where the source stored none). Default: one frame per step,
+      ``[B, L, H, W]``.
+    - ``frame_pad``: what a stack holds before an episode's first frame: ``"repeat"`` (that
+      frame, as gymnasium's ``FrameStackObservation``; default) or ``"zeros"`` (as dopamine).
     - ``follow``: sample a dataset that a collector keeps committing to: ``True`` (look for a
       newer version every second), a number of seconds, or ``{"every": seconds,
       "every_batches": n}`` (whichever comes first). A newer version is mapped in the

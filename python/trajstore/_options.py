@@ -233,6 +233,8 @@ def settle(datasets: Sequence[Snapshot], args: LoaderArgs, follow: Follow, mix: 
         "alpha": args["alpha"],
         "drop_last": args["drop_last"],
         "episode_ids": episode_ids,
+        "frame_stack": args["frame_stack"],
+        "frame_pad": args["frame_pad"],
         "episodes_sql": episodes_sql,
     }
     per_iteration = args["max_batches"]

@@ -41,6 +41,8 @@ Weighting = Literal["windows", "episodes"]
 Backend = Literal["torch", "numpy"]
 #: ``readahead=``: ``True`` is ``"always"``, ``False`` ``"never"``.
 ReadAhead = Union[Literal["auto", "always", "never"], bool]
+#: ``frame_pad=``: what a frame stack holds before an episode's first frame.
+FramePad = Literal["repeat", "zeros"]
 
 SAMPLERS: Tuple[SamplerName, ...] = get_args(SamplerName)
 BACKENDS: Tuple[Backend, ...] = get_args(Backend)
@@ -93,6 +95,8 @@ class LoaderArgs(TypedDict, total=False):
     pin_memory: bool
     staging_slots: Optional[int]
     readahead: ReadAhead
+    frame_stack: Optional[int]
+    frame_pad: FramePad
 
 
 # --- what the native Plan takes (python/src/plan.rs: every key given, no defaults there) -------
@@ -117,6 +121,8 @@ class PlanOptions(TypedDict):
     drop_last: bool
     episode_ids: Optional[List[int]]
     episodes_sql: Optional[str]
+    frame_stack: Optional[int]
+    frame_pad: FramePad
 
 
 class PartOptions(TypedDict):

@@ -18,7 +18,9 @@ use crate::store::Snapshot;
 
 mod readahead;
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
+mod frames;
 mod mix;
+pub use frames::{FrameStack, MAX_FRAME_STACK, StackPad};
 
 /// One gathered column: `num_slices * slice_len` steps of `width` values of `data_type` each,
 /// row-major `[B, L, width]`, in a 64-byte aligned buffer.
@@ -213,6 +215,8 @@ enum ColumnSource {
         obs: Vec<Vec<Buffer>>,
         finals: Vec<(Buffer, Option<arrow::buffer::NullBuffer>)>,
     },
+    /// A frame column (or `next_observation` of one), decoded and stacked by the gather.
+    Frames(Box<frames::FrameSource>),
 }
 
 #[derive(Debug)]
@@ -263,11 +267,43 @@ pub(crate) fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
 
 impl Gatherer {
     /// A gatherer of `columns` (any stored column, plus `next_observation` which is derived when
-    /// not stored) from `snap`.
+    /// not stored) from `snap`; frame columns give one decoded frame per step.
     pub fn try_new(snap: &Snapshot, columns: &[&str]) -> Result<Self> {
+        Self::with_frame_stack(snap, columns, None)
+    }
+
+    /// [`Gatherer::try_new`] with frame columns (and a `next_observation` of one) stacked as
+    /// `stack` says: `[K, H, W]` (or `[K, H, W, C]`) per step. A stack without any frame column
+    /// among `columns` is an [`Error::InvalidArgument`] about `frame_stack`.
+    pub fn with_frame_stack(
+        snap: &Snapshot,
+        columns: &[&str],
+        stack: Option<FrameStack>,
+    ) -> Result<Self> {
         let schema = snap.schema().arrow_schema().clone();
         let mut plans = Vec::with_capacity(columns.len());
         for &name in columns {
+            let frame_of = if name == col::NEXT_OBSERVATION && schema.field_with_name(name).is_err()
+            {
+                col::OBSERVATION
+            } else {
+                name
+            };
+            if let Some(fc) = snap.frame_column(frame_of) {
+                let source = frames::FrameSource::new(fc.clone(), frame_of != name, stack)?;
+                let mut shape = fc.spec.shape.clone();
+                if let Some(st) = stack {
+                    shape.insert(0, st.frames);
+                }
+                plans.push(GatherColumn {
+                    name: name.to_string(),
+                    data_type: DataType::UInt8,
+                    width: shape.iter().product(),
+                    shape,
+                    source: ColumnSource::Frames(Box::new(source)),
+                });
+                continue;
+            }
             let stored = schema.field_with_name(name).ok();
             let derive_next = stored.is_none() && name == col::NEXT_OBSERVATION;
             let field = match (stored, derive_next) {
@@ -349,6 +385,20 @@ impl Gatherer {
                 width,
                 source,
             });
+        }
+        if stack.is_some()
+            && !plans
+                .iter()
+                .any(|p| matches!(p.source, ColumnSource::Frames(_)))
+        {
+            return Err(Error::argument(
+                "frame_stack",
+                format!(
+                    "frame stacking needs a frame column among the gathered columns ({}); this \
+                     dataset stores its observations as tensors",
+                    columns.join(", ")
+                ),
+            ));
         }
         let mut episode_flags = Vec::with_capacity(snap.episodes().len());
         let mut segment_first_episode = Vec::with_capacity(snap.segments().len());
@@ -576,14 +626,18 @@ impl Gatherer {
             // exclusively borrowed for this call.
             unsafe { self.gather_slice(i, s, l, &dst, &flags, &meta) }
         };
-        // Small batches are faster on one thread than across the pool.
-        if total_bytes < (256 << 10) {
-            plan.iter().enumerate().for_each(work);
+        // Small batches are faster on one thread than across the pool (frames are decoded, so
+        // their batches always go to the pool).
+        let r = if total_bytes < (256 << 10) && !self.has_frames() {
+            plan.iter().enumerate().try_for_each(work)
         } else {
-            plan.par_iter().enumerate().with_min_len(8).for_each(work);
-        }
+            plan.par_iter()
+                .enumerate()
+                .with_min_len(1)
+                .try_for_each(work)
+        };
         self.after_gather();
-        Ok(())
+        r
     }
 
     /// The checks of a plan on a plain gatherer (see [`Gatherer::check_plan`]).
@@ -626,7 +680,7 @@ impl Gatherer {
                     ColumnSource::Stored(bufs) | ColumnSource::DerivedNext { obs: bufs, .. } => {
                         bufs
                     }
-                    ColumnSource::StoredBool(_) => continue,
+                    ColumnSource::StoredBool(_) | ColumnSource::Frames(_) => continue,
                 };
                 let step = c.width * elem_size(&c.data_type);
                 let src = bufs[loc.segment][bi].as_slice();
@@ -673,6 +727,13 @@ impl Gatherer {
                         bufs
                     }
                     ColumnSource::StoredBool(_) => continue,
+                    ColumnSource::Frames(fs) => {
+                        let steps = (a as usize, b as usize, loc.length as usize);
+                        if let Some(bytes) = fs.stored(seg, loc.segment_row, steps) {
+                            seg.advise_willneed(bytes);
+                        }
+                        continue;
+                    }
                 };
                 let buf = &bufs[loc.segment][bi];
                 let from = (r * step).min(buf.len());
@@ -682,6 +743,16 @@ impl Gatherer {
         }
     }
 
+    /// Whether a gathered column is a frame column (decoded, not copied).
+    pub(crate) fn has_frames(&self) -> bool {
+        self.columns
+            .iter()
+            .any(|c| matches!(c.source, ColumnSource::Frames(_)))
+    }
+
+    /// Gathers slice `i`. An error only from a frame column whose stored frame does not decode
+    /// (the slice's other bytes are then unspecified).
+    ///
     /// # Safety
     /// The destination pointers must be valid for a batch of `i + 1` or more slices of `l` steps
     /// and no other thread may write slice `i`'s ranges.
@@ -693,7 +764,7 @@ impl Gatherer {
         dst: &[SendPtr],
         flags: &[SendPtr; 6],
         meta: &(SendPtr, SendPtr),
-    ) {
+    ) -> Result<()> {
         let loc = self.snap.episodes().get(s.episode as usize);
         let seg = &self.snap.segments()[loc.segment];
         let len = loc.length as i64;
@@ -741,6 +812,8 @@ impl Gatherer {
                 }
                 let dst = &mut out[off * step..(off + n) * step];
                 match &c.source {
+                    // Decoded below, once the copied columns are in place.
+                    ColumnSource::Frames(_) => {}
                     ColumnSource::Stored(bufs) => {
                         dst.copy_from_slice(
                             &bufs[loc.segment][bi].as_slice()[r * step..(r + n) * step],
@@ -772,7 +845,33 @@ impl Gatherer {
                     }
                 }
             }
+            if n > 0 && self.has_frames() {
+                let table_row = s.episode as usize - self.segment_first_episode[loc.segment];
+                let steps = (a as usize, b as usize, len as usize);
+                // The observation first, so that `next_observation` can copy its frames.
+                let obs = self
+                    .columns
+                    .iter()
+                    .position(|c| matches!(&c.source, ColumnSource::Frames(f) if !f.next));
+                let mut order: Vec<usize> = obs.into_iter().collect();
+                order.extend((0..self.columns.len()).filter(|&x| Some(x) != obs));
+                for x in order {
+                    let (c, d) = (&self.columns[x], dst[x]);
+                    let ColumnSource::Frames(fs) = &c.source else {
+                        continue;
+                    };
+                    let step = c.width;
+                    let out =
+                        std::slice::from_raw_parts_mut(d.0.add((i * l + off) * step), n * step);
+                    let from_obs = obs.filter(|_| fs.next).map(|o| {
+                        let p = dst[o].0.add((i * l + off) * step);
+                        std::slice::from_raw_parts(p as *const u8, n * step)
+                    });
+                    fs.fill(seg, loc.segment_row, table_row, steps, out, from_obs)?;
+                }
+            }
         }
+        Ok(())
     }
 }
 

@@ -75,6 +75,12 @@ impl Gatherer {
                         let first = bits.offset() + r;
                         add(&bits.inner().as_slice()[first / 8..=(first + n - 1) / 8]);
                     }
+                    ColumnSource::Frames(fs) => {
+                        let steps = (a as usize, b as usize, len as usize);
+                        if let Some(bytes) = fs.stored(seg, loc.segment_row, steps) {
+                            add(bytes);
+                        }
+                    }
                     ColumnSource::DerivedNext { obs, finals } => {
                         let inner = if b == len { n - 1 } else { n };
                         let src = obs[loc.segment][bi].as_slice();

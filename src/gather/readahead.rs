@@ -201,7 +201,7 @@ impl Gatherer {
             ColumnSource::Stored(b) | ColumnSource::DerivedNext { obs: b, .. } => {
                 Some((b, c.width * elem_size(&c.data_type)))
             }
-            ColumnSource::StoredBool(_) => None,
+            ColumnSource::StoredBool(_) | ColumnSource::Frames(_) => None,
         }) else {
             return 0;
         };

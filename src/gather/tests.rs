@@ -235,6 +235,7 @@ fn every_column_kind_is_gathered_from_its_rows() {
             ColumnSource::Stored(_) => "stored",
             ColumnSource::StoredBool(_) => "bool",
             ColumnSource::DerivedNext { .. } => "derived",
+            ColumnSource::Frames(_) => "frames",
         })
         .collect();
     assert_eq!(

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::spec::{Follow, LoaderSpec};
 use super::state::{self, LoaderState, PartState, SamplerState};
 use crate::error::{Error, Result};
-use crate::gather::{Gatherer, ReadAhead};
+use crate::gather::{FrameStack, Gatherer, ReadAhead};
 use crate::sample::{BuiltSampler, MixSampler, PrioritizedSampler, Sampler, SamplerSpec};
 use crate::store::Snapshot;
 
@@ -72,6 +72,7 @@ pub(crate) struct Feed {
     parts: Vec<PartDesc>,
     columns: Vec<String>,
     read_ahead: ReadAhead,
+    frame_stack: Option<FrameStack>,
     rank_world: (u64, u64),
     /// The consumer's position: generations ending at or before it are dropped.
     consumed: AtomicU64,
@@ -85,7 +86,7 @@ impl Feed {
     fn new(
         parts: Vec<PartDesc>,
         columns: Vec<String>,
-        ra: ReadAhead,
+        (ra, frame_stack): (ReadAhead, Option<FrameStack>),
         rank_world: (u64, u64),
         g: Generation,
     ) -> Arc<Self> {
@@ -97,6 +98,7 @@ impl Feed {
             parts,
             columns,
             read_ahead: ra,
+            frame_stack,
             rank_world,
             consumed: AtomicU64::new(0),
             stats: Mutex::default(),
@@ -132,6 +134,7 @@ impl Feed {
             world_size,
             read_ahead,
             resume,
+            frame_stack,
             ..
         } = spec;
         let rank_world = (rank, world_size);
@@ -203,10 +206,10 @@ impl Feed {
         let feed_parts = snaps
             .iter()
             .zip(&descs)
-            .map(|(snap, d)| build_part(snap, &d.spec, &columns, read_ahead))
+            .map(|(snap, d)| build_part(snap, &d.spec, &columns, (read_ahead, frame_stack)))
             .collect::<Result<Vec<_>>>()?;
         let g = assemble(0, feed_parts, &counts)?;
-        let mut feed = Self::new(descs, columns, read_ahead, rank_world, g);
+        let mut feed = Self::new(descs, columns, (read_ahead, frame_stack), rank_world, g);
         if let Some(state) = resume {
             let fresh = feed.state(state.next_batch, false);
             state.check_resumable(&fresh, &snaps)?;
@@ -368,7 +371,12 @@ impl Feed {
             }
             let mut snap = part.snapshot.clone();
             if snap.refresh()? {
-                *part = build_part(&snap, &self.parts[i].spec, &self.columns, self.read_ahead)?;
+                *part = build_part(
+                    &snap,
+                    &self.parts[i].spec,
+                    &self.columns,
+                    (self.read_ahead, self.frame_stack),
+                )?;
                 changed = true;
             }
         }
@@ -401,10 +409,10 @@ fn build_part(
     snap: &Snapshot,
     spec: &SamplerSpec,
     columns: &[String],
-    ra: ReadAhead,
+    (ra, stack): (ReadAhead, Option<FrameStack>),
 ) -> Result<GenPart> {
     let names: Vec<&str> = columns.iter().map(String::as_str).collect();
-    let gatherer = Gatherer::try_new(snap, &names)?;
+    let gatherer = Gatherer::with_frame_stack(snap, &names, stack)?;
     gatherer.set_read_ahead(ra);
     Ok(GenPart {
         snapshot: snap.clone(),

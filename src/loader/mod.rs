@@ -141,8 +141,12 @@ impl BatchSource {
                      to continue from (LoaderOptions::with_start)",
                 ));
             }
-            let plan =
-                StreamPlan::new(stream, sampler, spec.columns, (spec.rank, spec.world_size))?;
+            let plan = StreamPlan::new(
+                stream,
+                sampler,
+                spec.columns,
+                ((spec.rank, spec.world_size), spec.frame_stack),
+            )?;
             return Ok(Self(Src::Streamed(Arc::new(plan))));
         }
         Ok(Self(Src::Local(Feed::open(spec)?)))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::state::LoaderState;
-use crate::gather::ReadAhead;
+use crate::gather::{FrameStack, ReadAhead};
 #[cfg(feature = "remote")]
 use crate::remote::Stream;
 use crate::sample::SamplerSpec;
@@ -126,6 +126,7 @@ pub struct LoaderSpec {
     pub(crate) world_size: u64,
     pub(crate) read_ahead: ReadAhead,
     pub(crate) resume: Option<Arc<LoaderState>>,
+    pub(crate) frame_stack: Option<FrameStack>,
     #[cfg(feature = "remote")]
     pub(crate) streamed: Option<(Stream, SamplerSpec)>,
 }
@@ -140,6 +141,7 @@ impl Default for LoaderSpec {
             world_size: 1,
             read_ahead: ReadAhead::Auto,
             resume: None,
+            frame_stack: None,
             #[cfg(feature = "remote")]
             streamed: None,
         }
@@ -206,6 +208,14 @@ impl LoaderSpec {
     /// and costs nothing on data in memory.
     pub fn with_read_ahead(mut self, mode: ReadAhead) -> Self {
         self.read_ahead = mode;
+        self
+    }
+    /// Stacks the frames of frame columns (pixel observations, and a `next_observation` of
+    /// them): each step holds its last `K` frames, `[K, H, W]` (or `[K, H, W, C]`), built by the
+    /// gather from frames stored once (see [`FrameStack`] for the padding before an episode's
+    /// first frame). Every loader of the source gives the same stacks.
+    pub fn with_frame_stack(mut self, stack: FrameStack) -> Self {
+        self.frame_stack = Some(stack);
         self
     }
     /// Continues exactly where `state` was taken (`Loader::state`): the source opens each

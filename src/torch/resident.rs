@@ -113,6 +113,13 @@ impl Resident {
         budget: u64,
     ) -> Result<Self> {
         let ((rank, world), start, end) = (run.feed.rank_world(), run.start, run.end);
+        if gatherer.has_frames() {
+            return Err(Error::argument(
+                "resident_budget",
+                "resident mode uploads raw columns, and this gather decodes compressed frame \
+                 columns: use the streaming mode (the workers decode frames into pinned memory)",
+            ));
+        }
         if gatherer.is_mixed() {
             return Err(Error::argument(
                 "gatherer",

@@ -54,7 +54,7 @@ use serde::Serialize;
 
 use super::{BatchSource, LoaderOptions, Pipeline, Recycler, check_in_flight};
 use crate::error::{Error, Result};
-use crate::gather::{Batch, Gatherer};
+use crate::gather::{Batch, FrameStack, Gatherer};
 use crate::index::{EpisodeIndex, SliceIndex, SliceRef};
 use crate::remote::Stream;
 use crate::sample::{EpochSampler, Sampler, SamplerKind, SamplerSpec, SliceSampler};
@@ -97,6 +97,7 @@ pub(crate) struct StreamPlan {
     pub(crate) sampler: SamplerSpec,
     pub(crate) columns: Vec<String>,
     pub(crate) rank_world: (u64, u64),
+    pub(crate) frame_stack: Option<FrameStack>,
 }
 
 impl StreamPlan {
@@ -106,7 +107,7 @@ impl StreamPlan {
         stream: Stream,
         sampler: SamplerSpec,
         columns: Vec<String>,
-        rank_world: (u64, u64),
+        (rank_world, frame_stack): ((u64, u64), Option<FrameStack>),
     ) -> Result<Self> {
         sampler.validate()?;
         stream_sampling(sampler.kind)?;
@@ -118,12 +119,13 @@ impl StreamPlan {
             ));
         }
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
-        step_bytes(stream.catalog(), &cols)?;
+        step_bytes(stream.catalog(), &cols, frame_stack)?;
         Ok(Self {
             stream,
             sampler,
             columns,
             rank_world,
+            frame_stack,
         })
     }
 }
@@ -161,6 +163,7 @@ struct Shared {
     manifest: Manifest,
     rank_dir: String,
     columns: Vec<String>,
+    frame_stack: Option<FrameStack>,
     slice: SamplerSpec,
     sampling: StreamSampling,
     views: Mutex<HashMap<(u64, usize), Slot>>,
@@ -295,6 +298,7 @@ impl StreamLoader {
             manifest,
             rank_dir,
             columns: columns.clone(),
+            frame_stack: plan.frame_stack,
             slice: slice.clone(),
             sampling,
             views: Mutex::new(HashMap::new()),
@@ -307,7 +311,7 @@ impl StreamLoader {
             windows_opened: AtomicU64::new(0),
         });
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
-        let row_bytes = step_bytes(catalog, &cols)?;
+        let row_bytes = step_bytes(catalog, &cols, plan.frame_stack)?;
         check_in_flight(
             row_bytes.saturating_mul(slice.num_slices as u64 * slice.slice_len as u64),
             &opts,
@@ -468,7 +472,7 @@ impl Shared {
             .collect();
         let snap = Snapshot::partial(&self.mirror, &self.manifest, entries)?;
         let cols: Vec<&str> = self.columns.iter().map(String::as_str).collect();
-        let gatherer = Gatherer::try_new(&snap, &cols)?;
+        let gatherer = Gatherer::with_frame_stack(&snap, &cols, self.frame_stack)?;
         let index = snap.slice_index(self.slice.slice_len, self.slice.policy)?;
         let whole = self.schedule.is_whole();
         let seed = if whole {
@@ -501,8 +505,10 @@ impl Shared {
     }
 }
 
-/// Bytes of one step of `columns` (checking that they exist: `next_observation` may be derived).
-fn step_bytes(catalog: &Catalog, columns: &[&str]) -> Result<u64> {
+/// Bytes of one step of `columns` as gathered (checking that they exist: `next_observation` may
+/// be derived; a frame column is its decoded frames, `stack` of them).
+fn step_bytes(catalog: &Catalog, columns: &[&str], stack: Option<FrameStack>) -> Result<u64> {
+    let frames = catalog.schema().frame_spec().map(|f| f.frame_len() as u64);
     let schema = catalog.schema().arrow_schema();
     let mut sum = 0u64;
     for &c in columns {
@@ -518,7 +524,12 @@ fn step_bytes(catalog: &Catalog, columns: &[&str]) -> Result<u64> {
                 format!("no column `{c}` (have: {})", crate::schema::names(schema)),
             )
         })?;
-        sum += crate::schema::value_bytes(f.data_type()).ceil() as u64;
+        sum += match frames {
+            Some(len) if name == crate::format::col::OBSERVATION => {
+                len * stack.map_or(1, |s| s.frames as u64)
+            }
+            _ => crate::schema::value_bytes(f.data_type()).ceil() as u64,
+        };
     }
     Ok(sum)
 }

@@ -103,6 +103,37 @@ pub(crate) struct SliceArgs {
     /// column), e.g. "SELECT episode_id FROM episodes ORDER BY episode_return DESC LIMIT 10".
     #[arg(long, value_name = "SQL")]
     episodes: Option<String>,
+    /// Pixel observations (frame columns): each step holds its last K frames, [K, H, W], built
+    /// from frames stored once and decoded by the gather (4 for DQN-style Atari agents).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=64))]
+    frame_stack: Option<u32>,
+    /// What a frame stack holds before an episode's first frame: repeat (that frame, as
+    /// gymnasium's FrameStackObservation) or zeros (as dopamine's replay buffer).
+    #[arg(long, default_value = "repeat", requires = "frame_stack")]
+    frame_pad: trajstore::StackPad,
+}
+
+impl SliceArgs {
+    /// The frame stack `--frame-stack` and `--frame-pad` ask for.
+    pub(crate) fn frame_stack(&self) -> anyhow::Result<Option<trajstore::FrameStack>> {
+        Ok(match self.frame_stack {
+            Some(k) => Some(trajstore::FrameStack::new(k as usize)?.with_pad(self.frame_pad)),
+            None => None,
+        })
+    }
+
+    /// The gatherer of `--columns` over `snap`, frames stacked as asked.
+    pub(crate) fn gatherer(
+        &self,
+        snap: &trajstore::Snapshot,
+    ) -> anyhow::Result<trajstore::Gatherer> {
+        let cols: Vec<&str> = self.columns.iter().map(String::as_str).collect();
+        Ok(trajstore::Gatherer::with_frame_stack(
+            snap,
+            &cols,
+            self.frame_stack()?,
+        )?)
+    }
 }
 
 /// Refuses a batch of `--num-slices` slices of `--slice-len` steps of `gatherer`'s columns that

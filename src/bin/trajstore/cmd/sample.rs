@@ -64,10 +64,11 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
         columns: vec!["observation".into(), "action".into(), "reward".into()],
         json: false,
         episodes: None,
+        frame_stack: None,
+        frame_pad: trajstore::StackPad::Repeat,
     };
     let sampler = slice_sampler(snap, &args)?;
-    let cols: Vec<&str> = args.columns.iter().map(String::as_str).collect();
-    let gatherer = trajstore::Gatherer::try_new(snap, &cols)?;
+    let gatherer = args.gatherer(snap)?;
     let mut plan = vec![];
     let mut batch = trajstore::Batch::default();
     let t = Instant::now();
@@ -87,8 +88,7 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
 
 pub(crate) fn run(a: SampleArgs) -> Result<()> {
     let snap = open_snapshot(&a.s.dataset, None)?;
-    let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
-    let gatherer = trajstore::Gatherer::try_new(&snap, &cols)?;
+    let gatherer = a.s.gatherer(&snap)?;
     check_batch_size(&gatherer, &a.s)?;
     let sampler = slice_sampler(&snap, &a.s)?;
     let mut plan = vec![];

@@ -1,0 +1,274 @@
+//! Frame columns in the gather: pixel observations stored one compressed frame per step
+//! ([`crate::frames`]) are decoded by the gather workers straight into the batch's buffer, and
+//! stacked there.
+//!
+//! With a [`FrameStack`] of `K`, step `t` of a slice holds frames `t-K+1 ..= t` of its episode
+//! (`[K, H, W]` or `[K, H, W, C]` per step); before the episode's first frame the stack repeats
+//! that frame ([`StackPad::Repeat`], gymnasium's `FrameStackObservation`) or holds zeros
+//! ([`StackPad::Zeros`], dopamine's replay buffer). `next_observation` is the stack ending at
+//! frame `t+1`: the last step's newest frame is the episode's stored final frame, or zeros when
+//! the source had none (DQN Replay stores no frame after a terminal step).
+//!
+//! Each distinct frame of a slice is decoded once, into the first place it appears in the
+//! destination (its "canonical" slot); every other slot that holds it is a copy of that slot
+//! (7 KB `memcpy`s are far cheaper than decoding again). When the same gather also produces the
+//! observation, `next_observation` copies every frame but the one after the window from it.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::frames::{FrameColumn, FrameDecoder};
+use crate::store::Segment;
+
+/// The most frames a [`FrameStack`] may hold.
+pub const MAX_FRAME_STACK: usize = 64;
+
+/// What a frame stack holds before an episode's first frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StackPad {
+    /// The episode's first frame, repeated (gymnasium's `FrameStackObservation` default).
+    #[default]
+    Repeat,
+    /// Zeros (dopamine's replay buffer, whose padding transitions are all-zero frames).
+    Zeros,
+}
+
+impl std::str::FromStr for StackPad {
+    type Err = Error;
+    /// `repeat` or `zeros`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "repeat" => Ok(Self::Repeat),
+            "zeros" => Ok(Self::Zeros),
+            other => Err(Error::argument(
+                "frame_pad",
+                format!("`{other}`: use repeat (the episode's first frame) or zeros"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for StackPad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Repeat => "repeat",
+            Self::Zeros => "zeros",
+        })
+    }
+}
+
+/// Stacks of the last `frames` frames per step of every frame column gathered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FrameStack {
+    /// Frames per stack (K).
+    pub frames: usize,
+    /// What precedes an episode's first frame.
+    pub pad: StackPad,
+}
+
+impl FrameStack {
+    /// Stacks of `frames` frames (1 ..= [`MAX_FRAME_STACK`]), padded by repeating the first.
+    pub fn new(frames: usize) -> Result<Self> {
+        if !(1..=MAX_FRAME_STACK).contains(&frames) {
+            return Err(Error::argument(
+                "frame_stack",
+                format!("a stack of {frames} frames: use 1 to {MAX_FRAME_STACK}"),
+            ));
+        }
+        Ok(Self {
+            frames,
+            pad: StackPad::Repeat,
+        })
+    }
+    /// Sets the padding before an episode's first frame.
+    pub fn with_pad(mut self, pad: StackPad) -> Self {
+        self.pad = pad;
+        self
+    }
+}
+
+/// One gathered frame column: the stored column, whether this is `next_observation` (the stack
+/// one frame later), the stack, and a pool of decoders (one zstd context each, taken by a
+/// worker for one slice and handed back).
+pub(crate) struct FrameSource {
+    column: Arc<FrameColumn>,
+    pub(crate) next: bool,
+    stack: usize,
+    pad: StackPad,
+    decoders: Mutex<Vec<FrameDecoder>>,
+}
+
+impl std::fmt::Debug for FrameSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameSource")
+            .field("column", &self.column.name)
+            .field("next", &self.next)
+            .field("stack", &self.stack)
+            .field("pad", &self.pad)
+            .finish()
+    }
+}
+
+/// A decoder taken from a pool, handed back when dropped.
+struct Pooled<'a> {
+    pool: &'a Mutex<Vec<FrameDecoder>>,
+    decoder: Option<FrameDecoder>,
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.decoder.take() {
+            self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(d);
+        }
+    }
+}
+
+impl FrameSource {
+    /// The source of frame column `column`, stacked by `stack` (None: one frame per step).
+    /// Makes one decoder now, so that a bad dictionary is an error here, not in a worker.
+    pub(crate) fn new(
+        column: Arc<FrameColumn>,
+        next: bool,
+        stack: Option<FrameStack>,
+    ) -> Result<Self> {
+        let first = column.decoder()?;
+        let stack = stack.unwrap_or(FrameStack {
+            frames: 1,
+            pad: StackPad::Repeat,
+        });
+        Ok(Self {
+            column,
+            next,
+            stack: stack.frames,
+            pad: stack.pad,
+            decoders: Mutex::new(vec![first]),
+        })
+    }
+
+    /// Bytes of one decoded frame.
+    pub(crate) fn frame_len(&self) -> usize {
+        self.column.spec.frame_len()
+    }
+
+    /// The stored column's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.column.name
+    }
+
+    fn decoder(&self) -> Result<Pooled<'_>> {
+        let d = self
+            .decoders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        let d = match d {
+            Some(d) => d,
+            None => self.column.decoder()?,
+        };
+        Ok(Pooled {
+            pool: &self.decoders,
+            decoder: Some(d),
+        })
+    }
+
+    /// The byte offset, in the valid part of a slice's destination, of the slot where frame `u`
+    /// is decoded: stacks of steps whose newest frames are `ea, ea + 1, ...`.
+    fn canonical(&self, u: usize, ea: usize) -> usize {
+        let (f, k) = (self.frame_len(), self.stack);
+        if u >= ea {
+            (u - ea) * k * f + (k - 1) * f
+        } else {
+            (k - 1 - (ea - u)) * f
+        }
+    }
+
+    /// Writes steps `a .. b` of one episode into `dst` (`b - a` steps of `K` frames each): the
+    /// episode has `len` steps, its step 0 is row `row0` of `seg`, and it is row `table_row` of
+    /// the segment's episode table. `obs`, for `next_observation` only: the same steps of the
+    /// observation, gathered with the same stack just before (frames are copied from it rather
+    /// than decoded again).
+    pub(crate) fn fill(
+        &self,
+        seg: &Segment,
+        row0: u64,
+        table_row: usize,
+        (a, b, len): (usize, usize, usize),
+        dst: &mut [u8],
+        obs: Option<&[u8]>,
+    ) -> Result<()> {
+        let (f, k) = (self.frame_len(), self.stack);
+        let n = b - a;
+        debug_assert_eq!(dst.len(), n * k * f);
+        if n == 0 {
+            return Ok(());
+        }
+        let shift = self.next as usize;
+        // The stack of step `t` ends at frame `t + shift`; frames `lo .. eb` appear.
+        let (ea, eb) = (a + shift, b + shift);
+        let lo = ea.saturating_sub(k - 1);
+        let stored_hi = eb.min(len);
+        let run = if stored_hi > lo {
+            Some(seg.frames(self.name(), row0 + lo as u64, stored_hi - lo)?)
+        } else {
+            None
+        };
+        let obs_lo = a.saturating_sub(k - 1);
+        let mut dec = self.decoder()?;
+        let dec = dec.decoder.as_mut().expect("taken");
+        for u in lo..eb {
+            let at = self.canonical(u, ea);
+            let out = &mut dst[at..at + f];
+            match obs {
+                Some(o) if (obs_lo..b).contains(&u) => {
+                    let from = self.canonical(u, a);
+                    out.copy_from_slice(&o[from..from + f]);
+                }
+                _ if u < len => {
+                    let run = run.as_ref().expect("stored frames in range");
+                    dec.decode_into(run.frame(u - lo)?, out)?;
+                }
+                _ => match seg.episode_table().final_frame(table_row) {
+                    Some(bytes) => dec.decode_into(bytes, out)?,
+                    None => out.fill(0),
+                },
+            }
+        }
+        // Every other slot is a copy of its frame's canonical slot (or padding).
+        for j in 0..n {
+            let e = ea + j;
+            for slot in 0..k {
+                let at = (j * k + slot) * f;
+                let back = k - 1 - slot;
+                let from = match (e.checked_sub(back), self.pad) {
+                    (Some(u), _) => self.canonical(u, ea),
+                    (None, StackPad::Repeat) => self.canonical(0, ea),
+                    (None, StackPad::Zeros) => {
+                        dst[at..at + f].fill(0);
+                        continue;
+                    }
+                };
+                if from != at {
+                    dst.copy_within(from..from + f, at);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The stored bytes of steps `a .. b` of one episode (and the frame after, for
+    /// `next_observation`), for read-ahead: one contiguous run.
+    pub(crate) fn stored<'s>(
+        &self,
+        seg: &'s Segment,
+        row0: u64,
+        (a, b, len): (usize, usize, usize),
+    ) -> Option<&'s [u8]> {
+        let lo = (a + self.next as usize).saturating_sub(self.stack - 1);
+        let hi = (b + self.next as usize).min(len);
+        (hi > lo)
+            .then(|| seg.frames(self.name(), row0 + lo as u64, hi - lo).ok())
+            .flatten()
+            .map(|r| r.bytes())
+    }
+}
