@@ -1,5 +1,6 @@
-//! Gathering plans into batches (`src/gather/`): every column source, data larger than memory, image observations.
+//! Gathering plans into batches (`src/gather/`): every column source, frame columns, data larger than memory, image observations.
 
 mod columns;
+mod frames;
 mod images;
 mod out_of_core;

@@ -1,0 +1,300 @@
+//! Frame columns in the gather (`src/gather/frames.rs`): stacks of decoded frames and their
+//! `next_observation` equal a reference built from the raw frames, at episode starts and ends,
+//! under the strict, pad and span policies, for every codec and both paddings; the loaders give
+//! the same stacks; a damaged frame is a named error from the gather, never a panic.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, UInt8Array,
+};
+use arrow::datatypes::{DataType, Field};
+use trajstore::frames::FrameCodec;
+use trajstore::{
+    Batch, BatchSource, BoundaryPolicy, Dataset, EpisodeEnd, Error, FrameStack, Gatherer, Loader,
+    LoaderOptions, LoaderSpec, SamplerSpec, SliceRef, Snapshot, StackPad, WriterOptions,
+};
+
+use crate::store::frames::{frame, frame_schema};
+
+const SHAPE: [usize; 2] = [12, 10];
+const F: usize = 120;
+/// Episode lengths: one step, shorter than a stack, and longer ones.
+const LENGTHS: [usize; 6] = [1, 2, 3, 7, 20, 33];
+
+fn frames_array(frames: &[Vec<u8>]) -> ArrayRef {
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    Arc::new(FixedSizeListArray::new(
+        item,
+        F as i32,
+        Arc::new(UInt8Array::from(frames.concat())),
+        None,
+    ))
+}
+
+/// The raw frames of each episode, and its final frame when the writer was given one (every
+/// other episode ends terminated without one, as DQN Replay's do).
+struct Episodes(Vec<(Vec<Vec<u8>>, Option<Vec<u8>>)>);
+
+fn write(dir: &std::path::Path, codec: FrameCodec) -> (Snapshot, Episodes) {
+    let ds = Dataset::create(dir.join(codec.as_str()), &frame_schema(codec, &SHAPE)).unwrap();
+    let mut w = ds.writer(WriterOptions::default()).unwrap();
+    let mut eps = vec![];
+    for (e, &len) in LENGTHS.iter().enumerate() {
+        let frames: Vec<Vec<u8>> = (0..len).map(|t| frame(&SHAPE, e * 7 + 1, t)).collect();
+        let batch = RecordBatch::try_from_iter([
+            ("observation", frames_array(&frames)),
+            (
+                "action",
+                Arc::new(Int64Array::from_iter_values(0..len as i64)) as _,
+            ),
+            (
+                "reward",
+                Arc::new(Float32Array::from(vec![0.5f32; len])) as _,
+            ),
+        ])
+        .unwrap();
+        let fin = (e % 2 == 0).then(|| frame(&SHAPE, e * 7 + 1, len));
+        let end = match &fin {
+            Some(f) => EpisodeEnd::truncated().with_final_observation(frames_array(&[f.clone()])),
+            None => EpisodeEnd::terminated(),
+        };
+        w.append_episode(&batch, end).unwrap();
+        eps.push((frames, fin));
+    }
+    w.commit().unwrap();
+    drop(w);
+    (ds.snapshot().unwrap(), Episodes(eps))
+}
+
+impl Episodes {
+    /// Frame `u` of episode `e` as a stack slot sees it: a stored frame, the final frame after
+    /// the last step (zeros where none was stored), padding before the first.
+    fn frame(&self, e: usize, u: i64, pad: StackPad) -> Vec<u8> {
+        let (frames, fin) = &self.0[e];
+        match u {
+            u if u < 0 => match pad {
+                StackPad::Repeat => frames[0].clone(),
+                StackPad::Zeros => vec![0; F],
+            },
+            u if (u as usize) < frames.len() => frames[u as usize].clone(),
+            _ => fin.clone().unwrap_or_else(|| vec![0; F]),
+        }
+    }
+
+    /// The reference of one slice: `[l, K * F]` observation and next-observation bytes, zero
+    /// where the step is padding.
+    fn slice(&self, s: &SliceRef, l: usize, k: usize, pad: StackPad) -> (Vec<u8>, Vec<u8>) {
+        let e = s.episode as usize;
+        let len = self.0[e].0.len() as i64;
+        let (mut obs, mut next) = (vec![0u8; l * k * F], vec![0u8; l * k * F]);
+        for j in 0..(s.len as usize).min(l) {
+            let t = s.start + j as i64;
+            if t < 0 || t >= len {
+                continue;
+            }
+            for slot in 0..k {
+                let back = (k - 1 - slot) as i64;
+                let at = (j * k + slot) * F;
+                obs[at..at + F].copy_from_slice(&self.frame(e, t - back, pad));
+                next[at..at + F].copy_from_slice(&self.frame(e, t + 1 - back, pad));
+            }
+        }
+        (obs, next)
+    }
+}
+
+fn check(batch: &Batch, plan: &[SliceRef], eps: &Episodes, k: usize, pad: StackPad, what: &str) {
+    let l = batch.slice_len;
+    let obs = batch.column("observation").unwrap();
+    let next = batch.column("next_observation").unwrap();
+    let mut shape = SHAPE.to_vec();
+    if k > 1 {
+        shape.insert(0, k);
+    }
+    assert_eq!(obs.shape, shape, "{what}");
+    assert_eq!(next.shape, shape, "{what}");
+    let step = k * F;
+    for (i, s) in plan.iter().enumerate() {
+        let (o, n) = eps.slice(s, l, k, pad);
+        let range = i * l * step..(i + 1) * l * step;
+        assert!(
+            obs.data.as_slice()[range.clone()] == o[..],
+            "{what}: observation of slice {i} ({s:?})"
+        );
+        assert!(
+            next.data.as_slice()[range] == n[..],
+            "{what}: next_observation of slice {i} ({s:?})"
+        );
+    }
+}
+
+#[test]
+fn frame_stacks_and_next_observations_equal_the_raw_frames_under_every_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    for codec in [FrameCodec::ZstdDict, FrameCodec::Zstd, FrameCodec::None] {
+        let (snap, eps) = write(dir.path(), codec);
+        for policy in ["strict", "pad", "span:3:2"] {
+            let policy: BoundaryPolicy = policy.parse().unwrap();
+            for (k, pad) in [
+                (1, StackPad::Repeat),
+                (4, StackPad::Repeat),
+                (4, StackPad::Zeros),
+                (3, StackPad::Zeros),
+            ] {
+                let stack = (k > 1).then(|| FrameStack::new(k).unwrap().with_pad(pad));
+                // Both orders: next_observation copies from the observation when it comes first.
+                for cols in [
+                    ["observation", "next_observation"],
+                    ["next_observation", "observation"],
+                ] {
+                    let g = Gatherer::with_frame_stack(&snap, &cols, stack).unwrap();
+                    let sampler = SamplerSpec::uniform(5, 48).with_policy(policy).with_seed(3);
+                    let Ok(built) = sampler.build(&snap) else {
+                        continue; // no window of 5 steps under this policy
+                    };
+                    let (mut plan, mut batch) = (vec![], Batch::default());
+                    for b in 0..4 {
+                        built.sampler.plan(b, &mut plan);
+                        g.gather(&plan, &mut batch).unwrap();
+                        let what = format!("{codec} {policy:?} K={k} {pad} {cols:?} batch {b}");
+                        check(&batch, &plan, &eps, k, pad, &what);
+                    }
+                }
+            }
+        }
+        // Whole episodes (padded to the longest), the first and last steps of every episode.
+        let g = Gatherer::with_frame_stack(
+            &snap,
+            &["observation", "next_observation"],
+            Some(FrameStack::new(4).unwrap()),
+        )
+        .unwrap();
+        let plan: Vec<SliceRef> = (0..LENGTHS.len())
+            .map(|e| SliceRef {
+                episode: e as u32,
+                start: 0,
+                len: LENGTHS[e] as u32,
+            })
+            .collect();
+        let mut batch = Batch::default();
+        g.gather(&plan, &mut batch).unwrap();
+        check(
+            &batch,
+            &plan,
+            &eps,
+            4,
+            StackPad::Repeat,
+            &format!("{codec} whole episodes"),
+        );
+    }
+}
+
+#[test]
+fn every_loader_gives_the_stacks_the_gather_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, eps) = write(dir.path(), FrameCodec::ZstdDict);
+    let stack = FrameStack::new(4).unwrap().with_pad(StackPad::Zeros);
+    let sampler = SamplerSpec::uniform(6, 16)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(9);
+    let cols = ["observation", "next_observation", "action"];
+    let spec = LoaderSpec::single(snap.clone(), sampler.clone(), &cols).with_frame_stack(stack);
+    let source = BatchSource::open(spec).unwrap();
+    let mut loader = Loader::new(
+        &source,
+        LoaderOptions::default().with_workers(3).with_max_batches(6),
+    )
+    .unwrap();
+    let built = sampler.build(&snap).unwrap();
+    let mut plan = vec![];
+    let mut n = 0;
+    while let Some(batch) = loader.next_batch() {
+        built.sampler.plan(n, &mut plan);
+        assert_eq!(batch.column("observation").unwrap().shape, vec![4, 12, 10]);
+        check(
+            &batch,
+            &plan,
+            &eps,
+            4,
+            StackPad::Zeros,
+            &format!("loader batch {n}"),
+        );
+        n += 1;
+    }
+    assert_eq!(n, 6);
+    // A stack without a frame column is refused, naming the option.
+    let tensors = trajstore::synth::SynthSpec {
+        transitions: 100,
+        ..Default::default()
+    };
+    let ds = Dataset::create(dir.path().join("tensors"), &tensors.schema().unwrap()).unwrap();
+    tensors
+        .write(
+            &mut ds.writer(WriterOptions::default()).unwrap(),
+            None,
+            |_| {},
+        )
+        .unwrap();
+    let spec = LoaderSpec::single(
+        ds.snapshot().unwrap(),
+        SamplerSpec::uniform(4, 4),
+        &["observation"],
+    )
+    .with_frame_stack(stack);
+    match BatchSource::open(spec) {
+        Err(Error::InvalidArgument {
+            argument: Some(a), ..
+        }) => assert_eq!(a, "frame_stack"),
+        other => panic!("expected an error about frame_stack, got {other:?}"),
+    }
+    assert!(FrameStack::new(0).is_err() && FrameStack::new(65).is_err());
+}
+
+#[test]
+fn a_damaged_frame_is_a_named_error_from_the_gather() {
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, _) = write(dir.path(), FrameCodec::Zstd);
+    // Flip bytes inside the stored frames of the segment (its file is mapped read-only by the
+    // snapshot opened next, which does not verify checksums on open).
+    let (first, file) = {
+        let seg = &snap.segments()[0];
+        let run = seg.frames("observation", 0, LENGTHS[0]).unwrap();
+        (
+            run.frame(0).unwrap().to_vec(),
+            dir.path().join("zstd").join(&seg.entry().path),
+        )
+    };
+    let bytes = std::fs::read(&file).unwrap();
+    let at = bytes
+        .windows(first.len())
+        .position(|w| w == first)
+        .expect("the frame's bytes are in the file");
+    drop(snap);
+    let mut damaged = bytes.clone();
+    for b in &mut damaged[at + 4..at + first.len()] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&file, &damaged).unwrap();
+    let snap = match Dataset::open(dir.path().join("zstd")).and_then(|d| d.snapshot()) {
+        Ok(s) => s,
+        // Opening may already see the damage (a checked footer or checksum): a named error too.
+        Err(e) => {
+            assert!(
+                matches!(e, Error::Corrupt { .. } | Error::InvalidData { .. }),
+                "{e}"
+            );
+            return;
+        }
+    };
+    let g = Gatherer::with_frame_stack(&snap, &["observation"], Some(FrameStack::new(2).unwrap()))
+        .unwrap();
+    let plan = [SliceRef {
+        episode: 0,
+        start: 0,
+        len: 1,
+    }];
+    let e = g.gather(&plan, &mut Batch::default()).unwrap_err();
+    assert!(matches!(e, Error::InvalidData { .. }), "{e}");
+    assert!(e.to_string().contains("observation"), "{e}");
+}
