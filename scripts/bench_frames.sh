@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Pixel observations on real Atari frames (issue 32): bytes per frame, decode rate, and batches/s
+# of frame stacks against the raw-frame layout on the same disk and against TorchRL, same run.
+#
+#   scripts/bench_frames.sh WORKDIR GAME.npz [GAME.npz ...]
+#
+# Each GAME.npz is written by ../shared/peers/atari_frames.py (ale-py + gymnasium's
+# AtariPreprocessing: 84x84 grayscale, frame skip 4, sticky actions). TILE copies (default 4)
+# of its episodes are ingested, as new episodes, into:
+#   WORKDIR/GAME-zstd-dict  frames compressed with a dictionary trained on the first frames
+#   WORKDIR/GAME-none       the raw-frame layout (7,056 B per frame, stored once)
+# then, per game:
+#   - bytes per frame of each layout (`info --json`), against the source .npz and raw stacks;
+#   - frames decoded per second on one core (RAYON_NUM_THREADS=1, 256 x 64 single frames);
+#   - batches/s of 32 x (4-stack) and 256 x 64 x (4-stack), warm and cold (page cache dropped
+#     before the run: needs root), for both layouts, with `trajstore bench` (its `loader`
+#     figure: workers sampling and decoding ahead);
+#   - TorchRL (PEER_PYTHON with torchrl): LazyMemmapStorage + SliceSampler on the same frames,
+#     and CompressedListStorage (scripts/peer_torchrl_frames.py).
+# Results: WORKDIR/results.jsonl (one JSON object per line), and a summary on stdout.
+set -euo pipefail
+work="${1:?usage: bench_frames.sh WORKDIR GAME.npz [GAME.npz ...]}"
+shift
+bin="${BIN:-target/release/trajstore}"
+py="${PEER_PYTHON:-$HOME/.cache/trajstore-torch/bin/python}"
+tile="${TILE:-4}"
+iters="${ITERS:-200}"
+mkdir -p "$work"
+out="$work/results.jsonl"
+: > "$out"
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop the page cache: cold figures are warm)" >&2; }
+emit() { echo "$1" >> "$out"; echo "$1"; }
+
+for npz in "$@"; do
+    game="$(basename "$npz" .npz)"
+    for codec in zstd-dict none; do
+        ds="$work/$game-$codec"
+        rm -rf "$ds"
+        for _ in $(seq "$tile"); do
+            "$bin" ingest "$npz" "$ds" --observation-col frames --episode-col episode \
+                --terminated-col terminated --truncated-col truncated --drop-cols final_frame \
+                --frame-codec "$codec" --json > /dev/null
+        done
+        info="$("$bin" info "$ds" --json)"
+        emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"info\":$info,\"npz_bytes\":$(stat -c %s "$npz")}"
+    done
+    # Decoded frames per second on one core: single frames, 256 x 64 per batch.
+    emit "{\"game\":\"$game\",\"decode_one_core\":$(RAYON_NUM_THREADS=1 "$bin" bench "$work/$game-zstd-dict" \
+        --columns observation --slice-len 64 --num-slices 256 --iters 20 --workers 1 --json)}"
+    for shape in "1 32 $iters" "64 256 $((iters / 10))"; do
+        read -r len slices n <<< "$shape"
+        for codec in zstd-dict none; do
+            for cache in warm cold; do
+                [ "$cache" = cold ] && drop
+                r="$("$bin" bench "$work/$game-$codec" --columns observation,action,reward \
+                    --slice-len "$len" --num-slices "$slices" --frame-stack 4 --iters "$n" --json)"
+                emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":$len,\"num_slices\":$slices,\"cache\":\"$cache\",\"bench\":$r}"
+            done
+        done
+    done
+    if "$py" -c "import torchrl" 2>/dev/null; then
+        "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$tile" --iters 20 2>/dev/null \
+            | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done
+    else
+        echo "(no torchrl in $py: TorchRL figures skipped)" >&2
+    fi
+done

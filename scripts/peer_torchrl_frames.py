@@ -1,0 +1,119 @@
+"""TorchRL on the same Atari frames as `scripts/bench_frames.sh`: single 84x84 frames in a
+``LazyMemmapStorage`` (TorchRL's AtariDQN layout: raw frames, stacked at sample time) sampled by
+``SliceSampler``, and the same frames in a ``CompressedListStorage`` (each frame compressed in
+RAM, decoded in Python on sampling).
+
+A stack of K frames ending at step t is the K-step slice ending at t, so:
+
+- "32 x (4-stack)": 32 slices of 4 steps (strict: inside episodes), i.e. 32 stacks;
+- "256 x 64 x (4-stack)": 256 slices of 67 steps (64 steps plus 3 frames of history), whose
+  stacks are made with ``unfold`` (a view: no copy is counted for stacking).
+
+Prints one JSON line per storage and batch shape: median seconds per ``sample()`` and batches/s.
+
+    python scripts/peer_torchrl_frames.py pong.npz --tile 4 --iters 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torchrl.data import CompressedListStorage, LazyMemmapStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import SliceSampler
+
+
+def load(npz: str, tile: int) -> tuple[np.ndarray, np.ndarray]:
+    d = np.load(npz)
+    frames, episode = d["frames"], d["episode"].astype(np.int64)
+    if tile > 1:
+        # Tiled copies are new episodes (ids shifted), as bench_frames.sh ingests them.
+        span = int(episode.max()) + 1
+        episode = np.concatenate([episode + i * span for i in range(tile)])
+        frames = np.concatenate([frames] * tile)
+    return frames, episode
+
+
+def timed(rb: ReplayBuffer, iters: int, stack: int, slice_len: int) -> list[float]:
+    out = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        b = rb.sample()
+        obs = b["obs"]
+        if slice_len > stack:
+            # [B * (L + K - 1), H, W] -> [B, L, K, H, W] as views.
+            n = obs.shape[0] // slice_len
+            obs = obs.reshape(n, slice_len, *obs.shape[1:]).unfold(1, stack, 1).permute(0, 1, 4, 2, 3)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("npz")
+    p.add_argument("--tile", type=int, default=1)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--compressed-frames", type=int, default=200_000, help="frames put in CompressedListStorage (its extend is slow)")
+    a = p.parse_args()
+    frames, episode = load(a.npz, a.tile)
+    n = frames.shape[0]
+    shapes = [("32x(4-stack)", 32, 4), ("256x64x(4-stack)", 256, 67)]
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        storage = LazyMemmapStorage(n, scratch_dir=tmp)
+        rb = ReplayBuffer(storage=storage)
+        chunk = 100_000
+        for i in range(0, n, chunk):
+            td = TensorDict(
+                {"obs": torch.from_numpy(frames[i : i + chunk]), "episode": torch.from_numpy(episode[i : i + chunk])},
+                batch_size=[min(chunk, n - i)],
+            )
+            rb.extend(td)
+        load_s = time.perf_counter() - t
+        for name, slices, length in shapes:
+            rb._sampler = SliceSampler(slice_len=length, traj_key="episode", strict_length=True, cache_values=True)
+            rb._batch_size = slices * length
+            times = timed(rb, a.iters, 4, length)
+            med = statistics.median(times[1:])
+            print(json.dumps({"peer": "torchrl LazyMemmapStorage + SliceSampler", "frames": n, "shape": name,
+                              "load_s": load_s, "sample_median_s": med, "batches_per_s": 1 / med}))
+        # CompressedListStorage over a prefix (its extend compresses each item in Python). TorchRL
+        # 0.14's SliceSampler cannot read episodes out of it (nor take them as `trajectories=`:
+        # it fails in `_finalize_index`), so the slices are drawn by the same SliceSampler over
+        # the memmap storage's prefix and the compressed storage is read at those indices:
+        # sampling + `get` (decompression of each frame) + stacking.
+        m = min(n, a.compressed_frames)
+        t = time.perf_counter()
+        cs = CompressedListStorage(max_size=m)
+        rbc = ReplayBuffer(storage=cs)
+        chunk = 10_000
+        for i in range(0, m, chunk):
+            j = min(i + chunk, m)
+            rbc.extend(TensorDict({"obs": torch.from_numpy(frames[i:j])}, batch_size=[j - i]))
+        load_s = time.perf_counter() - t
+        prefix = LazyMemmapStorage(m, scratch_dir=tmp + "/prefix")
+        prefix.set(torch.arange(m), TensorDict({"episode": torch.from_numpy(episode[:m])}, batch_size=[m]))
+        for name, slices, length in shapes:
+            sampler = SliceSampler(slice_len=length, traj_key="episode", strict_length=True, cache_values=True)
+            times = []
+            for _ in range(max(3, a.iters // 4)):
+                t = time.perf_counter()
+                idx, _ = sampler.sample(prefix, slices * length)
+                got = cs.get(idx)
+                obs = torch.stack([g["obs"] for g in got]) if isinstance(got, list) else got["obs"]
+                if length > 4:
+                    obs = obs.reshape(slices, length, *obs.shape[1:]).unfold(1, 4, 1)
+                times.append(time.perf_counter() - t)
+            med = statistics.median(times[1:])
+            print(json.dumps({"peer": "torchrl CompressedListStorage (SliceSampler indices)", "frames": m, "shape": name,
+                              "load_s": load_s, "sample_median_s": med, "batches_per_s": 1 / med}))
+
+
+if __name__ == "__main__":
+    main()
