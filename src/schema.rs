@@ -124,7 +124,16 @@ impl TransitionSchemaBuilder {
     }
     /// Validates and builds.
     pub fn build(self) -> Result<TransitionSchema> {
-        let n: usize = self.obs_shape.iter().product();
+        let n = self
+            .obs_shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        let Some(n) = n else {
+            return Err(Error::argument(
+                "obs_shape",
+                format!("observation shape {:?} is too large", self.obs_shape),
+            ));
+        };
         if self.obs_shape.is_empty() || n == 0 {
             return Err(Error::argument(
                 "obs_shape",

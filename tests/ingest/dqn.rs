@@ -210,3 +210,60 @@ fn a_wrong_stack_size_and_damaged_files_are_named_errors() {
         );
     }
 }
+
+/// Rewrites the `.npy` header inside the gzipped `path`: its first `from` becomes `to`.
+fn edit_header(path: &Path, from: &str, to: &str) {
+    use std::io::{Read, Write};
+    let mut npy = vec![];
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut npy)
+        .unwrap();
+    let end = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    let head = String::from_utf8(npy[10..end].to_vec()).unwrap();
+    assert!(head.contains(from), "{head}");
+    let head = head.replacen(from, to, 1);
+    let mut e = flate2::write::GzEncoder::new(vec![], flate2::Compression::fast());
+    e.write_all(&npy[..8]).unwrap();
+    e.write_all(&(head.len() as u16).to_le_bytes()).unwrap();
+    e.write_all(head.as_bytes()).unwrap();
+    e.write_all(&npy[end..]).unwrap();
+    std::fs::write(path, e.finish().unwrap()).unwrap();
+}
+
+#[test]
+fn shapes_that_overflow_or_claim_more_than_the_stream_holds_are_named_errors() {
+    // Found by the mutation test: a product of dimensions that overflows, and a small array
+    // whose header claims 2^64 entries (allocated before reading), panicked.
+    let dir = tempfile::tempdir().unwrap();
+    let pristine = dir.path().join("pristine");
+    let Some(_) = fixture(&pristine, &["--capacity", "200", "--shape", "8", "8"]) else {
+        return;
+    };
+    let huge = "18446744073709551615";
+    let cases = [
+        ("$store$_observation_ckpt.0.gz", "8,", format!("{huge},")),
+        ("$store$_observation_ckpt.1.gz", "8,", "4294967296,".into()),
+        ("$store$_terminal_ckpt.1.gz", "200", huge.into()),
+        ("$store$_action_ckpt.2.gz", "200", "2000000000".into()),
+    ];
+    for (i, (name, from, to)) in cases.iter().enumerate() {
+        let input = dir.path().join(format!("case-{i}"));
+        crate::common::copy_tree(&pristine, &input);
+        edit_header(&input.join(name), from, to);
+        let out = dir.path().join(format!("ds-{i}"));
+        let r = std::panic::catch_unwind(|| {
+            ingest_dqn(
+                &input,
+                &out,
+                &options(FrameCodec::Zstd),
+                WriterOptions::default(),
+            )
+        });
+        let e = r
+            .unwrap_or_else(|_| panic!("{name} with {to}: panicked"))
+            .unwrap_err();
+        let named = matches!(&e, Error::InvalidData { input: Some(p), .. } if p.contains(name))
+            || matches!(&e, Error::SchemaMismatch { .. }) && e.to_string().contains(name);
+        assert!(named, "{name} with {to}: {e}");
+    }
+}

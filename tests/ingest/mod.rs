@@ -1,7 +1,7 @@
 //! Ingest (`src/ingest/`): NumPy, Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN
 //! Replay (dopamine).
 
-mod dqn;
+pub(crate) mod dqn;
 mod numpy;
 mod parquet;
 mod torchrl;

@@ -163,13 +163,26 @@ impl NpyGz {
 
     /// The whole data of a small array, as i64 / f64 values.
     fn values(mut self) -> Result<Vec<f64>> {
-        let n: usize = self.shape.iter().product();
-        let mut bytes = vec![
-            0u8;
-            n.checked_mul(self.size)
-                .ok_or_else(|| self.loc.data("too large"))?
-        ];
-        read_exact(&mut self.reader, &mut bytes, &self.loc)?;
+        let len = checked_product(&self.shape)
+            .and_then(|n| n.checked_mul(self.size))
+            .ok_or_else(|| {
+                self.loc
+                    .data(format!("shape {:?} is too large", self.shape))
+            })?;
+        // Grown as the data inflates, never to the size the header claims: a damaged header
+        // costs no allocation.
+        let mut bytes = Vec::new();
+        (&mut self.reader)
+            .take(len as u64)
+            .read_to_end(&mut bytes)
+            .map_err(|e| self.loc.data(format!("does not inflate: {e}")))?;
+        if bytes.len() != len {
+            return Err(self.loc.data(format!(
+                "truncated: {} of the {len} bytes of shape {:?} (the gzip stream ends early)",
+                bytes.len(),
+                self.shape
+            )));
+        }
         // To the end, so that gzip's CRC-32 in the trailer is checked.
         let rest = std::io::copy(&mut self.reader, &mut std::io::sink())
             .map_err(|e| self.loc.data(format!("does not inflate: {e}")))?;
@@ -200,6 +213,11 @@ impl NpyGz {
             (dt, _) => return Err(self.loc.schema(format!("unsupported dtype {dt}"))),
         })
     }
+}
+
+/// The product of `dims`, `None` on overflow (a damaged header).
+fn checked_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
 }
 
 fn read_exact(r: &mut impl Read, buf: &mut [u8], loc: &Loc) -> Result<()> {
@@ -332,8 +350,7 @@ fn checkpoint(run: &mut Run<'_>, dir: &Path, n: u64, done: Option<u64>) -> Resul
         )));
     }
     let capacity = obs.shape[0];
-    let frame_len: usize = obs.shape[1..].iter().product();
-    if frame_len != run.frame_len {
+    if checked_product(&obs.shape[1..]) != Some(run.frame_len) {
         return Err(obs.loc.schema(format!(
             "frames of shape {:?}, the dataset's hold {} bytes",
             &obs.shape[1..],
@@ -383,14 +400,14 @@ fn checkpoint(run: &mut Run<'_>, dir: &Path, n: u64, done: Option<u64>) -> Resul
         ranges.push((0, a + len - capacity));
     }
     let mut obs = Some(obs);
-    let mut frame = vec![0u8; frame_len];
+    let mut frame = vec![0u8; run.frame_len];
     for (pass, (lo, hi)) in ranges.into_iter().enumerate() {
         // The stream is read from its start: reopened for a second range.
         let mut s = match obs.take() {
             Some(s) => s,
             None => NpyGz::open(&obs_path)?,
         };
-        let skip = lo as u64 * frame_len as u64;
+        let skip = lo as u64 * run.frame_len as u64;
         let copied = std::io::copy(&mut (&mut s.reader).take(skip), &mut std::io::sink())
             .map_err(|e| s.loc.data(format!("does not inflate: {e}")))?;
         if copied != skip {
@@ -454,11 +471,13 @@ pub fn ingest_dqn(
     };
     let head = NpyGz::open(&file(&dir, &format!("{STORE_PREFIX}observation"), first))?;
     let shape = head.shape.get(1..).unwrap_or(&[]).to_vec();
-    drop(head);
+    // A shape no frame column can hold is the observation file's fault: named with it.
     let schema = TransitionSchema::builder(&[1], 1)
         .frames(opts.frame_codec, &shape)
         .discrete_action()
-        .build()?;
+        .build()
+        .map_err(|e| head.loc.data(format!("observation array: {e}")))?;
+    drop(head);
     let target = Target::open(dataset, &schema)?;
     let result = (|| {
         let mut writer = target.ds.writer(writer_opts)?;

@@ -1,26 +1,32 @@
 //! Mutation test of every reader of bytes trajstore did not write itself, and of the dataset files
 //! it did: small valid inputs of each ingest format (Parquet, Arrow IPC file and stream, `.npz`
-//! stored and deflated, a directory of `.npy` files, a TorchRL dump, D4RL and Minari HDF5) and a
-//! dataset's segment, episode table and manifest get byte flips, truncations and edits of their
-//! length fields (seeded, so every run tries the same few hundred cases). For each mutated input
-//! the library (`ingest`, or `Dataset::open` + snapshot + gather + verify) runs under
+//! stored and deflated, a directory of `.npy` files, a TorchRL dump, D4RL and Minari HDF5, a DQN
+//! Replay directory's gzipped `.npy` files) and a dataset's segment, episode table and manifest,
+//! and a frame dataset's dictionary, segment and episode table, get byte flips, truncations and
+//! edits of their length and offset fields (seeded, so every run tries the same few hundred
+//! cases; the pristine files are built by `targets.rs`). For each mutated input the library
+//! (`ingest`, or `Dataset::open` + snapshot + every frame decoded + gather + verify) runs under
 //! `catch_unwind` in a thread with a deadline, and for every few cases the CLI binary (`ingest`,
 //! `verify`, `info`) runs with a timeout. Accepting a mutation as valid data is fine (a flipped
-//! float is still a float); a panic, an abort, a hang, or an error that does not name the file
-//! (or the dataset directory) is a failure.
+//! float is still a float; a dataset file's damage always shows in `verify`'s checksums); a
+//! panic, an abort, a hang, or an error that does not name the file (or the dataset directory)
+//! is a failure.
 //!
 //! The whole file runs in well under a minute in a debug build on two cores.
 
-use std::fs::File;
+mod targets;
+
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{TestData, copy_tree, fixture_path, small_segments};
-use arrow::array::{ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch};
-use arrow::datatypes::{DataType, Field};
-use trajstore::ingest::{IngestOptions, InputFormat, ingest};
-use trajstore::{BoundaryPolicy, Dataset, Gatherer, Sampler, SamplerSpec, SliceSampler};
+use crate::common::{copy_tree, small_segments};
+use targets::targets;
+use trajstore::ingest::{DqnOptions, IngestOptions, InputFormat, ingest, ingest_dqn};
+use trajstore::{
+    BoundaryPolicy, Dataset, Error, FrameStack, Gatherer, Sampler, SamplerSpec, SliceSampler,
+    Snapshot,
+};
 
 /// Seed of every random choice.
 const SEED: u64 = 0x7a1e_5eed_0019;
@@ -90,6 +96,8 @@ impl Mutation {
 enum Kind {
     /// An ingest input of this format.
     Ingest(InputFormat, &'static str),
+    /// A DQN Replay directory (`ingest_dqn`, `trajstore ingest --format dqn`).
+    Dqn,
     /// A file of a trajstore dataset.
     Dataset,
 }
@@ -110,6 +118,23 @@ struct Target {
     /// Positions of base64 text (Parquet's `ARROW:schema`), where a character is replaced by
     /// another base64 character.
     base64: std::ops::Range<usize>,
+    /// The file is gzipped and the mutations apply to its content (the `.npy` inside a DQN
+    /// Replay file), which is gzipped again: damage a gzip check cannot see.
+    gzip_inner: bool,
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![];
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(vec![], flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
 }
 
 fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
@@ -182,9 +207,24 @@ fn numbers(bytes: &[u8], limit: usize) -> Vec<String> {
 
 impl Target {
     fn new(name: &'static str, root: PathBuf, file: PathBuf, kind: Kind) -> Self {
-        let bytes = std::fs::read(&file).unwrap();
+        Self::build(name, root, file, kind, false)
+    }
+
+    /// A gzipped file whose content is mutated (see [`Target::gzip_inner`]).
+    fn gzip_inner(name: &'static str, root: PathBuf, file: PathBuf, kind: Kind) -> Self {
+        Self::build(name, root, file, kind, true)
+    }
+
+    fn build(name: &'static str, root: PathBuf, file: PathBuf, kind: Kind, inner: bool) -> Self {
+        let raw = std::fs::read(&file).unwrap();
+        let bytes = if inner { gunzip(&raw) } else { raw };
         let n = bytes.len();
-        let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let name_of = file.file_name().unwrap().to_string_lossy().to_string();
+        let ext = if inner {
+            "npy"
+        } else {
+            name_of.rsplit('.').next().unwrap_or("")
+        };
         let head_tail = vec![0..n.min(1024), n.saturating_sub(1024)..n];
         let mut t = Target {
             name,
@@ -195,6 +235,7 @@ impl Target {
             structure: head_tail,
             texts: vec![],
             base64: 0..0,
+            gzip_inner: inner,
         };
         match ext {
             "parquet" => {
@@ -215,6 +256,11 @@ impl Target {
                 t.texts = numbers(&bytes[..n.min(128)], 8);
             }
             "json" => t.texts = numbers(&bytes, 40),
+            // gzip's header, then its trailer: CRC-32 and size of the content.
+            "gz" => {
+                t.fields = vec![(n - 8, 4), (n - 4, 4)];
+                t.structure = vec![0..n.min(10), n.saturating_sub(8)..n];
+            }
             "hdf5" => {
                 // Superblock and object headers: 8-byte addresses and lengths.
                 t.fields = (0..n.min(2048) / 8).map(|k| (k * 8, 8)).collect();
@@ -225,9 +271,24 @@ impl Target {
         t
     }
 
+    /// The bytes mutations apply to: the file's, or its gzipped content's.
+    fn content(&self) -> Vec<u8> {
+        let raw = std::fs::read(&self.file).unwrap();
+        if self.gzip_inner { gunzip(&raw) } else { raw }
+    }
+
+    /// The file's bytes for mutated content.
+    fn encode(&self, content: Vec<u8>) -> Vec<u8> {
+        if self.gzip_inner {
+            gzip(&content)
+        } else {
+            content
+        }
+    }
+
     /// `count` seeded mutations of this target's file.
     fn mutations(&self, rng: &mut Rng, count: usize) -> Vec<Mutation> {
-        let bytes = std::fs::read(&self.file).unwrap();
+        let bytes = self.content();
         let n = bytes.len();
         let extremes = |orig: u64, width: usize| {
             let max = if width >= 8 {
@@ -304,187 +365,6 @@ impl Target {
     }
 }
 
-/// A D4RL-style batch: observations [3], actions [2], rewards, terminals, timeouts.
-fn d4rl_batch(rows: usize) -> RecordBatch {
-    let fsl = |n: i32, v: Vec<f32>| -> ArrayRef {
-        Arc::new(FixedSizeListArray::new(
-            Arc::new(Field::new("item", DataType::Float32, false)),
-            n,
-            Arc::new(Float32Array::from(v)),
-            None,
-        ))
-    };
-    RecordBatch::try_from_iter([
-        (
-            "observations",
-            fsl(3, (0..rows * 3).map(|i| i as f32).collect()),
-        ),
-        (
-            "actions",
-            fsl(2, (0..rows * 2).map(|i| -(i as f32)).collect()),
-        ),
-        (
-            "rewards",
-            Arc::new(Float32Array::from_iter_values(
-                (0..rows).map(|i| i as f32 * 0.5),
-            )) as ArrayRef,
-        ),
-        (
-            "terminals",
-            Arc::new(BooleanArray::from_iter(
-                (0..rows).map(|i| Some(i % 37 == 36)),
-            )) as ArrayRef,
-        ),
-        (
-            "timeouts",
-            Arc::new(BooleanArray::from_iter(
-                (0..rows).map(|i| Some(i % 50 == 49)),
-            )) as ArrayRef,
-        ),
-    ])
-    .unwrap()
-}
-
-/// Writes the pristine inputs and dataset under `dir`; returns the targets.
-fn targets(dir: &Path) -> Vec<Target> {
-    let pristine = dir.join("pristine");
-    std::fs::create_dir_all(&pristine).unwrap();
-    let batch = d4rl_batch(200);
-    let halves = [batch.slice(0, 120), batch.slice(120, 80)];
-
-    let parquet = pristine.join("d4rl.parquet");
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_max_row_group_row_count(Some(120))
-        .build();
-    let mut w = parquet::arrow::ArrowWriter::try_new(
-        File::create(&parquet).unwrap(),
-        batch.schema(),
-        Some(props),
-    )
-    .unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
-
-    let arrow_file = pristine.join("d4rl.arrow");
-    let mut w = arrow::ipc::writer::FileWriter::try_new(
-        File::create(&arrow_file).unwrap(),
-        &batch.schema(),
-    )
-    .unwrap();
-    for h in &halves {
-        w.write(h).unwrap();
-    }
-    w.finish().unwrap();
-
-    let stream = pristine.join("d4rl.arrows");
-    let mut w =
-        arrow::ipc::writer::StreamWriter::try_new(File::create(&stream).unwrap(), &batch.schema())
-            .unwrap();
-    for h in &halves {
-        w.write(h).unwrap();
-    }
-    w.finish().unwrap();
-
-    let copy = |from: PathBuf, name: &str| {
-        let to = pristine.join(name);
-        if from.is_dir() {
-            copy_tree(&from, &to);
-        } else {
-            std::fs::copy(&from, &to).unwrap();
-        }
-        to
-    };
-    let npz = copy(fixture_path("numpy", "d4rl.npz"), "d4rl.npz");
-    let npz_z = copy(
-        fixture_path("numpy", "d4rl_compressed.npz"),
-        "d4rl_compressed.npz",
-    );
-    let npy_dir = copy(fixture_path("numpy", "d4rl_dir"), "npy_dir");
-    let dump = copy(fixture_path("torchrl", "dump"), "torchrl_dump");
-    let h5 = copy(fixture_path("hdf5", "d4rl.hdf5"), "d4rl.hdf5");
-    let minari = copy(fixture_path("minari", "pendulum"), "minari_pendulum");
-
-    let ds = pristine.join("dataset.trajstore");
-    TestData::new()
-        .obs_dim(3)
-        .act_dim(2)
-        .seed(19)
-        .transitions(400)
-        .mean_episode_len(25.0)
-        .segment_bytes(8 << 10)
-        .batch_bytes(2 << 10)
-        .commit_every(6)
-        .write(&ds);
-    let versions = Dataset::open(&ds).unwrap().versions().unwrap();
-    let latest = ds.join(format!("_versions/{:020}.json", versions.last().unwrap()));
-    assert!(latest.is_file(), "{}", latest.display());
-    let seg = ds.join("segments/00000000000000000000.arrow");
-    let eps = ds.join("segments/00000000000000000000.episodes.arrow");
-    assert!(seg.is_file() && eps.is_file());
-
-    use InputFormat as F;
-    let one = |name, path: &PathBuf, kind| Target::new(name, path.clone(), path.clone(), kind);
-    vec![
-        one("parquet", &parquet, Kind::Ingest(F::Parquet, "parquet")),
-        one("arrow file", &arrow_file, Kind::Ingest(F::Arrow, "arrow")),
-        one("arrow stream", &stream, Kind::Ingest(F::Arrow, "arrow")),
-        one("npz", &npz, Kind::Ingest(F::Numpy, "numpy")),
-        one("npz deflated", &npz_z, Kind::Ingest(F::Numpy, "numpy")),
-        Target::new(
-            "npy dir",
-            npy_dir.clone(),
-            npy_dir.join("observations.npy"),
-            Kind::Ingest(F::Numpy, "numpy"),
-        ),
-        Target::new(
-            "npy dir (flags)",
-            npy_dir.clone(),
-            npy_dir.join("terminals.npy"),
-            Kind::Ingest(F::Numpy, "numpy"),
-        ),
-        Target::new(
-            "torchrl meta",
-            dump.clone(),
-            dump.join("storage/meta.json"),
-            Kind::Ingest(F::TorchRl, "torchrl"),
-        ),
-        Target::new(
-            "torchrl nested meta",
-            dump.clone(),
-            dump.join("storage/next/meta.json"),
-            Kind::Ingest(F::TorchRl, "torchrl"),
-        ),
-        Target::new(
-            "torchrl storage metadata",
-            dump.clone(),
-            dump.join("storage/storage_metadata.json"),
-            Kind::Ingest(F::TorchRl, "torchrl"),
-        ),
-        Target::new(
-            "torchrl writer metadata",
-            dump.clone(),
-            dump.join("writer/metadata.json"),
-            Kind::Ingest(F::TorchRl, "torchrl"),
-        ),
-        Target::new(
-            "torchrl memmap",
-            dump.clone(),
-            dump.join("storage/next/reward.memmap"),
-            Kind::Ingest(F::TorchRl, "torchrl"),
-        ),
-        one("hdf5 d4rl", &h5, Kind::Ingest(F::Hdf5, "hdf5")),
-        Target::new(
-            "hdf5 minari",
-            minari.clone(),
-            minari.join("data/main_data.hdf5"),
-            Kind::Ingest(F::Hdf5, "hdf5"),
-        ),
-        Target::new("segment", ds.clone(), seg, Kind::Dataset),
-        Target::new("episode table", ds.clone(), eps, Kind::Dataset),
-        Target::new("manifest", ds.clone(), latest, Kind::Dataset),
-    ]
-}
-
 /// What one case of the library did.
 enum Outcome {
     Accepted,
@@ -511,15 +391,48 @@ fn chain(e: &trajstore::Error) -> String {
     text
 }
 
-/// Reads a dataset the way a training job does: open, catalog, snapshot, sample and gather
-/// a few batches, verify.
-fn read_dataset(root: &Path) -> trajstore::Result<()> {
-    let ds = Dataset::open(root)?;
-    ds.catalog()?;
-    let snap = ds.snapshot()?;
-    let gatherer = Gatherer::try_new(
-        &snap,
+/// Decodes every frame (rows and final frames) of every frame column of `snap`, before any
+/// checksum is checked, as a loader reads them: damaged frames reach the decoder. A frame's
+/// error names its column; this names the file too, as a reader reports it.
+fn decode_frames(snap: &Snapshot) -> trajstore::Result<u64> {
+    let mut n = 0;
+    for col in snap.frame_columns() {
+        let mut dec = col.decoder()?;
+        let mut buf = vec![0u8; dec.frame_len()];
+        for seg in snap.segments() {
+            let path = snap.path().join(&seg.entry().path);
+            let ep_path = snap.path().join(&seg.entry().episodes_path);
+            let bad = |p: &Path, e: Error| Error::corrupt(p, format!("frames: {e}"));
+            let t = seg.episode_table();
+            for i in 0..t.len() {
+                let (start, len) = (t.row_starts()[i], t.lengths()[i] as usize);
+                let run = seg
+                    .frames(&col.name, start, len)
+                    .map_err(|e| bad(&path, e))?;
+                for r in 0..run.len() {
+                    let f = run.frame(r).map_err(|e| bad(&path, e))?;
+                    dec.decode_into(f, &mut buf).map_err(|e| bad(&path, e))?;
+                    n += 1;
+                }
+                if let Some(f) = t.final_frame(i) {
+                    dec.decode_into(f, &mut buf).map_err(|e| bad(&ep_path, e))?;
+                }
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Samples and gathers a few batches of every column, frames stacked by 4.
+fn gather_some(snap: &Snapshot) -> trajstore::Result<()> {
+    let stack = snap
+        .frame_column("observation")
+        .map(|_| FrameStack::new(4))
+        .transpose()?;
+    let gatherer = Gatherer::with_frame_stack(
+        snap,
         &["observation", "action", "reward", "next_observation"],
+        stack,
     )?;
     if snap.num_episodes() > 0 {
         let policy = BoundaryPolicy::Pad;
@@ -535,6 +448,21 @@ fn read_dataset(root: &Path) -> trajstore::Result<()> {
             gatherer.gather(&plan, &mut batch)?;
         }
     }
+    Ok(())
+}
+
+/// Reads a dataset the way a training job does: open, catalog, snapshot, sample and gather a
+/// few batches (frames stacked by 4), decode every frame, verify.
+fn read_dataset(root: &Path) -> trajstore::Result<()> {
+    let ds = Dataset::open(root)?;
+    ds.catalog()?;
+    let snap = ds.snapshot()?;
+    // Frames stacked by the gather (decoded by its workers) on the damaged bytes first, then
+    // every frame decoded. The gather's decode errors name the column, not the file: when the
+    // decoding of every frame finds the damage too, its error (naming the file) is reported.
+    let gathered = gather_some(&snap);
+    decode_frames(&snap)?;
+    gathered?;
     trajstore::store::verify::verify(&snap, |_| {})?;
     Ok(())
 }
@@ -549,6 +477,13 @@ fn run_library(kind: Kind, input: PathBuf, case: PathBuf) -> Option<Outcome> {
                 let opts = IngestOptions::default().with_batch_rows(64);
                 ingest(&input, format, &out, &opts, small_segments())?;
                 // What was written reads back whole.
+                read_dataset(&out).map_err(|e| {
+                    trajstore::Error::invalid_argument(format!("ingested dataset unreadable: {e}"))
+                })
+            }
+            Kind::Dqn => {
+                let out = case.join("out.trajstore");
+                ingest_dqn(&input, &out, &DqnOptions::default(), small_segments())?;
                 read_dataset(&out).map_err(|e| {
                     trajstore::Error::invalid_argument(format!("ingested dataset unreadable: {e}"))
                 })
@@ -614,12 +549,13 @@ fn mutated_inputs_and_dataset_files_never_panic_and_errors_name_the_file() {
     let mut failures: Vec<String> = vec![];
     let (mut cases, mut accepted, mut refused, mut cli_runs) = (0usize, 0usize, 0usize, 0usize);
     for (t, target) in targets.iter().enumerate() {
+        let refused_before = refused;
         let count = scale
             * match target.kind {
                 Kind::Dataset => 40,
                 _ => 30,
             };
-        let pristine = std::fs::read(&target.file).unwrap();
+        let pristine = target.content();
         let rel = target
             .file
             .strip_prefix(&target.root)
@@ -638,7 +574,7 @@ fn mutated_inputs_and_dataset_files_never_panic_and_errors_name_the_file() {
             } else {
                 root.join(&rel)
             };
-            std::fs::write(&file, mutation.apply(&pristine)).unwrap();
+            std::fs::write(&file, target.encode(mutation.apply(&pristine))).unwrap();
             let what = format!("{} with {mutation:?}", target.name);
             match run_library(target.kind, root.clone(), case.clone()) {
                 None => failures.push(format!(
@@ -662,6 +598,13 @@ fn mutated_inputs_and_dataset_files_never_panic_and_errors_name_the_file() {
                         out.as_os_str(),
                         "--format".as_ref(),
                         format.as_ref(),
+                    ]],
+                    Kind::Dqn => vec![vec![
+                        "ingest".as_ref(),
+                        root.as_os_str(),
+                        out.as_os_str(),
+                        "--format".as_ref(),
+                        "dqn".as_ref(),
                     ]],
                     Kind::Dataset => vec![
                         vec!["verify".as_ref(), root.as_os_str()],
@@ -691,6 +634,7 @@ fn mutated_inputs_and_dataset_files_never_panic_and_errors_name_the_file() {
             }
             let _ = std::fs::remove_dir_all(&case);
         }
+        eprintln!("  {}: {} refused", target.name, refused - refused_before);
     }
     eprintln!(
         "mutation: {cases} cases ({accepted} accepted, {refused} refused), {cli_runs} CLI runs, \
