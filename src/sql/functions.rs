@@ -1,5 +1,6 @@
-//! trajstore's SQL functions: `fsl_get`, `vec_norm`, the per-dimension aggregates and
-//! `discounted_return`.
+//! trajstore's SQL functions: `fsl_get`, `vec_norm`, the per-dimension aggregates,
+//! `discounted_return`, and `octet_length` extended to binary values (the frames of a frame
+//! column), as PostgreSQL and DuckDB have it.
 
 use std::sync::Arc;
 
@@ -13,6 +14,93 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature,
     Volatility,
 };
+
+/// `octet_length(x)`: DataFusion's for strings, and the byte length of a binary value
+/// (`Binary`, `LargeBinary`, `BinaryView`: a frame column's encoded frames), read from the
+/// offsets alone (nothing decoded or copied); `Int64` for `LargeBinary`, `Int32` otherwise, as
+/// for strings. DataFusion 55's accepts strings only (upstream accepts binary from
+/// apache/datafusion#24867 on); registered under its name, this replaces it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct OctetLength {
+    inner: Arc<datafusion::logical_expr::ScalarUDF>,
+    signature: Signature,
+}
+
+impl OctetLength {
+    pub(crate) fn new() -> Self {
+        use datafusion::logical_expr::TypeSignature;
+        let inner = datafusion::functions::string::octet_length();
+        let binary = [
+            DataType::Binary,
+            DataType::LargeBinary,
+            DataType::BinaryView,
+        ]
+        .map(|t| TypeSignature::Exact(vec![t]));
+        let mut one_of = vec![inner.signature().type_signature.clone()];
+        one_of.extend(binary);
+        Self {
+            inner,
+            signature: Signature::one_of(one_of, Volatility::Immutable),
+        }
+    }
+
+    /// The result type for a binary argument; `None` for anything else (DataFusion's).
+    fn binary_len_type(t: &DataType) -> Option<DataType> {
+        match t {
+            DataType::LargeBinary => Some(DataType::Int64),
+            DataType::Binary | DataType::BinaryView => Some(DataType::Int32),
+            _ => None,
+        }
+    }
+}
+
+impl ScalarUDFImpl for OctetLength {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, arg_types: &[DataType]) -> DfResult<DataType> {
+        match arg_types.first().and_then(Self::binary_len_type) {
+            Some(t) => Ok(t),
+            None => self.inner.return_type(arg_types),
+        }
+    }
+    fn return_field_from_args(
+        &self,
+        args: datafusion::logical_expr::ReturnFieldArgs,
+    ) -> DfResult<FieldRef> {
+        match args.arg_fields.first() {
+            Some(f) => match Self::binary_len_type(f.data_type()) {
+                Some(t) => Ok(Arc::new(Field::new(self.name(), t, f.is_nullable()))),
+                None => self.inner.return_field_from_args(args),
+            },
+            None => self.inner.return_field_from_args(args),
+        }
+    }
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        self.inner.documentation()
+    }
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let len = match args.args.first() {
+            Some(ColumnarValue::Array(a)) if Self::binary_len_type(a.data_type()).is_some() => {
+                ColumnarValue::Array(arrow::compute::kernels::length::length(a)?)
+            }
+            Some(ColumnarValue::Scalar(ScalarValue::LargeBinary(b))) => {
+                ColumnarValue::Scalar(ScalarValue::Int64(b.as_ref().map(|b| b.len() as i64)))
+            }
+            Some(ColumnarValue::Scalar(ScalarValue::Binary(b) | ScalarValue::BinaryView(b))) => {
+                ColumnarValue::Scalar(ScalarValue::Int32(b.as_ref().map(|b| b.len() as i32)))
+            }
+            _ => return self.inner.invoke_with_args(args),
+        };
+        Ok(len)
+    }
+}
 
 pub(crate) fn fsl_arg<'a>(name: &str, a: &'a ArrayRef) -> DfResult<&'a FixedSizeListArray> {
     a.as_fixed_size_list_opt().ok_or_else(|| {

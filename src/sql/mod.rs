@@ -81,7 +81,7 @@ mod sized;
 mod table;
 
 use episode_agg::{EpisodeGroupBy, SegmentScan};
-use functions::{DimAgg, DimKind, DiscountedReturn, FslGet, VecNorm};
+use functions::{DimAgg, DimKind, DiscountedReturn, FslGet, OctetLength, VecNorm};
 pub use limits::{MAX_EXPR_DEPTH, memory_limit, set_memory_limit};
 #[cfg(feature = "remote")]
 pub use remote_scan::{FetchStats, RemoteTransitions};
@@ -180,6 +180,7 @@ pub(crate) fn trajstore_udfs() -> Vec<ScalarUDF> {
     vec![
         ScalarUDF::new_from_impl(FslGet::new()),
         ScalarUDF::new_from_impl(VecNorm::new()),
+        ScalarUDF::new_from_impl(OctetLength::new()),
     ]
 }
 

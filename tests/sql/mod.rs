@@ -1,3 +1,4 @@
-//! SQL (`src/sql/`): queries against DuckDB and NumPy references, plans, refusals.
+//! SQL (`src/sql/`): queries against DuckDB and NumPy references, plans, refusals, the sizes of frames.
 
+mod frames;
 mod queries;
