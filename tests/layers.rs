@@ -25,7 +25,14 @@ const FOLDERS: &[(&str, &[&str])] = &[
     ("index", &["episode", "slice"]),
     (
         "ingest",
-        &["source", "conventions", "mapping", "convert", "assemble"],
+        &[
+            "source",
+            "conventions",
+            "unstack",
+            "mapping",
+            "convert",
+            "assemble",
+        ],
     ),
     (
         "ingest/source",

@@ -19,6 +19,8 @@ pub(crate) struct Assembler<'a> {
     mapping: &'a Mapping,
     /// Converted rows of the episode in progress.
     pending: Vec<RecordBatch>,
+    /// The input row of the first of them.
+    start_row: u64,
     /// Episode-id mode: id of the episode in progress and ids of finished episodes.
     current: Option<u64>,
     finished: HashSet<u64>,
@@ -35,6 +37,7 @@ impl<'a> Assembler<'a> {
             writer,
             mapping,
             pending: vec![],
+            start_row: 0,
             current: None,
             finished: HashSet::new(),
             last_terminated: false,
@@ -53,6 +56,9 @@ impl<'a> Assembler<'a> {
 
     fn take(&mut self, chunk: &Chunk, from: usize, to: usize) {
         if to > from {
+            if self.pending.is_empty() {
+                self.start_row = chunk.base + from as u64;
+            }
             self.pending.push(chunk.payload.slice(from, to - from));
         }
     }
@@ -61,9 +67,16 @@ impl<'a> Assembler<'a> {
         let batch = match self.pending.len() {
             0 => return Ok(()),
             1 => self.pending.pop().expect("one batch"),
-            _ => concat_batches(self.mapping.schema.input_schema(), &self.pending)?,
+            _ => concat_batches(
+                self.mapping.converted_schema().input_schema(),
+                &self.pending,
+            )?,
         };
         self.pending.clear();
+        let batch = match &self.mapping.unstack {
+            Some(u) => u.episode(&batch, self.mapping.schema.input_schema(), self.start_row)?,
+            None => batch,
+        };
         let end = EpisodeEnd {
             terminated,
             truncated: truncated || !terminated,

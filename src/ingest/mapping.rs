@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 
+use super::unstack::Unstack;
 use super::*;
 use crate::error::{Error, Result};
 use crate::format::{self, col};
@@ -60,6 +61,8 @@ pub(crate) struct Mapping {
     pub(crate) episode: Option<EpisodeCol>,
     pub(crate) terminated: Option<String>,
     pub(crate) truncated: Option<String>,
+    /// `--unstack K`: how converted stacks become frames (`schema` is then the stored one).
+    pub(crate) unstack: Option<Unstack>,
 }
 
 /// The shape of one input column.
@@ -514,6 +517,14 @@ impl Mapping {
             fields.push(Field::new(name, dt, f.is_nullable()));
         }
         let mut schema = TransitionSchema::from_payload(&Schema::new(fields))?;
+        let unstack = match opts.unstack {
+            Some(k) => {
+                let (u, stored) = Unstack::new(k, schema)?;
+                schema = stored;
+                Some(u)
+            }
+            None => None,
+        };
         if let Some(codec) = opts.frame_codec
             && is_image(&schema)
         {
@@ -537,7 +548,13 @@ impl Mapping {
             episode,
             terminated,
             truncated,
+            unstack,
         })
+    }
+
+    /// The schema of converted chunks: the stored one, or with `--unstack` the stacked one.
+    pub(crate) fn converted_schema(&self) -> &TransitionSchema {
+        self.unstack.as_ref().map_or(&self.schema, |u| &u.stacked)
     }
 
     /// Stored column ← input column(s), where the names differ.

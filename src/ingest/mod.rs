@@ -52,6 +52,7 @@ mod conventions;
 mod convert;
 mod mapping;
 mod source;
+mod unstack;
 
 use assemble::*;
 use conventions::*;
@@ -114,6 +115,14 @@ pub struct IngestOptions {
     /// (`C <= 4`, `H, W >= 8`) become a frame column of this codec (default `zstd-dict`; see
     /// [`crate::frames`]). `None` keeps them as a tensor column.
     pub frame_codec: Option<crate::frames::FrameCodec>,
+    /// Observations that are stacks of the last K frames (`uint8` `[H, W, K]` channels last,
+    /// `[K, H, W]` or `[K, H, W, C]` channels first, oldest frame first) are stored as one frame
+    /// per step, the newest of each stack: every stack must continue the previous one within an
+    /// episode, and an episode's first stack must start with K-1 copies of its newest frame or
+    /// zeros; otherwise the ingest fails naming the first input row where they do not. Load
+    /// with `frame_stack=K` (and the matching padding) to get the stacks back. `None` (the
+    /// default) stores observations as they are.
+    pub unstack: Option<usize>,
     /// Where to report progress (rows converted); nothing by default.
     pub progress: ProgressSink,
 }
@@ -134,6 +143,7 @@ impl Default for IngestOptions {
             drop_cols: vec![],
             batch_rows: DEFAULT_BATCH_ROWS,
             frame_codec: Some(crate::frames::FrameCodec::ZstdDict),
+            unstack: None,
             progress: ProgressSink::default(),
         }
     }
@@ -208,6 +218,11 @@ impl IngestOptions {
     /// Sets [`IngestOptions::frame_codec`] (`None`: keep image observations as tensors).
     pub fn with_frame_codec(mut self, codec: Option<crate::frames::FrameCodec>) -> Self {
         self.frame_codec = codec;
+        self
+    }
+    /// Sets [`IngestOptions::unstack`]: observations are stacks of `k` frames.
+    pub fn with_unstack(mut self, k: Option<usize>) -> Self {
+        self.unstack = k;
         self
     }
     /// Sets [`IngestOptions::batch_rows`].

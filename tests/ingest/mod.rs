@@ -2,6 +2,7 @@
 //! Replay (dopamine).
 
 pub(crate) mod dqn;
-mod numpy;
+pub(crate) mod numpy;
 mod parquet;
 mod torchrl;
+mod unstack;

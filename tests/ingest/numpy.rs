@@ -221,7 +221,7 @@ fn options_override_conventions_and_drop_cols_skips_arrays() {
 // ---------------------------------------------------------------------------------------------
 
 /// A `.npy` file written by hand (format 1.0), for inputs NumPy would not write by default.
-fn write_npy(path: &Path, descr: &str, fortran: bool, shape: &[usize], data: &[u8]) {
+pub(crate) fn write_npy(path: &Path, descr: &str, fortran: bool, shape: &[usize], data: &[u8]) {
     let shape_text = match shape {
         [n] => format!("({n},)"),
         s => format!(

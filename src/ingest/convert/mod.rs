@@ -259,7 +259,7 @@ pub(crate) fn convert(mapping: &Mapping, batch: &RecordBatch, base: u64) -> Resu
         None => (None, None),
     };
     // What the writer takes: a frame column as its raw uint8 tensor (the writer encodes it).
-    let payload_schema = mapping.schema.input_schema().clone();
+    let payload_schema = mapping.converted_schema().input_schema().clone();
     let mut columns = Vec::with_capacity(payload_schema.fields().len());
     for field in payload_schema.fields() {
         let array = match field.name().as_str() {

@@ -115,6 +115,16 @@ pub(crate) struct IngestArgs {
     /// Keep uint8 image observations as a plain tensor column (no frame column).
     #[arg(long)]
     keep_tensor: bool,
+    /// The observations are stacks of the last K frames (uint8 [H, W, K] channels last, as
+    /// Atari's 84x84x4, or [K, H, W] / [K, H, W, C] channels first; oldest frame first): store
+    /// one frame per step, the newest of each stack, so that each frame is stored once. Checked:
+    /// within an episode each stack must continue the previous one (its frames 0..K-1 are the
+    /// previous stack's 1..K), and an episode's first stack must start with K-1 copies of its
+    /// newest frame (gymnasium) or zeros (dopamine); the error names the first input row where
+    /// they do not. Train with `--frame-stack K` (sample, bench, stream) or `frame_stack=K`
+    /// (Python) to get the stacks back.
+    #[arg(long, value_name = "K")]
+    unstack: Option<usize>,
     /// DQN Replay: the agent's frame stack size; dopamine put stack_size - 1 zero transitions
     /// before each episode, which are dropped (checked to be zero).
     #[arg(long, default_value_t = 4, value_name = "K")]
@@ -144,6 +154,7 @@ impl From<&IngestArgs> for trajstore::ingest::IngestOptions {
         o.next_observation_col.clone_from(&a.next_observation_col);
         o.drop_cols.clone_from(&a.drop_cols);
         o.frame_codec = (!a.keep_tensor).then(|| a.frame_codec.into());
+        o.unstack = a.unstack;
         match crate::output::TerminalBar::on_terminal(!a.json) {
             Some(bar) => o.with_progress(bar),
             None => o,
@@ -233,6 +244,11 @@ pub(crate) fn run(a: IngestArgs) -> Result<()> {
 fn run_dqn(a: &IngestArgs) -> Result<()> {
     if a.keep_tensor {
         bail!("--keep-tensor: DQN Replay frames are always stored as a frame column");
+    }
+    if a.unstack.is_some() {
+        bail!(
+            "--unstack: DQN Replay stores single frames already (its stack size is --stack-size)"
+        );
     }
     let mut o = trajstore::ingest::DqnOptions::default();
     o.stack_size = a.stack_size;
