@@ -5,8 +5,8 @@
 #   scripts/bench_frames.sh WORKDIR GAME.npz [GAME.npz ...]
 #
 # Each GAME.npz is written by ../shared/peers/atari_frames.py (ale-py + gymnasium's
-# AtariPreprocessing: 84x84 grayscale, frame skip 4, sticky actions). TILE copies (default 4)
-# of its episodes are ingested, as new episodes, into:
+# AtariPreprocessing: 84x84 grayscale, frame skip 4, sticky actions). TILE copies
+# (default 2) of its episodes are ingested, as new episodes, into:
 #   WORKDIR/GAME-zstd-dict  frames compressed with a dictionary trained on the first frames
 #   WORKDIR/GAME-none       the raw-frame layout (7,056 B per frame, stored once)
 # then, per game:
@@ -23,7 +23,7 @@ work="${1:?usage: bench_frames.sh WORKDIR GAME.npz [GAME.npz ...]}"
 shift
 bin="${BIN:-target/release/trajstore}"
 py="${PEER_PYTHON:-$HOME/.cache/trajstore-torch/bin/python}"
-tile="${TILE:-4}"
+tile="${TILE:-2}"
 iters="${ITERS:-200}"
 mkdir -p "$work"
 out="$work/results.jsonl"
@@ -51,8 +51,9 @@ for npz in "$@"; do
         read -r len slices n <<< "$shape"
         for codec in zstd-dict none; do
             for cache in warm cold; do
-                [ "$cache" = cold ] && drop
-                r="$("$bin" bench "$work/$game-$codec" --columns observation,action,reward \
+                # warm: the dataset read into the page cache first (--prefault); cold: dropped.
+                if [ "$cache" = cold ]; then drop; prefault=""; else prefault="--prefault"; fi
+                r="$("$bin" bench "$work/$game-$codec" $prefault --columns observation,action,reward \
                     --slice-len "$len" --num-slices "$slices" --frame-stack 4 --iters "$n" --json)"
                 emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":$len,\"num_slices\":$slices,\"cache\":\"$cache\",\"bench\":$r}"
             done
@@ -60,8 +61,10 @@ for npz in "$@"; do
     done
     if "$py" -c "import torchrl" 2>/dev/null; then
         "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$tile" --iters 20 2>/dev/null \
-            | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done
+            | grep '^{' | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done
     else
         echo "(no torchrl in $py: TorchRL figures skipped)" >&2
     fi
+    # The raw layout is large (7,056 B per frame): gone before the next game unless KEEP=1.
+    [ "${KEEP:-0}" = 1 ] || rm -rf "$work/$game-none"
 done

@@ -40,16 +40,19 @@ def load(npz: str, tile: int) -> tuple[np.ndarray, np.ndarray]:
     return frames, episode
 
 
-def timed(rb: ReplayBuffer, iters: int, stack: int, slice_len: int) -> list[float]:
+def timed(rb: ReplayBuffer, iters: int, stack: int, slice_len: int, contiguous: bool) -> list[float]:
     out = []
     for _ in range(iters):
         t = time.perf_counter()
         b = rb.sample()
         obs = b["obs"]
         if slice_len > stack:
-            # [B * (L + K - 1), H, W] -> [B, L, K, H, W] as views.
+            # [B * (L + K - 1), H, W] -> [B, L, K, H, W] as views; `contiguous` makes the stacks
+            # one buffer, as trajstore's batch is (what a conv over [B * L, K, H, W] needs).
             n = obs.shape[0] // slice_len
             obs = obs.reshape(n, slice_len, *obs.shape[1:]).unfold(1, stack, 1).permute(0, 1, 4, 2, 3)
+            if contiguous:
+                obs = obs.contiguous()
         out.append(time.perf_counter() - t)
     return out
 
@@ -79,10 +82,12 @@ def main() -> None:
         for name, slices, length in shapes:
             rb._sampler = SliceSampler(slice_len=length, traj_key="episode", strict_length=True, cache_values=True)
             rb._batch_size = slices * length
-            times = timed(rb, a.iters, 4, length)
-            med = statistics.median(times[1:])
-            print(json.dumps({"peer": "torchrl LazyMemmapStorage + SliceSampler", "frames": n, "shape": name,
-                              "load_s": load_s, "sample_median_s": med, "batches_per_s": 1 / med}))
+            for contiguous in ([False, True] if length > 4 else [False]):
+                times = timed(rb, a.iters, 4, length, contiguous)
+                med = statistics.median(times[1:])
+                print(json.dumps({"peer": "torchrl LazyMemmapStorage + SliceSampler", "frames": n, "shape": name,
+                                  "stacks": "contiguous" if contiguous else "unfold view",
+                                  "load_s": load_s, "sample_median_s": med, "batches_per_s": 1 / med}))
         # CompressedListStorage over a prefix (its extend compresses each item in Python). TorchRL
         # 0.14's SliceSampler cannot read episodes out of it (nor take them as `trajectories=`:
         # it fails in `_finalize_index`), so the slices are drawn by the same SliceSampler over

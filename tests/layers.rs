@@ -21,7 +21,7 @@ const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 /// it defines (the folder's shared traits and helpers). Unit tests (`tests.rs`, or the
 /// `#[cfg(test)] mod tests` at a file's end) may use any file of their folder.
 const FOLDERS: &[(&str, &[&str])] = &[
-    ("gather", &["readahead", "pages", "mix"]),
+    ("gather", &["batch", "readahead", "frames", "pages", "mix"]),
     ("index", &["episode", "slice"]),
     (
         "ingest",

@@ -6,7 +6,10 @@ use super::*;
 
 use std::path::Path;
 
-use arrow::array::{Float32Array, Int16Array};
+use arrow::array::{
+    FixedSizeListArray, Float32Array, Int16Array, Int64Array, RecordBatch, UInt8Array,
+};
+use arrow::datatypes::Field;
 use arrow::datatypes::Float32Type;
 
 use crate::schema::TransitionSchema;

@@ -34,7 +34,10 @@ fn frames_array(frames: &[Vec<u8>]) -> ArrayRef {
 
 /// The raw frames of each episode, and its final frame when the writer was given one (every
 /// other episode ends terminated without one, as DQN Replay's do).
-struct Episodes(Vec<(Vec<Vec<u8>>, Option<Vec<u8>>)>);
+struct Episodes(Vec<Episode>);
+
+/// One episode's raw frames and its final frame, if stored.
+type Episode = (Vec<Vec<u8>>, Option<Vec<u8>>);
 
 fn write(dir: &std::path::Path, codec: FrameCodec) -> (Snapshot, Episodes) {
     let ds = Dataset::create(dir.join(codec.as_str()), &frame_schema(codec, &SHAPE)).unwrap();
@@ -56,7 +59,8 @@ fn write(dir: &std::path::Path, codec: FrameCodec) -> (Snapshot, Episodes) {
         .unwrap();
         let fin = (e % 2 == 0).then(|| frame(&SHAPE, e * 7 + 1, len));
         let end = match &fin {
-            Some(f) => EpisodeEnd::truncated().with_final_observation(frames_array(&[f.clone()])),
+            Some(f) => EpisodeEnd::truncated()
+                .with_final_observation(frames_array(std::slice::from_ref(f))),
             None => EpisodeEnd::terminated(),
         };
         w.append_episode(&batch, end).unwrap();

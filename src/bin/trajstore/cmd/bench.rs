@@ -317,11 +317,12 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let first_batch_ms = first_batch_s * 1e3;
     if a.device_only {
         let device = a.device.as_deref().expect("clap: requires --device");
-        let source = trajstore::BatchSource::open(stacked(
-            trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols)
-                .with_read_ahead(a.read_ahead),
-            &a.s,
-        )?)?;
+        let source = trajstore::BatchSource::open(
+            a.s.stacked(
+                trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols)
+                    .with_read_ahead(a.read_ahead),
+            )?,
+        )?;
         let torch = torch_bench(&a, device, &source, batch.data_bytes(), 0)?;
         let v = json!({
             "transitions": snap.num_transitions(),
@@ -376,10 +377,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let loader_batches = iters as u64;
     let reads = DiskReads::now();
     let t = Instant::now();
-    let mut spec = stacked(
+    let mut spec = a.s.stacked(
         trajstore::LoaderSpec::single(snap.clone(), slice_spec(&snap, &a.s)?, &cols)
             .with_read_ahead(a.read_ahead),
-        &a.s,
     )?;
     if let Some(secs) = a.follow {
         spec = spec.follow(trajstore::Follow::every_secs("--follow", secs)?);
@@ -791,12 +791,4 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
             100.0 * f("over_pinned_copy")
         );
     }
-}
-
-/// `spec` with the frame stack of `--frame-stack`, if any.
-fn stacked(spec: trajstore::LoaderSpec, a: &SliceArgs) -> Result<trajstore::LoaderSpec> {
-    Ok(match a.frame_stack()? {
-        Some(st) => spec.with_frame_stack(st),
-        None => spec,
-    })
 }

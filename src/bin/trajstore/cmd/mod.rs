@@ -122,6 +122,17 @@ impl SliceArgs {
         })
     }
 
+    /// `spec` with the frame stack of `--frame-stack`, if any.
+    pub(crate) fn stacked(
+        &self,
+        spec: trajstore::LoaderSpec,
+    ) -> anyhow::Result<trajstore::LoaderSpec> {
+        Ok(match self.frame_stack()? {
+            Some(st) => spec.with_frame_stack(st),
+            None => spec,
+        })
+    }
+
     /// The gatherer of `--columns` over `snap`, frames stacked as asked.
     pub(crate) fn gatherer(
         &self,

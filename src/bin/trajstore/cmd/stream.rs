@@ -94,10 +94,9 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
         opts = opts.with_max_batches(n);
     }
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
-    let mut spec = LoaderSpec::streamed(stream.clone(), sampler, &cols).with_rank(rank, world_size);
-    if let Some(st) = a.s.frame_stack()? {
-        spec = spec.with_frame_stack(st);
-    }
+    let spec = a.s.stacked(
+        LoaderSpec::streamed(stream.clone(), sampler, &cols).with_rank(rank, world_size),
+    )?;
     let mut loader = BatchSource::open(spec)
         .and_then(|source| StreamLoader::new(&source, opts))
         .map_err(crate::output::one_line)?;
