@@ -21,6 +21,16 @@
 //! that `next_observation` shares `C - 1` frames with `observation`. Pixels are `uint8`, or their
 //! value / 255 as `float32`. Drawing is a copy of the background and two small rectangles per
 //! step: generation runs at memory speed.
+//!
+//! **Frame columns** ([`SynthSpec::frame_schema`], [`SynthSpec::write_frames`], `trajstore demo
+//! --frames`): one 84×84 grayscale `uint8` frame per step, stored as a `zstd-dict` frame column
+//! (the dataset keeps each frame once; a loader stacks them). The frames compress like a game's:
+//! a static dark background inside a bright border, a paddle at the bottom that sweeps left and
+//! right and a ball that bounces off the walls, their positions functions of the step and of the
+//! episode (phases and speeds drawn from the episode's RNG). `obs_shape` and `obs_dtype` are
+//! ignored. The discrete action is the paddle's move (0: stays, 2: right, 3: left), the first
+//! value of a continuous one its direction; the reward is `+1` when the ball comes down onto the
+//! paddle, `-1` when it comes down beside it, `0` otherwise.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -36,7 +46,8 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::format::col;
-use crate::schema::TransitionSchema;
+use crate::frames::FrameCodec;
+use crate::schema::{TransitionSchema, value_bytes};
 use crate::store::writer::{DatasetWriter, EpisodeEnd};
 
 /// Element type of generated observations.
@@ -132,6 +143,9 @@ impl Default for SynthSpec {
 /// episode), so that image episodes do not pile up in memory.
 const GROUP_BYTES: usize = 128 << 20;
 
+/// Side of the square grayscale frames of [`SynthSpec::write_frames`].
+pub const FRAME_SIDE: usize = 84;
+
 impl SynthSpec {
     /// The defaults with vector observations of `dim` values (`obs_shape: vec![dim]`).
     pub fn with_obs_dim(mut self, dim: usize) -> Self {
@@ -153,6 +167,19 @@ impl SynthSpec {
     pub fn schema(&self) -> Result<TransitionSchema> {
         let b = TransitionSchema::builder(&self.obs_shape, self.act_dim.max(1))
             .observation(self.obs_dtype.data_type(), &self.obs_shape);
+        if self.discrete_actions {
+            b.discrete_action()
+        } else {
+            b
+        }
+        .build()
+    }
+
+    /// The schema of [`SynthSpec::write_frames`]: the observation a `zstd-dict` frame column of
+    /// `[84, 84]` `uint8` frames, the action as in [`SynthSpec::schema`].
+    pub fn frame_schema(&self) -> Result<TransitionSchema> {
+        let b = TransitionSchema::builder(&[1], self.act_dim.max(1))
+            .frames(FrameCodec::ZstdDict, &[FRAME_SIDE, FRAME_SIDE]);
         if self.discrete_actions {
             b.discrete_action()
         } else {
@@ -213,6 +240,119 @@ impl SynthSpec {
             EpisodeEnd::truncated()
         };
         (batch, end.with_final_observation(final_obs))
+    }
+
+    /// Episode number `index` of `len` steps of [`SynthSpec::write_frames`]: the batch has the
+    /// columns `observation` (raw `[84, 84]` `uint8` frames, as a writer of
+    /// [`SynthSpec::frame_schema`] takes them), `action` and `reward`; the end carries the final
+    /// frame.
+    pub fn frame_episode(&self, index: u64, len: u64) -> (RecordBatch, EpisodeEnd) {
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(self.seed ^ 0x2545_f491_4f6c_dd1du64.wrapping_mul(index + 1));
+        let n = len as usize;
+        let side = FRAME_SIDE;
+        let hw = side * side;
+        // Inside the border (2 pixels): [2, 82). Paddle 12 x 3 at rows 76..79, ball 3 x 3.
+        let (border, pad_w, pad_h, ball) = (2usize, 12usize, 3usize, 3usize);
+        let pad_y = side - border - 2 * pad_h;
+        let pad_range = side - 2 * border - pad_w; // x - border in 0..=pad_range
+        let (ball_x_range, ball_y_range) = (side - 2 * border - ball, pad_y - border - ball);
+        // Triangle wave: s bounced in [0, r].
+        let tri = |s: usize, r: usize| {
+            let m = s % (2 * r);
+            if m <= r { m } else { 2 * r - m }
+        };
+        let pad_phase = rng.random_range(0..2 * pad_range);
+        let pad_speed = rng.random_range(1..=2usize);
+        let (bx_phase, by_phase) = (
+            rng.random_range(0..2 * ball_x_range),
+            rng.random_range(0..2 * ball_y_range),
+        );
+        let (bx_speed, by_speed) = (rng.random_range(1..=3usize), rng.random_range(1..=3usize));
+        let pad_x = |t: usize| border + tri(pad_phase + t * pad_speed, pad_range);
+        let ball_xy = |t: usize| {
+            (
+                border + tri(bx_phase + t * bx_speed, ball_x_range),
+                border + tri(by_phase + t * by_speed, ball_y_range),
+            )
+        };
+        let mut background = vec![24u8; hw];
+        for y in 0..side {
+            for x in 0..side {
+                if y < border || y >= side - border || x < border || x >= side - border {
+                    background[y * side + x] = 142;
+                }
+            }
+        }
+        let mut frames = vec![0u8; (n + 1) * hw];
+        frames
+            .par_chunks_mut(hw)
+            .with_min_len(64)
+            .enumerate()
+            .for_each(|(t, f)| {
+                f.copy_from_slice(&background);
+                let px = pad_x(t);
+                for y in pad_y..pad_y + pad_h {
+                    f[y * side + px..y * side + px + pad_w].fill(200);
+                }
+                let (bx, by) = ball_xy(t);
+                for y in by..by + ball {
+                    f[y * side + bx..y * side + bx + ball].fill(255);
+                }
+            });
+        // The paddle's move from step t to t + 1: -1, 0 or 1.
+        let dir = |t: usize| (pad_x(t + 1) as i64 - pad_x(t) as i64).signum();
+        let reward: Vec<f32> = (0..n)
+            .map(|t| {
+                let ((bx, by), (_, next_by)) = (ball_xy(t), ball_xy(t + 1));
+                // The ball reaches the bottom of its range between t and t + 1.
+                if by < next_by && next_by == border + ball_y_range {
+                    let px = pad_x(t + 1);
+                    if bx + ball > px && bx < px + pad_w {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let action: ArrayRef = if self.discrete_actions {
+            let k = self.act_dim.max(1) as i64;
+            let a: Vec<i64> = (0..n)
+                .map(|t| match dir(t) {
+                    1 => 2,
+                    -1 => 3,
+                    _ => 0,
+                })
+                .map(|a| if a < k { a } else { 0 })
+                .collect();
+            Arc::new(Int64Array::from(a))
+        } else {
+            let k = self.act_dim.max(1);
+            let mut a: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0f32)).collect();
+            for t in 0..n {
+                a[t * k] = dir(t) as f32;
+            }
+            fsl_f32(a, k)
+        };
+        let final_frame = frames.split_off(n * hw);
+        let batch = RecordBatch::try_from_iter([
+            (col::OBSERVATION, fsl_u8(frames, hw)),
+            (col::ACTION, action),
+            (
+                col::REWARD,
+                Arc::new(Float32Array::from(reward)) as ArrayRef,
+            ),
+        ])
+        .expect("consistent columns");
+        let end = if rng.random_bool(0.5) {
+            EpisodeEnd::terminated()
+        } else {
+            EpisodeEnd::truncated()
+        };
+        (batch, end.with_final_observation(fsl_u8(final_frame, hw)))
     }
 
     /// Random-walk observations (the D4RL-like default; the draws of float32 `[d]` are those of
@@ -404,9 +544,45 @@ impl SynthSpec {
         commit_every: Option<usize>,
         on_rows: impl Fn(u64),
     ) -> Result<u64> {
-        let schema = self.schema()?;
+        self.write_with(&self.schema()?, writer, commit_every, on_rows, |i, l| {
+            self.episode(i, l)
+        })
+    }
+
+    /// [`SynthSpec::write`] of the frame episodes ([`SynthSpec::frame_episode`]) to a writer of
+    /// [`SynthSpec::frame_schema`].
+    pub fn write_frames(
+        &self,
+        writer: &mut DatasetWriter,
+        commit_every: Option<usize>,
+        on_rows: impl Fn(u64),
+    ) -> Result<u64> {
+        self.write_with(
+            &self.frame_schema()?,
+            writer,
+            commit_every,
+            on_rows,
+            |i, l| self.frame_episode(i, l),
+        )
+    }
+
+    fn write_with(
+        &self,
+        schema: &TransitionSchema,
+        writer: &mut DatasetWriter,
+        commit_every: Option<usize>,
+        on_rows: impl Fn(u64),
+        episode: impl Fn(u64, u64) -> (RecordBatch, EpisodeEnd) + Sync,
+    ) -> Result<u64> {
         let lens = self.episode_lengths()?;
-        let row_bytes = schema.row_bytes().max(1.0) as usize;
+        // Bytes of a row as generated (frames raw).
+        let row_bytes = schema
+            .input_schema()
+            .fields()
+            .iter()
+            .map(|f| value_bytes(f.data_type()))
+            .sum::<f64>()
+            .max(1.0) as usize;
         let max_episodes = rayon::current_num_threads() * 16;
         // (first episode index, lengths) of each group.
         let mut groups = vec![];
@@ -431,7 +607,7 @@ impl SynthSpec {
             group
                 .par_iter()
                 .enumerate()
-                .map(|(i, &l)| self.episode(start + i as u64, l))
+                .map(|(i, &l)| episode(start + i as u64, l))
                 .collect()
         };
         let mut since_commit = 0usize;

@@ -20,7 +20,10 @@ use crate::output::*;
 trajstore demo                  # 1M D4RL-shaped transitions: 17 float32 observations, 6 actions\n  \
 trajstore demo atari.trajstore --obs-shape 84,84,4 --obs-dtype uint8 --discrete --act-dim 4 \\\n      \
 --transitions 200000 --mean-episode-len 500\n      \
-# Atari-like (DQN replay): 84x84 uint8 frames in stacks of 4, 28 KB per transition")]
+# Atari-like (DQN replay): 84x84 uint8 frames in stacks of 4, 28 KB per transition\n  \
+trajstore demo pixels.trajstore --frames --discrete --act-dim 4 --transitions 200000\n      \
+# pixels as a frame column: one 84x84 uint8 frame per step, zstd with a trained dictionary\n      \
+# (about 100 B per frame); sample with --frame-stack 4")]
 pub(crate) struct DemoArgs {
     /// Dataset directory to write. An existing dataset is refused unless --append or --overwrite
     /// says what to do with it.
@@ -40,6 +43,13 @@ pub(crate) struct DemoArgs {
     /// Observation element type: float32 or uint8 (images: pixels, or pixel / 255 as float32).
     #[arg(long, value_name = "TYPE", default_value = "float32")]
     obs_dtype: ObsDtype,
+    /// Pixel observations as a frame column (README "Pixel observations"): one 84x84 grayscale
+    /// uint8 frame per step (a game's: a static background inside a border, a moving paddle and
+    /// a bouncing ball, their positions depending on the step and the episode), each stored once,
+    /// compressed with zstd and a dictionary trained on the first frames (codec zstd-dict), with
+    /// each episode's final frame. Loaders stack frames (--frame-stack K).
+    #[arg(long, conflicts_with_all = ["obs_dim", "obs_shape", "obs_dtype"])]
+    frames: bool,
     /// Action dimension (number of actions with --discrete).
     #[arg(long, default_value_t = 6)]
     act_dim: usize,
@@ -105,9 +115,18 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
     if a.transitions == 0 || spec.obs_len() == 0 || a.act_dim == 0 {
         bail!("--transitions, --obs-dim and --act-dim must be positive");
     }
-    let schema = spec.schema()?;
-    // Bytes of one transition as stored (columns, without validity bitmaps).
-    let transition_bytes = schema.row_bytes();
+    let schema = if a.frames {
+        spec.frame_schema()?
+    } else {
+        spec.schema()?
+    };
+    // Bytes of one transition as stored (columns, without validity bitmaps); a frame raw.
+    let transition_bytes = schema.row_bytes()
+        + if a.frames {
+            (trajstore::synth::FRAME_SIDE * trajstore::synth::FRAME_SIDE) as f64
+        } else {
+            0.0
+        };
     // An empty directory is as good as none.
     let exists = a.dataset.exists()
         && std::fs::read_dir(&a.dataset).map_or(true, |mut d| d.next().is_some());
@@ -136,7 +155,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
     if writer.schema() != &schema {
         bail!(
             "the dataset's schema differs from the demo's (check --obs-dim/--obs-shape/--obs-dtype/\
-             --act-dim/--discrete); write the demo to another directory"
+             --act-dim/--discrete/--frames); write the demo to another directory"
         );
     }
     if a.overwrite {
@@ -148,20 +167,22 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
     } else {
         progress(a.transitions, "writing")
     };
-    let version = spec
-        .write(&mut writer, a.commit_every.map(|n| n as usize), |n| {
-            pb.inc(n)
+    let commit_every = a.commit_every.map(|n| n as usize);
+    let written = if a.frames {
+        spec.write_frames(&mut writer, commit_every, |n| pb.inc(n))
+    } else {
+        spec.write(&mut writer, commit_every, |n| pb.inc(n))
+    };
+    let version = written.map_err(|e| {
+        pb.abandon();
+        let kept = ds.versions().ok().and_then(|v| v.last().copied());
+        anyhow::Error::new(e).context(match kept {
+            Some(v) => {
+                format!("the demo stopped; the dataset keeps version {v}, committed before")
+            }
+            None => "the demo stopped".to_string(),
         })
-        .map_err(|e| {
-            pb.abandon();
-            let kept = ds.versions().ok().and_then(|v| v.last().copied());
-            anyhow::Error::new(e).context(match kept {
-                Some(v) => {
-                    format!("the demo stopped; the dataset keeps version {v}, committed before")
-                }
-                None => "the demo stopped".to_string(),
-            })
-        })?;
+    })?;
     drop(writer);
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
@@ -192,7 +213,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
             12,
         ));
         // The sample takes 100 batches of 256 x 64 transitions: seconds of copying for images.
-        let small = transition_bytes * 256.0 * 64.0 <= (64 << 20) as f64;
+        let small = !a.frames && transition_bytes * 256.0 * 64.0 <= (64 << 20) as f64;
         if small && let Ok(text) = demo_sample(&snap) {
             emit(&text);
         }
@@ -204,14 +225,20 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
         } else {
             String::new()
         };
-        outln!(
-            "\nnext:\n  trajstore sample {d} --slice-len 64 --num-slices 8\n  trajstore bench {d}{bench}{sql}\n  trajstore verify {d}",
-            bench = if small {
-                ""
-            } else {
-                " --num-slices 32 --slice-len 16"
-            }
-        );
+        if a.frames {
+            outln!(
+                "\nnext:\n  trajstore info {d}\n  trajstore sample {d} --frame-stack 4 --slice-len 1 --num-slices 32\n  trajstore bench {d} --frame-stack 4 --slice-len 64 --num-slices 256{sql}\n  trajstore verify {d}"
+            );
+        } else {
+            outln!(
+                "\nnext:\n  trajstore sample {d} --slice-len 64 --num-slices 8\n  trajstore bench {d}{bench}{sql}\n  trajstore verify {d}",
+                bench = if small {
+                    ""
+                } else {
+                    " --num-slices 32 --slice-len 16"
+                }
+            );
+        }
     }
     Ok(())
 }
