@@ -7,3 +7,4 @@ pub(crate) mod frames;
 mod golden;
 mod interop;
 mod schemas;
+mod schemas_frames;

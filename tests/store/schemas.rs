@@ -20,7 +20,7 @@ fn schemas_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas")
 }
 
-fn load(name: &str) -> Value {
+pub(super) fn load(name: &str) -> Value {
     let path = schemas_dir().join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -490,8 +490,8 @@ fn format_md_mentions_every_name() {
 // ---------------------------------------------------------------------------------------------
 // Manifests on disk against manifest.schema.json.
 
-/// A small subset of JSON Schema 2020-12: `$ref` (local), `type`, `const`, `minimum`, `maximum`,
-/// `minLength`, `minItems`, `pattern` (the patterns of manifest.schema.json only), `properties`,
+/// A small subset of JSON Schema 2020-12: `$ref` (local), `type`, `const`, `enum`, `minimum`,
+/// `maximum`, `minLength`, `minItems`, `maxItems`, `pattern` (the patterns of manifest.schema.json only), `properties`,
 /// `required`, `additionalProperties`, `items`. Returns every violation as `path: reason`.
 fn validate(root: &Value, schema: &Value, v: &Value, path: &str, errors: &mut Vec<String>) {
     let at = |why: String| format!("{path}: {why}");
@@ -522,6 +522,11 @@ fn validate(root: &Value, schema: &Value, v: &Value, path: &str, errors: &mut Ve
     {
         errors.push(at(format!("{v} is not {c}")));
     }
+    if let Some(e) = schema.get("enum")
+        && !e.as_array().expect("enum is an array").contains(v)
+    {
+        errors.push(at(format!("{v} is not one of {e}")));
+    }
     if let Some(min) = schema.get("minimum").and_then(Value::as_u64)
         && v.as_u64().is_none_or(|x| x < min)
     {
@@ -549,6 +554,11 @@ fn validate(root: &Value, schema: &Value, v: &Value, path: &str, errors: &mut Ve
             && (arr.len() as u64) < n
         {
             errors.push(at(format!("{} items, fewer than {n}", arr.len())));
+        }
+        if let Some(n) = schema.get("maxItems").and_then(Value::as_u64)
+            && (arr.len() as u64) > n
+        {
+            errors.push(at(format!("{} items, more than {n}", arr.len())));
         }
         if let Some(items) = schema.get("items") {
             for (i, x) in arr.iter().enumerate() {
@@ -594,8 +604,15 @@ fn matches_pattern(pattern: &str, x: &str) -> bool {
         }),
         r"^segments/[0-9]{20}\.arrow$" => segment(".arrow"),
         r"^segments/[0-9]{20}\.episodes\.arrow$" => segment(".episodes.arrow"),
-        r"^(bool|u?int(8|16|32|64)|float(16|32|64)|fixed_size_list<(u?int(8|16|32|64)|float(16|32|64))>\[[1-9][0-9]*\])$" => {
-            parse_type(x).is_ok_and(|dt| type_name(&dt).as_deref() == Some(x))
+        r"^dictionaries/[0-9a-f]{8}\.zdict$" => x
+            .strip_prefix("dictionaries/")
+            .and_then(|r| r.strip_suffix(".zdict"))
+            .is_some_and(|h| {
+                h.len() == 8 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            }),
+        r"^(bool|u?int(8|16|32|64)|float(16|32|64)|large_binary|fixed_size_list<(u?int(8|16|32|64)|float(16|32|64))>\[[1-9][0-9]*\])$" => {
+            x == format::FRAME_TYPE
+                || parse_type(x).is_ok_and(|dt| type_name(&dt).as_deref() == Some(x))
         }
         other => {
             panic!("pattern {other} is not known to this test; teach matches_pattern about it")
@@ -603,17 +620,17 @@ fn matches_pattern(pattern: &str, x: &str) -> bool {
     }
 }
 
-fn schema_errors(schema: &Value, manifest: &Value) -> Vec<String> {
+pub(super) fn schema_errors(schema: &Value, manifest: &Value) -> Vec<String> {
     let mut errors = vec![];
     validate(schema, schema, manifest, "$", &mut errors);
     errors
 }
 
-fn key_set(v: &Value) -> BTreeSet<String> {
+pub(super) fn key_set(v: &Value) -> BTreeSet<String> {
     v.as_object().expect("object").keys().cloned().collect()
 }
 
-fn read_json(path: &Path) -> Value {
+pub(super) fn read_json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
@@ -727,7 +744,10 @@ fn manifests_written_by_the_code_match_manifest_schema() {
         .iter()
         .flat_map(key_set)
         .collect();
-    assert_eq!(col_keys, key_set(&col_schema["properties"]));
+    // Every key but `frame`, which only frame columns have (schemas_frames.rs).
+    let mut keys = key_set(&col_schema["properties"]);
+    assert!(keys.remove("frame"));
+    assert_eq!(col_keys, keys);
     for c in v2["columns"].as_array().unwrap() {
         assert!(
             strings(&col_schema["required"])
