@@ -302,3 +302,49 @@ fn a_damaged_frame_is_a_named_error_from_the_gather() {
     assert!(matches!(e, Error::InvalidData { .. }), "{e}");
     assert!(e.to_string().contains("observation"), "{e}");
 }
+
+#[cfg(feature = "torch")]
+#[test]
+fn the_torch_loader_hands_out_the_same_uint8_stacks() {
+    use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, eps) = write(dir.path(), FrameCodec::ZstdDict);
+    let stack = FrameStack::new(4).unwrap();
+    let sampler = SamplerSpec::uniform(3, 8).with_seed(5);
+    let spec =
+        LoaderSpec::single(snap.clone(), sampler.clone(), &["observation"]).with_frame_stack(stack);
+    let source = BatchSource::open(spec).unwrap();
+    let opts = TorchLoaderOptions::new(parse_device("cpu").unwrap())
+        .with_loader(LoaderOptions::default().with_max_batches(3));
+    let mut loader = TorchLoader::new(&source, opts).unwrap();
+    let built = sampler.build(&snap).unwrap();
+    let mut plan = vec![];
+    for k in 0..3 {
+        let batch = loader.next_batch().unwrap().unwrap();
+        let obs = batch.get("observation").unwrap();
+        assert_eq!(obs.size(), vec![8, 3, 4, 12, 10]);
+        assert_eq!(obs.kind(), tch::Kind::Uint8);
+        let got: Vec<u8> = Vec::try_from(obs.flatten(0, -1)).unwrap();
+        built.sampler.plan(k, &mut plan);
+        for (i, s) in plan.iter().enumerate() {
+            let (want, _) = eps.slice(s, 3, 4, StackPad::Repeat);
+            let step = 3 * 4 * F;
+            assert!(
+                got[i * step..(i + 1) * step] == want[..],
+                "batch {k} slice {i}"
+            );
+        }
+    }
+    assert!(loader.next_batch().is_none());
+    // The resident mode uploads raw columns: frame columns are refused, naming the option.
+    let opts = TorchLoaderOptions::new(parse_device("cpu").unwrap()).with_resident(1 << 30);
+    match TorchLoader::new(&source, opts) {
+        Err(Error::InvalidArgument {
+            argument: Some(a), ..
+        }) => assert_eq!(a, "resident_budget"),
+        other => panic!(
+            "expected a refusal of resident mode, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
