@@ -68,7 +68,7 @@ pub struct Batch {
     pub episode_id: Vec<u64>,
     /// First step of each slice (negative when a span overhangs the episode's start).
     pub start_step: Vec<i64>,
-    /// Part of a mix each slice came from (see [`Gatherer::mixed`]); 0 for a plain gatherer.
+    /// Part of a mix each slice came from (see [`super::Gatherer::mixed`]); 0 for a plain gatherer.
     pub source: Vec<u16>,
 }
 
