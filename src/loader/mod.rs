@@ -124,8 +124,10 @@ impl BatchSource {
     /// thread when a part follows; a streamed spec is checked (sampler, columns) and nothing
     /// is downloaded until a loader starts. Errors with [`crate::Error::InvalidArgument`] about
     /// the argument at fault (rank, world size, sampler options, a state of another loader).
-    pub fn open(mut spec: LoaderSpec) -> Result<Self> {
+    pub fn open(spec: LoaderSpec) -> Result<Self> {
         check_rank(spec.rank, spec.world_size)?;
+        #[cfg(feature = "remote")]
+        let mut spec = spec;
         #[cfg(feature = "remote")]
         if let Some((stream, sampler)) = spec.streamed.take() {
             if !spec.parts.is_empty() {
