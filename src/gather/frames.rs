@@ -188,7 +188,28 @@ impl FrameSource {
     /// the segment's episode table. `obs`, for `next_observation` only: the same steps of the
     /// observation, gathered with the same stack just before (frames are copied from it rather
     /// than decoded again).
+    /// A frame that does not decode is an [`Error::InvalidData`] naming the column, the
+    /// segment file (relative to the dataset) and the episode.
     pub(crate) fn fill(
+        &self,
+        seg: &Segment,
+        row0: u64,
+        table_row: usize,
+        steps: (usize, usize, usize),
+        dst: &mut [u8],
+        obs: Option<&[u8]>,
+    ) -> Result<()> {
+        self.fill_frames(seg, row0, table_row, steps, dst, obs)
+            .map_err(|e| {
+                let e = e.in_input(&seg.entry().path);
+                match seg.episode_table().ids().get(table_row) {
+                    Some(&id) => e.in_episode(id as i64),
+                    None => e,
+                }
+            })
+    }
+
+    fn fill_frames(
         &self,
         seg: &Segment,
         row0: u64,

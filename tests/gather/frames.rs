@@ -301,6 +301,17 @@ fn a_damaged_frame_is_a_named_error_from_the_gather() {
     let e = g.gather(&plan, &mut Batch::default()).unwrap_err();
     assert!(matches!(e, Error::InvalidData { .. }), "{e}");
     assert!(e.to_string().contains("observation"), "{e}");
+    // It names the segment file and the episode too.
+    let seg_path = snap.segments()[0].entry().path.clone();
+    assert!(e.to_string().contains(&seg_path), "{e}");
+    match &e {
+        Error::InvalidData {
+            episode: Some(_),
+            input: Some(_),
+            ..
+        } => {}
+        other => panic!("expected the file and episode in {other:?}"),
+    }
 }
 
 #[cfg(feature = "torch")]
