@@ -225,21 +225,7 @@ impl SynthSpec {
         } else {
             self.vector_episode(&mut rng, n)
         };
-        let batch = RecordBatch::try_from_iter([
-            (col::OBSERVATION, obs),
-            (col::ACTION, action),
-            (
-                col::REWARD,
-                Arc::new(Float32Array::from(reward)) as ArrayRef,
-            ),
-        ])
-        .expect("consistent columns");
-        let end = if rng.random_bool(0.5) {
-            EpisodeEnd::terminated()
-        } else {
-            EpisodeEnd::truncated()
-        };
-        (batch, end.with_final_observation(final_obs))
+        episode_of(&mut rng, obs, action, reward, final_obs)
     }
 
     /// Episode number `index` of `len` steps of [`SynthSpec::write_frames`]: the batch has the
@@ -338,21 +324,8 @@ impl SynthSpec {
             fsl_f32(a, k)
         };
         let final_frame = frames.split_off(n * hw);
-        let batch = RecordBatch::try_from_iter([
-            (col::OBSERVATION, fsl_u8(frames, hw)),
-            (col::ACTION, action),
-            (
-                col::REWARD,
-                Arc::new(Float32Array::from(reward)) as ArrayRef,
-            ),
-        ])
-        .expect("consistent columns");
-        let end = if rng.random_bool(0.5) {
-            EpisodeEnd::terminated()
-        } else {
-            EpisodeEnd::truncated()
-        };
-        (batch, end.with_final_observation(fsl_u8(final_frame, hw)))
+        let (obs, final_obs) = (fsl_u8(frames, hw), fsl_u8(final_frame, hw));
+        episode_of(&mut rng, obs, action, reward, final_obs)
     }
 
     /// Random-walk observations (the D4RL-like default; the draws of float32 `[d]` are those of
@@ -657,4 +630,30 @@ fn fsl_u8(v: Vec<u8>, w: usize) -> ArrayRef {
         Arc::new(UInt8Array::from(v)),
         None,
     ))
+}
+
+/// One episode's batch (observation, action, reward) and its end: terminated or truncated at
+/// random, with its final observation.
+fn episode_of(
+    rng: &mut impl Rng,
+    obs: ArrayRef,
+    action: ArrayRef,
+    reward: Vec<f32>,
+    final_obs: ArrayRef,
+) -> (RecordBatch, EpisodeEnd) {
+    let batch = RecordBatch::try_from_iter([
+        (col::OBSERVATION, obs),
+        (col::ACTION, action),
+        (
+            col::REWARD,
+            Arc::new(Float32Array::from(reward)) as ArrayRef,
+        ),
+    ])
+    .expect("consistent columns");
+    let end = if rng.random_bool(0.5) {
+        EpisodeEnd::terminated()
+    } else {
+        EpisodeEnd::truncated()
+    };
+    (batch, end.with_final_observation(final_obs))
 }

@@ -707,14 +707,16 @@ impl Gatherer {
                     .columns
                     .iter()
                     .position(|c| matches!(&c.source, ColumnSource::Frames(f) if !f.next));
-                let mut order: Vec<usize> = obs.into_iter().collect();
-                order.extend((0..self.columns.len()).filter(|&x| Some(x) != obs));
-                for x in order {
-                    let (c, d) = (&self.columns[x], dst[x]);
-                    let ColumnSource::Frames(fs) = &c.source else {
-                        continue;
-                    };
-                    let step = c.width;
+                let frames = |next: bool| {
+                    self.columns
+                        .iter()
+                        .zip(dst)
+                        .filter_map(move |(c, d)| match &c.source {
+                            ColumnSource::Frames(fs) if fs.next == next => Some((c.width, fs, d)),
+                            _ => None,
+                        })
+                };
+                for (step, fs, d) in frames(false).chain(frames(true)) {
                     let out =
                         std::slice::from_raw_parts_mut(d.0.add((i * l + off) * step), n * step);
                     let from_obs = obs.filter(|_| fs.next).map(|o| {
