@@ -58,6 +58,7 @@ struct LoaderArgs {
     frame_stack: Option<usize>,
     #[pyo3(from_py_with = parsed::<StackPad>)]
     frame_pad: StackPad,
+    frame_channels_last: bool,
 }
 
 /// One dataset's options (`PartOptions` in `python/trajstore/_types.py`): its weight and how it
@@ -302,7 +303,12 @@ impl Plan {
         let (columns, slice_len, num_slices) =
             (common.columns, common.slice_len, common.num_slices);
         let frame_stack = match common.frame_stack {
-            Some(k) => Some(FrameStack::new(k).py()?.with_pad(common.frame_pad)),
+            Some(k) => Some(
+                FrameStack::new(k)
+                    .py()?
+                    .with_pad(common.frame_pad)
+                    .with_channels_last(common.frame_channels_last),
+            ),
             None => None,
         };
         let source = Source {

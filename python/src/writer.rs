@@ -21,7 +21,7 @@ use crate::errors::{IntoPyResult, argument};
 /// `{name: (dtype, shape)}`), or opens it for appending when `append` and it exists (the schemas
 /// must match). Returns its writer, which holds the dataset's lock.
 #[pyfunction]
-#[pyo3(signature = (path, observation_shape, action_shape=None, *, observation_dtype="float32", store_next_observation=false, columns=None, append=false, segment_bytes=None, lock_wait_ms=None))]
+#[pyo3(signature = (path, observation_shape, action_shape=None, *, observation_dtype="float32", store_next_observation=false, columns=None, append=false, segment_bytes=None, lock_wait_ms=None, frame_codec=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn create(
     py: Python<'_>,
@@ -34,10 +34,31 @@ pub fn create(
     append: bool,
     segment_bytes: Option<u64>,
     lock_wait_ms: Option<u64>,
+    frame_codec: Option<String>,
 ) -> PyResult<Writer> {
     let obs_dt = parse_type(observation_dtype).py()?;
     let mut b =
         TransitionSchema::builder(&observation_shape, 0).observation(obs_dt, &observation_shape);
+    if let Some(codec) = frame_codec {
+        let codec: trajstore::frames::FrameCodec = codec.parse().py()?;
+        if observation_dtype != "uint8" || !(2..=3).contains(&observation_shape.len()) {
+            return Err(argument(
+                "frame_codec",
+                format!(
+                    "frames are uint8 images [H, W] or [H, W, C]: observation_dtype=\"uint8\" \
+                     and a shape of 2 or 3 axes (got {observation_dtype} {observation_shape:?})"
+                ),
+            ));
+        }
+        if store_next_observation {
+            return Err(argument(
+                "store_next_observation",
+                "a frame column never stores next_observation: the next frame is the next \
+                 step's, and each episode's final frame is kept",
+            ));
+        }
+        b = b.frames(codec, &observation_shape);
+    }
     b = match action_shape.as_deref() {
         None => b.discrete_action(),
         Some([n]) => b.continuous_action(*n),
@@ -137,12 +158,7 @@ impl Writer {
     /// The payload schema episodes are appended in (`pyarrow.schema(...)` of the returned
     /// stream): observation, action, reward, [next_observation], user columns.
     fn payload_schema(&self) -> PyResult<ArrowStream> {
-        self.with(|w| {
-            Ok(ArrowStream::new(
-                w.schema().payload_schema().clone(),
-                vec![],
-            ))
-        })
+        self.with(|w| Ok(ArrowStream::new(w.schema().input_schema().clone(), vec![])))
     }
 
     /// The id the next appended episode gets.
@@ -182,7 +198,7 @@ impl Writer {
         };
         py.detach(|| {
             self.with(|w| {
-                let schema = w.schema().payload_schema().clone();
+                let schema = w.schema().input_schema().clone();
                 // The columns in the dataset's order and with its field metadata.
                 let columns = schema
                     .fields()
@@ -267,8 +283,10 @@ pub fn ingest(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let mut o = IngestOptions::default();
+    let mut dqn = trajstore::ingest::DqnOptions::default();
     let mut format: Option<String> = None;
     let mut wopts = WriterOptions::default();
+    let mut keep_tensor = false;
     if let Some(d) = options {
         for (k, v) in d.iter() {
             if v.is_none() {
@@ -292,11 +310,53 @@ pub fn ingest(
                 "drop_cols" => o.drop_cols = list()?,
                 "batch_rows" => o.batch_rows = v.extract()?,
                 "segment_bytes" => wopts = wopts.with_segment_bytes(v.extract()?),
+                "frame_codec" => {
+                    let codec: trajstore::frames::FrameCodec = s()?.parse().py()?;
+                    o.frame_codec = Some(codec);
+                    dqn.frame_codec = codec;
+                }
+                "keep_tensor" => keep_tensor = v.extract()?,
+                "unstack" => o.unstack = Some(v.extract()?),
+                "stack_size" => dqn.stack_size = v.extract()?,
+                "checkpoints" => dqn.checkpoints = Some(v.extract()?),
                 other => {
                     return Err(argument(other, format!("unknown ingest option `{other}`")));
                 }
             }
         }
+    }
+    if keep_tensor {
+        o.frame_codec = None;
+    }
+    let is_dqn = match format.as_deref() {
+        Some("dqn") => true,
+        None => trajstore::ingest::is_dqn(&input),
+        Some(_) => false,
+    };
+    if is_dqn {
+        if keep_tensor || o.unstack.is_some() {
+            return Err(argument(
+                if keep_tensor {
+                    "keep_tensor"
+                } else {
+                    "unstack"
+                },
+                "DQN Replay frames are single frames stored as a frame column \
+                 (their stack size is stack_size)",
+            ));
+        }
+        let r = py
+            .detach(|| trajstore::ingest::ingest_dqn(&input, &dataset, &dqn, wopts))
+            .py()?;
+        return Ok(serde_json::json!({
+            "rows": r.rows, "episodes": r.episodes, "version": r.version, "seconds": r.seconds,
+            "checkpoints": r.checkpoints, "padding": r.padding, "skipped": r.skipped,
+            "overlap": r.overlap,
+        })
+        .to_string());
+    }
+    if dqn.checkpoints.is_some() {
+        return Err(argument("checkpoints", "checkpoints are DQN Replay's only"));
     }
     let format = match format.as_deref() {
         None => InputFormat::detect(&input).py()?,
@@ -308,7 +368,9 @@ pub fn ingest(
         Some(other) => {
             return Err(argument(
                 "format",
-                format!("unknown format `{other}`: use parquet, numpy, hdf5, arrow or torchrl"),
+                format!(
+                    "unknown format `{other}`: use parquet, numpy, hdf5, arrow, torchrl or dqn"
+                ),
             ));
         }
     };

@@ -127,3 +127,100 @@ def test_torch_batches_of_frames_are_uint8_stacks(frames_path):
     batch = next(iter(ds.loader(slice_len=3, num_slices=8, frame_stack=4, columns=["observation"])))
     assert batch["observation"].dtype == torch.uint8
     assert tuple(batch["observation"].shape) == (8, 3, 4, H, W)
+
+
+def test_channels_last_stacks_put_the_frame_axis_last(frames_path):
+    path, obs = frames_path
+    ds = trajstore.open(path)
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+    loader = ds.loader(
+        slice_len=4, num_slices=16, policy="pad", frame_stack=4, frame_channels_last=True,
+        backend="numpy", max_batches=3, seed=5,
+    )
+    for batch in loader:
+        assert batch["observation"].shape == (16, 4, H, W, 4)
+        want, want_next = reference(obs, starts, batch["episode_id"], batch["start_step"], 4, 4, "repeat")
+        mask = batch["mask"].astype(bool)
+        # [B, L, K, H, W] -> [B, L, H, W, K]
+        np.testing.assert_array_equal(batch["observation"][mask], want.transpose(0, 1, 3, 4, 2)[mask])
+        np.testing.assert_array_equal(batch["next_observation"][mask], want_next.transpose(0, 1, 3, 4, 2)[mask])
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame_stack"):
+        ds.loader(slice_len=2, num_slices=4, frame_channels_last=True, backend="numpy")
+
+
+def _episodes_of(obs):
+    at = 0
+    for length in LENGTHS:
+        yield obs[at : at + length]
+        at += length
+
+
+def test_the_python_writer_compresses_raw_frames(tmp_path, frames_path):
+    _, obs = frames_path
+    path = tmp_path / "written.trajstore"
+    finals = []
+    with trajstore.create(path, (H, W), observation_dtype="uint8", frame_codec="zstd-dict") as w:
+        for e, frames in enumerate(_episodes_of(obs)):
+            final = np.full((H, W), e + 1, np.uint8)
+            finals.append(final)
+            n = len(frames)
+            w.append_episode(frames, np.zeros(n, np.int64), np.zeros(n, np.float32),
+                             truncated=True, final_observation=final)
+    ds = trajstore.open(path)
+    assert str(ds.schema.field("observation").type) == "large_binary"
+    assert ds.num_transitions == obs.shape[0]
+    # Whole episodes, one frame per step: the frames as written, then the final frame.
+    loader = ds.loader(slice_len=max(LENGTHS), num_slices=len(LENGTHS), policy="pad",
+                       sampler="episodes", backend="numpy", max_batches=1)
+    batch = next(iter(loader))
+    for i in range(len(LENGTHS)):
+        e, s = int(batch["episode_id"][i]), int(batch["start_step"][i])
+        frames = list(_episodes_of(obs))[e]
+        n = len(frames)
+        np.testing.assert_array_equal(batch["observation"][i, : n - s], frames[s:])
+        np.testing.assert_array_equal(batch["next_observation"][i, n - s - 1], finals[e])
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame"):
+        trajstore.create(tmp_path / "f32", (H, W), frame_codec="zstd")
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame_codec"):
+        trajstore.create(tmp_path / "bad", (H, W), observation_dtype="uint8", frame_codec="png")  # type: ignore[arg-type]
+
+
+def test_ingest_unstacks_stacked_observations_from_python(tmp_path, frames_path):
+    """Atari-style [H, W, 4] stacks (channels last, repeat padding) ingested with unstack=4
+    come back from frame_stack=4, frame_channels_last=True equal to the stacks given."""
+    _, obs = frames_path
+    k = 4
+    stacks = []
+    for frames in _episodes_of(obs):
+        for t in range(len(frames)):
+            idx = [max(t - (k - 1 - s), 0) for s in range(k)]
+            stacks.append(np.stack([frames[i] for i in idx], axis=-1))
+    stacked = np.stack(stacks)
+    n = stacked.shape[0]
+    terminals = np.zeros(n, bool)
+    terminals[np.cumsum(LENGTHS) - 1] = True
+    npz = tmp_path / "stacked.npz"
+    np.savez(npz, observations=stacked, actions=np.zeros(n, np.int64), rewards=np.zeros(n, np.float32),
+             terminals=terminals, timeouts=np.zeros(n, bool))
+    out = tmp_path / "unstacked.trajstore"
+    report = trajstore.ingest(npz, out, unstack=k, frame_codec="zstd")
+    assert report["rows"] == n
+    ds = trajstore.open(out)
+    assert str(ds.schema.field("observation").type) == "large_binary"
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+    loader = ds.loader(slice_len=3, num_slices=16, policy="strict", frame_stack=k,
+                       frame_channels_last=True, backend="numpy", max_batches=3, seed=2)
+    for batch in loader:
+        for i in range(16):
+            row = starts[int(batch["episode_id"][i])] + int(batch["start_step"][i])
+            np.testing.assert_array_equal(batch["observation"][i], stacked[row : row + 3])
+    # Stacks that do not overlap as stacks do are refused, naming the input row.
+    broken = stacked.copy()
+    broken[5, :, :, 0] ^= 1
+    np.savez(npz, observations=broken, actions=np.zeros(n, np.int64), rewards=np.zeros(n, np.float32),
+             terminals=terminals, timeouts=np.zeros(n, bool))
+    with pytest.raises(trajstore.TrajstoreError, match="5"):
+        trajstore.ingest(npz, tmp_path / "refused.trajstore", unstack=k)
+    assert not (tmp_path / "refused.trajstore" / "versions").exists() or not list(
+        (tmp_path / "refused.trajstore" / "versions").iterdir()
+    )

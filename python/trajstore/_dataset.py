@@ -286,6 +286,7 @@ class Snapshot:
         readahead: ReadAhead = "auto",
         frame_stack: Optional[int] = None,
         frame_pad: FramePad = "repeat",
+        frame_channels_last: bool = False,
         follow: Follow = None,
     ) -> Loader:
         """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,

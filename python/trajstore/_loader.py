@@ -80,6 +80,9 @@ class Loader(CudaRing):
       ``[B, L, H, W]``.
     - ``frame_pad``: what a stack holds before an episode's first frame: ``"repeat"`` (that
       frame, as gymnasium's ``FrameStackObservation``; default) or ``"zeros"`` (as dopamine).
+    - ``frame_channels_last``: stacks along the last axis, ``[B, L, H, W, K]`` (as dopamine and
+      Stable-Baselines3 give them; ``[B, L, H, W, K*C]`` for color frames, each frame's
+      channels together, oldest first) instead of ``[B, L, K, H, W]``.
     - ``follow``: sample a dataset that a collector keeps committing to: ``True`` (look for a
       newer version every second), a number of seconds, or ``{"every": seconds,
       "every_batches": n}`` (whichever comes first). A newer version is mapped in the

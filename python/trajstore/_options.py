@@ -235,8 +235,13 @@ def settle(datasets: Sequence[Snapshot], args: LoaderArgs, follow: Follow, mix: 
         "episode_ids": episode_ids,
         "frame_stack": args["frame_stack"],
         "frame_pad": args["frame_pad"],
+        "frame_channels_last": args["frame_channels_last"],
         "episodes_sql": episodes_sql,
     }
+    if args["frame_channels_last"] and args["frame_stack"] is None:
+        raise InvalidArgumentError(
+            "frame_channels_last=True stacks frames along the last axis: give frame_stack=K too"
+        )
     per_iteration = args["max_batches"]
     if per_iteration is not None and per_iteration < 1:
         raise InvalidArgumentError(f"max_batches={per_iteration}: at least 1")

@@ -44,6 +44,9 @@ ReadAhead = Union[Literal["auto", "always", "never"], bool]
 #: ``frame_pad=``: what a frame stack holds before an episode's first frame.
 FramePad = Literal["repeat", "zeros"]
 
+#: ``frame_codec=``: how a frame column compresses each frame (``trajstore ingest --frame-codec``).
+FrameCodec = Literal["zstd-dict", "zstd", "none"]
+
 SAMPLERS: Tuple[SamplerName, ...] = get_args(SamplerName)
 BACKENDS: Tuple[Backend, ...] = get_args(Backend)
 
@@ -97,6 +100,7 @@ class LoaderArgs(TypedDict, total=False):
     readahead: ReadAhead
     frame_stack: Optional[int]
     frame_pad: FramePad
+    frame_channels_last: bool
 
 
 # --- what the native Plan takes (python/src/plan.rs: every key given, no defaults there) -------
@@ -123,6 +127,7 @@ class PlanOptions(TypedDict):
     episodes_sql: Optional[str]
     frame_stack: Optional[int]
     frame_pad: FramePad
+    frame_channels_last: bool
 
 
 class PartOptions(TypedDict):

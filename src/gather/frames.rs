@@ -9,6 +9,11 @@
 //! frame `t+1`: the last step's newest frame is the episode's stored final frame, or zeros when
 //! the source had none (DQN Replay stores no frame after a terminal step).
 //!
+//! With [`FrameStack::channels_last`] a step is `[H, W, K]` (or `[H, W, K·C]`, the K frames'
+//! channels concatenated oldest first, as Stable-Baselines3's `VecFrameStack` and dopamine's
+//! replay buffer give them): the stacks are built as above in a worker's scratch buffer and
+//! interleaved into the batch.
+//!
 //! Each distinct frame of a slice is decoded once, into the first place it appears in the
 //! destination (its "canonical" slot); every other slot that holds it is a copy of that slot
 //! (7 KB `memcpy`s are far cheaper than decoding again). When the same gather also produces the
@@ -65,6 +70,8 @@ pub struct FrameStack {
     pub frames: usize,
     /// What precedes an episode's first frame.
     pub pad: StackPad,
+    /// `[H, W, K]` (`[H, W, K·C]` for color frames) per step instead of `[K, H, W]`.
+    pub channels_last: bool,
 }
 
 impl FrameStack {
@@ -79,6 +86,7 @@ impl FrameStack {
         Ok(Self {
             frames,
             pad: StackPad::Repeat,
+            channels_last: false,
         })
     }
     /// Sets the padding before an episode's first frame.
@@ -86,17 +94,45 @@ impl FrameStack {
         self.pad = pad;
         self
     }
+    /// Stacks along the last axis: `[H, W, K]` per step (`[H, W, K·C]` for `[H, W, C]` frames,
+    /// each frame's channels together, oldest frame first).
+    pub fn with_channels_last(mut self, channels_last: bool) -> Self {
+        self.channels_last = channels_last;
+        self
+    }
+
+    /// The shape of one step's stack of frames of `frame` (`[H, W]` or `[H, W, C]`).
+    pub fn shape(&self, frame: &[usize]) -> Vec<usize> {
+        let mut shape = frame.to_vec();
+        if !self.channels_last {
+            shape.insert(0, self.frames);
+        } else if shape.len() >= 3 {
+            *shape.last_mut().expect("three axes") *= self.frames;
+        } else {
+            shape.push(self.frames);
+        }
+        shape
+    }
 }
 
 /// One gathered frame column: the stored column, whether this is `next_observation` (the stack
-/// one frame later), the stack, and a pool of decoders (one zstd context each, taken by a
-/// worker for one slice and handed back).
+/// one frame later), the stack, and a pool of workers' decoders (one zstd context each, taken
+/// by a worker for one slice and handed back).
 pub(crate) struct FrameSource {
     column: Arc<FrameColumn>,
     pub(crate) next: bool,
     stack: usize,
     pad: StackPad,
-    decoders: Mutex<Vec<FrameDecoder>>,
+    channels_last: bool,
+    decoders: Mutex<Vec<Worker>>,
+}
+
+/// What a worker holds for one slice: a decoder, and for channels-last stacks the scratch
+/// buffer the stacks are built in before they are interleaved (kept, so that it is allocated
+/// once per worker, not per slice).
+struct Worker {
+    decoder: FrameDecoder,
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for FrameSource {
@@ -106,14 +142,15 @@ impl std::fmt::Debug for FrameSource {
             .field("next", &self.next)
             .field("stack", &self.stack)
             .field("pad", &self.pad)
+            .field("channels_last", &self.channels_last)
             .finish()
     }
 }
 
-/// A decoder taken from a pool, handed back when dropped.
+/// A worker's decoder taken from a pool, handed back when dropped.
 struct Pooled<'a> {
-    pool: &'a Mutex<Vec<FrameDecoder>>,
-    decoder: Option<FrameDecoder>,
+    pool: &'a Mutex<Vec<Worker>>,
+    decoder: Option<Worker>,
 }
 
 impl Drop for Pooled<'_> {
@@ -132,16 +169,21 @@ impl FrameSource {
         next: bool,
         stack: Option<FrameStack>,
     ) -> Result<Self> {
-        let first = column.decoder()?;
+        let first = Worker {
+            decoder: column.decoder()?,
+            scratch: Vec::new(),
+        };
         let stack = stack.unwrap_or(FrameStack {
             frames: 1,
             pad: StackPad::Repeat,
+            channels_last: false,
         });
         Ok(Self {
             column,
             next,
             stack: stack.frames,
             pad: stack.pad,
+            channels_last: stack.channels_last && stack.frames > 1,
             decoders: Mutex::new(vec![first]),
         })
     }
@@ -164,7 +206,10 @@ impl FrameSource {
             .pop();
         let d = match d {
             Some(d) => d,
-            None => self.column.decoder()?,
+            None => Worker {
+                decoder: self.column.decoder()?,
+                scratch: Vec::new(),
+            },
         };
         Ok(Pooled {
             pool: &self.decoders,
@@ -214,9 +259,116 @@ impl FrameSource {
         seg: &Segment,
         row0: u64,
         table_row: usize,
+        steps: (usize, usize, usize),
+        dst: &mut [u8],
+        obs: Option<&[u8]>,
+    ) -> Result<()> {
+        let mut worker = self.decoder()?;
+        let worker = worker.decoder.as_mut().expect("taken");
+        if !self.channels_last {
+            return self.fill_stacked(seg, row0, table_row, steps, dst, obs, &mut worker.decoder);
+        }
+        let (f, k) = (self.frame_len(), self.stack);
+        let (n, c) = (steps.1 - steps.0, self.channels());
+        let block = k * f;
+        debug_assert_eq!(dst.len(), n * block);
+        if n == 0 {
+            return Ok(());
+        }
+        let scratch = &mut worker.scratch;
+        match obs {
+            // Step j's next stack is step j + 1's stack; the last step's is the observation's
+            // last stack shifted by one frame, with the frame after the window added.
+            Some(o) if self.next => {
+                dst[..(n - 1) * block].copy_from_slice(&o[block..n * block]);
+                scratch.resize(f, 0);
+                let after = steps.1;
+                self.decode_frame(
+                    seg,
+                    row0,
+                    table_row,
+                    steps.2,
+                    after,
+                    scratch,
+                    &mut worker.decoder,
+                )?;
+                let last = &o[(n - 1) * block..];
+                let out = &mut dst[(n - 1) * block..];
+                for (p, (px, new)) in out
+                    .chunks_exact_mut(k * c)
+                    .zip(scratch.chunks_exact(c))
+                    .enumerate()
+                {
+                    let old = &last[p * k * c..(p + 1) * k * c];
+                    px[..(k - 1) * c].copy_from_slice(&old[c..]);
+                    px[(k - 1) * c..].copy_from_slice(new);
+                }
+            }
+            _ => {
+                scratch.resize(n * block, 0);
+                self.fill_stacked(
+                    seg,
+                    row0,
+                    table_row,
+                    steps,
+                    scratch,
+                    None,
+                    &mut worker.decoder,
+                )?;
+                for (from, to) in scratch.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
+                    interleave(from, to, k, c);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Channels per pixel of a frame (1 for `[H, W]`).
+    fn channels(&self) -> usize {
+        match self.column.spec.shape.as_slice() {
+            [_, _, c, ..] => *c,
+            _ => 1,
+        }
+    }
+
+    /// Decodes frame `u` of an episode of `len` steps into `out`: a stored frame, the stored
+    /// final frame after the last step, or zeros where the source stored none.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_frame(
+        &self,
+        seg: &Segment,
+        row0: u64,
+        table_row: usize,
+        len: usize,
+        u: usize,
+        out: &mut [u8],
+        dec: &mut FrameDecoder,
+    ) -> Result<()> {
+        if u < len {
+            let run = seg.frames(self.name(), row0 + u as u64, 1)?;
+            dec.decode_into(run.frame(0)?, out)
+        } else {
+            match seg.episode_table().final_frame(table_row) {
+                Some(bytes) => dec.decode_into(bytes, out),
+                None => {
+                    out.fill(0);
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// [`FrameSource::fill`] into stack-first `[K, ...frame]` steps, with `dec`.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_stacked(
+        &self,
+        seg: &Segment,
+        row0: u64,
+        table_row: usize,
         (a, b, len): (usize, usize, usize),
         dst: &mut [u8],
         obs: Option<&[u8]>,
+        dec: &mut FrameDecoder,
     ) -> Result<()> {
         let (f, k) = (self.frame_len(), self.stack);
         let n = b - a;
@@ -235,8 +387,6 @@ impl FrameSource {
             None
         };
         let obs_lo = a.saturating_sub(k - 1);
-        let mut dec = self.decoder()?;
-        let dec = dec.decoder.as_mut().expect("taken");
         for u in lo..eb {
             let at = self.canonical(u, ea);
             let out = &mut dst[at..at + f];
@@ -249,10 +399,7 @@ impl FrameSource {
                     let run = run.as_ref().expect("stored frames in range");
                     dec.decode_into(run.frame(u - lo)?, out)?;
                 }
-                _ => match seg.episode_table().final_frame(table_row) {
-                    Some(bytes) => dec.decode_into(bytes, out)?,
-                    None => out.fill(0),
-                },
+                _ => self.decode_frame(seg, row0, table_row, len, u, out, dec)?,
             }
         }
         // Every other slot is a copy of its frame's canonical slot (or padding).
@@ -291,5 +438,26 @@ impl FrameSource {
             .then(|| seg.frames(self.name(), row0 + lo as u64, hi - lo).ok())
             .flatten()
             .map(|r| r.bytes())
+    }
+}
+
+/// One step's stack, `[K, P, C]` in `from` (K frames of P pixels of C channels), written
+/// pixel-major as `[P, K, C]` into `to`.
+fn interleave(from: &[u8], to: &mut [u8], k: usize, c: usize) {
+    let frame = from.len() / k;
+    let pixels = frame / c;
+    if c == 1 {
+        for (p, px) in to.chunks_exact_mut(k).enumerate().take(pixels) {
+            for (s, v) in px.iter_mut().enumerate() {
+                *v = from[s * frame + p];
+            }
+        }
+        return;
+    }
+    for (p, px) in to.chunks_exact_mut(k * c).enumerate().take(pixels) {
+        for (s, v) in px.chunks_exact_mut(c).enumerate() {
+            let at = s * frame + p * c;
+            v.copy_from_slice(&from[at..at + c]);
+        }
     }
 }

@@ -111,7 +111,8 @@ impl Gatherer {
     }
 
     /// [`Gatherer::try_new`] with frame columns (and a `next_observation` of one) stacked as
-    /// `stack` says: `[K, H, W]` (or `[K, H, W, C]`) per step. A stack without any frame column
+    /// `stack` says: `[K, H, W]` (or `[K, H, W, C]`) per step, or `[H, W, K]` (`[H, W, K·C]`)
+    /// with [`FrameStack::channels_last`]. A stack without any frame column
     /// among `columns` is an [`Error::InvalidArgument`] about `frame_stack`.
     pub fn with_frame_stack(
         snap: &Snapshot,
@@ -129,10 +130,10 @@ impl Gatherer {
             };
             if let Some(fc) = snap.frame_column(frame_of) {
                 let source = frames::FrameSource::new(fc.clone(), frame_of != name, stack)?;
-                let mut shape = fc.spec.shape.clone();
-                if let Some(st) = stack {
-                    shape.insert(0, st.frames);
-                }
+                let shape = match stack {
+                    Some(st) => st.shape(&fc.spec.shape),
+                    None => fc.spec.shape.clone(),
+                };
                 plans.push(GatherColumn {
                     name: name.to_string(),
                     data_type: DataType::UInt8,

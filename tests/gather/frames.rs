@@ -26,7 +26,7 @@ fn frames_array(frames: &[Vec<u8>]) -> ArrayRef {
     let item = Arc::new(Field::new("item", DataType::UInt8, false));
     Arc::new(FixedSizeListArray::new(
         item,
-        F as i32,
+        frames[0].len() as i32,
         Arc::new(UInt8Array::from(frames.concat())),
         None,
     ))
@@ -40,11 +40,20 @@ struct Episodes(Vec<Episode>);
 type Episode = (Vec<Vec<u8>>, Option<Vec<u8>>);
 
 fn write(dir: &std::path::Path, codec: FrameCodec) -> (Snapshot, Episodes) {
-    let ds = Dataset::create(dir.join(codec.as_str()), &frame_schema(codec, &SHAPE)).unwrap();
+    write_shaped(dir, codec, &SHAPE)
+}
+
+/// [`write`] with frames of `shape` (`[H, W]` or `[H, W, C]`).
+fn write_shaped(dir: &std::path::Path, codec: FrameCodec, shape: &[usize]) -> (Snapshot, Episodes) {
+    let name = match shape == SHAPE {
+        true => codec.to_string(),
+        false => format!("{codec}-{}", shape.len()),
+    };
+    let ds = Dataset::create(dir.join(name), &frame_schema(codec, shape)).unwrap();
     let mut w = ds.writer(WriterOptions::default()).unwrap();
     let mut eps = vec![];
     for (e, &len) in LENGTHS.iter().enumerate() {
-        let frames: Vec<Vec<u8>> = (0..len).map(|t| frame(&SHAPE, e * 7 + 1, t)).collect();
+        let frames: Vec<Vec<u8>> = (0..len).map(|t| frame(shape, e * 7 + 1, t)).collect();
         let batch = RecordBatch::try_from_iter([
             ("observation", frames_array(&frames)),
             (
@@ -57,7 +66,7 @@ fn write(dir: &std::path::Path, codec: FrameCodec) -> (Snapshot, Episodes) {
             ),
         ])
         .unwrap();
-        let fin = (e % 2 == 0).then(|| frame(&SHAPE, e * 7 + 1, len));
+        let fin = (e % 2 == 0).then(|| frame(shape, e * 7 + 1, len));
         let end = match &fin {
             Some(f) => EpisodeEnd::truncated()
                 .with_final_observation(frames_array(std::slice::from_ref(f))),
@@ -191,6 +200,67 @@ fn frame_stacks_and_next_observations_equal_the_raw_frames_under_every_policy() 
             StackPad::Repeat,
             &format!("{codec} whole episodes"),
         );
+    }
+}
+
+#[test]
+fn channels_last_stacks_are_the_stack_first_stacks_with_the_frame_axis_last() {
+    let dir = tempfile::tempdir().unwrap();
+    for shape in [vec![12, 10], vec![6, 5, 3]] {
+        let (snap, _) = write_shaped(dir.path(), FrameCodec::ZstdDict, &shape);
+        let (p, c) = (shape[0] * shape[1], shape.get(2).copied().unwrap_or(1));
+        for (k, pad) in [
+            (4, StackPad::Repeat),
+            (3, StackPad::Zeros),
+            (2, StackPad::Repeat),
+        ] {
+            let first = FrameStack::new(k).unwrap().with_pad(pad);
+            let last = first.with_channels_last(true);
+            let want: Vec<usize> = if c == 1 {
+                vec![shape[0], shape[1], k]
+            } else {
+                vec![shape[0], shape[1], k * c]
+            };
+            assert_eq!(last.shape(&shape), want);
+            for cols in [
+                ["observation", "next_observation"],
+                ["next_observation", "observation"],
+            ] {
+                let g_first = Gatherer::with_frame_stack(&snap, &cols, Some(first)).unwrap();
+                let g_last = Gatherer::with_frame_stack(&snap, &cols, Some(last)).unwrap();
+                let built = SamplerSpec::uniform(6, 32)
+                    .with_policy(BoundaryPolicy::Pad)
+                    .with_seed(k as u64)
+                    .build(&snap)
+                    .unwrap();
+                let (mut plan, mut a, mut b) = (vec![], Batch::default(), Batch::default());
+                for n in 0..3 {
+                    built.sampler.plan(n, &mut plan);
+                    g_first.gather(&plan, &mut a).unwrap();
+                    g_last.gather(&plan, &mut b).unwrap();
+                    for col in cols {
+                        let (x, y) = (a.column(col).unwrap(), b.column(col).unwrap());
+                        assert_eq!(y.shape, want, "{col}");
+                        let (x, y) = (x.data.as_slice(), y.data.as_slice());
+                        assert_eq!(x.len(), y.len());
+                        let step = k * p * c;
+                        for (t, (xs, ys)) in x.chunks(step).zip(y.chunks(step)).enumerate() {
+                            for s in 0..k {
+                                for px in 0..p {
+                                    let from = &xs[(s * p + px) * c..][..c];
+                                    let to = &ys[(px * k + s) * c..][..c];
+                                    assert!(
+                                        from == to,
+                                        "{shape:?} K={k} {pad} {cols:?} {col}: step {t}, \
+                                         frame {s}, pixel {px}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -111,13 +111,21 @@ pub(crate) struct SliceArgs {
     /// gymnasium's FrameStackObservation) or zeros (as dopamine's replay buffer).
     #[arg(long, default_value = "repeat", requires = "frame_stack")]
     frame_pad: trajstore::StackPad,
+    /// Frame stacks along the last axis, [H, W, K] (as dopamine and Stable-Baselines3 give
+    /// them; [H, W, K*C] for color frames) instead of [K, H, W].
+    #[arg(long, requires = "frame_stack")]
+    channels_last: bool,
 }
 
 impl SliceArgs {
     /// The frame stack `--frame-stack` and `--frame-pad` ask for.
     pub(crate) fn frame_stack(&self) -> anyhow::Result<Option<trajstore::FrameStack>> {
         Ok(match self.frame_stack {
-            Some(k) => Some(trajstore::FrameStack::new(k as usize)?.with_pad(self.frame_pad)),
+            Some(k) => Some(
+                trajstore::FrameStack::new(k as usize)?
+                    .with_pad(self.frame_pad)
+                    .with_channels_last(self.channels_last),
+            ),
             None => None,
         })
     }

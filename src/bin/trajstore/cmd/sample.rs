@@ -66,6 +66,7 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
         episodes: None,
         frame_stack: None,
         frame_pad: trajstore::StackPad::Repeat,
+        channels_last: false,
     };
     let sampler = slice_sampler(snap, &args)?;
     let gatherer = args.gatherer(snap)?;
