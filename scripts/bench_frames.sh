@@ -15,14 +15,32 @@
 #   - batches/s of 32 x (4-stack) and 256 x 64 x (4-stack), warm and cold (page cache dropped
 #     before the run: needs root), for both layouts, with `trajstore bench` (its `loader`
 #     figure: workers sampling and decoding ahead);
+#   - channels-last stacks ([H, W, K], --channels-last) of 32 x (4-stack), warm;
 #   - TorchRL (PEER_PYTHON with torchrl): LazyMemmapStorage + SliceSampler on the same frames,
-#     and CompressedListStorage (scripts/peer_torchrl_frames.py).
+#     warm and cold, and CompressedListStorage (scripts/peer_torchrl_frames.py);
+#   - Lance (LANCE_PYTHON with pylance and zstandard): the same compressed frames (the zstd-dict
+#     dataset's dictionary) in a Lance binary column, `take` + decode, warm and cold
+#     (scripts/peer_lance_frames.py);
+#   - with MEM_LIMIT (e.g. 64M; needs root and the cgroup v1 memory controller): 32 x (4-stack)
+#     read through a memory cgroup of that size, smaller than the compressed dataset, so that
+#     every system reads from disk all along (a dataset larger than RAM): trajstore zstd-dict
+#     (with --io-floor: the disk's random-read floor, same run), trajstore raw frames, TorchRL's
+#     memmap and Lance.
 # Results: WORKDIR/results.jsonl (one JSON object per line), and a summary on stdout.
 set -euo pipefail
 work="${1:?usage: bench_frames.sh WORKDIR GAME.npz [GAME.npz ...]}"
 shift
 bin="${BIN:-target/release/trajstore}"
 py="${PEER_PYTHON:-$HOME/.cache/trajstore-torch/bin/python}"
+lance_py="${LANCE_PYTHON:-$HOME/.cache/lance-venv/bin/python}"
+cgroup=""
+if [ -n "${MEM_LIMIT:-}" ]; then
+    cgroup=/sys/fs/cgroup/memory/trajstore-bench-frames
+    mkdir -p "$cgroup"
+    echo "$MEM_LIMIT" > "$cgroup/memory.limit_in_bytes"
+fi
+# Runs a command inside the memory cgroup.
+limited() { ( echo "$BASHPID" > "$cgroup/cgroup.procs"; exec "$@" ); }
 tile="${TILE:-2}"
 iters="${ITERS:-200}"
 mkdir -p "$work"
@@ -59,11 +77,40 @@ for npz in "$@"; do
             done
         done
     done
+    r="$("$bin" bench "$work/$game-zstd-dict" --prefault --columns observation,action,reward \
+        --slice-len 1 --num-slices 32 --frame-stack 4 --channels-last --iters "$iters" --json)"
+    emit "{\"game\":\"$game\",\"codec\":\"zstd-dict\",\"slice_len\":1,\"num_slices\":32,\"cache\":\"warm\",\"channels_last\":true,\"bench\":$r}"
+    if [ -n "$cgroup" ]; then
+        for codec in zstd-dict none; do
+            floor=""; [ "$codec" = zstd-dict ] && floor="--io-floor"
+            drop
+            r="$(limited "$bin" bench "$work/$game-$codec" $floor --columns observation,action,reward \
+                --slice-len 1 --num-slices 32 --frame-stack 4 --iters "$iters" --json)"
+            emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":1,\"num_slices\":32,\"cache\":\"cold (memory cgroup $MEM_LIMIT)\",\"bench\":$r}"
+        done
+    fi
     if "$py" -c "import torchrl" 2>/dev/null; then
-        "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$tile" --iters 20 2>/dev/null \
-            | grep '^{' | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done
+        peer() { "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$tile" --iters 20 "$@" 2>/dev/null \
+            | grep '^{' | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done; }
+        peer
+        peer --cold
+        [ -z "$cgroup" ] || peer --cold --cgroup "$cgroup"
     else
         echo "(no torchrl in $py: TorchRL figures skipped)" >&2
+    fi
+    if "$lance_py" -c "import lance, zstandard" 2>/dev/null; then
+        lance_dir="$work/$game.lance"
+        rm -rf "$lance_dir"
+        zdict="$(ls "$work/$game-zstd-dict"/dictionaries/*.zdict | head -n 1)"
+        lpeer() { "$lance_py" "$(dirname "$0")/peer_lance_frames.py" "$npz" "$zdict" --tile "$tile" \
+            --dir "$lance_dir" --iters 50 "$@" | grep '^{' \
+            | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done; }
+        lpeer
+        lpeer --cold
+        [ -z "$cgroup" ] || lpeer --cold --cgroup "$cgroup"
+        [ "${KEEP:-0}" = 1 ] || rm -rf "$lance_dir"
+    else
+        echo "(no lance/zstandard in $lance_py: Lance figures skipped)" >&2
     fi
     # The raw layout is large (7,056 B per frame): gone before the next game unless KEEP=1.
     [ "${KEEP:-0}" = 1 ] || rm -rf "$work/$game-none"

@@ -10,6 +10,9 @@ A stack of K frames ending at step t is the K-step slice ending at t, so:
   stacks are made with ``unfold`` (a view: no copy is counted for stacking).
 
 Prints one JSON line per storage and batch shape: median seconds per ``sample()`` and batches/s.
+With ``--cold`` only the memmap storage is timed, each shape after dropping the page cache; with
+``--cgroup DIR`` as well, the sampling process first joins that memory cgroup, so that its reads
+go through less memory than the frames take (a dataset larger than RAM).
 
     python scripts/peer_torchrl_frames.py pong.npz --tile 4 --iters 20
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -38,6 +43,12 @@ def load(npz: str, tile: int) -> tuple[np.ndarray, np.ndarray]:
         episode = np.concatenate([episode + i * span for i in range(tile)])
         frames = np.concatenate([frames] * tile)
     return frames, episode
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=False)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
 
 
 def timed(rb: ReplayBuffer, iters: int, stack: int, slice_len: int, contiguous: bool) -> list[float]:
@@ -63,6 +74,10 @@ def main() -> None:
     p.add_argument("--tile", type=int, default=1)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--compressed-frames", type=int, default=200_000, help="frames put in CompressedListStorage (its extend is slow)")
+    p.add_argument("--cold", action="store_true",
+                   help="LazyMemmapStorage only, with the page cache dropped before each batch shape (needs root)")
+    p.add_argument("--cgroup", help="a memory cgroup (v1) directory to join once the storage is written "
+                                    "(with --cold: 32 x (4-stack) only, read through that cgroup's memory)")
     a = p.parse_args()
     frames, episode = load(a.npz, a.tile)
     n = frames.shape[0]
@@ -79,15 +94,27 @@ def main() -> None:
             )
             rb.extend(td)
         load_s = time.perf_counter() - t
+        cache = "warm"
+        if a.cold:
+            del frames
+            if a.cgroup:
+                with open(f"{a.cgroup}/cgroup.procs", "w") as f:
+                    f.write(f"{os.getpid()}\n")
+                shapes = shapes[:1]
+            cache = "cold" + (" (memory cgroup)" if a.cgroup else "")
         for name, slices, length in shapes:
+            if a.cold:
+                drop_caches()
             rb._sampler = SliceSampler(slice_len=length, traj_key="episode", strict_length=True, cache_values=True)
             rb._batch_size = slices * length
             for contiguous in ([False, True] if length > 4 else [False]):
                 times = timed(rb, a.iters, 4, length, contiguous)
                 med = statistics.median(times[1:])
                 print(json.dumps({"peer": "torchrl LazyMemmapStorage + SliceSampler", "frames": n, "shape": name,
-                                  "stacks": "contiguous" if contiguous else "unfold view",
+                                  "stacks": "contiguous" if contiguous else "unfold view", "cache": cache,
                                   "load_s": load_s, "sample_median_s": med, "batches_per_s": 1 / med}))
+        if a.cold:
+            return
         # CompressedListStorage over a prefix (its extend compresses each item in Python). TorchRL
         # 0.14's SliceSampler cannot read episodes out of it (nor take them as `trajectories=`:
         # it fails in `_finalize_index`), so the slices are drawn by the same SliceSampler over
