@@ -29,6 +29,9 @@ pub(crate) struct Assembler<'a> {
     last_truncated: bool,
     pub(crate) episodes: u64,
     pub(crate) rows: u64,
+    /// Input rows that were not transitions: the final state rows of a
+    /// [`Mapping::final_row`] input.
+    pub(crate) states: u64,
 }
 
 impl<'a> Assembler<'a> {
@@ -44,7 +47,18 @@ impl<'a> Assembler<'a> {
             last_truncated: false,
             episodes: 0,
             rows: 0,
+            states: 0,
         }
+    }
+
+    /// Transitions appended so far (input rows less the final state rows).
+    pub(crate) fn transitions(&self) -> u64 {
+        self.rows - self.states
+    }
+
+    /// Whether rows of an unfinished episode are held.
+    pub(crate) fn in_episode(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     fn show_id(&self, bits: u64) -> String {
@@ -77,10 +91,23 @@ impl<'a> Assembler<'a> {
             Some(u) => u.episode(&batch, self.mapping.schema.input_schema(), self.start_row)?,
             None => batch,
         };
-        let end = EpisodeEnd {
+        let mut end = EpisodeEnd {
             terminated,
             truncated: truncated || !terminated,
             ..Default::default()
+        };
+        let batch = if self.mapping.final_row {
+            // The last row is the state after the last step: its observation ends the episode.
+            let n = batch.num_rows();
+            self.states += 1;
+            if n == 1 {
+                // A trajectory of one state holds no transition (ogbench's loader keeps none).
+                return Ok(());
+            }
+            end = end.with_final_observation(batch.column(0).slice(n - 1, 1));
+            batch.slice(0, n - 1)
+        } else {
+            batch
         };
         self.writer.append_episode(&batch, end)?;
         self.episodes += 1;
@@ -191,6 +218,9 @@ pub(crate) fn stream(
         1
     };
     let mut asm = Assembler::new(writer, mapping);
+    // Input files that must end on an episode end (OGBench's).
+    let ends = source.file_ends();
+    let mut ends = ends.iter().peekable();
     let result = std::thread::scope(|s| -> Result<()> {
         let (tx, rx) = sync_channel::<Result<Vec<Chunk>>>(window);
         s.spawn(move || {
@@ -213,11 +243,22 @@ pub(crate) fn stream(
                 let n = chunk.payload.num_rows() as u64;
                 asm.push(chunk)?;
                 pb.advance(n);
+                while let Some((_, file)) = ends.next_if(|(end, _)| *end <= asm.rows) {
+                    if asm.in_episode() {
+                        return Err(Error::invalid_data(format!(
+                            "the file ends inside a trajectory: its last row's `{}` is not \
+                             set, and OGBench files end every trajectory with it (a truncated \
+                             or damaged file?)",
+                            mapping.truncated.as_deref().unwrap_or("terminals")
+                        ))
+                        .in_input(file.display()));
+                    }
+                }
             }
         }
         asm.finish()
     });
     pb.finish(result.is_ok());
     result?;
-    Ok((asm.rows, asm.episodes))
+    Ok((asm.transitions(), asm.episodes))
 }
