@@ -26,6 +26,9 @@ pub(crate) struct Assembler<'a> {
     finished: HashSet<u64>,
     /// Flags of the last row added to `pending`.
     last_terminated: bool,
+    /// Episode-id mode with [`Mapping::final_row`]: the row after a terminated row was taken
+    /// as the episode's final state row (any further row of the episode is an error).
+    state_row: bool,
     last_truncated: bool,
     pub(crate) episodes: u64,
     pub(crate) rows: u64,
@@ -44,6 +47,7 @@ impl<'a> Assembler<'a> {
             current: None,
             finished: HashSet::new(),
             last_terminated: false,
+            state_row: false,
             last_truncated: false,
             episodes: 0,
             rows: 0,
@@ -123,24 +127,28 @@ impl<'a> Assembler<'a> {
                 let row = chunk.base + i as u64;
                 match self.current {
                     Some(c) if c == id => {
-                        if self.last_terminated {
+                        // With final state rows, the one row after the last step's flag is
+                        // the state row.
+                        if self.state_row || (self.last_terminated && !self.mapping.final_row) {
+                            let flagged = row - 1 - u64::from(self.state_row);
                             let name = self
                                 .mapping
                                 .terminated
                                 .as_deref()
                                 .unwrap_or(col::TERMINATED);
                             return Err(Error::invalid_data(format!(
-                                "row {}: `{name}` is set, but row {row} continues episode {}; a terminated \
+                                "row {flagged}: `{name}` is set, but row {row} continues episode {}; a terminated \
                                  flag may only be set on the last row of an episode",
-                                row - 1,
                                 self.show_id(id)
                             )));
                         }
+                        self.state_row = self.last_terminated;
                     }
                     Some(c) => {
                         self.take(&chunk, from, i);
                         from = i;
                         self.end_episode(self.last_terminated, self.last_truncated)?;
+                        self.state_row = false;
                         self.finished.insert(c);
                         if self.finished.contains(&id) {
                             let name =

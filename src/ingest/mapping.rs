@@ -222,10 +222,7 @@ impl Mapping {
             convention.as_ref().map(|c| c.convention),
         );
         let final_row = convention.as_ref().is_some_and(|c| {
-            matches!(
-                c.convention,
-                Convention::Ogbench | Convention::EpisodeFiles
-            )
+            matches!(c.convention, Convention::Ogbench | Convention::EpisodeFiles)
         });
         if opts.batch_rows == 0 {
             return Err(Error::argument("batch_rows", "must be at least 1"));

@@ -134,7 +134,10 @@ fn kept(arrays: &[(String, Option<Array>)]) -> impl Iterator<Item = &Array> {
 }
 
 /// The observation array of `opts` (or `observations`/`observation`) among `arrays`.
-fn observation_name<'a>(arrays: &'a [(String, Option<Array>)], opts: &IngestOptions) -> Option<&'a str> {
+fn observation_name<'a>(
+    arrays: &'a [(String, Option<Array>)],
+    opts: &IngestOptions,
+) -> Option<&'a str> {
     let wanted: Vec<&str> = if !opts.observation_cols.is_empty() {
         opts.observation_cols.iter().map(String::as_str).collect()
     } else if opts.observation_col != col::OBSERVATION {
@@ -188,9 +191,15 @@ fn looks_like_ogbench(arrays: &[(String, Option<Array>)]) -> bool {
     let has = |n: &str| kept(arrays).any(|a| a.name == n);
     let rows: Vec<usize> = kept(arrays).map(Array::rows).collect();
     OGBENCH_KEYS.iter().all(|k| has(k))
-        && !["rewards", "timeouts", "next_observations", "observation", "action"]
-            .iter()
-            .any(|k| has(k))
+        && ![
+            "rewards",
+            "timeouts",
+            "next_observations",
+            "observation",
+            "action",
+        ]
+        .iter()
+        .any(|k| has(k))
         && rows.windows(2).all(|w| w[0] == w[1])
 }
 
@@ -227,11 +236,7 @@ impl NpzFiles {
             (vec![input.to_path_buf()], false)
         };
         // The layout is decided on the first training file (OGBench's `-val` files aside).
-        let reference = all
-            .iter()
-            .find(|p| !is_val(p))
-            .unwrap_or(&all[0])
-            .clone();
+        let reference = all.iter().find(|p| !is_val(p)).unwrap_or(&all[0]).clone();
         let mut first = open_npz(&reference, drop, false)?;
         squeeze(&mut first);
         let boundaries = opts.episode_col.is_some()
@@ -240,9 +245,7 @@ impl NpzFiles {
         let (convention, recognised) = match opts.convention {
             Some(c) => (c, false),
             None if !boundaries && looks_like_ogbench(&first) => (Convention::Ogbench, true),
-            None if opts.episode_col.is_none()
-                && episode_states(&first, opts).is_ok() =>
-            {
+            None if opts.episode_col.is_none() && episode_states(&first, opts).is_ok() => {
                 (Convention::EpisodeFiles, true)
             }
             None => (Convention::Rows, false),
@@ -253,7 +256,10 @@ impl NpzFiles {
         let fail = |why: String| {
             Err(Error::argument(
                 "convention",
-                format!("--convention {convention} does not fit {}: {why}", reference.display()),
+                format!(
+                    "--convention {convention} does not fit {}: {why}",
+                    reference.display()
+                ),
             ))
         };
         match convention {
@@ -262,7 +268,9 @@ impl NpzFiles {
                     .iter()
                     .find(|k| !kept(&first).any(|a| a.name == **k))
                 {
-                    return fail(format!("it has no array `{k}` (OGBench files have observations, actions and terminals)"));
+                    return fail(format!(
+                        "it has no array `{k}` (OGBench files have observations, actions and terminals)"
+                    ));
                 }
                 if boundaries {
                     return fail(
@@ -310,13 +318,15 @@ impl NpzFiles {
             };
             check_like(path, &reference, &arrays, &want)?;
             let states = match convention {
-                Convention::EpisodeFiles => episode_states(&arrays, opts)
-                    .map_err(|why| Loc::file(path).schema(why))?,
+                Convention::EpisodeFiles => {
+                    episode_states(&arrays, opts).map_err(|why| Loc::file(path).schema(why))?
+                }
                 _ => vec![],
             };
             compressed |= kept(&arrays).any(|a| matches!(a.data, Data::Deflated { .. }));
             // Within the file: one row per transition (the checks of an array source).
-            let probe = ArraySource::with_states(path, std::mem::take(&mut arrays), None, 0, &states)?;
+            let probe =
+                ArraySource::with_states(path, std::mem::take(&mut arrays), None, 0, &states)?;
             let steps = probe.rows();
             let rows = match convention {
                 // A file of one state holds no transition: it gives no rows.
@@ -602,11 +612,25 @@ mod tests {
 
     #[test]
     fn natural_order_compares_digit_runs_as_numbers() {
-        let mut names = vec!["ep_10.npz", "ep_2.npz", "ep_1.npz", "a-000.npz", "a-001.npz", "ep_02.npz"];
+        let mut names = vec![
+            "ep_10.npz",
+            "ep_2.npz",
+            "ep_1.npz",
+            "a-000.npz",
+            "a-001.npz",
+            "ep_02.npz",
+        ];
         names.sort_by(|a, b| natural_cmp(a, b));
         assert_eq!(
             names,
-            ["a-000.npz", "a-001.npz", "ep_1.npz", "ep_02.npz", "ep_2.npz", "ep_10.npz"]
+            [
+                "a-000.npz",
+                "a-001.npz",
+                "ep_1.npz",
+                "ep_02.npz",
+                "ep_2.npz",
+                "ep_10.npz"
+            ]
         );
         assert_eq!(natural_cmp("x9", "x10"), Ordering::Less);
         assert_eq!(natural_cmp("b", "a1"), Ordering::Greater);
