@@ -695,7 +695,7 @@ fn episode_files_with_one_observation_more_are_one_episode_each() {
     let e = fails(&mid, &dir.path().join("mid.out"), &IngestOptions::default());
     assert!(
         e.to_string()
-            .contains("row 1: `terminals` is set, but row 2 continues"),
+            .contains("row 1: `terminals` is set, but row 3 continues"),
         "{e}"
     );
 }
