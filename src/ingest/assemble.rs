@@ -235,7 +235,10 @@ pub(crate) fn stream(
             for win in units.chunks(window) {
                 let decoded: Vec<Result<Vec<Chunk>>> = win
                     .par_iter()
-                    .map(|&(unit, base, _)| decode_unit(source, mapping, unit, base, batch_rows))
+                    .map(|&(unit, base, _)| {
+                        decode_unit(source, mapping, unit, base, batch_rows)
+                            .map_err(|e| in_file_of(e, source, base))
+                    })
                     .collect();
                 for r in decoded {
                     let failed = r.is_err();
@@ -249,7 +252,8 @@ pub(crate) fn stream(
         for group in rx {
             for chunk in group? {
                 let n = chunk.payload.num_rows() as u64;
-                asm.push(chunk)?;
+                let base = chunk.base;
+                asm.push(chunk).map_err(|e| in_file_of(e, source, base))?;
                 pb.advance(n);
                 while let Some((_, file)) = ends.next_if(|(end, _)| *end <= asm.rows) {
                     if asm.in_episode() {

@@ -2,7 +2,7 @@
 //! Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN Replay (dopamine).
 
 pub(crate) mod dqn;
-mod npz_dir;
+pub(crate) mod npz_dir;
 pub(crate) mod numpy;
 mod parquet;
 mod torchrl;

@@ -16,14 +16,14 @@ use crate::common::{fixture_path, run_cli, small_segments};
 // ---------------------------------------------------------------------------------------------
 
 /// One array of an `.npz`: key, NumPy descr, shape, little-endian bytes.
-struct Npy {
+pub(crate) struct Npy {
     key: String,
     descr: &'static str,
     shape: Vec<usize>,
     data: Vec<u8>,
 }
 
-fn npy<T: Copy>(key: &str, descr: &'static str, shape: &[usize], values: &[T]) -> Npy {
+pub(crate) fn npy<T: Copy>(key: &str, descr: &'static str, shape: &[usize], values: &[T]) -> Npy {
     assert_eq!(shape.iter().product::<usize>(), values.len(), "{key}");
     let bytes = unsafe {
         // SAFETY: plain numbers (f32, f64, i64, u8, bool) viewed as their bytes, on a
@@ -65,7 +65,7 @@ fn npy_bytes(a: &Npy) -> Vec<u8> {
 }
 
 /// Writes an `.npz` (stored members, as `np.savez`) holding `arrays`.
-fn write_npz(path: &Path, arrays: &[Npy]) {
+pub(crate) fn write_npz(path: &Path, arrays: &[Npy]) {
     let mut out = vec![];
     let mut central = vec![];
     for a in arrays {
@@ -325,7 +325,7 @@ fn ogbench_json_output_says_the_convention_was_recognised() {
 
 /// OGBench-format arrays of trajectories of `lens` rows (each ending with `terminals` set);
 /// row values encode the global row `base + i`.
-fn ogbench_arrays(base: usize, lens: &[usize]) -> Vec<Npy> {
+pub(crate) fn ogbench_arrays(base: usize, lens: &[usize]) -> Vec<Npy> {
     let n: usize = lens.iter().sum();
     let rows = base..base + n;
     let obs: Vec<f32> = rows
@@ -600,7 +600,7 @@ fn an_ogbench_shard_that_ends_inside_a_trajectory_is_an_error() {
 
 /// Episode file `i`: `t` steps, observations `[t + 1, 3]` holding `100 i + row`, discrete
 /// actions, rewards, and `terminals` set on the last step of every third episode.
-fn episode_file(i: usize, t: usize) -> Vec<Npy> {
+pub(crate) fn episode_file(i: usize, t: usize) -> Vec<Npy> {
     let obs: Vec<f32> = (0..=t).flat_map(|r| [(100 * i + r) as f32; 3]).collect();
     let act: Vec<i64> = (0..t).map(|r| (r % 4) as i64).collect();
     let rew: Vec<f32> = (0..t).map(|r| r as f32 * 0.5).collect();

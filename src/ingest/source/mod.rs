@@ -77,6 +77,21 @@ pub(crate) trait Source: Sync {
     fn file_ends(&self) -> Vec<(u64, std::path::PathBuf)> {
         vec![]
     }
+    /// The input file that holds input row `row`, for inputs of several files (errors about a
+    /// row name it).
+    fn file_of(&self, row: u64) -> Option<&Path> {
+        let _ = row;
+        None
+    }
+}
+
+/// `e`, an error about input row `row`, naming the file of `source` that holds it when the
+/// error names no input.
+pub(crate) fn in_file_of(e: Error, source: &dyn Source, row: u64) -> Error {
+    match (&e, source.file_of(row)) {
+        (Error::InvalidData { input: None, .. }, Some(p)) => e.in_input(p.display()),
+        _ => e,
+    }
 }
 
 /// Opens `input` as a [`Source`] of the given format.

@@ -594,6 +594,11 @@ impl Source for NpzFiles {
         })
     }
 
+    fn file_of(&self, row: u64) -> Option<&Path> {
+        let i = self.files.partition_point(|f| f.first + f.rows <= row);
+        self.files.get(i).map(|f| f.path.as_path())
+    }
+
     fn file_ends(&self) -> Vec<(u64, PathBuf)> {
         if self.convention != Convention::Ogbench {
             return vec![];
