@@ -87,11 +87,12 @@ pub(crate) fn resolve_conventions(
         }
         Some(Convention::EpisodeFiles) => {
             o.episode_col = source_episodes.map(String::from);
-            if o.terminated_col.is_none() && o.truncated_col.is_none() {
-                if let Some(&(t, tr)) = flags[..3].iter().find(|p| has(p.0) || has(p.1)) {
-                    o.terminated_col = has(t).then(|| t.to_string());
-                    o.truncated_col = has(tr).then(|| tr.to_string());
-                }
+            if o.terminated_col.is_none()
+                && o.truncated_col.is_none()
+                && let Some(&(t, tr)) = flags[..3].iter().find(|p| has(p.0) || has(p.1))
+            {
+                o.terminated_col = has(t).then(|| t.to_string());
+                o.truncated_col = has(tr).then(|| tr.to_string());
             }
             return o;
         }

@@ -604,7 +604,7 @@ pub(crate) fn episode_file(i: usize, t: usize) -> Vec<Npy> {
     let obs: Vec<f32> = (0..=t).flat_map(|r| [(100 * i + r) as f32; 3]).collect();
     let act: Vec<i64> = (0..t).map(|r| (r % 4) as i64).collect();
     let rew: Vec<f32> = (0..t).map(|r| r as f32 * 0.5).collect();
-    let term: Vec<bool> = (0..t).map(|r| r + 1 == t && i % 3 == 0).collect();
+    let term: Vec<bool> = (0..t).map(|r| r + 1 == t && i.is_multiple_of(3)).collect();
     vec![
         npy("observations", "<f4", &[t + 1, 3], &obs),
         npy("actions", "<i8", &[t], &act),
@@ -663,8 +663,16 @@ fn episode_files_with_one_observation_more_are_one_episode_each() {
         assert_eq!(next, want_next, "episode {i}: the last observation ends it");
         let act = b.column("action").unwrap().values::<i64>();
         assert_eq!(act, (0..t).map(|r| (r % 4) as i64).collect::<Vec<_>>());
-        assert_eq!(b.terminated[t - 1], u8::from(i % 3 == 0), "episode {i}");
-        assert_eq!(b.truncated[t - 1], u8::from(i % 3 != 0), "episode {i}");
+        assert_eq!(
+            b.terminated[t - 1],
+            u8::from(i.is_multiple_of(3)),
+            "episode {i}"
+        );
+        assert_eq!(
+            b.truncated[t - 1],
+            u8::from(!i.is_multiple_of(3)),
+            "episode {i}"
+        );
         let e = snap.episode(i as u64).unwrap();
         let ids = e.column_by_name("source_episode").unwrap();
         let ids = ids
