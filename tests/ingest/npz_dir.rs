@@ -483,8 +483,8 @@ fn mismatched_shards_are_named_errors_that_leave_no_dataset() {
                 a[1] = npy("actions", "<f8", &[n, 2], &vec![0f64; n * 2]);
             },
             "actions",
-            "Float32",
-            "Float64",
+            "float32",
+            "float64",
         ),
         (
             "shape",

@@ -490,10 +490,11 @@ fn check_like(
         // An empty array saved without its row shape (`np.array([])`) has none to compare.
         let empty = a.rows() == 0 && got_shape.is_empty();
         if &got_dt != dt {
+            let label = |d: &DataType| crate::format::type_name(d).unwrap_or_else(|| d.to_string());
             return Err(Error::schema_types(
                 name,
-                format!("{dt}"),
-                format!("{got_dt}"),
+                label(dt),
+                label(&got_dt),
                 why("it has another dtype"),
             ));
         }
