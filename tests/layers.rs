@@ -41,6 +41,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "dqn",
             "zip",
             "array",
+            "npz_dir",
             "hdf5",
             "torchrl",
             "parquet",

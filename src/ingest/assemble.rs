@@ -26,9 +26,15 @@ pub(crate) struct Assembler<'a> {
     finished: HashSet<u64>,
     /// Flags of the last row added to `pending`.
     last_terminated: bool,
+    /// Episode-id mode with [`Mapping::final_row`]: the row after a terminated row was taken
+    /// as the episode's final state row (any further row of the episode is an error).
+    state_row: bool,
     last_truncated: bool,
     pub(crate) episodes: u64,
     pub(crate) rows: u64,
+    /// Input rows that were not transitions: the final state rows of a
+    /// [`Mapping::final_row`] input.
+    pub(crate) states: u64,
 }
 
 impl<'a> Assembler<'a> {
@@ -41,10 +47,22 @@ impl<'a> Assembler<'a> {
             current: None,
             finished: HashSet::new(),
             last_terminated: false,
+            state_row: false,
             last_truncated: false,
             episodes: 0,
             rows: 0,
+            states: 0,
         }
+    }
+
+    /// Transitions appended so far (input rows less the final state rows).
+    pub(crate) fn transitions(&self) -> u64 {
+        self.rows - self.states
+    }
+
+    /// Whether rows of an unfinished episode are held.
+    pub(crate) fn in_episode(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     fn show_id(&self, bits: u64) -> String {
@@ -77,10 +95,23 @@ impl<'a> Assembler<'a> {
             Some(u) => u.episode(&batch, self.mapping.schema.input_schema(), self.start_row)?,
             None => batch,
         };
-        let end = EpisodeEnd {
+        let mut end = EpisodeEnd {
             terminated,
             truncated: truncated || !terminated,
             ..Default::default()
+        };
+        let batch = if self.mapping.final_row {
+            // The last row is the state after the last step: its observation ends the episode.
+            let n = batch.num_rows();
+            self.states += 1;
+            if n == 1 {
+                // A trajectory of one state holds no transition (ogbench's loader keeps none).
+                return Ok(());
+            }
+            end = end.with_final_observation(batch.column(0).slice(n - 1, 1));
+            batch.slice(0, n - 1)
+        } else {
+            batch
         };
         self.writer.append_episode(&batch, end)?;
         self.episodes += 1;
@@ -96,24 +127,28 @@ impl<'a> Assembler<'a> {
                 let row = chunk.base + i as u64;
                 match self.current {
                     Some(c) if c == id => {
-                        if self.last_terminated {
+                        // With final state rows, the one row after the last step's flag is
+                        // the state row.
+                        if self.state_row || (self.last_terminated && !self.mapping.final_row) {
+                            let flagged = row - 1 - u64::from(self.state_row);
                             let name = self
                                 .mapping
                                 .terminated
                                 .as_deref()
                                 .unwrap_or(col::TERMINATED);
                             return Err(Error::invalid_data(format!(
-                                "row {}: `{name}` is set, but row {row} continues episode {}; a terminated \
+                                "row {flagged}: `{name}` is set, but row {row} continues episode {}; a terminated \
                                  flag may only be set on the last row of an episode",
-                                row - 1,
                                 self.show_id(id)
                             )));
                         }
+                        self.state_row = self.last_terminated;
                     }
                     Some(c) => {
                         self.take(&chunk, from, i);
                         from = i;
                         self.end_episode(self.last_terminated, self.last_truncated)?;
+                        self.state_row = false;
                         self.finished.insert(c);
                         if self.finished.contains(&id) {
                             let name =
@@ -191,13 +226,19 @@ pub(crate) fn stream(
         1
     };
     let mut asm = Assembler::new(writer, mapping);
+    // Input files that must end on an episode end (OGBench's).
+    let ends = source.file_ends();
+    let mut ends = ends.iter().peekable();
     let result = std::thread::scope(|s| -> Result<()> {
         let (tx, rx) = sync_channel::<Result<Vec<Chunk>>>(window);
         s.spawn(move || {
             for win in units.chunks(window) {
                 let decoded: Vec<Result<Vec<Chunk>>> = win
                     .par_iter()
-                    .map(|&(unit, base, _)| decode_unit(source, mapping, unit, base, batch_rows))
+                    .map(|&(unit, base, _)| {
+                        decode_unit(source, mapping, unit, base, batch_rows)
+                            .map_err(|e| in_file_of(e, source, base))
+                    })
                     .collect();
                 for r in decoded {
                     let failed = r.is_err();
@@ -211,13 +252,25 @@ pub(crate) fn stream(
         for group in rx {
             for chunk in group? {
                 let n = chunk.payload.num_rows() as u64;
-                asm.push(chunk)?;
+                let base = chunk.base;
+                asm.push(chunk).map_err(|e| in_file_of(e, source, base))?;
                 pb.advance(n);
+                while let Some((_, file)) = ends.next_if(|(end, _)| *end <= asm.rows) {
+                    if asm.in_episode() {
+                        return Err(Error::invalid_data(format!(
+                            "the file ends inside a trajectory: its last row's `{}` is not \
+                             set, and OGBench files end every trajectory with it (a truncated \
+                             or damaged file?)",
+                            mapping.truncated.as_deref().unwrap_or("terminals")
+                        ))
+                        .in_input(file.display()));
+                    }
+                }
             }
         }
         asm.finish()
     });
     pb.finish(result.is_ok());
     result?;
-    Ok((asm.rows, asm.episodes))
+    Ok((asm.transitions(), asm.episodes))
 }

@@ -21,10 +21,17 @@ use super::*;
 ///   flags, and its computed `step, is_first, is_last` are dropped (the store recomputes them).
 ///
 /// Columns named in `drop_cols` are never picked.
+///
+/// Under [`Convention::Ogbench`], `terminals` is the (truncated) end of each trajectory and,
+/// without a `rewards` array, 0.0 is stored as the reward; under [`Convention::EpisodeFiles`]
+/// the episodes are the files (`source_episodes`), with a terminated flag (`terminals`,
+/// `terminated`, `terminations`) and a truncated one (`timeouts`, `truncated`, `truncations`)
+/// read on each episode's last step.
 pub(crate) fn resolve_conventions(
     opts: &IngestOptions,
     schema: &Schema,
     source_episodes: Option<&str>,
+    convention: Option<Convention>,
 ) -> IngestOptions {
     let mut o = opts.clone();
     let has =
@@ -61,6 +68,35 @@ pub(crate) fn resolve_conventions(
             .into_iter()
             .find(|n| has(n))
             .map(String::from);
+    }
+    let flags = [
+        ("terminals", "timeouts"),
+        (col::TERMINATED, col::TRUNCATED),
+        ("terminations", "truncations"),
+        ("next/terminated", "next/truncated"),
+    ];
+    match convention {
+        Some(Convention::Ogbench) => {
+            // The end of each trajectory: its last row is the final state, and the episode was
+            // cut by a time limit.
+            o.truncated_col = Some("terminals".into());
+            if o.reward_col == col::REWARD && !has(col::REWARD) {
+                o.no_reward = true;
+            }
+            return o;
+        }
+        Some(Convention::EpisodeFiles) => {
+            o.episode_col = source_episodes.map(String::from);
+            if o.terminated_col.is_none()
+                && o.truncated_col.is_none()
+                && let Some(&(t, tr)) = flags[..3].iter().find(|p| has(p.0) || has(p.1))
+            {
+                o.terminated_col = has(t).then(|| t.to_string());
+                o.truncated_col = has(tr).then(|| tr.to_string());
+            }
+            return o;
+        }
+        _ => {}
     }
     let computed = [col::STEP, col::IS_FIRST, col::IS_LAST];
     let no_boundaries =
@@ -100,12 +136,6 @@ pub(crate) fn resolve_conventions(
             o.drop_cols.extend(computed.iter().map(|c| c.to_string()));
             return o;
         }
-        let flags = [
-            ("terminals", "timeouts"),
-            (col::TERMINATED, col::TRUNCATED),
-            ("terminations", "truncations"),
-            ("next/terminated", "next/truncated"),
-        ];
         if let Some((t, tr)) = flags.into_iter().find(|(t, tr)| has(t) || has(tr)) {
             o.terminated_col = has(t).then(|| t.to_string());
             o.truncated_col = has(tr).then(|| tr.to_string());

@@ -63,6 +63,12 @@ pub(crate) struct Mapping {
     pub(crate) truncated: Option<String>,
     /// `--unstack K`: how converted stacks become frames (`schema` is then the stored one).
     pub(crate) unstack: Option<Unstack>,
+    /// Each episode's last input row is the state after its last step, not a transition: its
+    /// observation is the episode's final observation ([`Convention::Ogbench`],
+    /// [`Convention::EpisodeFiles`]).
+    pub(crate) final_row: bool,
+    /// The convention of `.npz` inputs, as reported.
+    pub(crate) convention: Option<ConventionReport>,
 }
 
 /// The shape of one input column.
@@ -181,6 +187,7 @@ impl Mapping {
             seconds: started.elapsed().as_secs_f64(),
             columns: self.mapping(),
             boundaries: self.boundaries(),
+            convention: self.convention.clone(),
         }
     }
 
@@ -207,7 +214,16 @@ impl Mapping {
     fn build_unnamed(source: &dyn Source, opts: &IngestOptions) -> Result<Mapping> {
         let input = source.path();
         let file_schema = source.schema();
-        let opts = &resolve_conventions(opts, &file_schema, source.episode_column());
+        let convention = source.convention();
+        let opts = &resolve_conventions(
+            opts,
+            &file_schema,
+            source.episode_column(),
+            convention.as_ref().map(|c| c.convention),
+        );
+        let final_row = convention.as_ref().is_some_and(|c| {
+            matches!(c.convention, Convention::Ogbench | Convention::EpisodeFiles)
+        });
         if opts.batch_rows == 0 {
             return Err(Error::argument("batch_rows", "must be at least 1"));
         }
@@ -549,6 +565,8 @@ impl Mapping {
             terminated,
             truncated,
             unstack,
+            final_row,
+            convention,
         })
     }
 
@@ -595,6 +613,26 @@ impl Mapping {
             .flatten()
             .map(String::as_str)
             .collect();
+        let convention = self.convention.as_ref().map(|c| c.convention);
+        match (&self.episode, convention) {
+            (None, Some(Convention::Ogbench)) => {
+                return format!(
+                    "OGBench trajectories: `{}` marks each one's last row, the state after its \
+                     last step (stored as the final observation); episodes end truncated",
+                    flags.join(", ")
+                );
+            }
+            (Some(_), Some(Convention::EpisodeFiles)) => {
+                let read = match flags.is_empty() {
+                    true => "ending truncated".to_string(),
+                    false => format!("flags {} read on its last step", flags.join(", ")),
+                };
+                return format!(
+                    "one episode per file, its last observation the final observation ({read})"
+                );
+            }
+            _ => {}
+        }
         match &self.episode {
             Some(e) if flags.is_empty() => format!("episode ids in `{}`", e.name),
             Some(e) => format!(

@@ -3,8 +3,10 @@
 //!
 //! - **Parquet** (D4RL/Minari/LeRobot style exports, pandas/Polars dumps);
 //! - **NumPy**: a `.npz` archive (`np.savez` / `np.savez_compressed`, e.g. D4RL's
-//!   `env.get_dataset()` dict saved as is) or a directory of `.npy` files, one column per array
-//!   (module `numpy`);
+//!   `env.get_dataset()` dict saved as is), a directory of `.npy` files, one column per array,
+//!   or a directory of `.npz` shards read as one dataset (OGBench's 100M/1B datasets, one
+//!   episode per file); [`Convention`] says how rows make transitions (OGBench's is recognised
+//!   from its keys, one episode per file with `T + 1` observations from the arrays' lengths);
 //! - **TorchRL** replay buffers saved with `rb.dumps(DIR)`: one column per tensor of the stored
 //!   TensorDict, oldest row first (module `torchrl`);
 //! - **HDF5** (module `hdf5`, pure Rust, no libhdf5): D4RL's layout, one column per
@@ -123,8 +125,72 @@ pub struct IngestOptions {
     /// with `frame_stack=K` (and the matching padding) to get the stacks back. `None` (the
     /// default) stores observations as they are.
     pub unstack: Option<usize>,
+    /// How the rows of a NumPy `.npz` input (a file, or a directory of them) make transitions
+    /// ([`Convention`]). `None` (the default): recognised from the arrays' names and lengths,
+    /// else [`Convention::Rows`].
+    pub convention: Option<Convention>,
     /// Where to report progress (rows converted); nothing by default.
     pub progress: ProgressSink,
+}
+
+/// How the rows of a NumPy `.npz` input make transitions, for the layouts where a row is not
+/// simply one transition. [`IngestOptions::convention`] chooses one; left unset, OGBench's is
+/// recognised from its keys and [`Convention::EpisodeFiles`] from its array lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Convention {
+    /// Every row is one transition, and episodes come from flags or an id column (D4RL and
+    /// every other input). In a directory of `.npz` files an episode that the flags leave open
+    /// at the end of a file continues in the next one.
+    Rows,
+    /// OGBench's files (`ogbench.load_dataset`; keys `observations`, `actions`, `terminals`,
+    /// and optionally `qpos`, `qvel`, `button_states`, `rewards`): `terminals` marks the last
+    /// row of each trajectory, and that row is not a transition but the state after the
+    /// trajectory's last step: its observation is stored as the episode's final observation (so
+    /// the last step's `next_observation` is it, as in `load_dataset`'s `next_observations`),
+    /// the rest of the row is left out. Trajectories end on a time limit, so episodes end
+    /// truncated, never terminated. Every file must end on a trajectory end; in a directory,
+    /// `*-val.npz` (OGBench's validation split) files are left out. Without `rewards`, 0.0 is
+    /// stored (OGBench's datasets are reward-free).
+    Ogbench,
+    /// One episode per file, with `T + 1` observations and `T` of everything else (actions,
+    /// rewards, flags): observation `t` and action `t` make step `t`, and the last observation
+    /// is the final observation (the last step's `next_observation`). Arrays with `T + 1` rows
+    /// besides the observation are per-state too (their last row is left out). The episode ends
+    /// terminated when its terminated flag (`terminals`, `terminated` or `terminations`) is set on
+    /// its last step, else truncated; the file's index in name order is kept as
+    /// `source_episode`.
+    EpisodeFiles,
+}
+
+impl Convention {
+    /// The name the CLI takes (`rows`, `ogbench`, `episode-files`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Convention::Rows => "rows",
+            Convention::Ogbench => "ogbench",
+            Convention::EpisodeFiles => "episode-files",
+        }
+    }
+}
+
+impl std::fmt::Display for Convention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The convention an ingest of `.npz` files used ([`IngestReport::convention`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConventionReport {
+    /// The convention.
+    pub convention: Convention,
+    /// Recognised from the input (`false`: asked for, or [`Convention::Rows`] by default).
+    pub recognised: bool,
+    /// The `.npz` files read, in order.
+    pub files: u64,
+    /// Files of the directory that were left out (OGBench's `*-val.npz`).
+    pub left_out: Vec<PathBuf>,
 }
 
 impl Default for IngestOptions {
@@ -144,6 +210,7 @@ impl Default for IngestOptions {
             batch_rows: DEFAULT_BATCH_ROWS,
             frame_codec: Some(crate::frames::FrameCodec::ZstdDict),
             unstack: None,
+            convention: None,
             progress: ProgressSink::default(),
         }
     }
@@ -225,6 +292,11 @@ impl IngestOptions {
         self.unstack = k;
         self
     }
+    /// Sets [`IngestOptions::convention`] (`None`: recognise it).
+    pub fn with_convention(mut self, convention: Option<Convention>) -> Self {
+        self.convention = convention;
+        self
+    }
     /// Sets [`IngestOptions::batch_rows`].
     pub fn with_batch_rows(mut self, rows: usize) -> Self {
         self.batch_rows = rows;
@@ -253,6 +325,9 @@ pub struct IngestReport {
     pub columns: Vec<(String, String)>,
     /// Where the episode boundaries came from, e.g. "flags terminals, timeouts".
     pub boundaries: String,
+    /// For `.npz` files and directories of them: the [`Convention`] used, whether it was
+    /// recognised, and which files were read or left out. `None` for other inputs.
+    pub convention: Option<ConventionReport>,
 }
 
 /// The kinds of input [`ingest`] reads.
@@ -261,8 +336,10 @@ pub enum InputFormat {
     /// A Parquet file (`.parquet`, `.pq`), or a directory of them read in path order (a sharded
     /// dataset; a LeRobot dataset's `data/chunk-*/episode_*.parquet`), all with the same columns.
     Parquet,
-    /// A NumPy `.npz` archive (`np.savez` or `np.savez_compressed`) or a directory of `.npy`
-    /// files: one column per array, named after its key.
+    /// A NumPy `.npz` archive (`np.savez` or `np.savez_compressed`), a directory of `.npy`
+    /// files, or a directory of `.npz` files (shards, read in natural name order as one
+    /// dataset): one column per array, named after its key. How rows make transitions is the
+    /// [`Convention`] ([`IngestOptions::convention`]).
     Numpy,
     /// A TorchRL replay buffer saved with `rb.dumps(DIR)` (a `TensorDict` in a
     /// `LazyMemmapStorage` or `LazyTensorStorage`): one column per tensor, nested keys joined with
@@ -278,7 +355,7 @@ pub enum InputFormat {
 
 impl InputFormat {
     /// The format of `input`: a directory is a TorchRL dump when it has a `meta.json` (or
-    /// `storage/meta.json`), NumPy when it holds `.npy` files, else Parquet when it holds
+    /// `storage/meta.json`), NumPy when it holds `.npy` or `.npz` files, else Parquet when it holds
     /// `.parquet` files (at any depth: sharded datasets, LeRobot); a file goes by its extension,
     /// else by its first bytes.
     pub fn detect(input: &Path) -> Result<InputFormat> {
@@ -289,11 +366,15 @@ impl InputFormat {
             if torchrl::is_torchrl(input) {
                 return Ok(InputFormat::TorchRl);
             }
-            let has_npy = std::fs::read_dir(input)
+            let has_numpy = std::fs::read_dir(input)
                 .map_err(|e| Error::io(input, e))?
                 .filter_map(|e| e.ok())
-                .any(|e| e.path().extension().is_some_and(|x| x == "npy"));
-            if !has_npy && !source::parquet::parquet_files(input)?.is_empty() {
+                .any(|e| {
+                    e.path()
+                        .extension()
+                        .is_some_and(|x| x == "npy" || x == "npz")
+                });
+            if !has_numpy && !source::parquet::parquet_files(input)?.is_empty() {
                 return Ok(InputFormat::Parquet);
             }
             return Ok(InputFormat::Numpy);

@@ -1,7 +1,8 @@
-//! Ingest (`src/ingest/`): NumPy, Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN
-//! Replay (dopamine).
+//! Ingest (`src/ingest/`): NumPy (and directories of `.npz` shards: OGBench, episode files),
+//! Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN Replay (dopamine).
 
 pub(crate) mod dqn;
+pub(crate) mod npz_dir;
 pub(crate) mod numpy;
 mod parquet;
 mod torchrl;

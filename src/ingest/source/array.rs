@@ -65,7 +65,7 @@ pub(super) struct Array {
 }
 
 impl Array {
-    fn rows(&self) -> usize {
+    pub(super) fn rows(&self) -> usize {
         self.header.shape.first().copied().unwrap_or(0)
     }
     /// Values per row (saturated: a shape whose product overflows is refused by
@@ -140,7 +140,7 @@ impl ArraySource {
                     ),
                 ));
             }
-            open_zip(path, input, magic.starts_with(b"PK"), drop)?
+            open_zip(path, input, magic.starts_with(b"PK"), drop, true)?
         };
         if arrays.is_empty() {
             return Err(
@@ -155,16 +155,24 @@ impl ArraySource {
     /// row `first` and wrapping around (a ring buffer's oldest row first).
     pub(super) fn from_arrays(
         path: &Path,
-        mut arrays: Vec<(String, Option<Array>)>,
+        arrays: Vec<(String, Option<Array>)>,
         rows: Option<u64>,
         first: u64,
     ) -> Result<ArraySource> {
-        // `[N, 1]` (TorchRL rewards and flags, many dumps) is one value per row.
-        for a in arrays.iter_mut().filter_map(|(_, a)| a.as_mut()) {
-            if a.header.shape.len() == 2 && a.header.shape[1] == 1 {
-                a.header.shape.pop();
-            }
-        }
+        Self::with_states(path, arrays, rows, first, &[])
+    }
+
+    /// [`ArraySource::from_arrays`], where the arrays named in `states` have one row more than
+    /// the others (one per state of an episode: `T + 1` observations for `T` steps); their
+    /// extra row is read with [`ArraySource::read_column`] only.
+    pub(super) fn with_states(
+        path: &Path,
+        mut arrays: Vec<(String, Option<Array>)>,
+        rows: Option<u64>,
+        first: u64,
+        states: &[String],
+    ) -> Result<ArraySource> {
+        squeeze(&mut arrays);
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &arrays {
             if !seen.insert(name.as_str()) {
@@ -194,16 +202,27 @@ impl ArraySource {
                 )));
             }
         }
-        let capacity = kept.first().map_or(0, |a| a.rows());
-        if let Some(a) = kept.iter().find(|a| a.rows() != capacity) {
+        let is_state = |a: &Array| states.contains(&a.name);
+        // One row per step; per-state arrays have one more.
+        let capacity = match kept.iter().find(|a| !is_state(a)) {
+            Some(a) => a.rows(),
+            None => kept.first().map_or(0, |a| a.rows().saturating_sub(1)),
+        };
+        if let Some(a) = kept
+            .iter()
+            .find(|a| a.rows() != capacity + usize::from(is_state(a)))
+        {
+            let (what, want) = match is_state(a) {
+                true => ("state", capacity + 1),
+                false => ("transition", capacity),
+            };
             return Err(Loc::array(path, &a.name).schema(format!(
-                "array `{}` has {} rows but `{}` has {rows}; every array must have one row per \
-                 transition (pass --drop-cols {} to leave it out)",
+                "array `{}` has {} rows but {want} were expected (`{}` has {capacity}); every \
+                 array must have one row per {what} (pass --drop-cols {} to leave it out)",
                 a.name,
                 a.rows(),
-                kept[0].name,
+                kept.iter().find(|a| !is_state(a)).unwrap_or(&kept[0]).name,
                 a.name,
-                rows = capacity
             )));
         }
         let rows = rows.unwrap_or(capacity as u64);
@@ -235,6 +254,17 @@ impl ArraySource {
             .iter()
             .flatten()
             .any(|a| matches!(a.data, Data::Deflated { .. }))
+    }
+
+    /// Rows (transitions) the source reads.
+    pub(super) fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Rows `start..start + n` of column `i` (of [`Source::schema`]) as an Arrow array: a
+    /// deflated array is read in order, from row 0.
+    pub(super) fn read_column(&self, i: usize, start: u64, n: usize) -> Result<ArrayRef> {
+        self.read_rows(i, start, n)
     }
 
     /// Rows `start..start + n` of array `i` as an Arrow array.
@@ -347,6 +377,28 @@ impl ArraySource {
         };
         fixed_rows(&a.header, values)
     }
+}
+
+/// `[N, 1]` arrays (TorchRL rewards and flags, many dumps) as one value per row.
+pub(super) fn squeeze(arrays: &mut [(String, Option<Array>)]) {
+    for a in arrays.iter_mut().filter_map(|(_, a)| a.as_mut()) {
+        if a.header.shape.len() == 2 && a.header.shape[1] == 1 {
+            a.header.shape.pop();
+        }
+    }
+}
+
+/// The arrays of the `.npz` archive `path`, in the archive's order (`None` for those named in
+/// `drop`). `verify`: check the CRC-32 of stored members now (a full read); deflated members
+/// are checked as they are inflated.
+pub(super) fn open_npz(
+    path: &Path,
+    drop: &[String],
+    verify: bool,
+) -> Result<Vec<(String, Option<Array>)>> {
+    let input = Input::open(path)?;
+    let magic = input.read_at(0, input.len().min(4) as usize, &Loc::file(path))?;
+    open_zip(path, input, magic.starts_with(b"PK"), drop, verify)
 }
 
 /// The column of an array with this header: one value per row, or a fixed-shape tensor.
@@ -488,6 +540,7 @@ fn open_zip(
     input: Arc<Input>,
     is_zip: bool,
     drop: &[String],
+    verify: bool,
 ) -> Result<Vec<(String, Option<Array>)>> {
     const LOCAL: u32 = 0x0403_4b50;
     if !is_zip {
@@ -542,7 +595,10 @@ fn open_zip(
         }
         let array = match m.method {
             0 => {
-                let got = crc_of(&input, start, m.compressed, &what)?;
+                let got = match verify {
+                    true => crc_of(&input, start, m.compressed, &what)?,
+                    false => m.crc,
+                };
                 if got != m.crc {
                     return Err(what.data(format!(
                         "CRC-32 mismatch (archive says {:08x}, data gives {got:08x}): the \

@@ -15,6 +15,7 @@ pub(crate) mod arrow_ipc;
 pub(crate) mod dqn;
 pub(crate) mod hdf5;
 mod npy;
+pub(crate) mod npz_dir;
 pub(crate) mod parquet;
 pub(crate) mod torchrl;
 mod zip;
@@ -67,6 +68,30 @@ pub(crate) trait Source: Sync {
     fn episode_column(&self) -> Option<&str> {
         None
     }
+    /// The [`Convention`] of `.npz` inputs, and the files read.
+    fn convention(&self) -> Option<ConventionReport> {
+        None
+    }
+    /// Input rows at which an input file ends where an episode must end too (OGBench files
+    /// end every trajectory), with the file.
+    fn file_ends(&self) -> Vec<(u64, std::path::PathBuf)> {
+        vec![]
+    }
+    /// The input file that holds input row `row`, for inputs of several files (errors about a
+    /// row name it).
+    fn file_of(&self, row: u64) -> Option<&Path> {
+        let _ = row;
+        None
+    }
+}
+
+/// `e`, an error about input row `row`, naming the file of `source` that holds it when the
+/// error names no input.
+pub(crate) fn in_file_of(e: Error, source: &dyn Source, row: u64) -> Error {
+    match (&e, source.file_of(row)) {
+        (Error::InvalidData { input: None, .. }, Some(p)) => e.in_input(p.display()),
+        _ => e,
+    }
 }
 
 /// Opens `input` as a [`Source`] of the given format.
@@ -75,9 +100,30 @@ pub(crate) fn open_source(
     format: InputFormat,
     opts: &IngestOptions,
 ) -> Result<Box<dyn Source>> {
+    let convention = opts.convention.filter(|&c| c != Convention::Rows);
+    if let (Some(c), false) = (convention, format == InputFormat::Numpy) {
+        return Err(Error::argument(
+            "convention",
+            format!("--convention {c} applies to NumPy .npz files and directories of them"),
+        ));
+    }
     Ok(match format {
         InputFormat::Parquet => Box::new(ParquetSource::open(input)?),
-        InputFormat::Numpy => Box::new(array::ArraySource::open(input, &opts.drop_cols)?),
+        InputFormat::Numpy => match npz_dir::NpzFiles::open(input, opts)? {
+            Some(files) => Box::new(files),
+            None if convention.is_some() => {
+                return Err(Error::argument(
+                    "convention",
+                    format!(
+                        "--convention {} applies to .npz files and directories of them; {} is \
+                         neither",
+                        convention.expect("a convention"),
+                        input.display()
+                    ),
+                ));
+            }
+            None => Box::new(array::ArraySource::open(input, &opts.drop_cols)?),
+        },
         InputFormat::TorchRl => Box::new(torchrl::open(input, &opts.drop_cols)?),
         InputFormat::Hdf5 => hdf5::open(input, &opts.drop_cols)?,
         InputFormat::Arrow => Box::new(arrow_ipc::ArrowSource::open(input)?),

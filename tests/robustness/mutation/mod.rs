@@ -1,6 +1,7 @@
 //! Mutation test of every reader of bytes trajstore did not write itself, and of the dataset files
 //! it did: small valid inputs of each ingest format (Parquet, Arrow IPC file and stream, `.npz`
-//! stored and deflated, a directory of `.npy` files, a TorchRL dump, D4RL and Minari HDF5, a DQN
+//! stored and deflated, a directory of `.npy` files, directories of `.npz` shards (OGBench's and
+//! one episode per file), a TorchRL dump, D4RL and Minari HDF5, a DQN
 //! Replay directory's gzipped `.npy` files) and a dataset's segment, episode table and manifest,
 //! and a frame dataset's dictionary, segment and episode table, get byte flips, truncations and
 //! edits of their length and offset fields (seeded, so every run tries the same few hundred

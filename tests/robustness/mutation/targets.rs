@@ -1,5 +1,5 @@
 //! The pristine inputs and dataset files of the mutation test: small valid inputs of each
-//! ingest format, a dataset of tensors, a dataset of frames (its zstd dictionary, a segment and
+//! ingest format (directories of `.npz` shards included), a dataset of tensors, a dataset of frames (its zstd dictionary, a segment and
 //! an episode table of encoded frames) and a DQN Replay directory (its gzipped `.npy` files,
 //! damaged both as gzip streams and inside).
 
@@ -114,6 +114,23 @@ pub(super) fn targets(dir: &Path) -> Vec<Target> {
     let dump = copy(fixture_path("torchrl", "dump"), "torchrl_dump");
     let h5 = copy(fixture_path("hdf5", "d4rl.hdf5"), "d4rl.hdf5");
     let minari = copy(fixture_path("minari", "pendulum"), "minari_pendulum");
+    // Directories of .npz shards: OGBench's own (deflated), and stored ones of both conventions.
+    let ogbench = copy(fixture_path("ogbench", "scene-sharded"), "ogbench_shards");
+    let stored = pristine.join("npz_shards");
+    let episodes = pristine.join("npz_episodes");
+    {
+        use crate::ingest::npz_dir::{episode_file, ogbench_arrays, write_npz};
+        std::fs::create_dir_all(&stored).unwrap();
+        std::fs::create_dir_all(&episodes).unwrap();
+        write_npz(&stored.join("s-0.npz"), &ogbench_arrays(0, &[9, 7]));
+        write_npz(&stored.join("s-1.npz"), &ogbench_arrays(16, &[8, 12]));
+        for i in 0..3 {
+            write_npz(
+                &episodes.join(format!("ep_{i}.npz")),
+                &episode_file(i, 6 + i),
+            );
+        }
+    }
 
     let ds = pristine.join("dataset.trajstore");
     TestData::new()
@@ -182,6 +199,24 @@ pub(super) fn targets(dir: &Path) -> Vec<Target> {
             dump.clone(),
             dump.join("storage/next/reward.memmap"),
             Kind::Ingest(F::TorchRl, "torchrl"),
+        ),
+        Target::new(
+            "npz shards (ogbench)",
+            ogbench.clone(),
+            ogbench.join("scene-play-v0-1.npz"),
+            Kind::Ingest(F::Numpy, "numpy"),
+        ),
+        Target::new(
+            "npz shards (stored)",
+            stored.clone(),
+            stored.join("s-1.npz"),
+            Kind::Ingest(F::Numpy, "numpy"),
+        ),
+        Target::new(
+            "npz episode files",
+            episodes.clone(),
+            episodes.join("ep_1.npz"),
+            Kind::Ingest(F::Numpy, "numpy"),
         ),
         one("hdf5 d4rl", &h5, Kind::Ingest(F::Hdf5, "hdf5")),
         Target::new(

@@ -21,6 +21,31 @@ enum IngestFormat {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
+enum ConventionArg {
+    /// Every row is a transition; episodes from flags or ids (they may continue from one .npz
+    /// shard into the next).
+    Rows,
+    /// OGBench (recognised from its keys observations, actions, terminals): `terminals` marks
+    /// each trajectory's last row, which is the state after its last step (stored as the final
+    /// observation, so next_observation matches ogbench.load_dataset); episodes end truncated;
+    /// *-val.npz files of a directory are left out.
+    Ogbench,
+    /// One episode per file with T + 1 observations and T actions (recognised from those
+    /// lengths; Procgen-style dumps): the last observation is the final next_observation.
+    EpisodeFiles,
+}
+
+impl From<ConventionArg> for trajstore::ingest::Convention {
+    fn from(c: ConventionArg) -> Self {
+        match c {
+            ConventionArg::Rows => Self::Rows,
+            ConventionArg::Ogbench => Self::Ogbench,
+            ConventionArg::EpisodeFiles => Self::EpisodeFiles,
+        }
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
 enum CodecArg {
     /// zstd with a 16 KiB dictionary trained on the first frames (about 85x smaller on Atari).
     #[value(name = "zstd-dict")]
@@ -56,8 +81,9 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
 
 #[derive(Args)]
 pub(crate) struct IngestArgs {
-    /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive or a directory
-    /// of .npy files, a D4RL HDF5 file or Minari dataset directory, an Arrow IPC file (.arrow,
+    /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive, a directory
+    /// of .npy files or of .npz shards (one dataset, files in natural name order: ep_2 before
+    /// ep_10), a D4RL HDF5 file or Minari dataset directory, an Arrow IPC file (.arrow,
     /// .feather), a TorchRL replay buffer directory written by rb.dumps(), or a DQN Replay
     /// directory (dopamine's replay_logs/, or the run directory holding it).
     input: PathBuf,
@@ -66,6 +92,10 @@ pub(crate) struct IngestArgs {
     format: Option<IngestFormat>,
     /// Dataset directory (created if it does not exist, appended to otherwise).
     dataset: PathBuf,
+    /// How .npz rows make transitions (default: recognised from the arrays' names and lengths,
+    /// else rows); the output says which was used.
+    #[arg(long, value_enum, value_name = "CONVENTION")]
+    convention: Option<ConventionArg>,
     /// Column holding episode ids (rows of one episode must be contiguous).
     #[arg(long, value_name = "NAME")]
     episode_col: Option<String>,
@@ -155,6 +185,7 @@ impl From<&IngestArgs> for trajstore::ingest::IngestOptions {
         o.drop_cols.clone_from(&a.drop_cols);
         o.frame_codec = (!a.keep_tensor).then(|| a.frame_codec.into());
         o.unstack = a.unstack;
+        o.convention = a.convention.map(Into::into);
         match crate::output::TerminalBar::on_terminal(!a.json) {
             Some(bar) => o.with_progress(bar),
             None => o,
@@ -217,13 +248,31 @@ pub(crate) fn run(a: IngestArgs) -> Result<()> {
             .iter()
             .map(|(k, v)| (k.clone(), json!(v)))
             .collect();
+        let convention = report.convention.as_ref().map(|c| {
+            json!({"name": c.convention.name(), "recognised": c.recognised, "files": c.files,
+                   "left_out": c.left_out.iter().map(|p| p.display().to_string())
+                       .collect::<Vec<_>>()})
+        });
         outln!(
             "{}",
             json!({"rows": report.rows, "episodes": report.episodes, "version": report.version,
                    "seconds": report.seconds, "rows_per_s": report.rows as f64 / report.seconds,
-                   "columns": columns, "boundaries": report.boundaries})
+                   "columns": columns, "boundaries": report.boundaries,
+                   "convention": convention})
         );
     } else {
+        if let Some(c) = &report.convention {
+            let how = if c.recognised { " (recognised)" } else { "" };
+            let left = match c.left_out.len() {
+                0 => String::new(),
+                n => format!(", {n} left out (*-val.npz: OGBench's validation split)"),
+            };
+            outln!(
+                "convention {}{how}; {} .npz file(s) read{left}",
+                c.convention,
+                c.files
+            );
+        }
         outln!("episodes from {}", report.boundaries);
         for (stored, input) in &report.columns {
             outln!("  {stored} <- {input}");
