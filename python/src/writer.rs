@@ -319,6 +319,7 @@ pub fn ingest(
                 "unstack" => o.unstack = Some(v.extract()?),
                 "stack_size" => dqn.stack_size = v.extract()?,
                 "checkpoints" => dqn.checkpoints = Some(v.extract()?),
+                "convention" => o.convention = Some(s()?.parse().py()?),
                 other => {
                     return Err(argument(other, format!("unknown ingest option `{other}`")));
                 }
@@ -377,15 +378,7 @@ pub fn ingest(
     let report = py
         .detach(|| trajstore::ingest::ingest(&input, format, &dataset, &o, wopts))
         .py()?;
-    Ok(serde_json::json!({
-        "rows": report.rows,
-        "episodes": report.episodes,
-        "version": report.version,
-        "seconds": report.seconds,
-        "columns": report.columns,
-        "boundaries": report.boundaries,
-    })
-    .to_string())
+    Ok(report.to_json().to_string())
 }
 
 /// `array` with the list child field of `want` when only the child's name or nullability

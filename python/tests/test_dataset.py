@@ -299,3 +299,25 @@ def test_open_older_version(fresh_demo):
     for eid in range(mid.num_episodes):
         a, b = mid.episode(eid), ds.episode(eid)
         assert a.equals(b)
+
+
+def test_ingest_reads_an_ogbench_directory_and_says_so(tmp_path):
+    """OGBench's sharded files (made by its own generator; tests/data/ogbench): the convention
+    is recognised, the -val files are left out, and a convention that does not fit is refused."""
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "ogbench" / "scene-sharded"
+    report = trajstore.ingest(src, tmp_path / "og.trajstore")
+    conv = report["convention"]
+    assert conv["name"] == "ogbench" and conv["recognised"] and conv["files"] == 3
+    assert len(conv["left_out"]) == 3
+    ds = trajstore.open(tmp_path / "og.trajstore")
+    assert ds.num_transitions == report["rows"] and report["episodes"] > 0
+    # OGBench trajectories end on a time limit: truncated, never terminated.
+    eps = ds.episodes()
+    assert not any(eps.column("terminated").to_pylist())
+    with pytest.raises(trajstore.InvalidArgumentError, match="convention"):
+        trajstore.ingest(src, tmp_path / "bad.trajstore", convention="d4rl")
+    with pytest.raises(trajstore.TrajstoreError):
+        trajstore.ingest(src, tmp_path / "bad2.trajstore", convention="episode-files")
+    assert not (tmp_path / "bad2.trajstore" / "versions").exists()

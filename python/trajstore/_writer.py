@@ -89,6 +89,10 @@ def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]
     without it) reads dopamine's DQN Replay layout, with ``stack_size`` (default 4) and
     ``checkpoints`` (a list of checkpoint numbers; default all).
 
+    A directory of ``.npz`` shards is one dataset (name order); ``convention``: ``"rows"``,
+    ``"ogbench"`` (recognised from OGBench's keys) or ``"episode-files"`` (one episode per file,
+    ``T + 1`` observations; recognised), as the CLI's ``--convention``.
+
     Returns the report: rows, episodes, version, seconds, column mapping, boundaries. Nothing is
     committed when it fails."""
     report: Dict[str, Any] = json.loads(_native.ingest(os.fspath(input), os.fspath(dataset), options))

@@ -174,6 +174,22 @@ impl Convention {
     }
 }
 
+impl std::str::FromStr for Convention {
+    type Err = Error;
+    /// `rows`, `ogbench` or `episode-files`.
+    fn from_str(s: &str) -> Result<Self> {
+        [Convention::Rows, Convention::Ogbench, Convention::EpisodeFiles]
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                Error::argument(
+                    "convention",
+                    format!("unknown convention `{s}` (one of rows, ogbench, episode-files)"),
+                )
+            })
+    }
+}
+
 impl std::fmt::Display for Convention {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -328,6 +344,30 @@ pub struct IngestReport {
     /// For `.npz` files and directories of them: the [`Convention`] used, whether it was
     /// recognised, and which files were read or left out. `None` for other inputs.
     pub convention: Option<ConventionReport>,
+}
+
+impl IngestReport {
+    /// The report as `trajstore ingest --json` and Python's `trajstore.ingest` give it: `rows`,
+    /// `episodes`, `version`, `seconds`, `rows_per_s`, `columns` (stored ← input), `boundaries`,
+    /// and `convention` (null but for `.npz` inputs).
+    pub fn to_json(&self) -> serde_json::Value {
+        let columns: serde_json::Map<String, serde_json::Value> = self
+            .columns
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+            .collect();
+        let convention = self.convention.as_ref().map(|c| {
+            serde_json::json!({
+                "name": c.convention.name(), "recognised": c.recognised, "files": c.files,
+                "left_out": c.left_out.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            })
+        });
+        serde_json::json!({
+            "rows": self.rows, "episodes": self.episodes, "version": self.version,
+            "seconds": self.seconds, "rows_per_s": self.rows as f64 / self.seconds.max(1e-9),
+            "columns": columns, "boundaries": self.boundaries, "convention": convention,
+        })
+    }
 }
 
 /// The kinds of input [`ingest`] reads.

@@ -243,23 +243,7 @@ pub(crate) fn run(a: IngestArgs) -> Result<()> {
         trajstore::ingest::ingest(&a.input, format, &a.dataset, &o, a.write.options())?
     };
     if a.json {
-        let columns: serde_json::Map<String, serde_json::Value> = report
-            .columns
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        let convention = report.convention.as_ref().map(|c| {
-            json!({"name": c.convention.name(), "recognised": c.recognised, "files": c.files,
-                   "left_out": c.left_out.iter().map(|p| p.display().to_string())
-                       .collect::<Vec<_>>()})
-        });
-        outln!(
-            "{}",
-            json!({"rows": report.rows, "episodes": report.episodes, "version": report.version,
-                   "seconds": report.seconds, "rows_per_s": report.rows as f64 / report.seconds,
-                   "columns": columns, "boundaries": report.boundaries,
-                   "convention": convention})
-        );
+        outln!("{}", report.to_json());
     } else {
         if let Some(c) = &report.convention {
             let how = if c.recognised { " (recognised)" } else { "" };
