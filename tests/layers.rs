@@ -39,6 +39,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
         &[
             "npy",
             "dqn",
+            "rlds",
             "zip",
             "array",
             "hdf5",
@@ -46,6 +47,10 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "parquet",
             "arrow_ipc",
         ],
+    ),
+    (
+        "ingest/source/rlds",
+        &["tfrecord", "example", "features", "image"],
     ),
     (
         "loader",

@@ -16,6 +16,7 @@ pub(crate) mod dqn;
 pub(crate) mod hdf5;
 mod npy;
 pub(crate) mod parquet;
+pub(crate) mod rlds;
 pub(crate) mod torchrl;
 mod zip;
 
