@@ -1,8 +1,9 @@
 //! Ingest (`src/ingest/`): NumPy, Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN
-//! Replay (dopamine).
+//! Replay (dopamine), RLDS (TFDS).
 
 pub(crate) mod dqn;
 pub(crate) mod numpy;
 mod parquet;
+mod rlds;
 mod torchrl;
 mod unstack;

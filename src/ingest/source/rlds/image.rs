@@ -1,4 +1,7 @@
-//! The encoded images of TFDS `Image` features: PNG (the `png` crate) or JPEG (`zune-jpeg`),
+//! The encoded images of TFDS `Image` features: PNG (the `png` crate, exactly as TensorFlow decodes
+//! them) or JPEG (`jpeg-decoder`: libjpeg's accurate integer IDCT and fancy chroma upsampling,
+//! within 3 levels of libjpeg-turbo's pixels; TensorFlow's default fast IDCT, which `tfds`
+//! decodes with, differs from both by more),
 //! told apart by their first bytes as TensorFlow's `decode_image` does, decoded to `uint8`
 //! `[H, W, C]` with the channel count `features.json` declares. A grayscale image is widened to
 //! RGB(A) as TensorFlow's decoders do when asked for 3 or 4 channels; any other disagreement of
@@ -105,34 +108,41 @@ fn jpeg(
     max_side: usize,
     out: &mut Vec<u8>,
 ) -> Result<(usize, usize), String> {
-    use zune_jpeg::zune_core::bytestream::ZCursor;
-    use zune_jpeg::zune_core::colorspace::ColorSpace;
-    use zune_jpeg::zune_core::options::DecoderOptions;
-    let space = match channels {
-        1 => ColorSpace::Luma,
-        3 => ColorSpace::RGB,
-        4 => ColorSpace::RGBA,
-        c => return Err(format!("a JPEG image cannot have {c} channels")),
-    };
-    let options = DecoderOptions::default()
-        .set_max_width(max_side)
-        .set_max_height(max_side)
-        .jpeg_set_out_colorspace(space);
-    let mut dec = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    dec.decode_headers().map_err(|e| format!("JPEG: {e:?}"))?;
+    let mut dec = jpeg_decoder::Decoder::new(bytes);
+    dec.read_info().map_err(|e| format!("JPEG: {e}"))?;
     let info = dec
         .info()
         .ok_or_else(|| "JPEG: no image header".to_string())?;
     let (h, w) = (info.height as usize, info.width as usize);
     check_side(h, w, max_side)?;
-    let pixels = dec.decode().map_err(|e| format!("JPEG: {e:?}"))?;
-    if pixels.len() != h * w * channels {
+    let c = match info.pixel_format {
+        jpeg_decoder::PixelFormat::L8 => 1,
+        jpeg_decoder::PixelFormat::RGB24 => 3,
+        other => {
+            return Err(format!(
+                "JPEG: {other:?} pixels; only 8-bit gray and RGB are read"
+            ));
+        }
+    };
+    // What libjpeg returns when TensorFlow asks a colour JPEG for one channel: its luma (Y),
+    // with no colour transform.
+    let luma = c == 3 && channels == 1;
+    if luma {
+        dec.set_color_transform(jpeg_decoder::ColorTransform::None);
+    }
+    let pixels = dec.decode().map_err(|e| format!("JPEG: {e}"))?;
+    if pixels.len() != h * w * c {
         return Err(format!(
-            "JPEG: {} bytes decoded for {h}x{w}x{channels}",
+            "JPEG: {} bytes decoded for {h}x{w}x{c}",
             pixels.len()
         ));
     }
-    *out = pixels;
+    if luma {
+        out.clear();
+        out.extend(pixels.chunks_exact(3).map(|p| p[0]));
+    } else {
+        convert(&pixels, c, channels, out)?;
+    }
     Ok((h, w))
 }
 
