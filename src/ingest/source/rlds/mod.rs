@@ -241,8 +241,24 @@ impl Plan {
                         l.shape
                     ),
                 ));
-            } else if !flags.contains(&Some(i)) {
-                usable.push(i);
+            } else {
+                // Sizes a damaged features.json may claim: bounded before anything is allocated.
+                let elements = l
+                    .shape
+                    .iter()
+                    .try_fold(1usize, |n, d| n.checked_mul(d.unwrap_or(1)))
+                    .filter(|&n| n <= 1 << 30);
+                let side = l.kind != Kind::Image
+                    || l.shape[..2].iter().all(|d| d.is_none_or(|d| d <= MAX_SIDE));
+                if elements.is_none() || !side {
+                    return Err(Error::schema(
+                        key,
+                        format!("shape {:?} in features.json is too large", l.shape),
+                    ));
+                }
+                if !flags.contains(&Some(i)) {
+                    usable.push(i);
+                }
             }
         }
         if let Some(o) = &opts.observation
@@ -660,6 +676,19 @@ fn decode_images(
 ) -> std::result::Result<Vec<u8>, String> {
     let [h, w, c] = dims;
     let len = h * w * c;
+    // The first image is decoded (and its size checked) before the buffer of all is allocated.
+    let mut first = vec![];
+    if let Some(b) = blobs.first() {
+        let got = image::decode(b, c, h.max(w), &mut first)
+            .map_err(|e| format!("feature `{key}` step 0: {e}"))?;
+        if got != (h, w) {
+            return Err(format!(
+                "feature `{key}` step 0: an image of {}x{}, features.json (or the first image \
+                 of the dataset) says {h}x{w}",
+                got.0, got.1
+            ));
+        }
+    }
     let mut out = vec![0u8; len * blobs.len()];
     out.par_chunks_mut(len.max(1))
         .zip(blobs.par_iter())
@@ -893,6 +922,33 @@ fn first_image_dims(plan_features: &Features, shards: &[PathBuf], i: usize) -> R
     ))
 }
 
+/// A schema error of the plan, which `features.json` decided: named with that file.
+fn in_features(e: Error, path: &Path) -> Error {
+    let named = |reason: String| format!("{}: {reason}", path.display());
+    match e {
+        Error::SchemaMismatch {
+            column,
+            expected,
+            found,
+            reason,
+        } => Error::SchemaMismatch {
+            column,
+            expected,
+            found,
+            reason: named(reason),
+        },
+        Error::InvalidArgument { argument, reason }
+            if argument.as_deref() != Some("observation") =>
+        {
+            Error::InvalidArgument {
+                argument,
+                reason: named(reason),
+            }
+        }
+        other => other,
+    }
+}
+
 /// Ingests the RLDS (TFDS) dataset `input` into `dataset` (created if it does not exist,
 /// otherwise appended to: the schemas must match). Commits once at the end; on any error
 /// nothing is committed and a dataset this call created is removed.
@@ -925,9 +981,11 @@ pub fn ingest_rlds(
         .iter()
         .flat_map(|s| s.shards.iter().map(|x| x.0.clone()))
         .collect();
+    let features_path = root.join(features::FEATURES);
     let plan = {
         let f = features.clone();
-        Plan::build(features, opts, &|i| first_image_dims(&f, &shards, i))?
+        Plan::build(features, opts, &|i| first_image_dims(&f, &shards, i))
+            .map_err(|e| in_features(e, &features_path))?
     };
     let target = Target::open(dataset, &plan.schema)?;
     let result = (|| {
