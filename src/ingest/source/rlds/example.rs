@@ -346,7 +346,7 @@ mod tests {
             .iter()
             .flat_map(|f| f.to_le_bytes())
             .collect();
-        let mut unpacked_floats = vec![(1 << 3 | FIXED32) as u8];
+        let mut unpacked_floats = vec![1 << 3 | FIXED32];
         unpacked_floats.extend(3.0f32.to_le_bytes());
         let mut bytes = field(1, b"png1");
         bytes.extend(field(1, b""));

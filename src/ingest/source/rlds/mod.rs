@@ -530,7 +530,7 @@ fn values<'a>(
         )
     };
     let steps_of = |n: usize| {
-        if n % per_step != 0 {
+        if !n.is_multiple_of(per_step) {
             Err(format!(
                 "feature `{key}` has {n} values, not a whole number of steps of {per_step} \
                  (shape {:?} in features.json)",
