@@ -50,7 +50,9 @@ const FOLDERS: &[(&str, &[&str])] = &[
     ),
     (
         "ingest/source/rlds",
-        &["tfrecord", "example", "features", "image"],
+        &[
+            "tfrecord", "example", "features", "image", "plan", "episode",
+        ],
     ),
     (
         "loader",

@@ -8,6 +8,10 @@
 //! channels, a 16-bit image, or undecodable bytes is an error (a string, the caller names the
 //! place). The decoders run under [`crate::guard::quietly`]: a panic inside one is an error too.
 
+/// The largest image side read (a `features.json` that declares more is refused; an unknown
+/// side is learnt from the first image, at most this).
+pub(crate) const MAX_SIDE: usize = 1 << 14;
+
 /// Decodes one image into `out` (resized to `H * W * channels`); returns `(H, W)`. `max_side`
 /// bounds each side before any pixel is allocated (a damaged header cannot ask for gigabytes).
 pub(crate) fn decode(
