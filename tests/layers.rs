@@ -39,6 +39,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
         &[
             "npy",
             "dqn",
+            "rlds",
             "zip",
             "array",
             "npz_dir",
@@ -46,6 +47,12 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "torchrl",
             "parquet",
             "arrow_ipc",
+        ],
+    ),
+    (
+        "ingest/source/rlds",
+        &[
+            "tfrecord", "example", "features", "image", "plan", "episode",
         ],
     ),
     (

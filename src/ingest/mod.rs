@@ -63,6 +63,7 @@ use mapping::*;
 use source::*;
 
 pub use source::dqn::{DqnOptions, DqnReport, ingest_dqn, is_dqn};
+pub use source::rlds::{RldsOptions, RldsReport, ingest_rlds, is_rlds};
 
 /// Name of the user column that keeps the input's episode id in episode-id mode.
 pub const SOURCE_EPISODE: &str = "source_episode";

@@ -1,9 +1,10 @@
 //! Ingest (`src/ingest/`): NumPy (and directories of `.npz` shards: OGBench, episode files),
-//! Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN Replay (dopamine).
+//! Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN Replay (dopamine), RLDS (TFDS).
 
 pub(crate) mod dqn;
 pub(crate) mod npz_dir;
 pub(crate) mod numpy;
 mod parquet;
+mod rlds;
 mod torchrl;
 mod unstack;

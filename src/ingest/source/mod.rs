@@ -17,6 +17,7 @@ pub(crate) mod hdf5;
 mod npy;
 pub(crate) mod npz_dir;
 pub(crate) mod parquet;
+pub(crate) mod rlds;
 pub(crate) mod torchrl;
 mod zip;
 

@@ -2,7 +2,8 @@
 //! it did: small valid inputs of each ingest format (Parquet, Arrow IPC file and stream, `.npz`
 //! stored and deflated, a directory of `.npy` files, directories of `.npz` shards (OGBench's and
 //! one episode per file), a TorchRL dump, D4RL and Minari HDF5, a DQN
-//! Replay directory's gzipped `.npy` files) and a dataset's segment, episode table and manifest,
+//! Replay directory's gzipped `.npy` files, an RLDS directory's TFRecord shard, `features.json`
+//! and `dataset_info.json`) and a dataset's segment, episode table and manifest,
 //! and a frame dataset's dictionary, segment and episode table, get byte flips, truncations and
 //! edits of their length and offset fields (seeded, so every run tries the same few hundred
 //! cases; the pristine files are built by `targets.rs`). For each mutated input the library
@@ -23,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::{copy_tree, small_segments};
 use targets::targets;
-use trajstore::ingest::{DqnOptions, IngestOptions, InputFormat, ingest, ingest_dqn};
+use trajstore::ingest::{
+    DqnOptions, IngestOptions, InputFormat, RldsOptions, ingest, ingest_dqn, ingest_rlds,
+};
 use trajstore::{
     BoundaryPolicy, Dataset, Error, FrameStack, Gatherer, Sampler, SamplerSpec, SliceSampler,
     Snapshot,
@@ -99,6 +102,8 @@ enum Kind {
     Ingest(InputFormat, &'static str),
     /// A DQN Replay directory (`ingest_dqn`, `trajstore ingest --format dqn`).
     Dqn,
+    /// An RLDS / TFDS directory (`ingest_rlds`, `trajstore ingest --format rlds`).
+    Rlds,
     /// A file of a trajstore dataset.
     Dataset,
 }
@@ -489,6 +494,13 @@ fn run_library(kind: Kind, input: PathBuf, case: PathBuf) -> Option<Outcome> {
                     trajstore::Error::invalid_argument(format!("ingested dataset unreadable: {e}"))
                 })
             }
+            Kind::Rlds => {
+                let out = case.join("out.trajstore");
+                ingest_rlds(&input, &out, &RldsOptions::default(), small_segments())?;
+                read_dataset(&out).map_err(|e| {
+                    trajstore::Error::invalid_argument(format!("ingested dataset unreadable: {e}"))
+                })
+            }
             Kind::Dataset => read_dataset(&input),
         });
         let _ = tx.send(match result {
@@ -600,12 +612,17 @@ fn mutated_inputs_and_dataset_files_never_panic_and_errors_name_the_file() {
                         "--format".as_ref(),
                         format.as_ref(),
                     ]],
-                    Kind::Dqn => vec![vec![
+                    Kind::Dqn | Kind::Rlds => vec![vec![
                         "ingest".as_ref(),
                         root.as_os_str(),
                         out.as_os_str(),
                         "--format".as_ref(),
-                        "dqn".as_ref(),
+                        if target.kind == Kind::Dqn {
+                            "dqn"
+                        } else {
+                            "rlds"
+                        }
+                        .as_ref(),
                     ]],
                     Kind::Dataset => vec![
                         vec!["verify".as_ref(), root.as_os_str()],

@@ -1,7 +1,8 @@
 //! The pristine inputs and dataset files of the mutation test: small valid inputs of each
-//! ingest format (directories of `.npz` shards included), a dataset of tensors, a dataset of frames (its zstd dictionary, a segment and
-//! an episode table of encoded frames) and a DQN Replay directory (its gzipped `.npy` files,
-//! damaged both as gzip streams and inside).
+//! ingest format (directories of `.npz` shards included), a dataset of tensors, a dataset of
+//! frames (its zstd dictionary, a segment and an episode table of encoded frames), a DQN Replay
+//! directory (its gzipped `.npy` files, damaged both as gzip streams and inside) and an RLDS
+//! directory written by tfds (a TFRecord shard, its length and CRC fields, and the JSON files).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -232,6 +233,7 @@ pub(super) fn targets(dir: &Path) -> Vec<Target> {
     .into_iter()
     .chain(frame_targets(&pristine))
     .chain(dqn_targets(&pristine))
+    .chain(rlds_targets(&pristine))
     .collect()
 }
 
@@ -336,6 +338,43 @@ fn dqn_targets(pristine: &Path) -> Vec<Target> {
             root.clone(),
             file("add_count", first),
             Kind::Dqn,
+        ),
+    ]
+}
+
+/// The RLDS fixture written by tfds (`tests/data/rlds/rlds_robot`: PNG and JPEG images): a
+/// TFRecord shard (flips half the time in its record headers; its length and CRC fields set to
+/// extremes) and the numbers of `features.json` and `dataset_info.json`.
+fn rlds_targets(pristine: &Path) -> Vec<Target> {
+    let root = pristine.join("rlds_robot");
+    copy_tree(&fixture_path("rlds", "rlds_robot"), &root);
+    let dir = root.join("1.0.0");
+    let shard = dir.join("rlds_robot-train.tfrecord-00000-of-00002");
+    let bytes = std::fs::read(&shard).unwrap();
+    let mut shard_target = Target::new("rlds tfrecord shard", root.clone(), shard, Kind::Rlds);
+    let mut at = 0;
+    while at + 12 <= bytes.len() {
+        let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+        shard_target
+            .fields
+            .extend([(at, 8), (at + 8, 4), (at + 12 + len, 4)]);
+        shard_target.structure.push(at..at + 12);
+        at += 16 + len;
+    }
+    assert_eq!(at, bytes.len(), "the shard is whole records");
+    vec![
+        shard_target,
+        Target::new(
+            "rlds features.json",
+            root.clone(),
+            dir.join("features.json"),
+            Kind::Rlds,
+        ),
+        Target::new(
+            "rlds dataset_info.json",
+            root.clone(),
+            dir.join("dataset_info.json"),
+            Kind::Rlds,
         ),
     ]
 }

@@ -18,6 +18,8 @@ enum IngestFormat {
     Arrow,
     /// dopamine's DQN Replay layout (a `replay_logs/` directory of `$store$_*_ckpt.N.gz`).
     Dqn,
+    /// RLDS / TensorFlow Datasets (dataset_info.json, features.json, *.tfrecord-* shards).
+    Rlds,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -75,6 +77,7 @@ impl From<IngestFormat> for trajstore::ingest::InputFormat {
             IngestFormat::Hdf5 => Self::Hdf5,
             IngestFormat::Arrow => Self::Arrow,
             IngestFormat::Dqn => unreachable!("DQN Replay is ingested by its own path"),
+            IngestFormat::Rlds => unreachable!("RLDS is ingested by its own path"),
         }
     }
 }
@@ -84,8 +87,9 @@ pub(crate) struct IngestArgs {
     /// Input: a Parquet file or a directory of Parquet shards, a NumPy .npz archive, a directory
     /// of .npy files or of .npz shards (one dataset, files in natural name order: ep_2 before
     /// ep_10), a D4RL HDF5 file or Minari dataset directory, an Arrow IPC file (.arrow,
-    /// .feather), a TorchRL replay buffer directory written by rb.dumps(), or a DQN Replay
-    /// directory (dopamine's replay_logs/, or the run directory holding it).
+    /// .feather), a TorchRL replay buffer directory written by rb.dumps(), a DQN Replay
+    /// directory (dopamine's replay_logs/, or the run directory holding it), or an RLDS /
+    /// TFDS dataset directory (dataset_info.json, features.json and *.tfrecord-* shards).
     input: PathBuf,
     /// Input format (default: from the extension, else the file's first bytes).
     #[arg(long, value_enum)]
@@ -162,6 +166,9 @@ pub(crate) struct IngestArgs {
     /// DQN Replay: ingest only these checkpoints (default: all, in order).
     #[arg(long, value_delimiter = ',', value_name = "N,N,..")]
     checkpoints: Vec<u64>,
+    /// RLDS: ingest only these splits, in this order (default: all, in dataset_info.json's).
+    #[arg(long, value_delimiter = ',', value_name = "SPLIT,..")]
+    splits: Vec<String>,
     #[command(flatten)]
     write: WriteArgs,
     /// Print a JSON summary instead of text.
@@ -200,6 +207,11 @@ pub(crate) fn run(a: IngestArgs) -> Result<()> {
         || (a.format.is_none() && !stdin && trajstore::ingest::is_dqn(&a.input));
     if dqn {
         return run_dqn(&a);
+    }
+    let rlds = matches!(a.format, Some(IngestFormat::Rlds))
+        || (a.format.is_none() && !stdin && trajstore::ingest::is_rlds(&a.input));
+    if rlds {
+        return run_rlds(&a);
     }
     let format = match a.format {
         Some(f) => f.into(),
@@ -308,6 +320,72 @@ fn run_dqn(a: &IngestArgs) -> Result<()> {
             HumanCount(r.skipped),
             HumanCount(r.overlap),
             r.seconds,
+            a.dataset.display(),
+            r.version
+        );
+    }
+    Ok(())
+}
+
+fn run_rlds(a: &IngestArgs) -> Result<()> {
+    let defaults = trajstore::ingest::IngestOptions::default();
+    let unsupported = [
+        ("--episode-col", a.episode_col.is_some()),
+        ("--terminated-col", a.terminated_col.is_some()),
+        ("--truncated-col", a.truncated_col.is_some()),
+        ("--observation-cols", !a.observation_cols.is_empty()),
+        ("--action-col", a.action_col != defaults.action_col),
+        ("--action-cols", !a.action_cols.is_empty()),
+        ("--reward-col", a.reward_col != defaults.reward_col),
+        ("--no-reward", a.no_reward),
+        ("--next-observation-col", a.next_observation_col.is_some()),
+        ("--unstack", a.unstack.is_some()),
+    ];
+    if let Some((flag, _)) = unsupported.iter().find(|(_, set)| *set) {
+        bail!(
+            "{flag}: an RLDS dataset's episodes, flags, action and reward are its steps' own \
+             (--observation-col, --drop-cols, --splits, --frame-codec and --keep-tensor apply)"
+        );
+    }
+    let mut o = trajstore::ingest::RldsOptions::default();
+    o.frame_codec = (!a.keep_tensor).then(|| a.frame_codec.into());
+    o.splits = (!a.splits.is_empty()).then(|| a.splits.clone());
+    o.observation =
+        (a.observation_col != defaults.observation_col).then(|| a.observation_col.clone());
+    o.drop.clone_from(&a.drop_cols);
+    let r = trajstore::ingest::ingest_rlds(&a.input, &a.dataset, &o, a.write.options())?;
+    if a.json {
+        let columns: serde_json::Map<String, serde_json::Value> = r
+            .columns
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        outln!(
+            "{}",
+            json!({"rows": r.rows, "episodes": r.episodes, "version": r.version,
+                   "seconds": r.seconds, "rows_per_s": r.rows as f64 / r.seconds,
+                   "columns": columns, "boundaries": r.boundaries, "splits": r.splits,
+                   "shards": r.shards, "skipped": r.skipped,
+                   "empty_episodes": r.empty_episodes})
+        );
+    } else {
+        outln!("episodes from {}", r.boundaries);
+        for (stored, input) in &r.columns {
+            outln!("  {stored} <- {input}");
+        }
+        for s in &r.skipped {
+            outln!("  not stored: {s}");
+        }
+        outln!(
+            "ingested {} transitions in {} episodes ({} of one step, not stored) from splits {} \
+             ({} shards) in {:.2} s ({}/s) -> {} version {}",
+            HumanCount(r.rows),
+            HumanCount(r.episodes),
+            HumanCount(r.empty_episodes),
+            r.splits.join(", "),
+            r.shards,
+            r.seconds,
+            HumanCount((r.rows as f64 / r.seconds.max(1e-9)) as u64),
             a.dataset.display(),
             r.version
         );
