@@ -90,7 +90,7 @@ for npz in "$@"; do
         done
     fi
     if "$py" -c "import torchrl" 2>/dev/null; then
-        peer() { "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$tile" --iters 20 "$@" 2>/dev/null \
+        peer() { "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$tile" --iters 20 --tmp "$work" "$@" 2>/dev/null \
             | grep '^{' | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done; }
         peer
         peer --cold

@@ -20,8 +20,10 @@ go through less memory than the frames take (a dataset larger than RAM).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -76,15 +78,16 @@ def main() -> None:
     p.add_argument("--compressed-frames", type=int, default=200_000, help="frames put in CompressedListStorage (its extend is slow)")
     p.add_argument("--cold", action="store_true",
                    help="LazyMemmapStorage only, with the page cache dropped before each batch shape (needs root)")
+    p.add_argument("--tmp", help="where the memmap storage is written (default: the system's temporary directory)")
     p.add_argument("--cgroup", help="a memory cgroup (v1) directory to join once the storage is written "
                                     "(with --cold: 32 x (4-stack) only, read through that cgroup's memory)")
     a = p.parse_args()
     frames, episode = load(a.npz, a.tile)
     n = frames.shape[0]
     shapes = [("32x(4-stack)", 32, 4), ("256x64x(4-stack)", 256, 67)]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         t = time.perf_counter()
-        storage = LazyMemmapStorage(n, scratch_dir=tmp)
+        storage = LazyMemmapStorage(n, scratch_dir=tmp + "/scratch")
         rb = ReplayBuffer(storage=storage)
         chunk = 100_000
         for i in range(0, n, chunk):
@@ -96,7 +99,17 @@ def main() -> None:
         load_s = time.perf_counter() - t
         cache = "warm"
         if a.cold:
+            # A memmap that this process wrote stays mapped, and mapped pages survive
+            # drop_caches: save it (rb.dumps) and map the files afresh, untouched (TorchRL maps
+            # rather than copies when the new storage's scratch_dir is the saved storage).
             del frames
+            rb.dumps(tmp + "/dump")
+            del rb, storage
+            gc.collect()
+            shutil.rmtree(tmp + "/scratch")
+            storage = LazyMemmapStorage(n, scratch_dir=tmp + "/dump/storage")
+            rb = ReplayBuffer(storage=storage)
+            rb.loads(tmp + "/dump")
             if a.cgroup:
                 with open(f"{a.cgroup}/cgroup.procs", "w") as f:
                     f.write(f"{os.getpid()}\n")

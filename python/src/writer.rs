@@ -287,12 +287,28 @@ pub fn ingest(
     let mut format: Option<String> = None;
     let mut wopts = WriterOptions::default();
     let mut keep_tensor = false;
+    let mut rlds = trajstore::ingest::RldsOptions::default();
+    // Options that name input columns: not for RLDS, whose steps say what they are.
+    let mut mapped: Vec<String> = vec![];
     if let Some(d) = options {
         for (k, v) in d.iter() {
             if v.is_none() {
                 continue;
             }
             let key: String = k.extract()?;
+            if !matches!(
+                key.as_str(),
+                "format"
+                    | "observation_col"
+                    | "drop_cols"
+                    | "batch_rows"
+                    | "segment_bytes"
+                    | "frame_codec"
+                    | "keep_tensor"
+                    | "splits"
+            ) {
+                mapped.push(key.clone());
+            }
             let s = || v.extract::<String>();
             let list = || v.extract::<Vec<String>>();
             match key.as_str() {
@@ -300,14 +316,20 @@ pub fn ingest(
                 "episode_col" => o.episode_col = Some(s()?),
                 "terminated_col" => o.terminated_col = Some(s()?),
                 "truncated_col" => o.truncated_col = Some(s()?),
-                "observation_col" => o.observation_col = s()?,
+                "observation_col" => {
+                    o.observation_col = s()?;
+                    rlds.observation = Some(o.observation_col.clone());
+                }
                 "observation_cols" => o.observation_cols = list()?,
                 "action_col" => o.action_col = s()?,
                 "action_cols" => o.action_cols = list()?,
                 "reward_col" => o.reward_col = s()?,
                 "no_reward" => o.no_reward = v.extract()?,
                 "next_observation_col" => o.next_observation_col = Some(s()?),
-                "drop_cols" => o.drop_cols = list()?,
+                "drop_cols" => {
+                    o.drop_cols = list()?;
+                    rlds.drop.clone_from(&o.drop_cols);
+                }
                 "batch_rows" => o.batch_rows = v.extract()?,
                 "segment_bytes" => wopts = wopts.with_segment_bytes(v.extract()?),
                 "frame_codec" => {
@@ -320,6 +342,7 @@ pub fn ingest(
                 "stack_size" => dqn.stack_size = v.extract()?,
                 "checkpoints" => dqn.checkpoints = Some(v.extract()?),
                 "convention" => o.convention = Some(s()?.parse().py()?),
+                "splits" => rlds.splits = Some(list()?),
                 other => {
                     return Err(argument(other, format!("unknown ingest option `{other}`")));
                 }
@@ -356,6 +379,30 @@ pub fn ingest(
         })
         .to_string());
     }
+    let is_rlds = match format.as_deref() {
+        Some("rlds") => true,
+        None => trajstore::ingest::is_rlds(&input),
+        Some(_) => false,
+    };
+    if is_rlds {
+        if let Some(key) = mapped.first() {
+            return Err(argument(
+                key,
+                format!(
+                    "`{key}`: an RLDS dataset's episodes, flags, action and reward are its steps' \
+                     own (observation_col, drop_cols, splits, frame_codec and keep_tensor apply)"
+                ),
+            ));
+        }
+        rlds.frame_codec = o.frame_codec;
+        let r = py
+            .detach(|| trajstore::ingest::ingest_rlds(&input, &dataset, &rlds, wopts))
+            .py()?;
+        return Ok(r.to_json().to_string());
+    }
+    if rlds.splits.is_some() {
+        return Err(argument("splits", "splits are RLDS datasets' only"));
+    }
     if dqn.checkpoints.is_some() {
         return Err(argument("checkpoints", "checkpoints are DQN Replay's only"));
     }
@@ -370,7 +417,7 @@ pub fn ingest(
             return Err(argument(
                 "format",
                 format!(
-                    "unknown format `{other}`: use parquet, numpy, hdf5, arrow, torchrl or dqn"
+                    "unknown format `{other}`: use parquet, numpy, hdf5, arrow, torchrl, dqn or rlds"
                 ),
             ));
         }

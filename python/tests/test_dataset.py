@@ -321,3 +321,22 @@ def test_ingest_reads_an_ogbench_directory_and_says_so(tmp_path):
     with pytest.raises(trajstore.TrajstoreError):
         trajstore.ingest(src, tmp_path / "bad2.trajstore", convention="episode-files")
     assert not (tmp_path / "bad2.trajstore" / "versions").exists()
+
+
+def test_ingest_reads_an_rlds_directory(tmp_path):
+    """An RLDS dataset written by tensorflow-datasets (tests/data/rlds): recognised, its images
+    become a frame column, one split can be chosen, and column-mapping options are refused."""
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "rlds" / "rlds_robot"
+    every = trajstore.ingest(src, tmp_path / "all.trajstore")
+    assert sorted(every["splits"]) == ["test", "train"] and every["shards"] == 4
+    train = trajstore.ingest(src, tmp_path / "train.trajstore", splits=["train"])
+    assert train["splits"] == ["train"] and 0 < train["rows"] < every["rows"]
+    ds = trajstore.open(tmp_path / "all.trajstore")
+    assert ds.num_transitions == every["rows"]
+    assert str(ds.schema.field("observation").type) == "large_binary"  # a frame column
+    with pytest.raises(trajstore.InvalidArgumentError, match="episode_col"):
+        trajstore.ingest(src, tmp_path / "bad.trajstore", episode_col="episode")
+    with pytest.raises(trajstore.InvalidArgumentError, match="splits"):
+        trajstore.ingest(tmp_path / "x.npz", tmp_path / "bad2.trajstore", splits=["train"])

@@ -89,6 +89,10 @@ def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]
     without it) reads dopamine's DQN Replay layout, with ``stack_size`` (default 4) and
     ``checkpoints`` (a list of checkpoint numbers; default all).
 
+    A TFDS/RLDS directory (``dataset_info.json``, ``features.json``, ``*.tfrecord-*``; recognised,
+    or ``format="rlds"``) takes ``splits`` (a list of split names), ``observation_col`` (the step
+    feature that becomes the observation), ``drop_cols``, ``frame_codec`` and ``keep_tensor``.
+
     A directory of ``.npz`` shards is one dataset (name order); ``convention``: ``"rows"``,
     ``"ogbench"`` (recognised from OGBench's keys) or ``"episode-files"`` (one episode per file,
     ``T + 1`` observations; recognised), as the CLI's ``--convention``.

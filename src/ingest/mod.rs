@@ -179,15 +179,19 @@ impl std::str::FromStr for Convention {
     type Err = Error;
     /// `rows`, `ogbench` or `episode-files`.
     fn from_str(s: &str) -> Result<Self> {
-        [Convention::Rows, Convention::Ogbench, Convention::EpisodeFiles]
-            .into_iter()
-            .find(|c| c.name() == s)
-            .ok_or_else(|| {
-                Error::argument(
-                    "convention",
-                    format!("unknown convention `{s}` (one of rows, ogbench, episode-files)"),
-                )
-            })
+        [
+            Convention::Rows,
+            Convention::Ogbench,
+            Convention::EpisodeFiles,
+        ]
+        .into_iter()
+        .find(|c| c.name() == s)
+        .ok_or_else(|| {
+            Error::argument(
+                "convention",
+                format!("unknown convention `{s}` (one of rows, ogbench, episode-files)"),
+            )
+        })
     }
 }
 

@@ -355,19 +355,7 @@ fn run_rlds(a: &IngestArgs) -> Result<()> {
     o.drop.clone_from(&a.drop_cols);
     let r = trajstore::ingest::ingest_rlds(&a.input, &a.dataset, &o, a.write.options())?;
     if a.json {
-        let columns: serde_json::Map<String, serde_json::Value> = r
-            .columns
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        outln!(
-            "{}",
-            json!({"rows": r.rows, "episodes": r.episodes, "version": r.version,
-                   "seconds": r.seconds, "rows_per_s": r.rows as f64 / r.seconds,
-                   "columns": columns, "boundaries": r.boundaries, "splits": r.splits,
-                   "shards": r.shards, "skipped": r.skipped,
-                   "empty_episodes": r.empty_episodes})
-        );
+        outln!("{}", r.to_json());
     } else {
         outln!("episodes from {}", r.boundaries);
         for (stored, input) in &r.columns {

@@ -115,6 +115,26 @@ pub struct RldsReport {
     pub empty_episodes: u64,
 }
 
+impl RldsReport {
+    /// The report as `trajstore ingest --json` and Python's `trajstore.ingest` give it: the
+    /// fields of [`crate::ingest::IngestReport::to_json`] (`convention` null), plus `splits`,
+    /// `shards`, `skipped` and `empty_episodes`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let columns: serde_json::Map<String, serde_json::Value> = self
+            .columns
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+            .collect();
+        serde_json::json!({
+            "rows": self.rows, "episodes": self.episodes, "version": self.version,
+            "seconds": self.seconds, "rows_per_s": self.rows as f64 / self.seconds.max(1e-9),
+            "columns": columns, "boundaries": self.boundaries, "convention": null,
+            "splits": self.splits, "shards": self.shards, "skipped": self.skipped,
+            "empty_episodes": self.empty_episodes,
+        })
+    }
+}
+
 /// Whether `input` is a TFDS dataset directory (`dataset_info.json` and `features.json`, in it
 /// or in its only `<name>/<version>/` below).
 pub fn is_rlds(input: &Path) -> bool {
