@@ -30,10 +30,11 @@ import tempfile
 import time
 
 import numpy as np
-import torch
 from tensordict import TensorDict
 from torchrl.data import CompressedListStorage, LazyMemmapStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
+
+import torch
 
 
 def load(npz: str, tile: int) -> tuple[np.ndarray, np.ndarray]:
