@@ -234,7 +234,9 @@ pub(crate) fn stream(
         1
     };
     let mut asm = Assembler::new(writer, mapping);
-    asm.extra = extra;
+    if let Some(extra) = extra {
+        asm.extra = Some(extra);
+    }
     // Input files that must end on an episode end (OGBench's).
     let ends = source.file_ends();
     let mut ends = ends.iter().peekable();

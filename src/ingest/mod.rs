@@ -472,7 +472,7 @@ pub fn infer_schema(
         return Ok(Mapping::build(&head, opts)?.schema);
     }
     let source = open_source(input, format, opts)?;
-    let plan = Mapping::build(source.as_ref(), opts)?;
+    let plan = Mapping::build(source.as_ref(), &data_options(input, format, opts)?)?;
     match cameras(input, format, opts)? {
         Some(c) => c.schema(&plan.schema),
         None => Ok(plan.schema),
@@ -491,6 +491,23 @@ fn cameras(
         return Ok(None);
     }
     lerobot::Cameras::detect(input, &opts.drop_cols, opts.frame_codec)
+}
+
+/// `opts` for the Parquet half of a LeRobot dataset: a camera in `drop_cols` (which leaves the
+/// camera out) is not one of its columns.
+#[cfg(feature = "video")]
+fn data_options(input: &Path, format: InputFormat, opts: &IngestOptions) -> Result<IngestOptions> {
+    let mut o = opts.clone();
+    if format == InputFormat::Parquet {
+        let keys = lerobot::video_keys(input)?;
+        o.drop_cols.retain(|d| !keys.contains(d));
+    }
+    Ok(o)
+}
+
+#[cfg(not(feature = "video"))]
+fn data_options(_: &Path, _: InputFormat, opts: &IngestOptions) -> Result<IngestOptions> {
+    Ok(opts.clone())
 }
 
 #[cfg(not(feature = "video"))]
@@ -554,7 +571,7 @@ pub fn ingest(
     let started = Instant::now();
     let source = open_source(input, format, opts)?;
     let source = source.as_ref();
-    let mut plan = Mapping::build(source, opts)?;
+    let mut plan = Mapping::build(source, &data_options(input, format, opts)?)?;
     let mut cams = cameras(input, format, opts)?;
     let stored = match &cams {
         Some(c) => c.schema(&plan.schema)?,

@@ -175,7 +175,15 @@ impl VideoFile {
             .find(|&i| t.samples[i].sync)
             .ok_or_else(|| Error::invalid_data(format!("no key frame at or before sample {lo}")))?;
         let mut decoder = match t.codec {
-            Codec::Av1 => Decoder::Av1(av1::Av1Decoder::new()?),
+            Codec::Av1 => {
+                let mut d = av1::Av1Decoder::new()?;
+                if t.config.len() > 4 {
+                    // The sequence header of `av1C` (its configOBUs), in case the key frame
+                    // decoding starts at does not repeat it. It decodes to no picture.
+                    d.decode(&t.config[4..], -1, &mut vec![])?;
+                }
+                Decoder::Av1(d)
+            }
             Codec::H264 => Decoder::H264(h264::H264Decoder::new(&t.config)?),
             Codec::Hevc => unreachable!("refused by open"),
         };
@@ -184,17 +192,7 @@ impl VideoFile {
         for i in start..=hi {
             t.read_sample(&mut self.file, i, &mut buf)?;
             match &mut decoder {
-                Decoder::Av1(d) => {
-                    if i == start && t.config.len() > 4 {
-                        // The sequence header of `av1C` (configOBUs), in case this key frame
-                        // does not repeat it.
-                        let mut tu = t.config[4..].to_vec();
-                        tu.extend_from_slice(&buf);
-                        d.decode(&tu, i as i64, &mut out)?;
-                    } else {
-                        d.decode(&buf, i as i64, &mut out)?;
-                    }
-                }
+                Decoder::Av1(d) => d.decode(&buf, i as i64, &mut out)?,
                 Decoder::H264(d) => d.decode(&buf, &mut out)?,
             }
         }

@@ -84,7 +84,6 @@ impl YuvToRgb {
     ///
     /// # Panics
     /// When a plane is shorter than its stride and the picture's size say (callers check).
-    #[allow(clippy::too_many_arguments)]
     pub fn convert(
         &self,
         (w, h): (usize, usize),

@@ -104,6 +104,25 @@ fn format_template(template: &str, values: &[(&str, &str, i64)]) -> Option<Strin
     Some(out)
 }
 
+/// The keys of every video feature of the LeRobot dataset at `root` (none for any other input).
+pub(crate) fn video_keys(root: &Path) -> Result<Vec<String>> {
+    let info_path = root.join("meta").join("info.json");
+    if !root.is_dir() || !info_path.is_file() {
+        return Ok(vec![]);
+    }
+    let info = read_json(&info_path)?;
+    Ok(info
+        .get("features")
+        .and_then(|f| f.as_object())
+        .map(|f| {
+            f.iter()
+                .filter(|(_, v)| v.get("dtype").and_then(|d| d.as_str()) == Some("video"))
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 impl Cameras {
     /// The cameras of the LeRobot dataset at `root` (a directory with `meta/info.json`), or
     /// `None` when it has no video feature or is not a LeRobot dataset. Cameras named in
@@ -425,7 +444,7 @@ fn episodes_v3(
                     let rel = format_template(
                         video_path,
                         &[
-                            ("video_key", &c.key, 0),
+                            ("video_key", c.key.as_str(), 0),
                             ("chunk_index", "", chunk),
                             ("file_index", "", fi),
                         ],
@@ -483,7 +502,7 @@ fn episodes_v2(
                 let rel = format_template(
                     video_path,
                     &[
-                        ("video_key", &c.key, 0),
+                        ("video_key", c.key.as_str(), 0),
                         ("episode_chunk", "", id / chunks_size),
                         ("episode_index", "", id),
                     ],
