@@ -22,7 +22,22 @@ pub(super) struct H264Decoder {
     /// Bytes of each NAL unit's length prefix (1, 2 or 4).
     nal_len: usize,
     colour: ColourSpace,
+    /// The SPS and PPS of `avcC`, already decoded.
+    params: Vec<Vec<u8>>,
+    /// They as an Annex B stream.
+    prefix: Vec<u8>,
+    /// Samples decoded since the decoder was made.
+    decoded: usize,
     annexb: Vec<u8>,
+}
+
+/// A decoder that has decoded `prefix` (the parameter sets).
+fn fresh(prefix: &[u8]) -> Result<Decoder> {
+    let mut dec = Decoder::new().map_err(failed)?;
+    super::guarded("H.264 parameter sets", || {
+        dec.decode(prefix).map(|_| ()).map_err(failed)
+    })?;
+    Ok(dec)
 }
 
 fn failed(what: impl std::fmt::Display) -> Error {
@@ -43,6 +58,7 @@ impl H264Decoder {
         }
         let mut at = 5;
         let mut prefix = vec![];
+        let mut params = vec![];
         let mut colour = ColourSpace::default();
         for round in 0..2 {
             let count = *avcc.get(at).ok_or_else(|| bad("ends early"))? as usize;
@@ -63,17 +79,17 @@ impl H264Decoder {
                 }
                 prefix.extend_from_slice(&START);
                 prefix.extend_from_slice(nal);
+                params.push(nal.to_vec());
                 at += 2 + n;
             }
         }
-        let mut dec = Decoder::new().map_err(failed)?;
-        super::guarded("H.264 parameter sets", || {
-            dec.decode(&prefix).map(|_| ()).map_err(failed)
-        })?;
         Ok(H264Decoder {
-            dec,
+            dec: fresh(&prefix)?,
             nal_len,
             colour,
+            params,
+            prefix,
+            decoded: 0,
             annexb: vec![],
         })
     }
@@ -82,6 +98,7 @@ impl H264Decoder {
     /// gives no input timestamp back; the caller assigns pictures in presentation order).
     pub(super) fn decode(&mut self, sample: &[u8], out: &mut Vec<Picture>) -> Result<()> {
         self.annexb.clear();
+        let mut idr = false;
         let mut at = 0;
         while at < sample.len() {
             let head = sample
@@ -91,10 +108,27 @@ impl H264Decoder {
             let nal = sample
                 .get(at + self.nal_len..at + self.nal_len + n)
                 .ok_or_else(|| failed("a NAL unit runs past the end of its sample"))?;
+            at += self.nal_len + n;
+            // libx264 repeats the SPS and PPS in band at each episode's first frame (LeRobot's
+            // MP4s are episodes concatenated); given again mid-stream, OpenH264 fails on the
+            // next P frame. The ones `avcC` gave are left out; a new one is passed on.
+            let kind = nal.first().map_or(0, |b| b & 0x1f);
+            idr |= kind == 5;
+            if (kind == 7 || kind == 8) && self.params.iter().any(|p| p == nal) {
+                continue;
+            }
             self.annexb.extend_from_slice(&START);
             self.annexb.extend_from_slice(nal);
-            at += self.nal_len + n;
         }
+        if idr && self.decoded > 0 {
+            // Nothing after an IDR picture refers to anything before it: a new decoder. One
+            // decoder for a long run fails (OpenH264 2.6 runs out of pictures after 8 frames of
+            // LeRobot's `g=2` streams, `dsOutOfMemory`), one per IDR picture does not.
+            self.flush(out)?;
+            self.dec = fresh(&self.prefix)?;
+            self.decoded = 0;
+        }
+        self.decoded += 1;
         let colour = self.colour;
         let (dec, data) = (&mut self.dec, &self.annexb);
         let picture = super::guarded("H.264 sample", || {

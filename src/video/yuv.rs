@@ -10,13 +10,23 @@ use crate::error::{Error, Result};
 
 /// The colour description of decoded frames: ISO/IEC 23091-4 matrix coefficients (as AV1,
 /// H.264 and FFmpeg number them) and range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ColourSpace {
     /// Matrix coefficients (1 BT.709, 2 unspecified, 4 FCC, 5/6 BT.601, 7 SMPTE 240M,
     /// 9/10 BT.2020).
     pub matrix: u8,
     /// Full (JPEG) range rather than limited (MPEG) range.
     pub full_range: bool,
+}
+
+impl Default for ColourSpace {
+    /// What a stream that says nothing is: matrix unspecified (BT.601), limited range.
+    fn default() -> Self {
+        ColourSpace {
+            matrix: 2,
+            full_range: false,
+        }
+    }
 }
 
 /// swscale's `ff_yuv2rgb_coeffs` (crv, cbu, cgu, cgv; 16.16) for a matrix.

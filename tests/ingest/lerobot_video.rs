@@ -54,10 +54,14 @@ fn stored_frames(snap: &Snapshot, name: &str) -> Vec<u8> {
     let mut out = vec![];
     let mut buf = vec![0u8; dec.frame_len()];
     for seg in snap.segments() {
-        let run = seg.frames(name, 0, seg.num_rows() as usize).unwrap();
-        for r in 0..run.len() {
-            dec.decode_into(run.frame(r).unwrap(), &mut buf).unwrap();
-            out.extend_from_slice(&buf);
+        let t = seg.episode_table();
+        for i in 0..t.len() {
+            let (start, len) = (t.row_starts()[i], t.lengths()[i]);
+            let run = seg.frames(name, start, len as usize).unwrap();
+            for r in 0..run.len() {
+                dec.decode_into(run.frame(r).unwrap(), &mut buf).unwrap();
+                out.extend_from_slice(&buf);
+            }
         }
     }
     out
