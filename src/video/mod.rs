@@ -7,10 +7,10 @@
 //! - [`yuv`]: `yuv420p` → RGB, bit-exact with FFmpeg's swscale on x86-64 (what PyAV's
 //!   `to_ndarray(format="rgb24")`, and so LeRobot's decoders, give).
 //!
-//! [`VideoFile::frames_at`] is what an ingest calls: the frames nearest given timestamps, each
-//! within a tolerance, decoded from the key frame before the first of them. A damaged file or
-//! a timestamp with no frame is an [`Error::InvalidData`] that names the file (the caller adds
-//! the camera and episode), never a panic.
+//! An ingest calls [`VideoFile::sample_at`] (the frame nearest a timestamp, within a tolerance)
+//! and [`VideoFile::decode`] (those frames, decoded from the key frame before the first of
+//! them). A damaged file or a timestamp with no frame is an [`Error::InvalidData`] that names
+//! the file (the caller adds the camera and episode), never a panic.
 
 use std::fs::File;
 use std::path::Path;
@@ -76,7 +76,7 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 enum Decoder {
     Av1(av1::Av1Decoder),
-    H264(h264::H264Decoder),
+    H264(Box<h264::H264Decoder>),
 }
 
 /// An open MP4 video file: its track, read on demand.
@@ -184,7 +184,7 @@ impl VideoFile {
                 }
                 Decoder::Av1(d)
             }
-            Codec::H264 => Decoder::H264(h264::H264Decoder::new(&t.config)?),
+            Codec::H264 => Decoder::H264(Box::new(h264::H264Decoder::new(&t.config)?)),
             Codec::Hevc => unreachable!("refused by open"),
         };
         let mut out = vec![];
