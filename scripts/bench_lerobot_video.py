@@ -50,6 +50,7 @@ ap.add_argument("--width", type=int, default=640)
 ap.add_argument("--episodes", type=int, default=10)
 ap.add_argument("--frames", type=int, default=150)
 ap.add_argument("--batch", type=int, default=256)
+ap.add_argument("--noise", type=float, default=2.0, help="sensor noise (standard deviation, 0-255 scale)")
 ap.add_argument("--keep")
 args = ap.parse_args()
 
@@ -67,7 +68,8 @@ def image(cam: int, ep: int, t: int) -> np.ndarray:
     img = texture[:, x0 : x0 + W].copy()
     s = (t * 5 + ep * 11) % (W - 64)
     img[100 + cam * 40 : 164 + cam * 40, s : s + 64] = (230, 40 + 10 * ep % 200, 60)
-    img += np.random.default_rng(ep * 100000 + t * 10 + cam).normal(0, 2, img.shape)
+    if args.noise > 0:
+        img += np.random.default_rng(ep * 100000 + t * 10 + cam).normal(0, args.noise, img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
@@ -134,7 +136,7 @@ zstd_s = time.perf_counter() - t0
 
 raw = frames * H * W * 3
 print(json.dumps({
-    "frames": frames, "shape": [H, W, 3], "raw_bytes": raw,
+    "frames": frames, "shape": [H, W, 3], "noise": args.noise, "raw_bytes": raw,
     "mp4_bytes": mp4_bytes, "mp4_bytes_per_frame": mp4_bytes / frames,
     "frame_column_bytes": sum(stored.values()), "frame_column_bytes_per_frame": sum(stored.values()) / frames,
     "ingest_s": ingest_s, "ingest_frames_per_s": frames / ingest_s,
