@@ -372,3 +372,61 @@ fn dropping_a_camera_keeps_the_others() {
     let (want, _) = expected(&format!("v3_av1/{TOP}/rgb"));
     assert!(stored_frames(&snap, TOP) == [want.clone(), want].concat());
 }
+
+/// The cameras sample like any frame column: a batch of slices gathers each camera's frames of
+/// the sampled steps (decoded by the gather).
+#[test]
+fn sampled_slices_carry_the_cameras_frames() {
+    use trajstore::{Batch, Gatherer, Sampler, SamplerSpec, SliceSampler};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    ingest_dir(&fixture_path("lerobot_video", "v3_av1"), &out).unwrap();
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    let spec = SamplerSpec::uniform(4, 16).with_seed(7);
+    let index = snap.slice_index(4, spec.policy).unwrap();
+    let sampler = SliceSampler::try_new(index, snap.episodes(), &spec).unwrap();
+    let gatherer = Gatherer::try_new(&snap, &[TOP, WRIST, "observation"]).unwrap();
+    let (mut plan, mut batch) = (vec![], Batch::default());
+    sampler.plan(0, &mut plan);
+    gatherer.gather(&plan, &mut batch).unwrap();
+    let starts = [0usize, 8, 14];
+    let frame = H * W * 3;
+    for key in [TOP, WRIST] {
+        let (want, _) = expected(&format!("v3_av1/{key}/rgb"));
+        let col = batch.column(key).unwrap();
+        assert_eq!(col.shape, [H, W, 3]);
+        let got = col.values::<u8>();
+        for i in 0..batch.num_slices {
+            let (ep, start) = (batch.episode_id[i] as usize, batch.start_step[i]);
+            assert!(start >= 0);
+            for t in 0..batch.slice_len {
+                let row = starts[ep] + start as usize + t;
+                let k = i * batch.slice_len + t;
+                assert!(
+                    got[k * frame..(k + 1) * frame] == want[row * frame..(row + 1) * frame],
+                    "{key}: slice {i} step {t}"
+                );
+            }
+        }
+    }
+}
+
+/// The README's command: `trajstore ingest DIR DS` keeps the cameras.
+#[test]
+fn the_cli_ingests_a_lerobot_dataset_with_its_cameras() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = fixture_path("lerobot_video", "v3_av1");
+    let out = dir.path().join("ds");
+    let (code, stdout, stderr) = crate::common::run_cli(&[
+        "ingest",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["rows"], 24);
+    assert_eq!(report["columns"][TOP], format!("videos/{TOP}"));
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert!(snap.frame_column(WRIST).is_some());
+}
