@@ -430,3 +430,44 @@ fn the_cli_ingests_a_lerobot_dataset_with_its_cameras() {
     let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert!(snap.frame_column(WRIST).is_some());
 }
+
+/// Timing probe, run by hand (BENCHMARKS.md): libdav1d through `VideoFile::decode` on an MP4 of
+/// `scripts/bench_lerobot_video.py --keep DIR` (`LEROBOT_BENCH_MP4=DIR/v3/videos/<key>/chunk-000/
+/// file-000.mp4 cargo test --features video --test integration -- --ignored dav1d_timing
+/// --nocapture`): sequential decoding, 256 random one-frame decodes (a decoder each, from the
+/// key frame before), and the YUV -> RGB conversion.
+#[test]
+#[ignore]
+fn dav1d_timing() {
+    let Some(f) = std::env::var_os("LEROBOT_BENCH_MP4") else {
+        return;
+    };
+    let mut v = VideoFile::open(Path::new(&f)).unwrap();
+    let n = v.track().samples.len();
+    let t0 = std::time::Instant::now();
+    let all = v.decode(&(0..n).collect::<Vec<_>>()).unwrap();
+    let seq = t0.elapsed().as_secs_f64();
+    let mut x = 12345u64;
+    let t0 = std::time::Instant::now();
+    for _ in 0..256 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        v.decode(&[(x >> 33) as usize % n]).unwrap();
+    }
+    let rnd = t0.elapsed().as_secs_f64();
+    let mut rgb = vec![0u8; all[0].width * all[0].height * 3];
+    let t0 = std::time::Instant::now();
+    for p in &all {
+        p.to_rgb(&mut rgb).unwrap();
+    }
+    let conv = t0.elapsed().as_secs_f64() / n as f64;
+    eprintln!(
+        "{n} frames: sequential {:.0} frames/s; 256 random one-frame slices {:.3} s ({:.0} frames/s); \
+         YUV -> RGB {:.2} ms per frame",
+        n as f64 / seq,
+        rnd,
+        256.0 / rnd,
+        conv * 1e3
+    );
+}
