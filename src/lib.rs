@@ -75,6 +75,8 @@ pub mod synth;
 #[cfg(feature = "torch")]
 pub mod torch;
 pub mod units;
+#[cfg(feature = "video")]
+pub mod video;
 
 mod fault;
 mod guard;

@@ -54,6 +54,8 @@ pub struct TransitionSchema {
     action: ActionKind,
     /// The observation's frame spec, when it is a frame column.
     frame: Option<FrameSpec>,
+    /// User columns that are frame columns (a LeRobot dataset's cameras), in column order.
+    user_frames: Vec<(String, FrameSpec)>,
     /// What a writer is given: the payload, with frame columns as raw `uint8` tensors.
     input: SchemaRef,
 }
@@ -423,6 +425,7 @@ impl TransitionSchema {
             }
         }
         let mut seen = std::collections::HashSet::new();
+        let mut user_frames = vec![];
         for f in fields {
             if !seen.insert(f.name().as_str()) {
                 return Err(Error::schema(f.name(), "duplicate column"));
@@ -430,11 +433,20 @@ impl TransitionSchema {
             if f.name() == col::OBSERVATION && frame.is_some() {
                 continue;
             }
-            if field_frame(f)?.is_some() {
-                return Err(Error::schema(
-                    f.name(),
-                    "only the observation may be a frame column",
-                ));
+            if let Some(spec) = field_frame(f)? {
+                // Boundary, action and reward columns were checked above; a frame
+                // `next_observation` is refused below.
+                if f.name() == col::NEXT_OBSERVATION {
+                    continue;
+                }
+                if f.is_nullable() {
+                    return Err(Error::schema(
+                        f.name(),
+                        "a frame column must not be nullable",
+                    ));
+                }
+                user_frames.push((f.name().clone(), spec));
+                continue;
             }
             if format::type_name(f.data_type()).is_none() {
                 return Err(Error::schema_types(
@@ -490,17 +502,22 @@ impl TransitionSchema {
                  episode table holds each episode's final frame",
             ));
         }
-        let input = match &frame {
-            None => payload.clone(),
-            Some(spec) => {
-                let mut fields: Vec<Field> = payload
-                    .fields()
-                    .iter()
-                    .map(|f| f.as_ref().clone())
-                    .collect();
+        let input = if frame.is_none() && user_frames.is_empty() {
+            payload.clone()
+        } else {
+            let mut fields: Vec<Field> = payload
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            if let Some(spec) = &frame {
                 fields[0] = tensor_field(col::OBSERVATION, DataType::UInt8, &spec.shape, false)?;
-                Arc::new(Schema::new(fields))
             }
+            for (name, spec) in &user_frames {
+                let i = payload.index_of(name).expect("a payload column");
+                fields[i] = tensor_field(name, DataType::UInt8, &spec.shape, false)?;
+            }
+            Arc::new(Schema::new(fields))
         };
         let mut ep_fields = vec![
             Field::new(ep::EPISODE_ID, DataType::UInt64, false),
@@ -525,6 +542,7 @@ impl TransitionSchema {
             obs_shape,
             action: action_kind,
             frame,
+            user_frames,
             input,
         })
     }
@@ -532,6 +550,15 @@ impl TransitionSchema {
     /// The observation's frame spec, when observations are a frame column.
     pub fn frame_spec(&self) -> Option<&FrameSpec> {
         self.frame.as_ref()
+    }
+
+    /// Every frame column with its spec: the observation first (when it is one), then the user
+    /// columns that are frame columns (a LeRobot dataset's cameras), in column order.
+    pub fn frame_columns(&self) -> Vec<(&str, &FrameSpec)> {
+        let obs = self.frame.as_ref().map(|f| (col::OBSERVATION, f));
+        obs.into_iter()
+            .chain(self.user_frames.iter().map(|(n, f)| (n.as_str(), f)))
+            .collect()
     }
 
     /// The schema of the episodes a writer is given: [`TransitionSchema::payload_schema`], except
@@ -546,8 +573,20 @@ impl TransitionSchema {
         &self,
         dictionary: Option<crate::frames::DictionaryRef>,
     ) -> Result<Self> {
-        let Some(spec) = &self.frame else {
-            return Err(Error::invalid_argument("the dataset has no frame column"));
+        self.with_column_dictionary(col::OBSERVATION, dictionary)
+    }
+
+    /// This schema with frame column `name`'s dictionary set to `dictionary` (or its codec
+    /// changed to plain `zstd` when `dictionary` is `None`).
+    pub fn with_column_dictionary(
+        &self,
+        name: &str,
+        dictionary: Option<crate::frames::DictionaryRef>,
+    ) -> Result<Self> {
+        let Some((_, spec)) = self.frame_columns().into_iter().find(|(n, _)| *n == name) else {
+            return Err(Error::invalid_argument(format!(
+                "the dataset has no frame column `{name}`"
+            )));
         };
         let mut spec = spec.clone();
         if dictionary.is_none() {
@@ -560,7 +599,8 @@ impl TransitionSchema {
             .iter()
             .map(|f| f.as_ref().clone())
             .collect();
-        fields[6] = frame_field(col::OBSERVATION, &spec, false)?;
+        let i = self.schema.index_of(name).expect("a frame column");
+        fields[i] = frame_field(name, &spec, false)?;
         Self::try_from_arrow(&Schema::new(fields))
     }
 

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top. A module may use those before it; `fault` (crash points) and `guard` (quiet panic catching) may be used by all.
 const ORDER: &[&str] = &[
-    "error", "units", "progress", "iofloor", "format", "frames", "schema", "stats", "index",
-    "store", "remote", "open", "synth", "ingest", "sample", "gather", "loader", "torch", "sql",
+    "error", "units", "progress", "iofloor", "format", "frames", "video", "schema", "stats",
+    "index", "store", "remote", "open", "synth", "ingest", "sample", "gather", "loader", "torch",
+    "sql",
 ];
 const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 
@@ -46,6 +47,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "hdf5",
             "torchrl",
             "parquet",
+            "lerobot",
             "arrow_ipc",
         ],
     ),
@@ -105,6 +107,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "loader",
         ],
     ),
+    ("video", &["mp4", "yuv", "av1", "h264"]),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -704,10 +704,10 @@ impl Gatherer {
                 let table_row = s.episode as usize - self.segment_first_episode[loc.segment];
                 let steps = (a as usize, b as usize, len as usize);
                 // The observation first, so that `next_observation` can copy its frames.
-                let obs = self
-                    .columns
-                    .iter()
-                    .position(|c| matches!(&c.source, ColumnSource::Frames(f) if !f.next));
+                let obs = self.columns.iter().position(|c| {
+                    c.name == col::OBSERVATION
+                        && matches!(&c.source, ColumnSource::Frames(f) if !f.next)
+                });
                 let frames = |next: bool| {
                     self.columns
                         .iter()

@@ -17,6 +17,8 @@ use crate::store::{DatasetWriter, EpisodeEnd};
 pub(crate) struct Assembler<'a> {
     pub(crate) writer: &'a mut DatasetWriter,
     mapping: &'a Mapping,
+    /// Columns added to each episode (a LeRobot dataset's cameras).
+    extra: Option<&'a mut dyn EpisodeColumns>,
     /// Converted rows of the episode in progress.
     pending: Vec<RecordBatch>,
     /// The input row of the first of them.
@@ -42,6 +44,7 @@ impl<'a> Assembler<'a> {
         Assembler {
             writer,
             mapping,
+            extra: None,
             pending: vec![],
             start_row: 0,
             current: None,
@@ -112,6 +115,10 @@ impl<'a> Assembler<'a> {
             batch.slice(0, n - 1)
         } else {
             batch
+        };
+        let batch = match self.extra.as_mut() {
+            Some(extra) => extra.attach(batch)?,
+            None => batch,
         };
         self.writer.append_episode(&batch, end)?;
         self.episodes += 1;
@@ -214,6 +221,7 @@ pub(crate) fn stream(
     mapping: &Mapping,
     opts: &IngestOptions,
     writer: &mut DatasetWriter,
+    extra: Option<&mut dyn EpisodeColumns>,
 ) -> Result<(u64, u64)> {
     let batch_rows = opts.batch_rows;
     let units = source.units(batch_rows);
@@ -226,6 +234,9 @@ pub(crate) fn stream(
         1
     };
     let mut asm = Assembler::new(writer, mapping);
+    if let Some(extra) = extra {
+        asm.extra = Some(extra);
+    }
     // Input files that must end on an episode end (OGBench's).
     let ends = source.file_ends();
     let mut ends = ends.iter().peekable();

@@ -473,7 +473,71 @@ pub fn infer_schema(
         return Ok(Mapping::build(&head, opts)?.schema);
     }
     let source = open_source(input, format, opts)?;
-    Ok(Mapping::build(source.as_ref(), opts)?.schema)
+    let plan = Mapping::build(source.as_ref(), &data_options(input, format, opts)?)?;
+    match cameras(input, format, opts)? {
+        Some(c) => c.schema(&plan.schema),
+        None => Ok(plan.schema),
+    }
+}
+
+/// A LeRobot dataset's cameras (feature `video`): `None` for any other input, and without the
+/// feature (the cameras are then not read: the Parquet half is ingested alone).
+#[cfg(feature = "video")]
+fn cameras(
+    input: &Path,
+    format: InputFormat,
+    opts: &IngestOptions,
+) -> Result<Option<lerobot::Cameras>> {
+    if format != InputFormat::Parquet {
+        return Ok(None);
+    }
+    lerobot::Cameras::detect(input, &opts.drop_cols, opts.frame_codec)
+}
+
+/// `opts` for the Parquet half of a LeRobot dataset: a camera in `drop_cols` (which leaves the
+/// camera out) is not one of its columns.
+#[cfg(feature = "video")]
+fn data_options(input: &Path, format: InputFormat, opts: &IngestOptions) -> Result<IngestOptions> {
+    let mut o = opts.clone();
+    if format == InputFormat::Parquet {
+        let keys = lerobot::video_keys(input)?;
+        o.drop_cols.retain(|d| !keys.contains(d));
+    }
+    Ok(o)
+}
+
+#[cfg(not(feature = "video"))]
+fn data_options(_: &Path, _: InputFormat, opts: &IngestOptions) -> Result<IngestOptions> {
+    Ok(opts.clone())
+}
+
+#[cfg(not(feature = "video"))]
+fn cameras(_: &Path, _: InputFormat, _: &IngestOptions) -> Result<Option<NoCameras>> {
+    Ok(None)
+}
+
+/// What [`cameras`] gives without the `video` feature: never any.
+#[cfg(not(feature = "video"))]
+enum NoCameras {}
+
+#[cfg(not(feature = "video"))]
+impl NoCameras {
+    fn schema(&self, _: &TransitionSchema) -> Result<TransitionSchema> {
+        match *self {}
+    }
+    fn without(&self, _: &TransitionSchema) -> Result<TransitionSchema> {
+        match *self {}
+    }
+    fn keys(&self) -> Vec<String> {
+        match *self {}
+    }
+}
+
+#[cfg(not(feature = "video"))]
+impl EpisodeColumns for NoCameras {
+    fn attach(&mut self, _: arrow::array::RecordBatch) -> Result<arrow::array::RecordBatch> {
+        match *self {}
+    }
 }
 
 /// Ingests `input` (of `format`; [`InputFormat::detect`] guesses it) into `dataset` (a path):
@@ -508,18 +572,55 @@ pub fn ingest(
     let started = Instant::now();
     let source = open_source(input, format, opts)?;
     let source = source.as_ref();
-    let mut plan = Mapping::build(source, opts)?;
-    let target = Target::open(dataset, &plan.schema)?;
+    let mut plan = Mapping::build(source, &data_options(input, format, opts)?)?;
+    let mut cams = cameras(input, format, opts)?;
+    let stored = match &cams {
+        Some(c) => c.schema(&plan.schema)?,
+        None => plan.schema.clone(),
+    };
+    let target = Target::open(dataset, &stored)?;
     let result = (|| {
         let mut writer = target.ds.writer(writer_opts)?;
         if !target.created {
-            plan.adopt(writer.schema(), input, dataset)?;
+            match &cams {
+                Some(c) => {
+                    let existing = writer.schema();
+                    let keys = c.keys();
+                    let has = |s: &TransitionSchema| {
+                        s.payload_schema()
+                            .fields()
+                            .iter()
+                            .filter(|f| keys.contains(f.name()))
+                            .map(|f| (f.name().clone(), f.data_type().clone()))
+                            .collect::<Vec<_>>()
+                    };
+                    if has(existing) != has(&stored) {
+                        return Err(Error::schema_mismatch(format!(
+                            "cannot append {} to {}: the dataset does not store the cameras {}                              as this input gives them",
+                            input.display(),
+                            dataset.display(),
+                            keys.join(", ")
+                        )));
+                    }
+                    plan.adopt(&c.without(existing)?, input, dataset)?;
+                }
+                None => plan.adopt(writer.schema(), input, dataset)?,
+            }
         }
-        let (rows, episodes) = stream(source, &plan, opts, &mut writer)?;
+        let extra = cams.as_mut().map(|c| c as &mut dyn EpisodeColumns);
+        let (rows, episodes) = stream(source, &plan, opts, &mut writer, extra)?;
         let canonical = std::fs::canonicalize(input).unwrap_or_else(|_| input.to_path_buf());
         writer.set_property(SOURCE_PROPERTY, canonical.display().to_string());
         let version = writer.commit()?;
-        Ok(plan.report(rows, episodes, version, started))
+        let mut report = plan.report(rows, episodes, version, started);
+        if let Some(c) = &cams {
+            report.columns.extend(
+                c.keys()
+                    .into_iter()
+                    .map(|k| (k.clone(), format!("videos/{k}"))),
+            );
+        }
+        Ok(report)
     })();
     if result.is_err() {
         target.discard();

@@ -117,25 +117,28 @@ pub fn read_dictionary(root: &Path, manifest: &Path, r: &DictionaryRef) -> Resul
     Ok(bytes.into())
 }
 
-/// The frame columns of `schema` (the observation, when it is one), with their dictionaries
+/// The frame columns of `schema` (the observation, when it is one, then user frame columns), with their dictionaries
 /// read and checked. `manifest` is the manifest's path, for errors.
 pub fn frame_columns(
     root: &Path,
     manifest: &Path,
     schema: &TransitionSchema,
 ) -> Result<Vec<Arc<FrameColumn>>> {
-    let Some(spec) = schema.frame_spec() else {
-        return Ok(vec![]);
-    };
-    let dictionary = match (&spec.dictionary, spec.codec) {
-        (Some(r), FrameCodec::ZstdDict) => Some(read_dictionary(root, manifest, r)?),
-        _ => None,
-    };
-    Ok(vec![Arc::new(FrameColumn {
-        name: schema.observation_field().name().clone(),
-        spec: spec.clone(),
-        dictionary,
-    })])
+    schema
+        .frame_columns()
+        .into_iter()
+        .map(|(name, spec)| {
+            let dictionary = match (&spec.dictionary, spec.codec) {
+                (Some(r), FrameCodec::ZstdDict) => Some(read_dictionary(root, manifest, r)?),
+                _ => None,
+            };
+            Ok(Arc::new(FrameColumn {
+                name: name.to_string(),
+                spec: spec.clone(),
+                dictionary,
+            }))
+        })
+        .collect()
 }
 
 /// Removes temporary dictionary files and the dictionaries `keep` does not reference (what a

@@ -1,7 +1,10 @@
 //! Ingest (`src/ingest/`): NumPy (and directories of `.npz` shards: OGBench, episode files),
-//! Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN Replay (dopamine), RLDS (TFDS).
+//! Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN Replay (dopamine), RLDS (TFDS),
+//! and LeRobot's camera videos (feature `video`).
 
 pub(crate) mod dqn;
+#[cfg(feature = "video")]
+mod lerobot_video;
 pub(crate) mod npz_dir;
 pub(crate) mod numpy;
 mod parquet;

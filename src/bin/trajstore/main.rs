@@ -58,6 +58,7 @@ enum Command {
     ///   trajstore ingest arrays/ hopper.trajstore --drop-cols infos/qpos,infos/qvel
     ///   trajstore ingest rb-dump/ buffer.trajstore                # a TorchRL rb.dumps() directory
     ///   trajstore ingest ~/lerobot/pusht pusht.trajstore           # a LeRobot v2 dataset directory
+    ///   trajstore ingest ~/lerobot/aloha aloha.trajstore           # LeRobot v3 with cameras (feature video)
     ///   trajstore ingest steps.feather out.trajstore               # pyarrow / Polars Arrow IPC file
     ///   trajstore ingest episodes.parquet out.trajstore --episode-col ep --action-cols ax,ay
     #[command(verbatim_doc_comment)]

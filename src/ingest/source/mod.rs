@@ -14,6 +14,8 @@ pub(crate) mod array;
 pub(crate) mod arrow_ipc;
 pub(crate) mod dqn;
 pub(crate) mod hdf5;
+#[cfg(feature = "video")]
+pub(crate) mod lerobot;
 mod npy;
 pub(crate) mod npz_dir;
 pub(crate) mod parquet;
@@ -37,6 +39,13 @@ macro_rules! path_and_schema_fields {
     };
 }
 pub(crate) use path_and_schema_fields;
+
+/// Columns a source adds to each assembled episode before the writer gets it (a LeRobot
+/// dataset's cameras, decoded from its videos).
+pub(crate) trait EpisodeColumns {
+    /// `batch` (one whole episode, in the converted payload schema) with the columns added.
+    fn attach(&mut self, batch: RecordBatch) -> Result<RecordBatch>;
+}
 
 /// Where rows come from: a columnar input read in units (Parquet row groups, row ranges of NumPy
 /// arrays), in row order.

@@ -508,7 +508,7 @@ impl Shared {
 /// Bytes of one step of `columns` as gathered (checking that they exist: `next_observation` may
 /// be derived; a frame column is its decoded frames, `stack` of them).
 fn step_bytes(catalog: &Catalog, columns: &[&str], stack: Option<FrameStack>) -> Result<u64> {
-    let frames = catalog.schema().frame_spec().map(|f| f.frame_len() as u64);
+    let frames = catalog.schema().frame_columns();
     let schema = catalog.schema().arrow_schema();
     let mut sum = 0u64;
     for &c in columns {
@@ -524,11 +524,9 @@ fn step_bytes(catalog: &Catalog, columns: &[&str], stack: Option<FrameStack>) ->
                 format!("no column `{c}` (have: {})", crate::schema::names(schema)),
             )
         })?;
-        sum += match frames {
-            Some(len) if name == crate::format::col::OBSERVATION => {
-                len * stack.map_or(1, |s| s.frames as u64)
-            }
-            _ => crate::schema::value_bytes(f.data_type()).ceil() as u64,
+        sum += match frames.iter().find(|(n, _)| *n == name) {
+            Some((_, spec)) => spec.frame_len() as u64 * stack.map_or(1, |s| s.frames as u64),
+            None => crate::schema::value_bytes(f.data_type()).ceil() as u64,
         };
     }
     Ok(sum)

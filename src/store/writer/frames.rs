@@ -44,19 +44,28 @@ pub(super) struct Held {
     pub(super) final_frame: Option<ArrayRef>,
 }
 
-/// The frame column's state in a writer.
+/// One frame column's state in a writer (the episodes held back for training are the
+/// writer's: every frame column of a dataset trains on the same first episodes).
 pub(super) struct FrameWriter {
+    /// The column's name.
+    pub(super) name: String,
+    /// Its index among the writer's input columns.
+    pub(super) column: usize,
     spec: FrameSpec,
     dictionary: Option<Arc<[u8]>>,
     encoder: Option<FrameEncoder>,
-    pub(super) held: Vec<Held>,
-    held_frames: usize,
 }
 
 impl FrameWriter {
     /// The state for `spec` (read from the newest manifest; its dictionary, when it has one, is
     /// read and checked).
-    pub(super) fn open(root: &Path, manifest: &Path, spec: &FrameSpec) -> Result<Self> {
+    pub(super) fn open(
+        root: &Path,
+        manifest: &Path,
+        name: &str,
+        column: usize,
+        spec: &FrameSpec,
+    ) -> Result<Self> {
         let dictionary = match &spec.dictionary {
             Some(r) => Some(read_dictionary(root, manifest, r)?),
             None => None,
@@ -66,11 +75,11 @@ impl FrameWriter {
             _ => Some(FrameEncoder::new(spec, dictionary.as_deref())?),
         };
         Ok(FrameWriter {
+            name: name.to_string(),
+            column,
             spec: spec.clone(),
             dictionary,
             encoder,
-            held: vec![],
-            held_frames: 0,
         })
     }
 
@@ -79,22 +88,20 @@ impl FrameWriter {
         self.encoder.is_none()
     }
 
-    /// Holds an episode back; returns whether enough frames are held to train.
-    pub(super) fn hold(&mut self, held: Held) -> bool {
-        self.held_frames += held.columns[0].len();
-        self.held.push(held);
-        self.held_frames >= training_frames(self.spec.frame_len())
+    /// Whether `frames` held frames are enough to train this column's dictionary.
+    pub(super) fn enough(&self, frames: usize) -> bool {
+        frames >= training_frames(self.spec.frame_len())
     }
 
-    /// Trains the dictionary on the held frames (the first [`training_frames`]) and writes it
-    /// under `root`. Returns the dictionary's reference, or `None` when zstd could not train one
-    /// (the column then uses plain `zstd`). The held episodes stay held, for the caller to encode.
-    pub(super) fn train(&mut self, root: &Path) -> Result<Option<DictionaryRef>> {
+    /// Trains the dictionary on the column's frames in `held` (the first [`training_frames`])
+    /// and writes it under `root`. Returns the dictionary's reference, or `None` when zstd could
+    /// not train one (the column then uses plain `zstd`). The caller encodes the held episodes.
+    pub(super) fn train(&mut self, root: &Path, held: &[Held]) -> Result<Option<DictionaryRef>> {
         let len = self.spec.frame_len();
         let limit = training_frames(len);
-        let mut samples: Vec<&[u8]> = Vec::with_capacity(limit.min(self.held_frames));
-        'episodes: for h in &self.held {
-            let raw = raw_bytes(&h.columns[0])?;
+        let mut samples: Vec<&[u8]> = Vec::with_capacity(limit);
+        'episodes: for h in held {
+            let raw = raw_bytes(&h.columns[self.column])?;
             for frame in raw.chunks_exact(len) {
                 if samples.len() == limit {
                     break 'episodes;

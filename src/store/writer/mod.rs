@@ -133,7 +133,10 @@ pub struct DatasetWriter {
     /// Bytes of frame columns in `pending` (rows times the schema's row bytes count the rest).
     pending_frame_bytes: u64,
     /// The frame column's encoder and dictionary training, when the dataset has one.
-    frames: Option<FrameWriter>,
+    frames: Vec<FrameWriter>,
+    /// Episodes held back until the frame columns' dictionaries are trained, and their rows.
+    held: Vec<Held>,
+    held_frames: usize,
     next_episode_id: u64,
     next_segment_id: u64,
     next_row: u64,
@@ -220,15 +223,20 @@ impl DatasetWriter {
         let schema = TransitionSchema::from_columns(&base.columns)?;
         remove_leftovers(root, base.next_segment_id)?;
         let manifest_path = manifest::versions_dir(root).join(format::manifest_name(base.version));
-        let spec = schema.frame_spec();
-        let keep: Vec<_> = spec
-            .and_then(|s| s.dictionary.as_ref())
-            .into_iter()
+        let specs = schema.frame_columns();
+        let keep: Vec<_> = specs
+            .iter()
+            .filter_map(|(_, s)| s.dictionary.as_ref())
             .collect();
         crate::store::dictionary::remove_unreferenced(root, &keep)?;
-        let frames = spec
-            .map(|s| FrameWriter::open(root, &manifest_path, s))
-            .transpose()?;
+        let input = schema.input_schema();
+        let frames = specs
+            .iter()
+            .map(|(name, s)| {
+                let column = input.index_of(name).expect("a payload column");
+                FrameWriter::open(root, &manifest_path, name, column, s)
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             root: root.to_path_buf(),
             _lock: lock,
@@ -244,6 +252,8 @@ impl DatasetWriter {
             pending_rows: 0,
             pending_frame_bytes: 0,
             frames,
+            held: vec![],
+            held_frames: 0,
             step: None,
             step_rows: 0,
             replace: false,
@@ -270,7 +280,7 @@ impl DatasetWriter {
 
     /// Id the next appended episode gets.
     pub fn next_episode_id(&self) -> u64 {
-        self.next_episode_id + self.frames.as_ref().map_or(0, |f| f.held.len() as u64)
+        self.next_episode_id + self.held.len() as u64
     }
 
     /// Appends one whole episode. `batch` holds the payload columns (observation, action, reward,
@@ -348,9 +358,16 @@ impl DatasetWriter {
             truncated: end.truncated,
             final_frame: final_obs,
         };
-        if let Some(f) = self.frames.as_mut().filter(|f| f.training()) {
-            let id = self.next_episode_id + f.held.len() as u64;
-            if f.hold(held) {
+        if self.frames.iter().any(|f| f.training()) {
+            let id = self.next_episode_id + self.held.len() as u64;
+            self.held_frames += n;
+            self.held.push(held);
+            if self
+                .frames
+                .iter()
+                .filter(|f| f.training())
+                .all(|f| f.enough(self.held_frames))
+            {
                 self.train_frames()?;
             }
             return Ok(id);
@@ -358,19 +375,18 @@ impl DatasetWriter {
         self.append_input(held)
     }
 
-    /// Trains the frame column's dictionary on the held episodes, records it in the schema the
-    /// next commit publishes, and appends the held episodes.
+    /// Trains the frame columns' dictionaries on the held episodes, records them in the schema
+    /// the next commit publishes, and appends the held episodes.
     fn train_frames(&mut self) -> Result<()> {
-        let Some(f) = self
-            .frames
-            .as_mut()
-            .filter(|f| f.training() && !f.held.is_empty())
-        else {
+        if self.held.is_empty() {
             return Ok(());
-        };
-        let dictionary = f.train(&self.root)?;
-        let held = std::mem::take(&mut f.held);
-        self.schema = self.schema.with_frame_dictionary(dictionary)?;
+        }
+        let held = std::mem::take(&mut self.held);
+        self.held_frames = 0;
+        for f in self.frames.iter_mut().filter(|f| f.training()) {
+            let dictionary = f.train(&self.root, &held)?;
+            self.schema = self.schema.with_column_dictionary(&f.name, dictionary)?;
+        }
         self.base.columns = self.schema.to_columns();
         for h in held {
             self.append_input(h)?;
@@ -381,9 +397,11 @@ impl DatasetWriter {
     /// Appends an episode whose payload was checked against the input schema: encodes its
     /// frames, adds the boundary columns.
     fn append_input(&mut self, mut e: Held) -> Result<u64> {
-        if let Some(f) = self.frames.as_mut() {
-            e.columns[0] = f.encode(&e.columns[0])?;
-            e.final_frame = e.final_frame.map(|x| f.encode(&x)).transpose()?;
+        for f in self.frames.iter_mut() {
+            e.columns[f.column] = f.encode(&e.columns[f.column])?;
+            if f.column == 0 {
+                e.final_frame = e.final_frame.map(|x| f.encode(&x)).transpose()?;
+            }
         }
         let n = e.columns[0].len();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(6 + e.columns.len());
@@ -425,7 +443,9 @@ impl DatasetWriter {
     ) -> Result<()> {
         let rows = batch.num_rows() as u64;
         let row_bytes = self.schema.row_bytes().max(1.0);
-        let frame_bytes = frames::stored_bytes(&batch, 6);
+        let frame_bytes = (0..batch.num_columns())
+            .map(|i| frames::stored_bytes(&batch, i))
+            .sum::<u64>();
         let bytes = |r: u64, extra: u64| (r as f64 * row_bytes) as u64 + extra;
         // Roll the segment first if this episode would push it past its target.
         if let Some(open) = &self.open

@@ -234,7 +234,43 @@ pub(super) fn targets(dir: &Path) -> Vec<Target> {
     .chain(frame_targets(&pristine))
     .chain(dqn_targets(&pristine))
     .chain(rlds_targets(&pristine))
+    .chain(video_targets(&pristine))
     .collect()
+}
+
+/// A LeRobot v3 dataset's MP4s (AV1 and H.264), `meta/info.json` and `meta/episodes` Parquet
+/// file, ingested with their cameras (feature `video`).
+#[cfg(feature = "video")]
+fn video_targets(pristine: &Path) -> Vec<Target> {
+    let copy = |name: &str| {
+        let to = pristine.join(format!("lerobot_{name}"));
+        copy_tree(&fixture_path("lerobot_video", name), &to);
+        to
+    };
+    let (av1, h264) = (copy("v3_av1"), copy("v3_h264"));
+    let kind = Kind::Ingest(InputFormat::Parquet, "parquet");
+    let top = "videos/observation.images.top/chunk-000/file-000.mp4";
+    vec![
+        Target::new("lerobot av1 mp4", av1.clone(), av1.join(top), kind),
+        Target::new("lerobot h264 mp4", h264.clone(), h264.join(top), kind),
+        Target::new(
+            "lerobot info.json",
+            av1.clone(),
+            av1.join("meta/info.json"),
+            kind,
+        ),
+        Target::new(
+            "lerobot meta/episodes",
+            av1.clone(),
+            av1.join("meta/episodes/chunk-000/file-000.parquet"),
+            kind,
+        ),
+    ]
+}
+
+#[cfg(not(feature = "video"))]
+fn video_targets(_: &Path) -> Vec<Target> {
+    vec![]
 }
 
 /// Where the buffers of a frame column lie in a transition file: the first record batch's

@@ -44,9 +44,10 @@ pub(crate) fn run(a: InfoArgs) -> Result<()> {
     };
     let open_ms = start.elapsed().as_secs_f64() * 1e3;
     // Frame columns: bytes per frame from the mapped segments' offsets (no frame is read).
-    let frames = match (&snapshot, snap.schema().frame_spec()) {
-        (Some(s), Some(_)) => frame_stats(s),
-        (None, Some(_)) => frame_stats(&open_snapshot(&a.v.dataset, a.v.version)?),
+    let has_frames = !snap.schema().frame_columns().is_empty();
+    let frames = match (&snapshot, has_frames) {
+        (Some(s), true) => frame_stats(s),
+        (None, true) => frame_stats(&open_snapshot(&a.v.dataset, a.v.version)?),
         _ => vec![],
     };
     if a.v.json {
