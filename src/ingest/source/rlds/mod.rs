@@ -120,18 +120,21 @@ impl RldsReport {
     /// fields of [`crate::ingest::IngestReport::to_json`] (`convention` null), plus `splits`,
     /// `shards`, `skipped` and `empty_episodes`.
     pub fn to_json(&self) -> serde_json::Value {
-        let columns: serde_json::Map<String, serde_json::Value> = self
-            .columns
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::json!(v)))
-            .collect();
-        serde_json::json!({
-            "rows": self.rows, "episodes": self.episodes, "version": self.version,
-            "seconds": self.seconds, "rows_per_s": self.rows as f64 / self.seconds.max(1e-9),
-            "columns": columns, "boundaries": self.boundaries, "convention": null,
-            "splits": self.splits, "shards": self.shards, "skipped": self.skipped,
-            "empty_episodes": self.empty_episodes,
-        })
+        let common = crate::ingest::IngestReport {
+            rows: self.rows,
+            episodes: self.episodes,
+            version: self.version,
+            seconds: self.seconds,
+            columns: self.columns.clone(),
+            boundaries: self.boundaries.clone(),
+            convention: None,
+        };
+        let mut json = common.to_json();
+        json["splits"] = serde_json::json!(self.splits);
+        json["shards"] = serde_json::json!(self.shards);
+        json["skipped"] = serde_json::json!(self.skipped);
+        json["empty_episodes"] = serde_json::json!(self.empty_episodes);
+        json
     }
 }
 
