@@ -76,7 +76,9 @@ fn check_frames(snap: &Snapshot, seg: &Segment) -> Result<u64> {
                 let f = run.frame(k).map_err(|e| bad(row(), e))?;
                 dec.decode_into(f, &mut buf).map_err(|e| bad(row(), e))?;
             }
-            if let Some(f) = t.final_frame(i) {
+            // An episode's final frame is the observation's (other frame columns have none).
+            let last = t.final_frame(i).filter(|_| col.name == col::OBSERVATION);
+            if let Some(f) = last {
                 dec.decode_into(f, &mut buf).map_err(|err| {
                     Error::corrupt(&ep_path, format!("final frame of episode row {i}: {err}"))
                 })?;

@@ -70,7 +70,12 @@ fn episodes(want: &Value) -> Vec<&Vec<Value>> {
 
 /// The decoded frames of episode `id` (its transitions) and its final frame.
 fn frames(snap: &Snapshot, id: u64) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
-    let col = snap.frame_column("observation").unwrap();
+    column_frames(snap, "observation", id)
+}
+
+/// The decoded frames of frame column `name` in episode `id`, and the episode's final frame.
+fn column_frames(snap: &Snapshot, name: &str, id: u64) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
+    let col = snap.frame_column(name).unwrap();
     let mut dec = col.decoder().unwrap();
     let mut buf = vec![0u8; dec.frame_len()];
     for seg in snap.segments() {
@@ -79,14 +84,15 @@ fn frames(snap: &Snapshot, id: u64) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
             continue;
         };
         let (start, len) = (t.row_starts()[i], t.lengths()[i] as usize);
-        let run = seg.frames("observation", start, len).unwrap();
+        let run = seg.frames(name, start, len).unwrap();
         let rows = (0..run.len())
             .map(|r| {
                 dec.decode_into(run.frame(r).unwrap(), &mut buf).unwrap();
                 buf.clone()
             })
             .collect();
-        let last = t.final_frame(i).map(|f| {
+        // The episode table's final frame is the observation's only.
+        let last = t.final_frame(i).filter(|_| name == "observation").map(|f| {
             dec.decode_into(f, &mut buf).unwrap();
             buf.clone()
         });
@@ -213,7 +219,8 @@ fn robot_episodes_become_transitions_with_the_final_observation_kept() {
             f32_rows(&e, "discount"),
             f32_rows(&e, "observation/state"),
         );
-        let wrists = u8_rows(&e, "observation/wrist");
+        // The second camera is a frame column too (decoded here).
+        let (wrists, _) = column_frames(&snap, "observation/wrist", id);
         let (rows, final_frame) = frames(&snap, id);
         for (s, step) in steps[..n - 1].iter().enumerate() {
             assert_eq!(actions[s], floats(&step["action"]), "episode {id} step {s}");

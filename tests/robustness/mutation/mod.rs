@@ -420,7 +420,8 @@ fn decode_frames(snap: &Snapshot) -> trajstore::Result<u64> {
                     dec.decode_into(f, &mut buf).map_err(|e| bad(&path, e))?;
                     n += 1;
                 }
-                if let Some(f) = t.final_frame(i) {
+                // The episode's final frame is the observation's (other columns have none).
+                if let Some(f) = t.final_frame(i).filter(|_| col.name == "observation") {
                     dec.decode_into(f, &mut buf).map_err(|e| bad(&ep_path, e))?;
                 }
             }

@@ -24,7 +24,8 @@
 //! else the first numeric one. A `uint8` image observation is a frame column (one compressed
 //! frame per step, [`crate::frames`]) unless [`RldsOptions::frame_codec`] is `None`. Every
 //! other step leaf is a user column named by its path below `steps` (`observation/wrist`,
-//! `discount`, `language_embedding`; images as `uint8` `[H, W, C]` tensors); a scalar integer
+//! `discount`, `language_embedding`; other images are frame columns too, each with its own
+//! dictionary, or `uint8` `[H, W, C]` tensors when `frame_codec` is `None`); a scalar integer
 //! `action` is a discrete action, a float or integer tensor (or a dict of them, concatenated in
 //! name order) a continuous one; `reward` is cast to `float32` (an absent reward is stored as
 //! 0.0). Text and other features trajstore does not store (strings, nested sequences, episode
@@ -67,8 +68,8 @@ use tfrecord::RecordReader;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RldsOptions {
-    /// How an image observation is stored (default `zstd-dict`); `None` keeps it as a `uint8`
-    /// tensor column.
+    /// How images (the observation and every other image feature) are stored (default
+    /// `zstd-dict`); `None` keeps them as `uint8` tensor columns.
     pub frame_codec: Option<FrameCodec>,
     /// Only these splits, in this order (default: every split, in `dataset_info.json`'s order).
     pub splits: Option<Vec<String>>,

@@ -305,8 +305,20 @@ impl Plan {
             if i == obs || action_leaves.contains(&i) || Some(i) == reward_leaf {
                 continue;
             }
-            let c = column(i, leaves[i].path.clone(), false)?;
-            let field = if c.shape.is_empty() {
+            let mut c = column(i, leaves[i].path.clone(), false)?;
+            // Every encoded image is a frame column (one compressed frame per step, with its
+            // own dictionary), as the observation's is, unless images are kept as tensors.
+            let frame = match (&mut c.image, opts.frame_codec) {
+                (Some((d, frames)), Some(codec)) => {
+                    let spec = FrameSpec::new(codec, d).ok();
+                    *frames = spec.is_some();
+                    spec
+                }
+                _ => None,
+            };
+            let field = if let Some(spec) = frame {
+                crate::schema::frame_field(&c.name, &spec, false)?
+            } else if c.shape.is_empty() {
                 Field::new(&c.name, c.elem.clone(), false)
             } else {
                 tensor_field(&c.name, c.elem.clone(), &c.shape, false)?
