@@ -180,6 +180,75 @@ fn the_dictionary_is_trained_once_reused_and_kept() {
     assert!(bytes / frames < 7056 / 10, "{} B per frame", bytes / frames);
 }
 
+/// Writes 6 episodes of 40 camera-sized frames (`[160, 160, 3]`, 76,800 B) made by `make(episode,
+/// step)` with the `zstd-dict` codec and returns the stored column's spec and whether every frame
+/// came back.
+fn large_frames(make: impl Fn(usize, usize) -> Vec<u8>) -> (trajstore::frames::FrameSpec, bool) {
+    let shape = [160usize, 160, 3];
+    let n: usize = shape.iter().product();
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset::create(
+        dir.path().join("f"),
+        &frame_schema(FrameCodec::ZstdDict, &shape),
+    )
+    .unwrap();
+    let mut w = ds.writer(WriterOptions::default()).unwrap();
+    let mut want = vec![];
+    for e in 0..6 {
+        let frames: Vec<Vec<u8>> = (0..=40).map(|t| make(e, t)).collect();
+        let batch = RecordBatch::try_from_iter([
+            ("observation", frames_array(&frames[..40], n)),
+            ("action", Arc::new(Int64Array::from_iter_values(0..40)) as _),
+            (
+                "reward",
+                Arc::new(Float32Array::from(vec![0.0f32; 40])) as _,
+            ),
+        ])
+        .unwrap();
+        let end = EpisodeEnd::truncated().with_final_observation(frames_array(&frames[40..], n));
+        w.append_episode(&batch, end).unwrap();
+        want.push(frames);
+    }
+    w.commit().unwrap();
+    let snap = ds.snapshot().unwrap();
+    let spec = snap.frame_column("observation").unwrap().spec.clone();
+    (spec, decode_all(&snap).unwrap() == want)
+}
+
+/// A byte of noise from a seed (splitmix64).
+fn noise(seed: u64) -> u8 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as u8
+}
+
+#[test]
+fn camera_sized_frames_keep_a_dictionary_only_where_it_pays() {
+    // Sensor noise everywhere: a 16 KiB dictionary cannot predict it; the column is stored with
+    // plain zstd and no dictionary (and says so in its spec).
+    let (spec, exact) = large_frames(|e, t| {
+        (0..76_800)
+            .map(|i| noise(((e * 41 + t) * 76_800 + i) as u64))
+            .collect()
+    });
+    assert!(exact);
+    assert_eq!(spec.codec, FrameCodec::Zstd);
+    assert!(spec.dictionary.is_none());
+    // The same noisy 8 KiB patch in every frame (a fixed texture) over a flat scene: the
+    // dictionary holds the patch and pays; it is kept.
+    let (spec, exact) = large_frames(|e, t| {
+        let mut f = frame(&[160, 160, 3], e * 13, t);
+        for (i, v) in f[..8192].iter_mut().enumerate() {
+            *v = noise(i as u64);
+        }
+        f
+    });
+    assert!(exact);
+    assert_eq!(spec.codec, FrameCodec::ZstdDict);
+    assert!(spec.dictionary.is_some());
+}
+
 #[test]
 fn a_bad_dictionary_is_a_named_error_on_open() {
     let dir = tempfile::tempdir().unwrap();

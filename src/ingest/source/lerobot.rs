@@ -26,6 +26,8 @@ use ::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, RecordBatch, UInt8Array};
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
 
+use rayon::prelude::*;
+
 use super::EpisodeColumns;
 use crate::error::{Error, Result};
 use crate::frames::{FrameCodec, FrameSpec};
@@ -227,59 +229,63 @@ impl Cameras {
     pub(crate) fn keys(&self) -> Vec<String> {
         self.cameras.iter().map(|c| c.key.clone()).collect()
     }
+}
 
-    fn frames(&mut self, camera: usize, clip: &Clip, times: &[f64]) -> Result<Vec<u8>> {
-        let shape = self.cameras[camera].shape.clone();
-        let same = self.open[camera]
-            .as_ref()
-            .is_some_and(|v| v.track().path == clip.path);
-        if !same {
-            self.open[camera] = Some(VideoFile::open(&clip.path)?);
-        }
-        let video = self.open[camera].as_mut().expect("opened above");
-        let t = video.track();
-        let (tw, th) = (t.width as usize, t.height as usize);
-        if (th, tw) != (shape[0], shape[1]) {
-            return Err(bad(
-                &clip.path,
-                format!("frames of {tw}x{th}; meta/info.json gives the camera the shape {shape:?}"),
-            ));
-        }
-        let want = times.len();
-        let to = clip.to.unwrap_or(f64::INFINITY);
-        let have = video.frames_between(clip.from, to, TOLERANCE_S);
-        if have != want {
-            return Err(bad(
-                &clip.path,
-                match clip.to {
-                    Some(to) => format!(
-                        "{have} frames from {:.6}s to {to:.6}s (from_timestamp .. to_timestamp of \
-                         meta/episodes), the episode has {want}",
-                        clip.from
-                    ),
-                    None => format!("{have} frames, the episode has {want}"),
-                },
-            ));
-        }
-        let wanted = times
-            .iter()
-            .map(|&ts| video.sample_at(clip.from + ts, TOLERANCE_S))
-            .collect::<Result<Vec<_>>>()?;
-        let pictures = video.decode(&wanted)?;
-        let len: usize = shape.iter().product();
-        let mut out = vec![0u8; len * want];
-        for (k, p) in pictures.iter().enumerate() {
-            if (p.height, p.width) != (shape[0], shape[1]) {
-                return Err(bad(
-                    &clip.path,
-                    format!("a decoded frame of {}x{}", p.width, p.height),
-                ));
-            }
-            p.to_rgb(&mut out[k * len..(k + 1) * len])
-                .map_err(|e| e.in_input(clip.path.display()))?;
-        }
-        Ok(out)
+/// The RGB frames `[len(times), H, W, 3]` of one camera's clip at `times` (seconds in the
+/// episode), through `open` (the camera's last file, reopened when the clip is in another).
+fn camera_frames(
+    camera: &Camera,
+    open: &mut Option<VideoFile>,
+    clip: &Clip,
+    times: &[f64],
+) -> Result<Vec<u8>> {
+    let shape = &camera.shape;
+    if open.as_ref().is_none_or(|v| v.track().path != clip.path) {
+        *open = Some(VideoFile::open(&clip.path)?);
     }
+    let video = open.as_mut().expect("opened above");
+    let t = video.track();
+    let (tw, th) = (t.width as usize, t.height as usize);
+    if (th, tw) != (shape[0], shape[1]) {
+        return Err(bad(
+            &clip.path,
+            format!("frames of {tw}x{th}; meta/info.json gives the camera the shape {shape:?}"),
+        ));
+    }
+    let want = times.len();
+    let to = clip.to.unwrap_or(f64::INFINITY);
+    let have = video.frames_between(clip.from, to, TOLERANCE_S);
+    if have != want {
+        return Err(bad(
+            &clip.path,
+            match clip.to {
+                Some(to) => format!(
+                    "{have} frames from {:.6}s to {to:.6}s (from_timestamp .. to_timestamp of \
+                     meta/episodes), the episode has {want}",
+                    clip.from
+                ),
+                None => format!("{have} frames, the episode has {want}"),
+            },
+        ));
+    }
+    let wanted = times
+        .iter()
+        .map(|&ts| video.sample_at(clip.from + ts, TOLERANCE_S))
+        .collect::<Result<Vec<_>>>()?;
+    let pictures = video.decode(&wanted)?;
+    let len: usize = shape.iter().product();
+    let mut out = vec![0u8; len * want];
+    for (k, p) in pictures.iter().enumerate() {
+        if (p.height, p.width) != (shape[0], shape[1]) {
+            return Err(bad(
+                &clip.path,
+                format!("a decoded frame of {}x{}", p.width, p.height),
+            ));
+        }
+        p.to_rgb(&mut out[k * len..(k + 1) * len])
+            .map_err(|e| e.in_input(clip.path.display()))?;
+    }
+    Ok(out)
 }
 
 impl EpisodeColumns for Cameras {
@@ -312,13 +318,20 @@ impl EpisodeColumns for Cameras {
         }
         let (schema, mut columns) = (batch.schema(), batch.columns().to_vec());
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-        for c in 0..self.cameras.len() {
-            let key = self.cameras[c].key.clone();
-            let shape = self.cameras[c].shape.clone();
-            let raw = self
-                .frames(c, &ep.clips[c], &times)
-                .map_err(|e| e.in_column(&key).in_episode(id))?;
-            let field = tensor_field(&key, DataType::UInt8, &shape, false)?;
+        // The cameras decode in parallel (each has its own file and decoder).
+        let decoded: Vec<Result<Vec<u8>>> = self
+            .cameras
+            .par_iter()
+            .zip(self.open.par_iter_mut())
+            .zip(ep.clips.par_iter())
+            .map(|((camera, open), clip)| {
+                camera_frames(camera, open, clip, &times)
+                    .map_err(|e| e.in_column(&camera.key).in_episode(id))
+            })
+            .collect();
+        for (camera, raw) in self.cameras.iter().zip(decoded) {
+            let raw = raw?;
+            let field = tensor_field(&camera.key, DataType::UInt8, &camera.shape, false)?;
             let DataType::FixedSizeList(item, size) = field.data_type().clone() else {
                 unreachable!("a tensor field is a fixed-size list")
             };

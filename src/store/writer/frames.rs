@@ -1,5 +1,5 @@
 //! The writer's frame column: encodes the raw `uint8` frames of appended episodes into the
-//! `LargeBinary` column (one compressed frame per row, in parallel for long episodes), and, for
+//! `LargeBinary` column (one compressed frame per row, in parallel for episodes of over 4 MiB of frames), and, for
 //! the `zstd-dict` codec, holds the first episodes back until it has enough frames to train the
 //! dictionary, writes the dictionary into the dataset, then encodes them.
 //!
@@ -7,7 +7,9 @@
 //! episodes are held until they add up to that many, or until the commit, whichever comes
 //! first). The dictionary is trained once, at the dataset's first commit with frames, and every
 //! later writer reuses it (it is in the manifest's column). Where zstd cannot train one (too few
-//! or too small frames), the column falls back to the `zstd` codec, recorded in the manifest.
+//! or too small frames), or where frames of 64 KiB or more (cameras) lose under 3% of their
+//! plain-zstd bytes to the dictionary on the training frames, the column falls back to the
+//! `zstd` codec, recorded in the manifest.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,15 +26,49 @@ use crate::frames::{
 };
 use crate::store::dictionary::{read_dictionary, write_dictionary};
 
-/// Frames of an episode above which it is encoded on the rayon pool.
-const PARALLEL_FRAMES: usize = 1024;
-/// Bytes of raw frames the dictionary is trained on, at most.
-const TRAINING_BYTES: usize = 64 << 20;
+/// Raw bytes of an episode's frames above which they are encoded on the rayon pool.
+const PARALLEL_BYTES: usize = 4 << 20;
+/// Raw bytes of frames one rayon task encodes (whole frames; at least one).
+const TASK_BYTES: usize = 1 << 20;
+/// Bytes of raw frames the dictionary is trained on, at most. zstd's trainer costs about 40 ms
+/// per MB of samples (one core) and gains nothing past ~2,000 Atari frames (14 MB: 91 B per
+/// Pong frame against 90 B from 4,096); a camera's 230 KB frames gain nothing from a 16 KiB
+/// dictionary at all (see `dictionary_pays`).
+const TRAINING_BYTES: usize = 16 << 20;
+/// Frames compressed with and without a trained dictionary to see whether it pays.
+const CHECK_FRAMES: usize = 32;
+/// Frames of at least this many bytes keep a trained dictionary only where it pays (smaller
+/// frames are what zstd dictionaries are for, and the codec asked for is kept).
+const CHECKED_FRAME_BYTES: usize = 64 << 10;
+/// The dictionary is kept when it saves at least this fraction of the bytes on `CHECK_FRAMES`.
+const MIN_DICTIONARY_GAIN: f64 = 0.03;
 
 /// How many frames of `frame_len` bytes the dictionary is trained on: up to
-/// [`DEFAULT_TRAINING_FRAMES`], fewer for large frames (at most 64 MiB held), at least 256.
+/// [`DEFAULT_TRAINING_FRAMES`], fewer for large frames (at most 16 MiB held), at least 16.
 pub fn training_frames(frame_len: usize) -> usize {
-    (TRAINING_BYTES / frame_len.max(1)).clamp(256, DEFAULT_TRAINING_FRAMES)
+    (TRAINING_BYTES / frame_len.max(1)).clamp(16, DEFAULT_TRAINING_FRAMES)
+}
+
+/// Whether `dict` makes `samples` (every `step`-th of them, [`CHECK_FRAMES`] at most) at least
+/// [`MIN_DICTIONARY_GAIN`] smaller than plain zstd at the same level. Large frames of camera
+/// noise gain nothing, and a dictionary then only costs each decode its tables.
+fn dictionary_pays(spec: &FrameSpec, dict: &[u8], samples: &[&[u8]]) -> Result<bool> {
+    let plain = FrameSpec {
+        codec: FrameCodec::Zstd,
+        dictionary: None,
+        ..spec.clone()
+    };
+    let mut with = FrameEncoder::new(spec, Some(dict))?;
+    let mut without = FrameEncoder::new(&plain, None)?;
+    let step = samples.len().div_ceil(CHECK_FRAMES).max(1);
+    let (mut a, mut b, mut out) = (0usize, 0usize, Vec::new());
+    for f in samples.iter().step_by(step) {
+        out.clear();
+        a += with.encode_into(f, &mut out)?;
+        out.clear();
+        b += without.encode_into(f, &mut out)?;
+    }
+    Ok((a as f64) <= (b as f64) * (1.0 - MIN_DICTIONARY_GAIN))
 }
 
 /// An episode held back until the dictionary exists: its payload (input schema, raw frames),
@@ -109,7 +145,16 @@ impl FrameWriter {
                 samples.push(frame);
             }
         }
-        let trained = train_dictionary(&samples, DEFAULT_DICTIONARY_BYTES).ok();
+        let mut trained = train_dictionary(&samples, DEFAULT_DICTIONARY_BYTES).ok();
+        if let Some(dict) = trained.as_ref().filter(|_| len >= CHECKED_FRAME_BYTES) {
+            let spec = FrameSpec {
+                dictionary: None,
+                ..self.spec.clone()
+            };
+            if !dictionary_pays(&spec, dict, &samples)? {
+                trained = None;
+            }
+        }
         let reference = match trained {
             Some(dict) => {
                 let r = write_dictionary(root, &dict)?;
@@ -135,10 +180,10 @@ impl FrameWriter {
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0i64);
         let mut values = Vec::new();
-        if rows >= PARALLEL_FRAMES {
+        if rows >= 2 && bytes.len() >= PARALLEL_BYTES {
             let (spec, dict) = (&self.spec, self.dictionary.as_deref());
             let parts = bytes
-                .par_chunks(len * 256)
+                .par_chunks(len * (TASK_BYTES / len.max(1)).max(1))
                 .map_init(
                     || FrameEncoder::new(spec, dict),
                     |enc, chunk| {
