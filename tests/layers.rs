@@ -27,6 +27,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
     (
         "ingest",
         &[
+            "image",
             "source",
             "conventions",
             "unstack",
@@ -53,9 +54,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
     ),
     (
         "ingest/source/rlds",
-        &[
-            "tfrecord", "example", "features", "image", "plan", "episode",
-        ],
+        &["tfrecord", "example", "features", "plan", "episode"],
     ),
     (
         "loader",

@@ -69,6 +69,9 @@ pub(crate) struct Mapping {
     pub(crate) final_row: bool,
     /// The convention of `.npz` inputs, as reported.
     pub(crate) convention: Option<ConventionReport>,
+    /// Kept columns of encoded images (PNG or JPEG bytes, e.g. LeRobot's `image` features):
+    /// name and stored shape (`[H, W]` or `[H, W, C]`, from row 0), decoded at conversion.
+    pub(crate) images: Vec<(String, Vec<usize>)>,
 }
 
 /// The shape of one input column.
@@ -506,6 +509,44 @@ impl Mapping {
                 ));
             }
         }
+        // Kept columns of encoded images: their shape is row 0's.
+        let image_cols: Vec<&str> = file_schema
+            .fields()
+            .iter()
+            .filter(|f| {
+                crate::ingest::image::is_encoded_type(f.data_type())
+                    && !opts.drop_cols.iter().any(|d| d == f.name())
+                    && !used.iter().any(|(n, _)| n == f.name())
+            })
+            .map(|f| f.name().as_str())
+            .collect();
+        let mut images = vec![];
+        if !image_cols.is_empty()
+            && let Some(row0) = source.first_row(&image_cols)?
+        {
+            for name in &image_cols {
+                let Some(bytes) = row0
+                    .column_by_name(name)
+                    .and_then(|a| crate::ingest::image::bytes_at(a.as_ref(), 0))
+                else {
+                    continue;
+                };
+                let probe = crate::ingest::image::probe(bytes, crate::ingest::image::MAX_SIDE);
+                match (probe, file_schema.field_with_name(name)?.data_type()) {
+                    (Ok((h, w, c)), _) => {
+                        images.push((name.to_string(), crate::ingest::image::shape_of(h, w, c)))
+                    }
+                    // A plain binary column that is not an image is refused below, as before.
+                    (Err(_), DataType::Binary | DataType::LargeBinary | DataType::BinaryView) => {}
+                    (Err(e), _) => {
+                        return Err(Error::invalid_data(format!(
+                            "row 0 does not hold an image: {e}"
+                        ))
+                        .in_column(*name));
+                    }
+                }
+            }
+        }
         let mut projection = vec![];
         for (i, f) in file_schema.fields().iter().enumerate() {
             let name = f.name().as_str();
@@ -518,6 +559,17 @@ impl Mapping {
             }
             if reserved(name) || (episode.is_some() && name == SOURCE_EPISODE) {
                 return Err(reserved_error(name));
+            }
+            if let Some((_, shape)) = images.iter().find(|(n, _)| n == name) {
+                fields.push(match opts.frame_codec {
+                    Some(codec) => crate::schema::frame_field(
+                        name,
+                        &crate::frames::FrameSpec::new(codec, shape)?,
+                        false,
+                    )?,
+                    None => crate::schema::tensor_field(name, DataType::UInt8, shape, false)?,
+                });
+                continue;
             }
             let dt = user_type(f.data_type()).ok_or_else(|| {
                 Error::schema_types(
@@ -567,6 +619,7 @@ impl Mapping {
             unstack,
             final_row,
             convention,
+            images,
         })
     }
 
@@ -601,6 +654,12 @@ impl Mapping {
         }
         if let Some(e) = &self.episode {
             out.push((SOURCE_EPISODE.to_string(), e.name.clone()));
+        }
+        for (name, shape) in &self.images {
+            out.push((
+                name.clone(),
+                format!("{name} (encoded images, decoded to uint8 {shape:?})"),
+            ));
         }
         out.retain(|(a, b)| a != b);
         out

@@ -52,6 +52,7 @@ use crate::store::writer::WriterOptions;
 mod assemble;
 mod conventions;
 mod convert;
+pub(crate) mod image;
 mod mapping;
 mod source;
 mod unstack;
@@ -116,7 +117,7 @@ pub struct IngestOptions {
     pub batch_rows: usize,
     /// How image observations are stored: `uint8` observations of shape `[H, W]` or `[H, W, C]`
     /// (`C <= 4`, `H, W >= 8`) become a frame column of this codec (default `zstd-dict`; see
-    /// [`crate::frames`]). `None` keeps them as a tensor column.
+    /// [`crate::frames`]), as do PNG/JPEG columns (decoded). `None` keeps tensor columns.
     pub frame_codec: Option<crate::frames::FrameCodec>,
     /// Observations that are stacks of the last K frames (`uint8` `[H, W, K]` channels last,
     /// `[K, H, W]` or `[K, H, W, C]` channels first, oldest frame first) are stored as one frame
@@ -596,7 +597,7 @@ pub fn ingest(
                     };
                     if has(existing) != has(&stored) {
                         return Err(Error::schema_mismatch(format!(
-                            "cannot append {} to {}: the dataset does not store the cameras {}                              as this input gives them",
+                            "cannot append {} to {}: it does not store the cameras {} as given",
                             input.display(),
                             dataset.display(),
                             keys.join(", ")
@@ -770,12 +771,12 @@ pub fn ingest_stream(
     }
 }
 
-/// Removes a dataset this ingest created and never committed to, under the dataset's lock and
-/// only while it still holds nothing but its empty version 1: a writer that got the lock in the
-/// meantime (and may have committed) keeps everything. Best effort: the ingest's own error is
-/// the one to report.
+/// Removes a dataset this ingest created and never committed to, under its lock (waited for as
+/// a writer does: a child another thread spawned holds a dropped writer's lock until it execs),
+/// only while it holds nothing but its empty version 1. Best effort: the ingest's error stands.
 pub(crate) fn remove_created(dataset: &Path, existed_empty: bool) {
-    let Ok(lock) = crate::store::writer::lock_dataset(dataset, std::time::Duration::ZERO) else {
+    let wait = WriterOptions::default().lock_wait;
+    let Ok(lock) = crate::store::writer::lock_dataset(dataset, wait) else {
         return;
     };
     let untouched = crate::store::manifest::list_versions(dataset).is_ok_and(|v| v == [1])

@@ -1,8 +1,9 @@
 //! Ingest (`src/ingest/`): NumPy (and directories of `.npz` shards: OGBench, episode files),
 //! Parquet (D4RL, Minari, LeRobot conventions), TorchRL, DQN Replay (dopamine), RLDS (TFDS),
-//! and LeRobot's camera videos (feature `video`).
+//! LeRobot's image features (PNG bytes in Parquet) and camera videos (feature `video`).
 
 pub(crate) mod dqn;
+mod lerobot_images;
 #[cfg(feature = "video")]
 mod lerobot_video;
 pub(crate) mod npz_dir;

@@ -289,7 +289,15 @@ pub(crate) fn convert(mapping: &Mapping, batch: &RecordBatch, base: u64) -> Resu
             },
             name => match (&source_ids, name) {
                 (Some(ids), SOURCE_EPISODE) => ids.clone(),
-                _ => convert_user(field, column(batch, name)?, base)?,
+                _ => match mapping.images.iter().find(|(n, _)| n == name) {
+                    Some((_, shape)) => crate::ingest::image::decode_column(
+                        column(batch, name)?,
+                        shape,
+                        name,
+                        base,
+                    )?,
+                    None => convert_user(field, column(batch, name)?, base)?,
+                },
             },
         };
         columns.push(array);

@@ -73,6 +73,12 @@ pub(crate) trait Source: Sync {
             Some(c) => Err(Error::schema(*c, "the column is not a fixed-shape array")),
         }
     }
+    /// Row 0 of the named columns (`None`: the input has no rows, or the source cannot say:
+    /// only Parquet inputs hold encoded images).
+    fn first_row(&self, cols: &[&str]) -> Result<Option<RecordBatch>> {
+        let _ = cols;
+        Ok(None)
+    }
     /// A column of episode ids the input defines itself (Minari's episode groups), used when
     /// the caller gives no boundary option.
     fn episode_column(&self) -> Option<&str> {

@@ -179,12 +179,30 @@ impl Source for ParquetSource {
         if cols.is_empty() {
             return Ok(vec![]);
         }
-        let Some(&(f, _, _)) = self.groups.first() else {
-            return Err(Error::invalid_data(
+        match self.first_row(cols)? {
+            Some(batch) => row0_list_lengths(&batch, cols),
+            None => Err(Error::invalid_data(
                 "the input has no rows, so the length of this list column cannot be inferred",
             )
             .in_input(self.path.display())
-            .in_column(cols[0]));
+            .in_column(cols[0])),
+        }
+    }
+
+    fn file_of(&self, row: u64) -> Option<&Path> {
+        let mut start = 0;
+        for &(f, _, rows) in &self.groups {
+            if row < start + rows {
+                return Some(&self.files[f].0);
+            }
+            start += rows;
+        }
+        None
+    }
+
+    fn first_row(&self, cols: &[&str]) -> Result<Option<RecordBatch>> {
+        let Some(&(f, _, _)) = self.groups.first() else {
+            return Ok(None);
         };
         let (path, meta) = &self.files[f];
         let schema = meta.schema();
@@ -193,25 +211,14 @@ impl Source for ParquetSource {
             .filter_map(|c| schema.index_of(c).ok())
             .collect();
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let first = guarded(path, "row 0", || {
+        guarded(path, "row 0", || {
             let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
                 .with_projection(ProjectionMask::roots(meta.parquet_schema(), idx))
                 .with_batch_size(1)
                 .with_limit(1)
                 .build()?;
             Ok(reader.next().transpose()?)
-        })?;
-        let batch = match first {
-            Some(b) => b,
-            None => {
-                return Err(Error::invalid_data(
-                    "the input has no rows, so the length of this list column cannot be inferred",
-                )
-                .in_input(self.path.display())
-                .in_column(cols[0]));
-            }
-        };
-        row0_list_lengths(&batch, cols)
+        })
     }
 }
 

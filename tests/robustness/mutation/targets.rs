@@ -235,6 +235,7 @@ pub(super) fn targets(dir: &Path) -> Vec<Target> {
     .chain(dqn_targets(&pristine))
     .chain(rlds_targets(&pristine))
     .chain(video_targets(&pristine))
+    .chain(image_targets(&pristine))
     .collect()
 }
 
@@ -263,6 +264,28 @@ fn video_targets(pristine: &Path) -> Vec<Target> {
             "lerobot meta/episodes",
             av1.clone(),
             av1.join("meta/episodes/chunk-000/file-000.parquet"),
+            kind,
+        ),
+    ]
+}
+
+/// A LeRobot v3 dataset whose cameras are `image` features: PNG bytes inside its data Parquet
+/// file (and its `meta/info.json`), ingested without any feature.
+fn image_targets(pristine: &Path) -> Vec<Target> {
+    let root = pristine.join("lerobot_images");
+    copy_tree(&fixture_path("lerobot_images", "v3"), &root);
+    let kind = Kind::Ingest(InputFormat::Parquet, "parquet");
+    vec![
+        Target::new(
+            "lerobot image parquet",
+            root.clone(),
+            root.join("data/chunk-000/file-000.parquet"),
+            kind,
+        ),
+        Target::new(
+            "lerobot image info.json",
+            root.clone(),
+            root.join("meta/info.json"),
             kind,
         ),
     ]

@@ -143,10 +143,12 @@ pub(crate) struct IngestArgs {
     commit_secs: Option<f64>,
     /// How image observations are stored: uint8 [H, W] or [H, W, C] observations (and DQN
     /// Replay frames) become a frame column, one compressed frame per step, never stacked and
-    /// never stored twice for next_observation.
+    /// never stored twice for next_observation. Camera images (columns of PNG/JPEG bytes such
+    /// as LeRobot's image features, RLDS images, LeRobot videos) become frame columns too.
     #[arg(long, value_enum, default_value = "zstd-dict", value_name = "CODEC")]
     frame_codec: CodecArg,
-    /// Keep uint8 image observations as a plain tensor column (no frame column).
+    /// Keep uint8 image observations (and decoded camera images) as plain tensor columns (no
+    /// frame column).
     #[arg(long)]
     keep_tensor: bool,
     /// The observations are stacks of the last K frames (uint8 [H, W, K] channels last, as

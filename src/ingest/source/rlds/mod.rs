@@ -52,7 +52,7 @@ use crate::store::writer::WriterOptions;
 mod episode;
 mod example;
 mod features;
-mod image;
+use crate::ingest::image;
 mod plan;
 mod tfrecord;
 

@@ -6,10 +6,10 @@ use arrow::datatypes::{DataType, Field};
 
 use super::RldsOptions;
 use super::features::{Dtype, Features, Kind, Leaf};
-use super::image::MAX_SIDE;
 use crate::error::{Error, Result};
 use crate::format::col;
 use crate::frames::FrameSpec;
+use crate::ingest::image::MAX_SIDE;
 use crate::schema::{TransitionSchema, tensor_field};
 
 /// A stored column and where its values come from.

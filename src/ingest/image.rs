@@ -1,4 +1,5 @@
-//! The encoded images of TFDS `Image` features: PNG (the `png` crate, exactly as TensorFlow decodes
+//! Encoded images, as RLDS/TFDS `Image` features and Hugging Face `Image` columns in Parquet
+//! (LeRobot's `image` features) hold them: PNG (the `png` crate, exactly as TensorFlow decodes
 //! them) or JPEG (`jpeg-decoder`: libjpeg's accurate integer IDCT and fancy chroma upsampling,
 //! within 3 levels of libjpeg-turbo's pixels; TensorFlow's default fast IDCT, which `tfds`
 //! decodes with, differs from both by more),
@@ -7,6 +8,14 @@
 //! RGB(A) as TensorFlow's decoders do when asked for 3 or 4 channels; any other disagreement of
 //! channels, a 16-bit image, or undecodable bytes is an error (a string, the caller names the
 //! place). The decoders run under [`crate::guard::quietly`]: a panic inside one is an error too.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, UInt8Array};
+use arrow::datatypes::{DataType, Field};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
 
 /// The largest image side read (a `features.json` that declares more is refused; an unknown
 /// side is learnt from the first image, at most this).
@@ -30,6 +39,127 @@ pub(crate) fn decode(
         )),
     };
     crate::guard::quietly(run).unwrap_or_else(|_| Err("the image decoder panicked".into()))
+}
+
+/// The height, width and channel count of an encoded image, from its header alone.
+pub(crate) fn probe(bytes: &[u8], max_side: usize) -> Result<(usize, usize, usize), String> {
+    let run = || -> Result<(usize, usize, usize), String> {
+        let (h, w, c) = match bytes {
+            [0x89, b'P', b'N', b'G', ..] => {
+                let mut dec = png::Decoder::new(std::io::Cursor::new(bytes));
+                dec.set_transformations(png::Transformations::EXPAND);
+                let reader = dec.read_info().map_err(|e| format!("PNG: {e}"))?;
+                let info = reader.info();
+                let (color, depth) = reader.output_color_type();
+                if depth != png::BitDepth::Eight {
+                    return Err(format!(
+                        "a {}-bit PNG; only 8-bit images are read",
+                        depth as u8
+                    ));
+                }
+                (info.height as usize, info.width as usize, color.samples())
+            }
+            [0xff, 0xd8, ..] => {
+                let mut dec = jpeg_decoder::Decoder::new(bytes);
+                dec.read_info().map_err(|e| format!("JPEG: {e}"))?;
+                let info = dec
+                    .info()
+                    .ok_or_else(|| "JPEG: no image header".to_string())?;
+                let c = match info.pixel_format {
+                    jpeg_decoder::PixelFormat::L8 => 1,
+                    jpeg_decoder::PixelFormat::RGB24 => 3,
+                    other => {
+                        return Err(format!(
+                            "JPEG: {other:?} pixels; only 8-bit gray and RGB are read"
+                        ));
+                    }
+                };
+                (info.height as usize, info.width as usize, c)
+            }
+            [] => return Err("an empty image (no bytes)".into()),
+            _ => {
+                return Err(format!(
+                    "neither PNG nor JPEG (first bytes {:02x?})",
+                    &bytes[..bytes.len().min(4)]
+                ));
+            }
+        };
+        check_side(h, w, max_side)?;
+        Ok((h, w, c))
+    };
+    crate::guard::quietly(run).unwrap_or_else(|_| Err("the image decoder panicked".into()))
+}
+
+/// Whether a column of type `dt` may hold encoded images: binary, or a struct with a binary
+/// `bytes` field (Hugging Face `datasets`' `Image` feature, `{bytes, path}`, as LeRobot's
+/// `image` features are stored in Parquet).
+pub(crate) fn is_encoded_type(dt: &DataType) -> bool {
+    match dt {
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => true,
+        DataType::Struct(fields) => fields.iter().any(|f| {
+            f.name() == "bytes" && is_encoded_type(f.data_type()) && !f.data_type().is_nested()
+        }),
+        _ => false,
+    }
+}
+
+/// The encoded bytes of row `i` of a column of [`is_encoded_type`] (`None`: null).
+pub(crate) fn bytes_at(a: &dyn Array, i: usize) -> Option<&[u8]> {
+    if a.is_null(i) {
+        return None;
+    }
+    match a.data_type() {
+        DataType::Binary => Some(a.as_binary::<i32>().value(i)),
+        DataType::LargeBinary => Some(a.as_binary::<i64>().value(i)),
+        DataType::BinaryView => Some(a.as_binary_view().value(i)),
+        DataType::Struct(_) => bytes_at(a.as_struct().column_by_name("bytes")?.as_ref(), i),
+        _ => None,
+    }
+}
+
+/// The stored shape of images of `(h, w, c)`: `[H, W]` for one channel, else `[H, W, C]`.
+pub(crate) fn shape_of(h: usize, w: usize, c: usize) -> Vec<usize> {
+    if c == 1 { vec![h, w] } else { vec![h, w, c] }
+}
+
+/// Decodes every row of `a` (a column of [`is_encoded_type`] named `name`, whose first row is
+/// input row `base`) into a `FixedSizeList<uint8>` of `shape` per row, in parallel. A null, an
+/// undecodable image or one of another size is an [`Error::InvalidData`] naming the column and
+/// the row.
+pub(crate) fn decode_column(
+    a: &ArrayRef,
+    shape: &[usize],
+    name: &str,
+    base: u64,
+) -> Result<ArrayRef> {
+    let len: usize = shape.iter().product();
+    let channels = shape.get(2).copied().unwrap_or(1);
+    let mut values = vec![0u8; len * a.len()];
+    values
+        .par_chunks_mut(len.max(1))
+        .enumerate()
+        .try_for_each_init(Vec::new, |tmp, (i, out)| {
+            let at = |why: String| {
+                Error::invalid_data(format!("row {}: {why}", base + i as u64)).in_column(name)
+            };
+            let bytes = bytes_at(a.as_ref(), i).ok_or_else(|| at("a null image".into()))?;
+            let (h, w) = decode(bytes, channels, MAX_SIDE, tmp).map_err(at)?;
+            if (h, w) != (shape[0], shape[1]) || tmp.len() != len {
+                return Err(at(format!(
+                    "an image of {h}x{w}; the column's first is {}x{}",
+                    shape[0], shape[1]
+                )));
+            }
+            out.copy_from_slice(tmp);
+            Ok(())
+        })?;
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        item,
+        len as i32,
+        Arc::new(UInt8Array::from(values)),
+        None,
+    )?))
 }
 
 fn check_side(h: usize, w: usize, max_side: usize) -> Result<(), String> {
