@@ -19,11 +19,16 @@
 #      and trajstore / LeRobot per round (the target: >= 5x), with the 1-min load
 #      average before each run (the machine may be shared).
 #
-# The command BENCHMARKS.md reports (trajstore built with the `video` feature:
-# `scripts/setup-video.sh && cargo build --release --features video`):
+# The commands BENCHMARKS.md reports ("Against LeRobot's own reader"; trajstore built with the
+# `video` feature: `scripts/setup-video.sh && cargo build --release --features video`):
 #
 #   BIN=target/release/trajstore scripts/bench_lerobot.sh --work /tmp/lrbench \
 #       --episodes 30 --frames 200 --height 96 --width 128 --slice-len 16
+#   BIN=target/release/trajstore scripts/bench_lerobot.sh --work /tmp/lrbench240 \
+#       --episodes 10 --frames 200 --height 240 --width 320 --slice-len 8 --lerobot-batches 4
+#
+# Disk: the trajstore dataset holds the decoded frames (only 1.1-1.2x smaller than raw RGB), e.g. 383 MiB
+# and 712 MiB for those two; the LeRobot venv is ~2 GB (more without the torch venv to link).
 #
 # Options (defaults in brackets):
 #   --work DIR        where the datasets and JSON results go [/tmp/trajstore-lerobot-bench]
