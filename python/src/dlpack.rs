@@ -69,7 +69,7 @@ impl DlType {
         Some(Self::new(code, bits))
     }
 
-    fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bits as usize / 8
     }
 

@@ -14,6 +14,7 @@ mod dlpack;
 mod errors;
 mod loader;
 mod plan;
+mod stream;
 mod writer;
 
 #[pymodule]
@@ -28,7 +29,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::BatchLoader>()?;
     m.add_class::<loader::SlotLoader>()?;
     m.add_class::<writer::Writer>()?;
+    m.add_class::<stream::PyStream>()?;
     m.add_function(wrap_pyfunction!(dataset::open, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::open_stream, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::set_sql_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::sql_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(writer::create, m)?)?;

@@ -8,7 +8,7 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use trajstore::{Batch, GatherInto, Loader, Recycler, StagedLoader, StagingSlot};
+use trajstore::{Batch, GatherInto, Loader, Recycler, StagedLoader, StagingSlot, StreamLoader};
 
 use crate::dlpack::{Buffer, DlType};
 use crate::errors::{IntoPyResult, argument};
@@ -35,11 +35,33 @@ impl Drop for BatchOwner {
     }
 }
 
+/// The loader behind a `BatchLoader`: of local datasets, or of a stream through its cache.
+enum Inner {
+    Local(Loader),
+    Stream(StreamLoader),
+}
+
+impl Inner {
+    fn position(&self) -> u64 {
+        match self {
+            Inner::Local(l) => l.position(),
+            Inner::Stream(s) => s.position(),
+        }
+    }
+
+    fn next_batch(&mut self) -> Option<trajstore::Result<Batch>> {
+        match self {
+            Inner::Local(l) => l.next_batch().map(Ok),
+            Inner::Stream(s) => s.next_batch(),
+        }
+    }
+}
+
 /// Batches gathered by background workers into their own memory, handed out as DLPack
 /// buffers.
 #[pyclass(frozen, module = "trajstore._native")]
 pub struct BatchLoader {
-    loader: Mutex<Option<Loader>>,
+    loader: Mutex<Option<Inner>>,
     recycler: Recycler,
     plan: Py<Plan>,
     /// The process that started the workers (see [`check_process`]).
@@ -93,9 +115,21 @@ impl BatchLoader {
     fn new(py: Python<'_>, plan: Py<Plan>, start: u64, count: Option<u64>) -> PyResult<Self> {
         let p = plan.get();
         let opts = p.options(start, count);
-        let loader = py.detach(|| Loader::new(&p.source, opts)).py()?;
+        let loader = py
+            .detach(|| {
+                if p.source.is_streamed() {
+                    StreamLoader::new(&p.source, opts).map(Inner::Stream)
+                } else {
+                    Loader::new(&p.source, opts).map(Inner::Local)
+                }
+            })
+            .py()?;
+        let recycler = match &loader {
+            Inner::Local(l) => l.recycler(),
+            Inner::Stream(s) => s.recycler(),
+        };
         Ok(Self {
-            recycler: loader.recycler(),
+            recycler,
             loader: Mutex::new(Some(loader)),
             plan,
             pid: std::process::id(),
@@ -108,7 +142,7 @@ impl BatchLoader {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map(Loader::position)
+            .map(Inner::position)
     }
 
     /// Stops and joins the workers (batches handed out stay valid). `next` then returns None.
@@ -124,12 +158,15 @@ impl BatchLoader {
         let got = py.detach(|| {
             let mut g = self.loader.lock().unwrap_or_else(|e| e.into_inner());
             let l = g.as_mut()?;
-            let k = Loader::position(l);
+            let k = l.position();
             l.next_batch().map(|b| (k, b))
         });
-        let Some((k, mut batch)) = got else {
+        let Some((k, batch)) = got else {
             return Ok(None);
         };
+        // A stream's download that failed (a damaged or missing object, a store that cannot
+        // be reached): the error names the object.
+        let mut batch = batch.py()?;
         let (b, l) = (batch.num_slices as i64, batch.slice_len as i64);
         // Raw pointers first (from `&mut`), then the batch moves into its owner; its heap buffers
         // do not move with it.

@@ -321,6 +321,69 @@ impl Plan {
             .py()
     }
 
+    /// A plan that streams `stream` (a dataset in object storage, `open_stream`) through its
+    /// bounded cache: `options` as for `Plan(...)` ([`LoaderArgs`]); the sampler is uniform
+    /// or epoch, with no episode subsets (refused by the stream), and there is one dataset.
+    #[staticmethod]
+    fn streamed(
+        py: Python<'_>,
+        stream: Py<crate::stream::PyStream>,
+        options: &Bound<'_, PyDict>,
+    ) -> PyResult<Self> {
+        let a: LoaderArgs = extract_args(options.as_any())?;
+        if a.episode_ids.is_some() || a.episodes_sql.is_some() {
+            return Err(argument(
+                "episodes",
+                "a streaming loader samples the whole dataset: episode subsets are not supported \
+                 yet (open the dataset without cache_limit to mirror it and sample a subset)",
+            ));
+        }
+        let opts = LoaderOptions::default()
+            .with_workers(a.workers)
+            .with_prefetch(a.prefetch);
+        let stream = stream.get().stream.clone();
+        let spec = SamplerSpec::new(a.sampler, a.slice_len, a.num_slices)
+            .with_seed(a.seed)
+            .with_policy(a.policy)
+            .with_weighting(a.weighting)
+            .with_alpha(a.alpha)
+            .with_drop_last(a.drop_last);
+        let frame_stack = match a.frame_stack {
+            Some(k) => Some(
+                FrameStack::new(k)
+                    .py()?
+                    .with_pad(a.frame_pad)
+                    .with_channels_last(a.frame_channels_last),
+            ),
+            None => None,
+        };
+        let (slice_len, num_slices) = (a.slice_len as usize, a.num_slices);
+        py.detach(move || -> trajstore::Result<Self> {
+            let names: Vec<&str> = a.columns.iter().map(String::as_str).collect();
+            let mut l = LoaderSpec::streamed(stream, spec, &names).with_rank(a.rank, a.world_size);
+            if let Some(st) = frame_stack {
+                l = l.with_frame_stack(st);
+            }
+            let source = BatchSource::open(l)?;
+            Ok(Self {
+                columns: describe(&source)?,
+                opts,
+                num_slices,
+                slice_len,
+                per_epoch: None,
+                parts: 1,
+                source,
+            })
+        })
+        .py()
+    }
+
+    /// Whether the plan streams a dataset from object storage.
+    #[getter]
+    fn streamed_source(&self) -> bool {
+        self.source.is_streamed()
+    }
+
     /// `(name, dtype, per-step shape)` of each gathered column, in batch order.
     fn columns(&self) -> Vec<(String, String, Vec<i64>)> {
         self.columns
@@ -426,6 +489,30 @@ struct Source {
     resume: Option<LoaderState>,
 }
 
+/// The gathered columns of `source`'s batches, as tensors: name, dtype, per-step shape and
+/// bytes.
+fn describe(source: &BatchSource) -> trajstore::Result<Vec<Column>> {
+    source
+        .columns()?
+        .into_iter()
+        .map(|(name, dt, shape)| {
+            let dtype = DlType::of(&dt).ok_or_else(|| {
+                trajstore::Error::argument(
+                    "columns",
+                    format!("column `{name}` of type {dt} has no tensor dtype; leave it out"),
+                )
+            })?;
+            let step_bytes = shape.iter().product::<usize>() * dtype.bytes();
+            Ok(Column {
+                name,
+                dtype,
+                shape: shape.iter().map(|&d| d as i64).collect(),
+                step_bytes,
+            })
+        })
+        .collect()
+}
+
 impl Plan {
     /// Opens the source of `parts` (at `resume`'s versions) and describes its columns.
     fn open(
@@ -482,24 +569,9 @@ impl Plan {
             spec = spec.with_resume(s);
         }
         let source = BatchSource::open(spec)?;
-        let (sampler, gatherer) = source.at(0).expect("a source of local datasets");
-        let mut cols = Vec::new();
-        for ((name, dt, shape), step) in gatherer.columns().zip(gatherer.step_bytes()) {
-            let dtype = DlType::of(dt).ok_or_else(|| {
-                trajstore::Error::argument(
-                    "columns",
-                    format!("column `{name}` of type {dt} has no tensor dtype; leave it out"),
-                )
-            })?;
-            cols.push(Column {
-                name: name.to_string(),
-                dtype,
-                shape: shape.iter().map(|&d| d as i64).collect(),
-                step_bytes: step,
-            });
-        }
+        let (sampler, _) = source.at(0).expect("a source of local datasets");
         Ok(Self {
-            columns: cols,
+            columns: describe(&source)?,
             opts,
             num_slices: sampler.num_slices(),
             slice_len: sampler.slice_len() as usize,

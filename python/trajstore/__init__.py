@@ -16,6 +16,11 @@ data a collector keeps committing, followed as it grows)::
     loader = trajstore.mix([offline, online], weights=[0.5, 0.5], follow=[False, True])
     batch["source"]                                              # [256] int64: 0 or 1
 
+Training across nodes from object storage, through a bounded cache per rank (``torchrun``)::
+
+    ds = trajstore.open("s3://bucket/atari.trajstore", cache_limit="50GiB")
+    loader = ds.loader(slice_len=32, num_slices=256, rank="auto", device="cuda")
+
 Preemptible training: ``loader.state_dict()`` (a plain dict, for ``torch.save``) and
 ``loader.load_state_dict(state)`` continue the stream exactly, at the same dataset versions.
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 from . import errors
 from ._dataset import Dataset, Snapshot, mix, open, set_sql_memory_limit, sql_memory_limit
 from ._loader import Batch, Loader
+from ._stream import StreamedSnapshot
 from ._native import __version__
 from ._writer import Writer, create, ingest
 from .errors import (
@@ -60,6 +66,7 @@ __all__ = [
     "ingest",
     "Dataset",
     "Snapshot",
+    "StreamedSnapshot",
     "Loader",
     "Batch",
     "Writer",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, cast, overload
 
 from . import _native
 from ._types import (
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from ._loader import Loader
+    from ._stream import StreamedSnapshot
     from ._writer import Writer
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -72,8 +73,15 @@ def mix(
     ``state_dict``/``load_state_dict`` resume a mix exactly, as they do a single dataset."""
     from ._loader import make_loader
 
+    from ._stream import StreamedSnapshot
+
     if isinstance(datasets, (str, bytes)) or not isinstance(datasets, Sequence):
         raise TypeError("datasets must be a list of trajstore.Snapshot (or paths)")
+    if any(isinstance(d, StreamedSnapshot) for d in datasets):
+        raise _invalid(
+            "a mix reads local (or mirrored) datasets: a streamed dataset cannot be mixed yet "
+            "(open it without cache_limit to mirror it)"
+        )
     ds = [d if isinstance(d, Snapshot) else open(d) for d in datasets]
     if not ds:
         raise _invalid("a mix needs at least one dataset")
@@ -125,9 +133,36 @@ def sql_memory_limit() -> Tuple[int, str]:
     return _native.sql_memory_limit()
 
 
+@overload
 def open(
-    uri: PathLike, version: Optional[int] = None, *, cache_dir: Optional[PathLike] = None
-) -> Snapshot:
+    uri: PathLike,
+    version: Optional[int] = None,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    cache_limit: None = None,
+    reuse: float = 4.0,
+) -> Snapshot: ...
+
+
+@overload
+def open(
+    uri: PathLike,
+    version: Optional[int] = None,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    cache_limit: Union[int, str],
+    reuse: float = 4.0,
+) -> StreamedSnapshot: ...
+
+
+def open(
+    uri: PathLike,
+    version: Optional[int] = None,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    cache_limit: Union[int, str, None] = None,
+    reuse: float = 4.0,
+) -> Union[Snapshot, StreamedSnapshot]:
     """Opens the dataset at ``uri``: a local directory, ``file://...``, or ``s3://bucket/prefix``
     (mirrored into ``cache_dir``, default ``$TRAJSTORE_CACHE`` or ``~/.cache/trajstore``, then
     memory-mapped). Opens the newest committed version, or ``version``.
@@ -135,7 +170,25 @@ def open(
     Raises :class:`~trajstore.DatasetNotFoundError` when there is no dataset there,
     :class:`~trajstore.PermissionDeniedError` (a ``PermissionError``) when the user may not
     enter it or a directory above it, and :class:`~trajstore.CorruptDatasetError` when its files
-    are damaged."""
+    are damaged.
+
+    With ``cache_limit`` (bytes, or a size such as ``"50GiB"``), a dataset in object storage is
+    **streamed** instead of mirrored: only its catalog is downloaded, and its loaders read the
+    transition files through a cache of at most that many bytes per rank
+    (:class:`StreamedSnapshot`; ``reuse`` is how many times, on average, the uniform sampler
+    draws each transition before its window rotates out)."""
+    if cache_limit is not None:
+        from ._stream import StreamedSnapshot
+
+        return StreamedSnapshot(
+            _native.open_stream(
+                os.fspath(uri),
+                cache_limit,
+                version,
+                None if cache_dir is None else os.fspath(cache_dir),
+                float(reuse),
+            )
+        )
     native = _native.open(
         os.fspath(uri), version, None if cache_dir is None else os.fspath(cache_dir)
     )

@@ -24,6 +24,10 @@ from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._dataset import Snapshot
+    from ._stream import StreamedSnapshot
+
+#: The format of a streaming loader's state (``state_dict`` of a loader of a stream).
+STREAM_STATE = "trajstore.stream-loader-state/1"
 
 __all__ = ["FLAGS", "PER_SLICE", "Batch", "Loader", "make_loader"]
 
@@ -105,10 +109,19 @@ class Loader(CudaRing):
     """
 
     def __init__(
-        self, dataset: Snapshot, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None
+        self,
+        dataset: Union[Snapshot, StreamedSnapshot],
+        args: LoaderArgs,
+        *,
+        follow: Follow = None,
+        mix: Optional[Mix] = None,
     ) -> None:
+        from ._stream import StreamedSnapshot
+
+        # A dataset streamed from object storage through a bounded cache (see _stream.py).
+        self._stream: Optional[StreamedSnapshot] = dataset if isinstance(dataset, StreamedSnapshot) else None
         # trajstore.mix: (datasets, weights, follow per dataset).
-        datasets = [dataset] if mix is None else list(mix[0])
+        datasets: List[Any] = [dataset] if mix is None else list(mix[0])
         self._dataset = datasets[0]
         self._datasets = datasets
         self._mix = mix is not None
@@ -125,6 +138,13 @@ class Loader(CudaRing):
         # The options of the native plan (`sampler`, `workers`, `prefetch`, ...).
         self._options = s.native
         self._cuda = s.cuda
+        # A stream's batches are gathered into host buffers (no staging ring) and copied to the
+        # device after the transform.
+        self._to_device = None
+        if self._stream is not None and s.cuda and not s.staged_on_cpu:
+            self._to_device, self._cuda = s.device, False
+        elif self._stream is not None:
+            self._cuda = False
         self._staged_on_cpu = s.staged_on_cpu
         self._staging = s.staging
         self._position = 0
@@ -135,7 +155,11 @@ class Loader(CudaRing):
         self._pid = os.getpid()
         self._recent: Deque[Tuple[int, List[int], List[int]]] = collections.deque(maxlen=256)
         # Samplers and gatherers: every bad argument fails here.
-        self._plan = _native.Plan(self._parts, self._options)
+        self._plan = (
+            _native.Plan.streamed(self._stream._n, self._options)
+            if self._stream is not None
+            else _native.Plan(self._parts, self._options)
+        )
         self._names = [c[0] for c in self._plan.columns()]
         keys = FLAGS + PER_SLICE + ("weight",) + (("source",) if self._mix else ())
         reserved = sorted(set(self._names) & set(keys))
@@ -218,7 +242,17 @@ class Loader(CudaRing):
         the next batch is drawn from, its sampler's options), and ``priorities`` (per dataset,
         the bytes of a prioritized sampler's priorities, else None). Pass it to
         :meth:`load_state_dict` of a loader made with the same arguments, in this process or
-        another, to continue exactly there (after a preemption)."""
+        another, to continue exactly there (after a preemption).
+
+        A streaming loader's state is ``format``, ``url``, ``version``, ``rank``,
+        ``world_size``, the sampler's options and ``next_batch``: its batches are a pure
+        function of them."""
+        if self._stream is not None:
+            state = dict(self._stream_identity())
+            state["next_batch"] = self._position
+            if self._iter_end is not None and self._position < self._iter_end:
+                state["iteration_end"] = self._iter_end
+            return state
         header, priorities = self._plan.state(self._position)
         state: Dict[str, Any] = json.loads(header)
         if self._iter_end is not None and self._position < self._iter_end:
@@ -249,6 +283,9 @@ class Loader(CudaRing):
             self._position = pos
             self._iter_end = self._resume_end = None
             return
+        if self._stream is not None or state.get("format") == STREAM_STATE:
+            self._load_stream_state(state)
+            return
         header = {k: v for k, v in state.items() if k != "priorities"}
         priorities = state.get("priorities")
         if priorities is not None:
@@ -265,6 +302,72 @@ class Loader(CudaRing):
         self._position = int(header["next_batch"])
         end = header.get("iteration_end")
         self._iter_end = self._resume_end = None if end is None else int(end)
+
+    def _stream_identity(self) -> Dict[str, Any]:
+        """What a streaming loader's batches depend on, but the batch number."""
+        assert self._stream is not None
+        o = self._options
+        keys = ("sampler", "policy", "weighting", "seed", "slice_len", "num_slices", "columns")
+        out: Dict[str, Any] = {
+            "format": STREAM_STATE,
+            "url": self._stream.uri,
+            "version": self._stream.version,
+            "rank": self._rank,
+            "world_size": self._world,
+            "reuse": self._stream.reuse,
+        }
+        out.update({k: o[k] for k in keys})  # type: ignore[literal-required]
+        out["frame_stack"] = o["frame_stack"]
+        return out
+
+    def _load_stream_state(self, state: Mapping[str, Any]) -> None:
+        if self._stream is None:
+            raise InvalidArgumentError(
+                "a streaming loader's state: load it into a loader of the same stream "
+                "(trajstore.open(url, cache_limit=...).loader(...))"
+            )
+        if state.get("format") != STREAM_STATE:
+            raise InvalidArgumentError(
+                "a state of a loader of local datasets: a streaming loader takes the state of a "
+                "streaming loader"
+            )
+        mine = self._stream_identity()
+        for k, v in mine.items():
+            theirs = state.get(k)
+            if isinstance(v, tuple):
+                v = list(v)
+            if isinstance(theirs, tuple):
+                theirs = list(theirs)
+            if theirs != v:
+                hint = (
+                    f": open the stream at that version, trajstore.open(url, version={theirs}, cache_limit=...)"
+                    if k == "version"
+                    else ""
+                )
+                raise InvalidArgumentError(f"the state's {k} is {theirs!r}, this loader's {v!r}{hint}")
+        pos = state.get("next_batch")
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= _native.MAX_BATCH_NUMBER:
+            raise InvalidArgumentError(f"a damaged state: next_batch {pos!r}")
+        end = state.get("iteration_end")
+        self._close()
+        self._position = pos
+        self._iter_end = self._resume_end = None if end is None else int(end)
+
+    def stream_stats(self) -> Dict[str, Any]:
+        """What a streaming loader downloaded and holds (``{}`` for local datasets): its cache
+        directory's size on disk now (``cache_bytes``, every file of this rank's cache,
+        downloads in progress included) and the cache limit."""
+        if self._stream is None:
+            return {}
+        root = os.path.join(self._stream.path, "_stream", f"rank-{self._rank}")
+        used = 0
+        for d, _, files in os.walk(root):
+            for f in files:
+                try:
+                    used += os.path.getsize(os.path.join(d, f))
+                except OSError:
+                    pass
+        return {"cache_dir": root, "cache_bytes": used, "cache_limit": self._stream.cache_limit}
 
     def _check_process(self) -> None:
         """Refuses use in a process forked from the one that made this loader (a DataLoader
@@ -344,6 +447,9 @@ class Loader(CudaRing):
             out = self._transform(batch)
             if out is not None:
                 batch = out if isinstance(out, Batch) else Batch(batch.index, out)
+        if self._to_device is not None:
+            for k, v in batch.items():
+                batch[k] = v.to(self._to_device)
         if self._cast is not None:
             for k, v in batch.items():
                 if v.is_floating_point():
@@ -445,7 +551,9 @@ def _loader_class(backend: str) -> Type[Loader]:
     return _TORCH_LOADER
 
 
-def make_loader(dataset: Snapshot, args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None) -> Loader:
+def make_loader(
+    dataset: Union[Snapshot, StreamedSnapshot], args: LoaderArgs, *, follow: Follow = None, mix: Optional[Mix] = None
+) -> Loader:
     """A loader over ``dataset`` (or the datasets of ``mix``): ``args`` holds every argument of
     :meth:`Snapshot.loader` but ``follow``, its defaults filled in."""
     if args["backend"] == "torch":

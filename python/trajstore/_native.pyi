@@ -9,6 +9,7 @@ __all__ = [
     "__version__",
     "MAX_BATCH_NUMBER",
     "Snapshot",
+    "Stream",
     "ArrowStream",
     "ArrowBatch",
     "Buffer",
@@ -17,6 +18,7 @@ __all__ = [
     "SlotLoader",
     "Writer",
     "open",
+    "open_stream",
     "set_sql_memory_limit",
     "sql_memory_limit",
     "create",
@@ -87,6 +89,37 @@ class Snapshot:
 def open(uri: str, version: Optional[int] = None, cache_dir: Optional[str] = None) -> Snapshot: ...
 
 @final
+class Stream:
+    @property
+    def uri(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def num_transitions(self) -> int: ...
+    @property
+    def num_episodes(self) -> int: ...
+    @property
+    def transition_bytes(self) -> int: ...
+    @property
+    def cache_limit(self) -> int: ...
+    @property
+    def reuse(self) -> float: ...
+    def __arrow_c_schema__(self) -> Any: ...
+    def sample_columns(self) -> List[str]: ...
+    def info(self, bins: int) -> str: ...
+    def info_json(self) -> str: ...
+
+def open_stream(
+    url: str,
+    cache_limit: Union[int, str],
+    version: Optional[int] = None,
+    cache_dir: Optional[str] = None,
+    reuse: float = 4.0,
+) -> Stream: ...
+
+@final
 class Plan:
     def __new__(
         cls,
@@ -95,6 +128,10 @@ class Plan:
         state: Optional[str] = None,
         priorities: Optional[Sequence[Optional[bytes]]] = None,
     ) -> Plan: ...
+    @staticmethod
+    def streamed(stream: Stream, options: PlanOptions) -> Plan: ...
+    @property
+    def streamed_source(self) -> bool: ...
     def columns(self) -> List[Tuple[str, str, List[int]]]: ...
     @property
     def num_slices(self) -> int: ...

@@ -245,6 +245,34 @@ impl BatchSource {
         }
     }
 
+    /// Name, element type and per-step shape of each gathered column, in batch order (what a
+    /// loader of this source puts in every [`crate::Batch`]), known before any batch.
+    pub fn columns(&self) -> Result<Vec<(String, arrow::datatypes::DataType, Vec<usize>)>> {
+        match &self.0 {
+            Src::Local(f) => Ok(f
+                .first()
+                .gatherer
+                .columns()
+                .map(|(n, dt, shape)| (n.to_string(), dt.clone(), shape.to_vec()))
+                .collect()),
+            #[cfg(feature = "remote")]
+            Src::Streamed(p) => {
+                let cols: Vec<&str> = p.columns.iter().map(String::as_str).collect();
+                stream::describe_columns(p.stream.catalog(), &cols, p.frame_stack)
+            }
+        }
+    }
+
+    /// Whether this source streams a dataset from object storage (read it with
+    /// [`StreamLoader::new`]).
+    pub fn is_streamed(&self) -> bool {
+        match &self.0 {
+            Src::Local(_) => false,
+            #[cfg(feature = "remote")]
+            Src::Streamed(_) => true,
+        }
+    }
+
     /// The sampler and gatherer of batch `k`'s generation (`None` for a streamed source, whose
     /// samplers and gatherers are made per window of cached files).
     pub fn at(&self, k: u64) -> Option<(Arc<dyn Sampler>, Arc<Gatherer>)> {

@@ -106,6 +106,11 @@ impl Stream {
         &self.0.mirror
     }
 
+    /// The options it was opened with (cache limit, reuse, version, ...).
+    pub fn options(&self) -> &StreamOptions {
+        &self.0.options
+    }
+
     /// The cache directory of `rank`.
     pub fn cache_dir(&self, rank: u64) -> PathBuf {
         self.0.mirror.join(format!("_stream/rank-{rank}"))

@@ -207,9 +207,9 @@ fn a_quarter_cache_rotates_windows_within_its_limit_on_disk() {
         })
     };
     let slice = SamplerSpec::uniform(16, 32).with_seed(9);
-    // About 22 segments, one per window (a third of the cache); each window serves at least the
-    // loader's 3 + 4 batches in flight, so a round is about 154 batches: two rounds.
-    let batches = 320;
+    // About 22 segments, one per window (a third of the cache); each window serves at least
+    // WINDOW_BATCHES (16) batches, so a round is about 352 batches: more than one round.
+    let batches = 400;
     let mut loader = stream_loader(
         &stream,
         slice.clone(),

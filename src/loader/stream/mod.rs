@@ -16,11 +16,12 @@
 //! dataset once per round in total, not N times. A rank cuts its share, in the shuffled order,
 //! into **windows** of at most a third of the cache (the batches in flight read at most two
 //! windows, and the next one downloads meanwhile) and serves the round's batches window after
-//! window; every window serves at least the loader's `workers + prefetch` batches:
+//! window; every window serves at least [`WINDOW_BATCHES`] batches (16: the most a streaming
+//! loader keeps in flight, `workers + prefetch`):
 //!
 //! - Uniform sampling ([`crate::SamplerKind::Uniform`], with replacement): a round has
 //!   `R = max(ceil(reuse × transitions / (world_size × B × L)), m × n)` batches per rank, where
-//!   `m = workers + prefetch` and `n` is the most windows any rank has that round: the same for
+//!   `m` = [`WINDOW_BATCHES`] and `n` is the most windows any rank has that round: the same for
 //!   every rank, so that data-parallel steps stay in lockstep. Window `w` gets `m` batches plus a
 //!   share of the other `R - m × n_rank` proportional to its slices `S_w` (rounded at the
 //!   boundaries), and each of its batches draws its `B` slices
@@ -67,6 +68,11 @@ mod schedule;
 use cache::{Cache, CachedFile, Pins};
 use schedule::StreamSampling;
 use schedule::{Schedule, ScheduleSpec, SegmentCost, Window, mix};
+
+/// The fewest batches a window serves, and the most batches a streaming loader keeps in flight
+/// (`workers + prefetch`): a constant, so that the schedule (and every batch) is the same
+/// whatever the loader's workers, and a restart with other workers continues exactly.
+pub const WINDOW_BATCHES: u64 = 16;
 
 /// What a [`StreamLoader`] downloaded and held.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -213,6 +219,18 @@ impl StreamLoader {
         let (stream, slice, columns) = (&plan.stream.0, &plan.sampler, &plan.columns);
         let (rank, world_size) = plan.rank_world;
         let sampling = stream_sampling(slice.kind)?;
+        let in_flight = (opts.workers.max(1) + opts.prefetch.max(1)) as u64;
+        if in_flight > WINDOW_BATCHES {
+            return Err(Error::argument(
+                "prefetch",
+                format!(
+                    "workers + prefetch = {in_flight}: a streaming loader keeps at most \
+                     {WINDOW_BATCHES} batches in flight (every window serves at least that many \
+                     batches, whatever the workers, so that a restart with other workers draws \
+                     the same batches); lower workers or prefetch"
+                ),
+            ));
+        }
         let start = opts.start.unwrap_or(0);
         let catalog = &stream.catalog;
         let manifest = catalog.manifest().clone();
@@ -258,7 +276,7 @@ impl StreamLoader {
                 num_slices: slice.num_slices as u64,
                 slice_len: slice.slice_len as u64,
                 reuse: stream.options.reuse,
-                min_batches: (opts.workers.max(1) + opts.prefetch.max(1)) as u64,
+                min_batches: WINDOW_BATCHES,
             },
         )?;
         let files: Vec<CachedFile> = stream
@@ -380,6 +398,12 @@ impl StreamLoader {
     /// Hands a consumed batch back so a worker reuses its buffers.
     pub fn recycle(&self, batch: Batch) {
         self.pool.recycle(batch);
+    }
+
+    /// A handle that hands batches back from anywhere (e.g. when the last view of a batch
+    /// exported to Python is freed).
+    pub fn recycler(&self) -> Recycler {
+        self.pool.clone()
     }
 
     /// What was downloaded and held so far.
@@ -508,9 +532,26 @@ impl Shared {
 /// Bytes of one step of `columns` as gathered (checking that they exist: `next_observation` may
 /// be derived; a frame column is its decoded frames, `stack` of them).
 fn step_bytes(catalog: &Catalog, columns: &[&str], stack: Option<FrameStack>) -> Result<u64> {
+    Ok(describe_columns(catalog, columns, stack)?
+        .iter()
+        .map(|(_, dt, shape)| {
+            shape.iter().product::<usize>() as u64 * crate::schema::value_bytes(dt).ceil() as u64
+        })
+        .sum())
+}
+
+/// Name, element type and per-step shape of each gathered column of a stream, from its
+/// catalog's schema alone, as a window's [`Gatherer`] gives them: a frame column (and a
+/// `next_observation` derived from one) is `uint8` of the frame's shape, or of
+/// [`FrameStack::shape`]; a `next_observation` that is not stored has the observation's.
+pub(crate) fn describe_columns(
+    catalog: &Catalog,
+    columns: &[&str],
+    stack: Option<FrameStack>,
+) -> Result<Vec<(String, arrow::datatypes::DataType, Vec<usize>)>> {
     let frames = catalog.schema().frame_columns();
     let schema = catalog.schema().arrow_schema();
-    let mut sum = 0u64;
+    let mut out = Vec::with_capacity(columns.len());
     for &c in columns {
         let name = match c {
             crate::format::col::NEXT_OBSERVATION if schema.field_with_name(c).is_err() => {
@@ -524,12 +565,23 @@ fn step_bytes(catalog: &Catalog, columns: &[&str], stack: Option<FrameStack>) ->
                 format!("no column `{c}` (have: {})", crate::schema::names(schema)),
             )
         })?;
-        sum += match frames.iter().find(|(n, _)| *n == name) {
-            Some((_, spec)) => spec.frame_len() as u64 * stack.map_or(1, |s| s.frames as u64),
-            None => crate::schema::value_bytes(f.data_type()).ceil() as u64,
-        };
+        out.push(match frames.iter().find(|(n, _)| *n == name) {
+            Some((_, spec)) => (
+                c.to_string(),
+                arrow::datatypes::DataType::UInt8,
+                stack.map_or_else(|| spec.shape.clone(), |s| s.shape(&spec.shape)),
+            ),
+            None => match f.data_type() {
+                arrow::datatypes::DataType::FixedSizeList(item, _) => (
+                    c.to_string(),
+                    item.data_type().clone(),
+                    crate::schema::field_shape(f)?,
+                ),
+                dt => (c.to_string(), dt.clone(), vec![]),
+            },
+        });
     }
-    Ok(sum)
+    Ok(out)
 }
 
 /// Keeps the windows of the batches workers may make next, and the window after them, pinned

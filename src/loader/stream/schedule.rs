@@ -98,7 +98,7 @@ pub(crate) struct ScheduleSpec {
     pub slice_len: u64,
     /// Uniform sampling: draws per transition per round, on average.
     pub reuse: f64,
-    /// The fewest batches a window serves (the loader's workers plus its prefetch depth), so
+    /// The fewest batches a window serves (`WINDOW_BATCHES`, at least the loader's workers plus its prefetch depth), so
     /// that the batches in flight touch at most two windows.
     pub min_batches: u64,
 }

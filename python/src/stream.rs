@@ -1,0 +1,141 @@
+//! `Stream`: a dataset in object storage opened for streaming (`trajstore.open(url,
+//! cache_limit=...)`): its catalog (manifest and episode tables) fetched into the mirror, and
+//! nothing else. Loaders read its transition files through a bounded per-rank cache
+//! (`trajstore::StreamLoader`, made from a `Plan.streamed`).
+
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+use trajstore::remote::{Stream, StreamOptions};
+use trajstore::store::info::{info_json, render_info};
+
+use crate::arrow_io::ArrowStream;
+use crate::errors::{IntoPyResult, argument};
+
+/// Opens `url` for streaming through a cache of `cache_limit` bytes (per rank), at its newest
+/// version or `version`; `reuse` is the uniform sampler's draws per transition per round.
+#[pyfunction]
+#[pyo3(signature = (url, cache_limit, version=None, cache_dir=None, reuse=4.0))]
+pub fn open_stream(
+    py: Python<'_>,
+    url: String,
+    cache_limit: &Bound<'_, PyAny>,
+    version: Option<u64>,
+    cache_dir: Option<std::path::PathBuf>,
+    reuse: f64,
+) -> PyResult<PyStream> {
+    let limit = if let Ok(s) = cache_limit.extract::<String>() {
+        trajstore::sql::limits::parse_size(&s)
+    } else {
+        cache_limit.extract::<u64>().ok().filter(|&n| n > 0)
+    }
+    .ok_or_else(|| {
+        argument(
+            "cache_limit",
+            format!(
+                "cache_limit={cache_limit}: a positive size, in bytes or as a string like \"50GiB\""
+            ),
+        )
+    })?;
+    let mut opts = StreamOptions::new(limit);
+    opts.version = version;
+    opts.cache_dir = cache_dir;
+    opts.reuse = reuse;
+    let stream = py.detach(|| Stream::open(&url, opts)).py()?;
+    Ok(PyStream { url, stream })
+}
+
+/// A dataset in object storage opened for streaming (see `trajstore.StreamedSnapshot`).
+#[pyclass(frozen, name = "Stream", module = "trajstore._native")]
+pub struct PyStream {
+    url: String,
+    pub(crate) stream: Stream,
+}
+
+#[pymethods]
+impl PyStream {
+    /// The URL it was opened from.
+    #[getter]
+    fn uri(&self) -> &str {
+        &self.url
+    }
+
+    /// The local mirror holding the catalog (and, under `_stream/`, each rank's cache).
+    #[getter]
+    fn path(&self) -> std::path::PathBuf {
+        self.stream.mirror().to_path_buf()
+    }
+
+    #[getter]
+    fn version(&self) -> u64 {
+        self.stream.catalog().version()
+    }
+
+    #[getter]
+    fn num_transitions(&self) -> u64 {
+        self.stream.catalog().num_transitions()
+    }
+
+    #[getter]
+    fn num_episodes(&self) -> u64 {
+        self.stream.catalog().num_episodes()
+    }
+
+    /// Bytes of the version's transition files (what a full mirror would download).
+    #[getter]
+    fn transition_bytes(&self) -> u64 {
+        self.stream
+            .catalog()
+            .manifest()
+            .segments
+            .iter()
+            .map(|s| s.bytes)
+            .sum()
+    }
+
+    /// Uniform sampling's draws per transition per round (the batches depend on it).
+    #[getter]
+    fn reuse(&self) -> f64 {
+        self.stream.options().reuse
+    }
+
+    /// The cache limit in bytes (per rank).
+    #[getter]
+    fn cache_limit(&self) -> u64 {
+        self.stream.options().cache_limit
+    }
+
+    /// The transitions' Arrow schema (PyCapsule interface: `pyarrow.schema(stream)`).
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let schema = self.stream.catalog().schema().arrow_schema().clone();
+        ArrowStream::new(schema, vec![]).schema_capsule(py)
+    }
+
+    /// Names of the columns a loader can gather (as `Snapshot.sample_columns`).
+    fn sample_columns(&self) -> Vec<String> {
+        let schema = self.stream.catalog().schema();
+        let mut names: Vec<String> = schema
+            .payload_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        if schema
+            .arrow_schema()
+            .field_with_name("next_observation")
+            .is_err()
+        {
+            names.push("next_observation".into());
+        }
+        names
+    }
+
+    /// What `trajstore info URL` prints.
+    fn info(&self, bins: usize) -> String {
+        render_info(self.stream.catalog(), &self.url, bins)
+    }
+
+    /// What `trajstore info URL --json` prints.
+    fn info_json(&self) -> String {
+        info_json(self.stream.catalog(), &self.url).to_string()
+    }
+}

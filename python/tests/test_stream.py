@@ -1,0 +1,228 @@
+"""Streaming from object storage through a bounded cache (``trajstore.open(url, cache_limit=...)``),
+against a real S3-compatible server (moto, started here with the Python of
+scripts/setup-python.sh, ``$TRAJSTORE_PYTHON``): the same batches as the local loader when the
+cache holds the version, a cache that never exceeds its limit (measured on disk while batches are
+drawn), exact resume from ``state_dict``, and a ``torchrun --nproc_per_node 2`` job (gloo, CPU)
+whose ranks draw disjoint batches, the same number each, covering the epoch."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+import pytest
+from trajref import _bin, make_demo
+
+import trajstore
+
+# 60k transitions in 37 segments of ~180 KB (6.4 MiB): a cache of a quarter of it rotates.
+STREAM_ARGS = ["--transitions", "60000", "--mean-episode-len", "200", "--seed", "4", "--segment-size", "200KB"]
+
+
+def _moto_python() -> str:
+    """A Python that can run moto's server; under CI=true, a missing one fails the test."""
+    for py in (os.environ.get("TRAJSTORE_PYTHON"), sys.executable):
+        if py and subprocess.run([py, "-c", "import moto.server"], capture_output=True).returncode == 0:
+            return py
+    if os.environ.get("CI") == "true":
+        pytest.fail("CI=true but no Python with moto (scripts/setup-python.sh installs it; set TRAJSTORE_PYTHON)")
+    pytest.skip("needs moto (scripts/setup-python.sh; set TRAJSTORE_PYTHON)")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: Any) -> Iterator[Dict[str, str]]:
+    """A moto S3 server, its settings in the environment, and a dataset pushed to it."""
+    py = _moto_python()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [py, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    settings = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "trajstore",
+        "AWS_SECRET_ACCESS_KEY": "trajstore",
+        "AWS_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/streams", method="PUT"), timeout=10)
+        local = make_demo(tmp_path_factory.mktemp("stream") / "d.trajstore", *STREAM_ARGS)
+        url = "s3://streams/d"
+        subprocess.run([_bin(), "push", local, url], check=True, capture_output=True)
+        yield {"url": url, "local": local, **settings}
+    finally:
+        server.kill()
+        server.wait()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _ids(batch: Any) -> List[tuple]:
+    return list(zip(batch["episode_id"].tolist(), batch["start_step"].tolist()))
+
+
+def test_a_stream_with_room_for_the_version_samples_what_the_local_loader_samples(s3: Dict[str, str], tmp_path: Any) -> None:
+    ds = trajstore.open(s3["url"], cache_limit="1GiB", cache_dir=tmp_path)
+    local = trajstore.open(s3["local"])
+    assert isinstance(ds, trajstore.StreamedSnapshot)
+    assert (len(ds), ds.num_episodes, ds.version) == (len(local), local.num_episodes, local.version)
+    assert ds.sample_columns == local.sample_columns
+    assert ds.schema == local.schema
+    # Nothing but the catalog was downloaded.
+    cache = os.path.join(ds.path, "_stream")
+    assert not os.path.exists(cache) or sum(len(f) for _, _, f in os.walk(cache)) == 0
+    kw: Dict[str, Any] = dict(slice_len=16, num_slices=32, seed=7, max_batches=6)
+    got = list(ds.loader(**kw))
+    want = list(local.loader(**kw))
+    assert len(got) == len(want) == 6
+    for g, w in zip(got, want):
+        assert sorted(g.keys()) == sorted(w.keys())
+        for k in w:
+            assert g[k].shape == w[k].shape and g[k].dtype == w[k].dtype, k
+            assert bool((g[k] == w[k]).all()), k
+
+
+def test_a_small_cache_stays_under_its_limit_and_a_restart_continues_exactly(s3: Dict[str, str], tmp_path: Any) -> None:
+    probe = trajstore.open(s3["url"], cache_limit="1GiB", cache_dir=tmp_path / "probe")
+    limit = probe.transition_bytes // 4
+    # reuse=0.2: each window serves its minimum (16 batches), so that 96 batches rotate through
+    # six windows of the cache.
+    ds = trajstore.open(s3["url"], cache_limit=limit, cache_dir=tmp_path / "c", reuse=0.2)
+    loader = ds.loader(slice_len=8, num_slices=64, seed=3, workers=2, max_batches=96)
+    peak, seen, state = 0, [], None
+    for i, b in enumerate(loader):
+        used = loader.stream_stats()["cache_bytes"]
+        peak = max(peak, used)
+        assert used <= limit, f"batch {i}: {used} B in a cache of {limit}"
+        seen.append(_ids(b))
+        if i == 47:
+            state = loader.state_dict()
+    assert peak > 0 and len(seen) == 96
+    # The batches rotated through more of the dataset than the cache (a quarter of it) holds.
+    episodes = {e for ids in seen for e, _ in ids}
+    assert len(episodes) > ds.num_episodes // 3
+    assert state is not None and state["next_batch"] == 48
+    assert loader.stream_stats()["cache_limit"] == limit
+    # The cache directory is one loader's at a time: the first one goes (as its process would
+    # at a preemption), keeping the files it downloaded.
+    del loader
+    gc.collect()
+    # Another loader (as after a restart), other workers, resumed from the state: the same
+    # batches 48.. as the first run drew.
+    again = trajstore.open(s3["url"], cache_limit=limit, cache_dir=tmp_path / "c", reuse=0.2)
+    resumed = again.loader(slice_len=8, num_slices=64, seed=3, workers=1, max_batches=96)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    rest = [_ids(b) for b in resumed]
+    assert rest == seen[48:]
+    # A state of other options is refused, naming what differs.
+    elsewhere = trajstore.open(s3["url"], cache_limit=limit, cache_dir=tmp_path / "d", reuse=0.2)
+    other = elsewhere.loader(slice_len=8, num_slices=64, seed=4)
+    with pytest.raises(trajstore.InvalidArgumentError, match="seed"):
+        other.load_state_dict(state)
+
+
+def test_what_a_stream_cannot_do_is_refused_with_the_reason(s3: Dict[str, str], tmp_path: Any) -> None:
+    ds = trajstore.open(s3["url"], cache_limit="64MiB", cache_dir=tmp_path)
+    with pytest.raises(trajstore.InvalidArgumentError, match="episode subsets"):
+        ds.loader(episodes=[0, 1, 2])
+    with pytest.raises(trajstore.InvalidArgumentError, match="uniform or epoch"):
+        ds.loader(sampler="prioritized")
+    with pytest.raises(trajstore.InvalidArgumentError, match="cache_limit"):
+        trajstore.open(s3["url"], cache_limit="lots", cache_dir=tmp_path)
+    with pytest.raises(trajstore.InvalidArgumentError, match="streamed dataset cannot be mixed"):
+        trajstore.mix([ds, trajstore.open(s3["local"])])
+
+
+RANK_SCRIPT = r"""
+import json, os, sys
+import torch.distributed as dist
+import trajstore
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+ds = trajstore.open(sys.argv[1], cache_limit=int(sys.argv[2]), cache_dir=sys.argv[3])
+loader = ds.loader(slice_len=8, num_slices=32, sampler="epoch", seed=11, rank="auto")
+ids, peak = [], 0
+for b in loader:
+    ids.append(list(zip(b["episode_id"].tolist(), b["start_step"].tolist())))
+    peak = max(peak, loader.stream_stats()["cache_bytes"])
+counts = [None, None]
+dist.all_gather_object(counts, len(ids))
+dist.barrier()
+with open(os.path.join(sys.argv[4], f"rank{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "ids": ids, "peak": peak, "counts": counts, "limit": ds.cache_limit}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_draw_disjoint_equal_shares_of_an_epoch(s3: Dict[str, str], tmp_path: Any) -> None:
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    probe = trajstore.open(s3["url"], cache_limit="1GiB", cache_dir=tmp_path / "probe")
+    limit = probe.transition_bytes // 3
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(port),
+            str(script), s3["url"], str(limit), str(tmp_path / "cache"), str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+    counts = [len(x["ids"]) for x in ranks]
+    assert counts[0] == counts[1] > 0, counts
+    assert ranks[0]["counts"] == counts
+    for x in ranks:
+        assert 0 < x["peak"] <= x["limit"], x["peak"]
+    slices = [{tuple(s) for b in x["ids"] for s in b} for x in ranks]
+    # Disjoint: no slice of one rank's epoch is in the other's, and within a rank every slice
+    # is drawn once (an epoch visits each window once).
+    assert not slices[0] & slices[1]
+    for x, s in zip(ranks, slices):
+        assert len(s) == sum(len(b) for b in x["ids"])
+    # Together they cover the epoch: every slice of the version, but the few windows' worth an
+    # epoch skips so that the ranks stop together.
+    local = trajstore.open(s3["local"])
+    eps = local.episodes()
+    lengths = np.asarray(eps.column("length"))
+    total = int(np.maximum(lengths - 8 + 1, 0).sum())
+    covered = len(slices[0] | slices[1])
+    assert covered >= 0.7 * total, (covered, total)

@@ -1,0 +1,137 @@
+"""Streaming a dataset from object storage through a bounded local cache: ``trajstore.open(url,
+cache_limit="50GiB")`` (Rust's ``trajstore::remote::Stream`` and ``StreamLoader``)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import TYPE_CHECKING, Any, Dict, List, cast
+
+from . import _native
+from ._types import LoaderArgs
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from typing_extensions import Unpack
+
+    from ._loader import Loader
+
+
+class StreamedSnapshot:
+    """One committed version of a dataset in object storage, opened for streaming by
+    :func:`trajstore.open` with ``cache_limit``: only its catalog (manifest and episode tables,
+    O(episodes)) is downloaded. A loader reads the transition files through a cache of at most
+    ``cache_limit`` bytes on disk per rank (under ``cache_dir``, downloads in progress
+    included), evicting the least recently used file no batch in flight needs, and downloading
+    the next window's files while the current one is sampled. A node needs disk for the cache,
+    not for the dataset.
+
+    ``len(ds)``, ``num_episodes``, ``schema``, ``sample_columns`` and ``info()`` answer from
+    the catalog alone. For SQL, or for samplers a stream cannot run (episode subsets and
+    weights, ``prioritized``, ``episodes``), open without ``cache_limit`` (the whole version is
+    mirrored)."""
+
+    def __init__(self, native: _native.Stream) -> None:
+        self._n = native
+
+    @property
+    def uri(self) -> str:
+        """The URL it was opened from."""
+        return self._n.uri
+
+    @property
+    def path(self) -> str:
+        """The local mirror of the catalog (the ranks' caches are under its ``_stream/``)."""
+        return os.fspath(self._n.path)
+
+    @property
+    def version(self) -> int:
+        """The committed version streamed."""
+        return self._n.version
+
+    @property
+    def num_transitions(self) -> int:
+        return self._n.num_transitions
+
+    @property
+    def num_episodes(self) -> int:
+        return self._n.num_episodes
+
+    @property
+    def transition_bytes(self) -> int:
+        """Bytes of the version's transition files: what mirroring it would download."""
+        return self._n.transition_bytes
+
+    @property
+    def cache_limit(self) -> int:
+        """The cache limit of each rank, in bytes."""
+        return self._n.cache_limit
+
+    @property
+    def reuse(self) -> float:
+        """How many times, on average, the uniform sampler draws each transition per round."""
+        return self._n.reuse
+
+    def __len__(self) -> int:
+        return self._n.num_transitions
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The transitions' schema."""
+        import pyarrow as pa
+
+        return pa.schema(self._n)
+
+    @property
+    def sample_columns(self) -> List[str]:
+        """The columns a loader can gather (``next_observation`` included)."""
+        return list(self._n.sample_columns())
+
+    def info(self, bins: int = 12) -> str:
+        """What ``trajstore info URL`` prints."""
+        return self._n.info(bins)
+
+    def info_dict(self) -> Dict[str, Any]:
+        """What ``trajstore info URL --json`` prints, as a dict."""
+        info: Dict[str, Any] = json.loads(self._n.info_json())
+        return info
+
+    def __repr__(self) -> str:
+        return f"<trajstore.StreamedSnapshot {self.uri} v{self.version}, cache {self.cache_limit} B>"
+
+    def loader(self, slice_len: int = 64, num_slices: int = 256, **loader_args: Unpack[LoaderArgs]) -> Loader:
+        """Batches sampled through the cache, with the arguments and the batch layout of
+        :meth:`trajstore.Snapshot.loader` (its defaults; CPU or CUDA; ``frame_stack``;
+        ``rank="auto"`` takes ``torch.distributed``'s rank and world size, or ``RANK`` and
+        ``WORLD_SIZE``). Samplers, as the batches are drawn:
+
+        - ``"uniform"`` (default; endless): batches are numbered per rank and grouped into
+          rounds; each round the version's files are shuffled and dealt to the ranks (disjoint
+          shares that together cover the version: N ranks download the dataset once per round
+          in total), and a rank cuts its share into windows of at most a third of the cache.
+          Every batch draws its slices uniformly (or as ``weighting`` says) inside one window,
+          so the slices of a batch are correlated within a window, as in Mosaic Streaming's
+          shuffle blocks; over a round every slice of a rank's share has the same expected
+          number of draws, and over ranks and rounds every slice of the version is equally
+          likely.
+        - ``"epoch"``: an iteration is an epoch; each window's slices are visited once in a
+          shuffled order, and every rank stops at the shortest rank's epoch, so that every rank
+          yields the same number of batches (collective operations never wait on a rank that
+          has stopped).
+
+        Everything is a pure function of ``seed``, the rank, the world size and the batch
+        number, whatever ``workers``: ``state_dict()`` is the next batch's number (and what it
+        depends on), and ``load_state_dict`` continues exactly there after a restart, reusing
+        the files the cache kept and resuming partial downloads. Not available on a stream:
+        ``episodes=`` subsets, ``follow``, and the ``prioritized``, ``epoch_episodes`` and
+        ``episodes`` samplers."""
+        from ._dataset import Snapshot
+        from ._loader import make_loader
+
+        bound = inspect.signature(Snapshot.loader).bind(
+            cast(Snapshot, self), slice_len, num_slices, **loader_args
+        )
+        bound.apply_defaults()
+        args = {k: v for k, v in bound.arguments.items() if k not in ("self", "follow")}
+        return make_loader(self, cast(LoaderArgs, args))
