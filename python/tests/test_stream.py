@@ -19,9 +19,9 @@ from typing import Any, Dict, Iterator, List
 
 import numpy as np
 import pytest
-from trajref import _bin, make_demo
 
 import trajstore
+from trajref import _bin, make_demo
 
 # 60k transitions in 37 segments of ~180 KB (6.4 MiB): a cache of a quarter of it rotates.
 STREAM_ARGS = ["--transitions", "60000", "--mean-episode-len", "200", "--seed", "4", "--segment-size", "200KB"]

@@ -36,8 +36,8 @@ from __future__ import annotations
 from . import errors
 from ._dataset import Dataset, Snapshot, mix, open, set_sql_memory_limit, sql_memory_limit
 from ._loader import Batch, Loader
-from ._stream import StreamedSnapshot
 from ._native import __version__
+from ._stream import StreamedSnapshot
 from ._writer import Writer, create, ingest
 from .errors import (
     ConflictError,

@@ -72,7 +72,6 @@ def mix(
 
     ``state_dict``/``load_state_dict`` resume a mix exactly, as they do a single dataset."""
     from ._loader import make_loader
-
     from ._stream import StreamedSnapshot
 
     if isinstance(datasets, (str, bytes)) or not isinstance(datasets, Sequence):

@@ -247,14 +247,15 @@ class Loader(CudaRing):
         A streaming loader's state is ``format``, ``url``, ``version``, ``rank``,
         ``world_size``, the sampler's options and ``next_batch``: its batches are a pure
         function of them."""
+        state: Dict[str, Any]
         if self._stream is not None:
-            state = dict(self._stream_identity())
+            state = self._stream_identity()
             state["next_batch"] = self._position
             if self._iter_end is not None and self._position < self._iter_end:
                 state["iteration_end"] = self._iter_end
             return state
         header, priorities = self._plan.state(self._position)
-        state: Dict[str, Any] = json.loads(header)
+        state = json.loads(header)
         if self._iter_end is not None and self._position < self._iter_end:
             # Taken inside an iteration: a loader resumed from it yields the rest of it.
             state["iteration_end"] = self._iter_end

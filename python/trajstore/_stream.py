@@ -100,9 +100,9 @@ class StreamedSnapshot:
     def __repr__(self) -> str:
         return f"<trajstore.StreamedSnapshot {self.uri} v{self.version}, cache {self.cache_limit} B>"
 
-    def loader(self, slice_len: int = 64, num_slices: int = 256, **loader_args: Unpack[LoaderArgs]) -> Loader:
-        """Batches sampled through the cache, with the arguments and the batch layout of
-        :meth:`trajstore.Snapshot.loader` (its defaults; CPU or CUDA; ``frame_stack``;
+    def loader(self, **loader_args: Unpack[LoaderArgs]) -> Loader:
+        """Batches sampled through the cache, with the keyword arguments and the batch layout of
+        :meth:`trajstore.Snapshot.loader` (its defaults: ``slice_len=64, num_slices=256``; CPU or CUDA; ``frame_stack``;
         ``rank="auto"`` takes ``torch.distributed``'s rank and world size, or ``RANK`` and
         ``WORLD_SIZE``). Samplers, as the batches are drawn:
 
@@ -129,9 +129,7 @@ class StreamedSnapshot:
         from ._dataset import Snapshot
         from ._loader import make_loader
 
-        bound = inspect.signature(Snapshot.loader).bind(
-            cast(Snapshot, self), slice_len, num_slices, **loader_args
-        )
+        bound = inspect.signature(Snapshot.loader).bind(cast(Snapshot, self), **loader_args)
         bound.apply_defaults()
         args = {k: v for k, v in bound.arguments.items() if k not in ("self", "follow")}
         return make_loader(self, cast(LoaderArgs, args))
