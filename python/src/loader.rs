@@ -150,6 +150,15 @@ impl BatchLoader {
         py.detach(|| release(self.pid, &self.loader));
     }
 
+    /// What a streaming loader downloaded and holds (`trajstore::StreamStats` as JSON); None
+    /// for a loader of local datasets, or once closed.
+    fn stream_stats(&self) -> Option<String> {
+        match self.loader.lock().unwrap_or_else(|e| e.into_inner()).as_ref()? {
+            Inner::Stream(s) => serde_json::to_string(&s.stats()).ok(),
+            Inner::Local(_) => None,
+        }
+    }
+
     /// The next batch as `(number, num_slices, buffers)`: one buffer per column `[B, L, ...]`,
     /// then mask, is_first, is_last, terminated, truncated, slice_end (`[B, L]` bool), then
     /// episode_id and start_step (`[B]` int64). None at the end.

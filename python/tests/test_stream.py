@@ -129,7 +129,10 @@ def test_a_small_cache_stays_under_its_limit_and_a_restart_continues_exactly(s3:
     episodes = {e for ids in seen for e, _ in ids}
     assert len(episodes) > ds.num_episodes // 3
     assert state is not None and state["next_batch"] == 48
-    assert loader.stream_stats()["cache_limit"] == limit
+    stats = loader.stream_stats()
+    assert stats["cache_limit"] == limit
+    assert stats["peak_cache_bytes"] <= limit and stats["files_evicted"] > 0, stats
+    assert stats["bytes_downloaded"] > limit, stats
     # The cache directory is one loader's at a time: the first one goes (as its process would
     # at a preemption), keeping the files it downloaded.
     del loader
@@ -173,11 +176,13 @@ ids, peak = [], 0
 for b in loader:
     ids.append(list(zip(b["episode_id"].tolist(), b["start_step"].tolist())))
     peak = max(peak, loader.stream_stats()["cache_bytes"])
+stats = loader.stream_stats()
 counts = [None, None]
 dist.all_gather_object(counts, len(ids))
 dist.barrier()
 with open(os.path.join(sys.argv[4], f"rank{rank}.json"), "w") as f:
-    json.dump({"rank": rank, "ids": ids, "peak": peak, "counts": counts, "limit": ds.cache_limit}, f)
+    json.dump({"rank": rank, "ids": ids, "peak": peak, "counts": counts, "limit": ds.cache_limit,
+               "downloaded": stats["bytes_downloaded"]}, f)
 dist.destroy_process_group()
 """
 
@@ -212,6 +217,12 @@ def test_torchrun_ranks_draw_disjoint_equal_shares_of_an_epoch(s3: Dict[str, str
     assert ranks[0]["counts"] == counts
     for x in ranks:
         assert 0 < x["peak"] <= x["limit"], x["peak"]
+    # The node downloaded the dataset about once for the epoch (each rank its share, once).
+    downloaded = sum(x["downloaded"] for x in ranks)
+    assert 0.5 * probe.transition_bytes <= downloaded <= 1.25 * probe.transition_bytes, (
+        downloaded,
+        probe.transition_bytes,
+    )
     slices = [{tuple(s) for b in x["ids"] for s in b} for x in ranks]
     # Disjoint: no slice of one rank's epoch is in the other's, and within a rank every slice
     # is drawn once (an epoch visits each window once).
@@ -226,3 +237,37 @@ def test_torchrun_ranks_draw_disjoint_equal_shares_of_an_epoch(s3: Dict[str, str
     total = int(np.maximum(lengths - 8 + 1, 0).sum())
     covered = len(slices[0] | slices[1])
     assert covered >= 0.7 * total, (covered, total)
+
+
+def test_the_torchrun_example_trains_from_s3_and_resumes_from_its_checkpoints(s3: Dict[str, str], tmp_path: Any) -> None:
+    pytest.importorskip("torch.distributed")
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_s3_torchrun.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+    def run(steps: int) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        r = subprocess.run(
+            [
+                sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_addr", "127.0.0.1", "--master_port", str(port), example, s3["url"],
+                "--cache-limit", "2MiB", "--cache-dir", str(tmp_path / "cache"), "--steps", str(steps),
+                "--batch-size", "64", "--save-every", "10", "--log-every", "10",
+                "--checkpoint-dir", str(tmp_path / "ckpt"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-4000:]
+        return r.stdout
+
+    first = run(30)
+    assert "step 30 loss" in first and "resumed at step" not in first
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["rank0-of-2.pt", "rank1-of-2.pt"]
+    for r in (0, 1):
+        assert f"rank {r}: 30 steps; downloaded" in first
+    second = run(50)
+    assert "resumed at step 30" in second and "step 50 loss" in second

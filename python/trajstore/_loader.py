@@ -355,11 +355,21 @@ class Loader(CudaRing):
         self._iter_end = self._resume_end = None if end is None else int(end)
 
     def stream_stats(self) -> Dict[str, Any]:
-        """What a streaming loader downloaded and holds (``{}`` for local datasets): its cache
-        directory's size on disk now (``cache_bytes``, every file of this rank's cache,
-        downloads in progress included) and the cache limit."""
+        """What a streaming loader downloaded and holds (``{}`` for local datasets): this
+        rank's ``cache_dir`` and its size on disk now (``cache_bytes``, every file, downloads in
+        progress included), ``cache_limit``, and from the running native loader (this
+        iteration's, or the last one's): ``files_downloaded``, ``bytes_downloaded``,
+        ``bytes_resumed`` (partial downloads continued, not fetched again), ``files_evicted``,
+        ``peak_cache_bytes``, ``windows_opened`` and ``wait_seconds`` (workers waiting for
+        downloads)."""
         if self._stream is None:
             return {}
+        native: Dict[str, Any] = {}
+        for n in (self._active, self._native):
+            text = None if n is None else n.stream_stats()
+            if text is not None:
+                native = json.loads(text)
+                break
         root = os.path.join(self._stream.path, "_stream", f"rank-{self._rank}")
         used = 0
         for d, _, files in os.walk(root):
@@ -368,7 +378,7 @@ class Loader(CudaRing):
                     used += os.path.getsize(os.path.join(d, f))
                 except OSError:
                     pass
-        return {"cache_dir": root, "cache_bytes": used, "cache_limit": self._stream.cache_limit}
+        return {**native, "cache_dir": root, "cache_bytes": used, "cache_limit": self._stream.cache_limit}
 
     def _check_process(self) -> None:
         """Refuses use in a process forked from the one that made this loader (a DataLoader
