@@ -7,7 +7,8 @@
 # dependencies are compiled once: the Python stage selects what the first stage selected, and
 # Cargo.toml turns on in every build the dependency features that the torch stage would change,
 # so the later stages compile only trajstore itself, the extension and tch. Extra arguments go
-# to both `cargo test` runs (e.g. `scripts/test.sh --test crash`, or one module:
+# to both `cargo test` runs (the second also tests the `video` feature where libdav1d installs;
+# e.g. `scripts/test.sh --test crash`, or one module:
 # `scripts/test.sh --test integration loader::`); TRAJSTORE_SKIP_PYTHON=1 skips the pytest suite
 # and TRAJSTORE_SKIP_TORCH=1 the torch run.
 set -euo pipefail
@@ -44,5 +45,17 @@ else
     echo "note: no libtorch (pip torch==2.11.0 failed); the torch feature was not tested" >&2
     exit 0
 fi
-echo "== cargo test --features torch" >&2
-cargo test --features torch,fault-injection "$@"
+# The torch stage also runs the `video` feature's tests (LeRobot camera videos) where libdav1d
+# can be installed (scripts/setup-video.sh; under CI=true it must be): one more feature in a
+# build that compiles the crate anyway, rather than a build of its own.
+features=torch,fault-injection
+if scripts/setup-video.sh >/dev/null 2>&1; then
+    features="$features,video"
+elif [ "${CI:-}" = "true" ]; then
+    echo "could not install libdav1d (scripts/setup-video.sh; needed by the video feature's tests under CI)" >&2
+    exit 1
+else
+    echo "note: no libdav1d (scripts/setup-video.sh failed); the video feature was not tested" >&2
+fi
+echo "== cargo test --features $features" >&2
+cargo test --features "$features" "$@"
