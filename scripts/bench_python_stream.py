@@ -1,0 +1,175 @@
+"""The Python streaming loader (``trajstore.open(url, cache_limit=...)``) against the same loader
+on a local copy, and the bytes a node downloads per epoch with 1, 2 and 4 ranks.
+
+Writes a ``trajstore demo`` dataset, pushes it to a local S3-compatible server (moto, run with
+``--moto-python``, default ``$TRAJSTORE_PYTHON``; or, with ``--store file``, a ``file://`` URL of
+a second copy, which measures the cache without an HTTP server's costs), then, in one process:
+
+1. **local**: ``open(local).loader(...)``, batches/s over ``--batches`` after ``--warmup``;
+2. **stream, cold cache**: ``open(url, cache_limit=bytes/4)``, a fresh cache directory, the
+   same loader arguments: batches/s while it downloads and rotates windows;
+3. **stream, warm**: the same again with the cache directory the cold run left;
+4. **ranks**: for W in 1, 2, 4, W processes (ranks 0..W-1 of a world of W, ``sampler="epoch"``,
+   each with its own cache of a quarter of the dataset) run one epoch at once; the bytes they
+   downloaded together, against the dataset's transition bytes.
+
+Prints one JSON object. Run with a release build of the extension (``maturin develop
+--release``, or ``cargo build --release -p trajstore-python`` linked as
+``python/trajstore/_native.abi3.so``) and the ``trajstore`` binary (``--bin``):
+
+    python scripts/bench_python_stream.py --bin target/release/trajstore --transitions 2000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any, Dict, List
+
+RANK = r"""
+import json, sys, time
+import trajstore
+url, limit, cache, rank, world, slice_len, num_slices = sys.argv[1:8]
+ds = trajstore.open(url, cache_limit=int(limit), cache_dir=cache)
+loader = ds.loader(slice_len=int(slice_len), num_slices=int(num_slices), sampler="epoch", seed=1,
+                   rank=int(rank), world_size=int(world), backend="numpy")
+t = time.perf_counter()
+n = sum(1 for _ in loader)
+s = loader.stream_stats()
+print(json.dumps({"rank": int(rank), "batches": n, "seconds": time.perf_counter() - t,
+                  "bytes_downloaded": s["bytes_downloaded"], "peak_cache_bytes": s["peak_cache_bytes"]}))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rate(loader: Any, warmup: int, batches: int) -> Dict[str, float]:
+    it = iter(loader)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        next(it)
+    t1 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    t2 = time.perf_counter()
+    return {"first_batches_s": t1 - t0, "batches_per_s": batches / (t2 - t1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="the trajstore binary")
+    ap.add_argument("--transitions", type=int, default=2_000_000)
+    ap.add_argument("--segment-size", default="16MiB")
+    ap.add_argument("--slice-len", type=int, default=64)
+    ap.add_argument("--num-slices", type=int, default=256)
+    ap.add_argument("--batches", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--store", choices=["s3", "file"], default="s3")
+    ap.add_argument("--moto-python", default=os.environ.get("TRAJSTORE_PYTHON", sys.executable))
+    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
+    a = ap.parse_args()
+    import trajstore
+
+    work = a.work or tempfile.mkdtemp(prefix="trajstore-stream-bench-")
+    os.makedirs(work, exist_ok=True)
+    server = None
+    try:
+        local = os.path.join(work, "local.trajstore")
+        if not os.path.exists(local):
+            subprocess.run(
+                [a.bin, "demo", local, "--transitions", str(a.transitions), "--segment-size", a.segment_size],
+                check=True, capture_output=True,
+            )
+        if a.store == "s3":
+            port = free_port()
+            server = subprocess.Popen(
+                [a.moto_python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            endpoint = f"http://127.0.0.1:{port}"
+            os.environ.update({
+                "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "bench",
+                "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
+            })
+            deadline = time.time() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(endpoint, timeout=2)
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.2)
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/bench", method="PUT"), timeout=10)
+            url = "s3://bench/d"
+        else:
+            url = "file://" + os.path.join(work, "store")
+        t = time.perf_counter()
+        subprocess.run([a.bin, "push", local, url], check=True, capture_output=True)
+        push_s = time.perf_counter() - t
+        kw: Dict[str, Any] = {"slice_len": a.slice_len, "num_slices": a.num_slices, "seed": 5, "backend": "numpy"}
+        out: Dict[str, Any] = {"store": a.store, "transitions": a.transitions, "push_s": push_s, "loader": kw}
+        ds_local = trajstore.open(local)
+        out["local"] = rate(ds_local.loader(**kw), a.warmup, a.batches)
+        probe = trajstore.open(url, cache_limit="1TiB", cache_dir=os.path.join(work, "probe"))
+        total = probe.transition_bytes
+        limit = total // 4
+        out["transition_bytes"], out["cache_limit"] = total, limit
+        cache = os.path.join(work, "cache")
+        shutil.rmtree(cache, ignore_errors=True)
+        for name in ("stream_cold", "stream_warm"):
+            ds = trajstore.open(url, cache_limit=limit, cache_dir=cache)
+            loader = ds.loader(**kw)
+            r = rate(loader, a.warmup, a.batches)
+            s = loader.stream_stats()
+            r.update({k: s[k] for k in ("bytes_downloaded", "peak_cache_bytes", "windows_opened", "wait_seconds")})
+            out[name] = r
+            del loader
+        for name in ("stream_cold", "stream_warm"):
+            out[name]["vs_local"] = out[name]["batches_per_s"] / out["local"]["batches_per_s"]
+        ranks: List[Dict[str, Any]] = []
+        for w in [int(x) for x in a.ranks.split(",")]:
+            root = os.path.join(work, f"ranks{w}")
+            shutil.rmtree(root, ignore_errors=True)
+            t = time.perf_counter()
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", RANK, url, str(limit), root, str(r), str(w),
+                     str(a.slice_len), str(a.num_slices)],
+                    stdout=subprocess.PIPE, text=True,
+                )
+                for r in range(w)
+            ]
+            res = [json.loads(p.communicate()[0]) for p in procs]
+            wall = time.perf_counter() - t
+            got = sum(x["bytes_downloaded"] for x in res)
+            ranks.append({
+                "world_size": w, "wall_s": wall, "batches_per_rank": [x["batches"] for x in res],
+                "bytes_downloaded": got, "vs_dataset": got / total,
+                "peak_cache_bytes": [x["peak_cache_bytes"] for x in res],
+            })
+        out["ranks"] = ranks
+        print(json.dumps(out, indent=1))
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        if a.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
