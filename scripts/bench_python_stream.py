@@ -6,9 +6,12 @@ Writes a ``trajstore demo`` dataset, pushes it to a local S3-compatible server (
 a second copy, which measures the cache without an HTTP server's costs), then, in one process:
 
 1. **local**: ``open(local).loader(...)``, batches/s over ``--batches`` after ``--warmup``;
-2. **stream, cold cache**: ``open(url, cache_limit=bytes/4)``, a fresh cache directory, the
-   same loader arguments: batches/s while it downloads and rotates windows;
-3. **stream, warm**: the same again with the cache directory the cold run left;
+2. **stream, whole version cached**: ``open(url, cache_limit=2 x bytes)``, the same loader
+   arguments, twice: cold (the first pass downloads the files) and warm (the second pass finds
+   them in its cache: the streaming loader's own local figure);
+3. **stream, a quarter cached**: ``cache_limit=bytes/4``, ``reuse`` 4 (the default) and 16,
+   each from an empty cache: batches/s while it downloads and rotates windows, against the local
+   loader and against the warm whole-version stream;
 4. **ranks**: for W in 1, 2, 4, W processes (ranks 0..W-1 of a world of W, ``sampler="epoch"``,
    each with its own cache of a quarter of the dataset) run one epoch at once; the bytes they
    downloaded together, against the dataset's transition bytes.
@@ -128,18 +131,29 @@ def main() -> None:
         total = probe.transition_bytes
         limit = total // 4
         out["transition_bytes"], out["cache_limit"] = total, limit
-        cache = os.path.join(work, "cache")
-        shutil.rmtree(cache, ignore_errors=True)
-        for name in ("stream_cold", "stream_warm"):
-            ds = trajstore.open(url, cache_limit=limit, cache_dir=cache)
+        # (name, cache limit, reuse, cache directory): the whole version cached (cold: the
+        # first pass downloads it; warm: the second pass reads the files the first left, the
+        # stream's own "local" figure), then a quarter of it at two reuse factors.
+        runs = [
+            ("whole_cold", 2 * total, 4.0, "whole"),
+            ("whole_warm", 2 * total, 4.0, "whole"),
+            ("quarter_reuse4", limit, 4.0, "q4"),
+            ("quarter_reuse16", limit, 16.0, "q16"),
+        ]
+        for name, lim, reuse, sub in runs:
+            cache = os.path.join(work, "cache-" + sub)
+            if name != "whole_warm":
+                shutil.rmtree(cache, ignore_errors=True)
+            ds = trajstore.open(url, cache_limit=lim, cache_dir=cache, reuse=reuse)
             loader = ds.loader(**kw)
             r = rate(loader, a.warmup, a.batches)
             s = loader.stream_stats()
             r.update({k: s[k] for k in ("bytes_downloaded", "peak_cache_bytes", "windows_opened", "wait_seconds")})
+            r["vs_local"] = r["batches_per_s"] / out["local"]["batches_per_s"]
             out[name] = r
             del loader
-        for name in ("stream_cold", "stream_warm"):
-            out[name]["vs_local"] = out[name]["batches_per_s"] / out["local"]["batches_per_s"]
+        for name in ("quarter_reuse4", "quarter_reuse16"):
+            out[name]["vs_whole_warm"] = out[name]["batches_per_s"] / out["whole_warm"]["batches_per_s"]
         ranks: List[Dict[str, Any]] = []
         for w in [int(x) for x in a.ranks.split(",")]:
             root = os.path.join(work, f"ranks{w}")

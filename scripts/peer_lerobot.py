@@ -72,10 +72,11 @@ def make(args: argparse.Namespace) -> None:
         "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
         "next.done": {"dtype": "bool", "shape": (1,), "names": None},
     }
+    kind = "image" if args.images else "video"
     for cam in cams:
-        features[cam] = {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+        features[cam] = {"dtype": kind, "shape": (h, w, 3), "names": ["height", "width", "channels"]}
     t0 = time.perf_counter()
-    ds = LeRobotDataset.create(REPO_ID, fps=args.fps, features=features, root=root, use_videos=True,
+    ds = LeRobotDataset.create(REPO_ID, fps=args.fps, features=features, root=root, use_videos=not args.images,
                                video_backend=args.backend)
     textures = [frames_texture(h, w, args.seed + c) for c in range(len(cams))]
     size = max(4, min(h, w) // 4)
@@ -126,7 +127,7 @@ def bench(args: argparse.Namespace) -> None:
     t_open = time.perf_counter()
     info = json.loads((Path(args.dir) / "meta" / "info.json").read_text())
     fps = info["fps"]
-    cams = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    cams = [k for k, f in info["features"].items() if f["dtype"] in ("video", "image")]
     keys = cams + [k for k in ("observation.state", "action", "next.reward") if k in info["features"]]
     deltas = [k / fps for k in range(args.slice_len)]
     ds = LeRobotDataset(REPO_ID, root=args.dir, delta_timestamps={k: deltas for k in keys},
@@ -184,6 +185,8 @@ def main() -> None:
     m.add_argument("--noise", type=float, default=2.0, help="sensor noise (standard deviation, 0-255 scale)")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--backend", default="pyav")
+    m.add_argument("--images", action="store_true",
+                   help="cameras as `image` features (PNG bytes in the Parquet files) instead of AV1 videos")
     b = sub.add_parser("bench", help="time LeRobotDataset + DataLoader on slices of a dataset")
     b.add_argument("dir")
     b.add_argument("--slice-len", type=int, default=16, help="steps per item (delta_timestamps)")

@@ -153,7 +153,12 @@ impl BatchLoader {
     /// What a streaming loader downloaded and holds (`trajstore::StreamStats` as JSON); None
     /// for a loader of local datasets, or once closed.
     fn stream_stats(&self) -> Option<String> {
-        match self.loader.lock().unwrap_or_else(|e| e.into_inner()).as_ref()? {
+        match self
+            .loader
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()?
+        {
             Inner::Stream(s) => serde_json::to_string(&s.stats()).ok(),
             Inner::Local(_) => None,
         }

@@ -43,49 +43,14 @@ pub(crate) fn decode(
 
 /// The height, width and channel count of an encoded image, from its header alone.
 pub(crate) fn probe(bytes: &[u8], max_side: usize) -> Result<(usize, usize, usize), String> {
-    let run = || -> Result<(usize, usize, usize), String> {
-        let (h, w, c) = match bytes {
-            [0x89, b'P', b'N', b'G', ..] => {
-                let mut dec = png::Decoder::new(std::io::Cursor::new(bytes));
-                dec.set_transformations(png::Transformations::EXPAND);
-                let reader = dec.read_info().map_err(|e| format!("PNG: {e}"))?;
-                let info = reader.info();
-                let (color, depth) = reader.output_color_type();
-                if depth != png::BitDepth::Eight {
-                    return Err(format!(
-                        "a {}-bit PNG; only 8-bit images are read",
-                        depth as u8
-                    ));
-                }
-                (info.height as usize, info.width as usize, color.samples())
-            }
-            [0xff, 0xd8, ..] => {
-                let mut dec = jpeg_decoder::Decoder::new(bytes);
-                dec.read_info().map_err(|e| format!("JPEG: {e}"))?;
-                let info = dec
-                    .info()
-                    .ok_or_else(|| "JPEG: no image header".to_string())?;
-                let c = match info.pixel_format {
-                    jpeg_decoder::PixelFormat::L8 => 1,
-                    jpeg_decoder::PixelFormat::RGB24 => 3,
-                    other => {
-                        return Err(format!(
-                            "JPEG: {other:?} pixels; only 8-bit gray and RGB are read"
-                        ));
-                    }
-                };
-                (info.height as usize, info.width as usize, c)
-            }
-            [] => return Err("an empty image (no bytes)".into()),
-            _ => {
-                return Err(format!(
-                    "neither PNG nor JPEG (first bytes {:02x?})",
-                    &bytes[..bytes.len().min(4)]
-                ));
-            }
-        };
-        check_side(h, w, max_side)?;
-        Ok((h, w, c))
+    let run = || match bytes {
+        [0x89, b'P', b'N', b'G', ..] => png_header(bytes, max_side).map(|(_, h, w, c)| (h, w, c)),
+        [0xff, 0xd8, ..] => jpeg_header(bytes, max_side).map(|(_, h, w, c)| (h, w, c)),
+        [] => Err("an empty image (no bytes)".into()),
+        _ => Err(format!(
+            "neither PNG nor JPEG (first bytes {:02x?})",
+            &bytes[..bytes.len().min(4)]
+        )),
     };
     crate::guard::quietly(run).unwrap_or_else(|_| Err("the image decoder panicked".into()))
 }
@@ -200,16 +165,16 @@ fn convert(src: &[u8], c: usize, channels: usize, out: &mut Vec<u8>) -> Result<(
     Ok(())
 }
 
-fn png(
+/// A PNG's reader past its header, and its height, width and (8-bit) channel count.
+type PngReader<'a> = png::Reader<std::io::Cursor<&'a [u8]>>;
+
+fn png_header(
     bytes: &[u8],
-    channels: usize,
     max_side: usize,
-    out: &mut Vec<u8>,
-) -> Result<(usize, usize), String> {
-    let bad = |e: png::DecodingError| format!("PNG: {e}");
+) -> Result<(PngReader<'_>, usize, usize, usize), String> {
     let mut dec = png::Decoder::new(std::io::Cursor::new(bytes));
     dec.set_transformations(png::Transformations::EXPAND);
-    let mut reader = dec.read_info().map_err(bad)?;
+    let reader = dec.read_info().map_err(|e| format!("PNG: {e}"))?;
     let (w, h) = {
         let info = reader.info();
         (info.width as usize, info.height as usize)
@@ -222,12 +187,23 @@ fn png(
             depth as u8
         ));
     }
-    let c = color.samples();
+    Ok((reader, h, w, color.samples()))
+}
+
+fn png(
+    bytes: &[u8],
+    channels: usize,
+    max_side: usize,
+    out: &mut Vec<u8>,
+) -> Result<(usize, usize), String> {
+    let (mut reader, h, w, c) = png_header(bytes, max_side)?;
     let size = reader
         .output_buffer_size()
         .ok_or_else(|| "PNG: the image is too large".to_string())?;
     let mut raw = vec![0u8; size];
-    let frame = reader.next_frame(&mut raw).map_err(bad)?;
+    let frame = reader
+        .next_frame(&mut raw)
+        .map_err(|e| format!("PNG: {e}"))?;
     raw.truncate(frame.buffer_size());
     if raw.len() != h * w * c {
         return Err(format!("PNG: {} bytes decoded for {h}x{w}x{c}", raw.len()));
@@ -236,12 +212,11 @@ fn png(
     Ok((h, w))
 }
 
-fn jpeg(
+/// A JPEG's decoder past its header, and its height, width and channel count (gray or RGB).
+fn jpeg_header(
     bytes: &[u8],
-    channels: usize,
     max_side: usize,
-    out: &mut Vec<u8>,
-) -> Result<(usize, usize), String> {
+) -> Result<(jpeg_decoder::Decoder<&[u8]>, usize, usize, usize), String> {
     let mut dec = jpeg_decoder::Decoder::new(bytes);
     dec.read_info().map_err(|e| format!("JPEG: {e}"))?;
     let info = dec
@@ -258,6 +233,16 @@ fn jpeg(
             ));
         }
     };
+    Ok((dec, h, w, c))
+}
+
+fn jpeg(
+    bytes: &[u8],
+    channels: usize,
+    max_side: usize,
+    out: &mut Vec<u8>,
+) -> Result<(usize, usize), String> {
+    let (mut dec, h, w, c) = jpeg_header(bytes, max_side)?;
     // What libjpeg returns when TensorFlow asks a colour JPEG for one channel: its luma (Y),
     // with no colour transform.
     let luma = c == 3 && channels == 1;
