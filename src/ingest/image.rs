@@ -213,10 +213,9 @@ fn png(
 }
 
 /// A JPEG's decoder past its header, and its height, width and channel count (gray or RGB).
-fn jpeg_header(
-    bytes: &[u8],
-    max_side: usize,
-) -> Result<(jpeg_decoder::Decoder<&[u8]>, usize, usize, usize), String> {
+type JpegHeader<'a> = (jpeg_decoder::Decoder<&'a [u8]>, usize, usize, usize);
+
+fn jpeg_header(bytes: &[u8], max_side: usize) -> Result<JpegHeader<'_>, String> {
     let mut dec = jpeg_decoder::Decoder::new(bytes);
     dec.read_info().map_err(|e| format!("JPEG: {e}"))?;
     let info = dec
