@@ -5,11 +5,11 @@ from __future__ import annotations
 # pyarrow and NumPy are imported where they are used: the loader needs neither (a GPU machine
 # with only PyTorch can train from a dataset).
 import inspect
-import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, cast, overload
+from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Tuple, Union, cast, overload
 
 from . import _native
+from ._described import Described
 from ._types import (
     Backend,
     Device,
@@ -194,7 +194,7 @@ def open(
     return Snapshot(native)
 
 
-class Snapshot:
+class Snapshot(Described):
     """One committed version of a dataset, as Rust's ``trajstore::Snapshot`` (both made by
     ``open``). Its transitions are memory-mapped: opening costs O(episodes), nothing is read
     until used, and many processes share the page cache. ``trajstore.Dataset`` is another name
@@ -202,53 +202,16 @@ class Snapshot:
 
     ``len(ds)`` is the number of transitions; ``ds.num_episodes`` the number of episodes."""
 
+    _n: _native.Snapshot
+
     def __init__(self, native: _native.Snapshot) -> None:
         self._n = native
 
-    # --- what it is -------------------------------------------------------------------------
-    @property
-    def uri(self) -> str:
-        """What it was opened from."""
-        return self._n.uri
-
-    @property
-    def path(self) -> str:
-        """The local directory mapped (a dataset in object storage: its mirror)."""
-        return os.fspath(self._n.path)
-
-    @property
-    def version(self) -> int:
-        """The committed version this object reads."""
-        return self._n.version
-
-    @property
-    def num_transitions(self) -> int:
-        return self._n.num_transitions
-
-    @property
-    def num_episodes(self) -> int:
-        return self._n.num_episodes
-
+    # --- what it is (uri, path, version, sizes, schema, sample_columns, info: Described) ----
     @property
     def first_episode_id(self) -> int:
         """Episode ids are dense: ``first_episode_id .. first_episode_id + num_episodes``."""
         return self._n.first_episode_id
-
-    def __len__(self) -> int:
-        return self._n.num_transitions
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The transitions' schema (observation, action, reward, boundary columns, ...)."""
-        import pyarrow as pa
-
-        return pa.schema(self._n)
-
-    @property
-    def sample_columns(self) -> List[str]:
-        """The columns a loader can gather (``next_observation`` included, derived from the
-        episode when the dataset does not store it)."""
-        return list(self._n.sample_columns())
 
     def versions(self) -> List[int]:
         """Committed versions still on disk, oldest first."""
@@ -258,16 +221,6 @@ class Snapshot:
         """Moves this object to the newest committed version (a collector may have committed
         since); returns whether it changed. Loaders already made keep their version."""
         return self._n.refresh()
-
-    def info(self, bins: int = 12) -> str:
-        """What ``trajstore info`` prints: counts, sizes, schema, and episode length and return
-        summaries with histograms of ``bins`` bins (0: none)."""
-        return self._n.info(bins)
-
-    def info_dict(self) -> Dict[str, Any]:
-        """What ``trajstore info --json`` prints, as a dict."""
-        info: Dict[str, Any] = json.loads(self._n.info_json())
-        return info
 
     def __repr__(self) -> str:
         return f"<trajstore.Snapshot\n{self._n.info(0).rstrip()}\n>"

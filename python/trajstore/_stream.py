@@ -4,21 +4,19 @@ cache_limit="50GiB")`` (Rust's ``trajstore::remote::Stream`` and ``StreamLoader`
 from __future__ import annotations
 
 import inspect
-import json
-import os
-from typing import TYPE_CHECKING, Any, Dict, List, cast
+from typing import TYPE_CHECKING, cast
 
 from . import _native
+from ._described import Described
 from ._types import LoaderArgs
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from typing_extensions import Unpack
 
     from ._loader import Loader
 
 
-class StreamedSnapshot:
+class StreamedSnapshot(Described):
     """One committed version of a dataset in object storage, opened for streaming by
     :func:`trajstore.open` with ``cache_limit``: only its catalog (manifest and episode tables,
     O(episodes)) is downloaded. A loader reads the transition files through a cache of at most
@@ -32,31 +30,10 @@ class StreamedSnapshot:
     weights, ``prioritized``, ``episodes``), open without ``cache_limit`` (the whole version is
     mirrored)."""
 
+    _n: _native.Stream
+
     def __init__(self, native: _native.Stream) -> None:
         self._n = native
-
-    @property
-    def uri(self) -> str:
-        """The URL it was opened from."""
-        return self._n.uri
-
-    @property
-    def path(self) -> str:
-        """The local mirror of the catalog (the ranks' caches are under its ``_stream/``)."""
-        return os.fspath(self._n.path)
-
-    @property
-    def version(self) -> int:
-        """The committed version streamed."""
-        return self._n.version
-
-    @property
-    def num_transitions(self) -> int:
-        return self._n.num_transitions
-
-    @property
-    def num_episodes(self) -> int:
-        return self._n.num_episodes
 
     @property
     def transition_bytes(self) -> int:
@@ -72,30 +49,6 @@ class StreamedSnapshot:
     def reuse(self) -> float:
         """How many times, on average, the uniform sampler draws each transition per round."""
         return self._n.reuse
-
-    def __len__(self) -> int:
-        return self._n.num_transitions
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The transitions' schema."""
-        import pyarrow as pa
-
-        return pa.schema(self._n)
-
-    @property
-    def sample_columns(self) -> List[str]:
-        """The columns a loader can gather (``next_observation`` included)."""
-        return list(self._n.sample_columns())
-
-    def info(self, bins: int = 12) -> str:
-        """What ``trajstore info URL`` prints."""
-        return self._n.info(bins)
-
-    def info_dict(self) -> Dict[str, Any]:
-        """What ``trajstore info URL --json`` prints, as a dict."""
-        info: Dict[str, Any] = json.loads(self._n.info_json())
-        return info
 
     def __repr__(self) -> str:
         return f"<trajstore.StreamedSnapshot {self.uri} v{self.version}, cache {self.cache_limit} B>"
