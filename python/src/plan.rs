@@ -61,6 +61,20 @@ struct LoaderArgs {
     frame_channels_last: bool,
 }
 
+impl LoaderArgs {
+    /// The `frame_stack`, `frame_pad` and `frame_channels_last` options as a [`FrameStack`].
+    fn frame_stack(&self) -> PyResult<Option<FrameStack>> {
+        self.frame_stack
+            .map(|k| {
+                Ok(FrameStack::new(k)
+                    .py()?
+                    .with_pad(self.frame_pad)
+                    .with_channels_last(self.frame_channels_last))
+            })
+            .transpose()
+    }
+}
+
 /// One dataset's options (`PartOptions` in `python/trajstore/_types.py`): its weight and how it
 /// follows new versions (keys always given, None where it does not follow), and, where given and
 /// not None, sampler options overriding the loader's ([`LoaderArgs`]); its seed is otherwise the
@@ -300,17 +314,9 @@ impl Plan {
             Some(json) => Some(read_state(py, &json, priorities)?),
             None => None,
         };
+        let frame_stack = common.frame_stack()?;
         let (columns, slice_len, num_slices) =
             (common.columns, common.slice_len, common.num_slices);
-        let frame_stack = match common.frame_stack {
-            Some(k) => Some(
-                FrameStack::new(k)
-                    .py()?
-                    .with_pad(common.frame_pad)
-                    .with_channels_last(common.frame_channels_last),
-            ),
-            None => None,
-        };
         let source = Source {
             rank: (common.rank, common.world_size),
             read_ahead: common.readahead,
@@ -348,15 +354,7 @@ impl Plan {
             .with_weighting(a.weighting)
             .with_alpha(a.alpha)
             .with_drop_last(a.drop_last);
-        let frame_stack = match a.frame_stack {
-            Some(k) => Some(
-                FrameStack::new(k)
-                    .py()?
-                    .with_pad(a.frame_pad)
-                    .with_channels_last(a.frame_channels_last),
-            ),
-            None => None,
-        };
+        let frame_stack = a.frame_stack()?;
         let (slice_len, num_slices) = (a.slice_len as usize, a.num_slices);
         py.detach(move || -> trajstore::Result<Self> {
             let names: Vec<&str> = a.columns.iter().map(String::as_str).collect();

@@ -18,27 +18,6 @@ use crate::common::{copy_tree, fixture_path, small_segments};
 const FRONT: &str = "observation.images.front";
 const WRIST: &str = "observation.images.wrist";
 
-/// Every stored frame of frame column `name`, decoded, in row order.
-fn stored_frames(snap: &Snapshot, name: &str) -> Vec<u8> {
-    let col = snap.frame_column(name).unwrap();
-    let mut dec = col.decoder().unwrap();
-    let mut out = vec![];
-    let mut buf = vec![0u8; dec.frame_len()];
-    for seg in snap.segments() {
-        let t = seg.episode_table();
-        for i in 0..t.len() {
-            let run = seg
-                .frames(name, t.row_starts()[i], t.lengths()[i] as usize)
-                .unwrap();
-            for r in 0..run.len() {
-                dec.decode_into(run.frame(r).unwrap(), &mut buf).unwrap();
-                out.extend_from_slice(&buf);
-            }
-        }
-    }
-    out
-}
-
 fn ingest_with(input: &Path, out: &Path, opts: &IngestOptions) -> trajstore::Result<()> {
     ingest(
         input,
@@ -239,4 +218,25 @@ fn a_damaged_image_is_an_error_naming_file_column_and_row() {
         assert!(text.contains(why), "{text}");
         assert!(!out.exists(), "nothing is left behind: {text}");
     }
+}
+
+/// Every stored frame of frame column `name`, decoded, in row order.
+pub(crate) fn stored_frames(snap: &Snapshot, name: &str) -> Vec<u8> {
+    let col = snap.frame_column(name).unwrap();
+    let mut dec = col.decoder().unwrap();
+    let mut out = vec![];
+    let mut buf = vec![0u8; dec.frame_len()];
+    for seg in snap.segments() {
+        let t = seg.episode_table();
+        for i in 0..t.len() {
+            let run = seg
+                .frames(name, t.row_starts()[i], t.lengths()[i] as usize)
+                .unwrap();
+            for r in 0..run.len() {
+                dec.decode_into(run.frame(r).unwrap(), &mut buf).unwrap();
+                out.extend_from_slice(&buf);
+            }
+        }
+    }
+    out
 }

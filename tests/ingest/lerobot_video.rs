@@ -18,6 +18,7 @@ use trajstore::ingest::{IngestOptions, InputFormat, infer_schema, ingest};
 use trajstore::video::{ColourSpace, VideoFile, YuvToRgb};
 use trajstore::{Dataset, Error, Snapshot};
 
+use super::lerobot_images::stored_frames;
 use crate::common::{copy_tree, fixture_path, small_segments};
 
 const TOP: &str = "observation.images.top";
@@ -45,26 +46,6 @@ fn expected(name: &str) -> (Vec<u8>, Vec<usize>) {
         .collect();
     assert_eq!(out.len(), shape.iter().product::<usize>(), "{name}");
     (out, shape)
-}
-
-/// Every stored frame of column `name`, decoded, in row order.
-fn stored_frames(snap: &Snapshot, name: &str) -> Vec<u8> {
-    let col = snap.frame_column(name).unwrap();
-    let mut dec = col.decoder().unwrap();
-    let mut out = vec![];
-    let mut buf = vec![0u8; dec.frame_len()];
-    for seg in snap.segments() {
-        let t = seg.episode_table();
-        for i in 0..t.len() {
-            let (start, len) = (t.row_starts()[i], t.lengths()[i]);
-            let run = seg.frames(name, start, len as usize).unwrap();
-            for r in 0..run.len() {
-                dec.decode_into(run.frame(r).unwrap(), &mut buf).unwrap();
-                out.extend_from_slice(&buf);
-            }
-        }
-    }
-    out
 }
 
 fn ingest_dir(input: &Path, out: &Path) -> trajstore::Result<trajstore::ingest::IngestReport> {

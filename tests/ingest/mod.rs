@@ -3,7 +3,7 @@
 //! LeRobot's image features (PNG bytes in Parquet) and camera videos (feature `video`).
 
 pub(crate) mod dqn;
-mod lerobot_images;
+pub(crate) mod lerobot_images;
 #[cfg(feature = "video")]
 mod lerobot_video;
 pub(crate) mod npz_dir;
