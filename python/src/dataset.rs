@@ -73,6 +73,21 @@ pub fn sql_memory_limit() -> PyResult<(u64, String)> {
     Ok((n, from.to_string()))
 }
 
+/// The columns a loader of a dataset of `schema` can gather: the stored ones, and
+/// `next_observation` (derived from the episodes when not stored).
+pub(crate) fn sample_columns(schema: &trajstore::TransitionSchema) -> Vec<String> {
+    let mut names: Vec<String> = schema
+        .payload_schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    if !names.iter().any(|n| n == "next_observation") {
+        names.push("next_observation".into());
+    }
+    names
+}
+
 /// One version of a dataset, memory-mapped (see `trajstore.Snapshot`).
 #[pyclass(frozen, name = "Snapshot", module = "trajstore._native")]
 pub struct PySnapshot {
@@ -147,21 +162,7 @@ impl PySnapshot {
     /// Names of the columns a loader can gather: the stored ones, and `next_observation` (derived
     /// from the episodes when not stored).
     fn sample_columns(&self) -> Vec<String> {
-        let snap = self.snapshot();
-        let schema = snap.schema().arrow_schema().clone();
-        let mut names: Vec<String> = snap
-            .schema()
-            .payload_schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-        if schema.field_with_name("next_observation").is_err()
-            && !names.iter().any(|n| n == "next_observation")
-        {
-            names.push("next_observation".into());
-        }
-        names
+        sample_columns(self.snapshot().schema())
     }
 
     /// The episode table: one row per episode (id, start row, length, return, flags, ...).

@@ -112,21 +112,7 @@ impl PyStream {
 
     /// Names of the columns a loader can gather (as `Snapshot.sample_columns`).
     fn sample_columns(&self) -> Vec<String> {
-        let schema = self.stream.catalog().schema();
-        let mut names: Vec<String> = schema
-            .payload_schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-        if schema
-            .arrow_schema()
-            .field_with_name("next_observation")
-            .is_err()
-        {
-            names.push("next_observation".into());
-        }
-        names
+        crate::dataset::sample_columns(self.stream.catalog().schema())
     }
 
     /// What `trajstore info URL` prints.

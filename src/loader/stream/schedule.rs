@@ -189,7 +189,7 @@ impl Schedule {
                 "cache_limit",
                 format!(
                     "no window of at most {} (a third of the cache) holds {} batches of {} slices, \
-                     as the loader's workers and prefetch need: raise the cache limit or lower \
+                     the most a streaming loader keeps in flight: raise the cache limit or lower \
                      the batch size",
                     human_bytes(schedule.budget),
                     schedule.spec.min_batches,
