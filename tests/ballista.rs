@@ -6,9 +6,12 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow::array::AsArray;
@@ -62,6 +65,56 @@ fn spawn(what: &'static str, args: &[String], env: &[(&str, String)], cache: &Pa
         c.env(k, v);
     }
     Proc(c.spawn().expect(what), what)
+}
+
+/// A TCP proxy in front of the S3 server that counts the bytes the server sends back: what the
+/// processes behind it downloaded, counted at the store's side of the wire.
+struct CountingProxy {
+    port: u16,
+    down: Arc<AtomicU64>,
+}
+
+impl CountingProxy {
+    fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let down = Arc::new(AtomicU64::new(0));
+        let counted = down.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pipe(client, server, None));
+                let counted = counted.clone();
+                std::thread::spawn(move || pipe(s2, c2, Some(&counted)));
+            }
+        });
+        Self { port, down }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.down.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies `from` to `to` until either closes, adding what it copied to `count`.
+fn pipe(mut from: TcpStream, mut to: TcpStream, count: Option<&AtomicU64>) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if let Some(c) = count {
+            c.fetch_add(n as u64, Ordering::SeqCst);
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
 /// Files under `dir` whose name ends with `suffix`, recursively.
@@ -127,8 +180,8 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
     let ds = TestData::new()
         .transitions(8_000)
         .mean_episode_len(60.0)
-        .obs_dim(4)
-        .segment_bytes(64 << 10)
+        .obs_dim(64)
+        .segment_bytes(512 << 10)
         .commit_every(50)
         .write(&dir.path().join("local"));
     let snap = ds.snapshot().unwrap();
@@ -160,6 +213,16 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
         &dir.path().join("scheduler-cache"),
     );
     wait_for_port(&mut scheduler, sched_port);
+    // The executors reach the store through a proxy that counts what they download.
+    let proxy = CountingProxy::start(s3.port);
+    let executor_env: Vec<(&str, String)> = env
+        .iter()
+        .map(|(k, v)| match *k {
+            "AWS_ENDPOINT" => (*k, format!("http://127.0.0.1:{}", proxy.port)),
+            _ => (*k, v.clone()),
+        })
+        .collect();
+    assert_ne!(executor_env, env, "the executors' endpoint is the proxy");
     let mut executors = vec![];
     for i in 0..2 {
         let (flight, grpc) = (free_port(), free_port());
@@ -177,7 +240,7 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
                 "--concurrency".into(),
                 "2".into(),
             ],
-            &env,
+            &executor_env,
             &dir.path().join(format!("executor{i}-cache")),
         );
         wait_for_port(&mut e, flight);
@@ -186,6 +249,20 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
 
     let local = SqlSession::try_new(&snap).unwrap();
     let cluster = SqlSession::cluster(&format!("df://127.0.0.1:{sched_port}"), &url, None).unwrap();
+    // A query of one column downloads that column's buffers (and each segment's footer and
+    // message headers), not the version: far fewer bytes than a mirror, counted at the store.
+    let version_bytes: u64 = snap.segments().iter().map(|s| s.entry().bytes).sum();
+    let q = "SELECT ROUND(SUM(reward), 3) AS r, COUNT(*) AS n FROM transitions";
+    assert_eq!(
+        text(&cluster.query(q).unwrap()),
+        text(&local.query(q).unwrap())
+    );
+    let downloaded = proxy.bytes();
+    eprintln!("one column: {downloaded} bytes downloaded of a {version_bytes}-byte version");
+    assert!(
+        downloaded > 0 && downloaded * 4 < version_bytes,
+        "the executors downloaded {downloaded} bytes for one column of a {version_bytes}-byte version"
+    );
     for q in QUERIES {
         let want = local.query(q).unwrap();
         let got = cluster
@@ -242,7 +319,8 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
     // Still read-only on a cluster.
     assert!(cluster.query("CREATE VIEW v AS SELECT 1").is_err());
 
-    // The client fetched only the catalog; the executors read the transitions.
+    // The client fetched only the catalog; the executors read the transitions with ranged
+    // GETs, and mirrored none of them.
     let seg = trajstore::format::SEGMENT_SUFFIX;
     let eps = trajstore::format::EPISODES_SUFFIX;
     let transitions = |d: &Path| {
@@ -252,9 +330,10 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
             .count()
     };
     assert_eq!(transitions(&dir.path().join("client-cache")), 0);
-    let read: usize = (0..2)
+    let mirrored: usize = (0..2)
         .map(|i| transitions(&dir.path().join(format!("executor{i}-cache"))))
         .sum();
-    assert!(read > 0, "the executors pulled the transitions");
+    assert_eq!(mirrored, 0, "the executors mirrored no transition file");
+    assert!(proxy.bytes() > downloaded, "the executors read the transitions");
     drop(executors);
 }

@@ -11,10 +11,11 @@ use trajstore::store::info::{info_json, render_info};
 use crate::arrow_io::ArrowStream;
 use crate::errors::{IntoPyResult, argument};
 
-/// Opens `url` for streaming through a cache of `cache_limit` bytes (per rank), at its newest
-/// version or `version`; `reuse` is the uniform sampler's draws per transition per round.
+/// Opens `url` for streaming through caches of `cache_limit` bytes in all for the node's
+/// `ranks_per_node` ranks, at its newest version or `version`; `reuse` is the uniform
+/// sampler's draws per transition per round.
 #[pyfunction]
-#[pyo3(signature = (url, cache_limit, version=None, cache_dir=None, reuse=4.0))]
+#[pyo3(signature = (url, cache_limit, version=None, cache_dir=None, reuse=4.0, ranks_per_node=1))]
 pub fn open_stream(
     py: Python<'_>,
     url: String,
@@ -22,6 +23,7 @@ pub fn open_stream(
     version: Option<u64>,
     cache_dir: Option<std::path::PathBuf>,
     reuse: f64,
+    ranks_per_node: u64,
 ) -> PyResult<PyStream> {
     let limit = if let Ok(s) = cache_limit.extract::<String>() {
         trajstore::sql::limits::parse_size(&s)
@@ -40,6 +42,7 @@ pub fn open_stream(
     opts.version = version;
     opts.cache_dir = cache_dir;
     opts.reuse = reuse;
+    opts.ranks_per_node = ranks_per_node;
     let stream = py.detach(|| Stream::open(&url, opts)).py()?;
     Ok(PyStream { url, stream })
 }
@@ -98,10 +101,22 @@ impl PyStream {
         self.stream.options().reuse
     }
 
-    /// The cache limit in bytes (per rank).
+    /// The node's cache limit in bytes (all its ranks together).
     #[getter]
     fn cache_limit(&self) -> u64 {
         self.stream.options().cache_limit
+    }
+
+    /// Ranks of this node sharing the cache limit.
+    #[getter]
+    fn ranks_per_node(&self) -> u64 {
+        self.stream.options().ranks_per_node
+    }
+
+    /// One rank's share of the cache limit, in bytes.
+    #[getter]
+    fn rank_cache_limit(&self) -> u64 {
+        self.stream.rank_cache_limit()
     }
 
     /// The transitions' Arrow schema (PyCapsule interface: `pyarrow.schema(stream)`).

@@ -151,6 +151,7 @@ def open(
     cache_dir: Optional[PathLike] = None,
     cache_limit: Union[int, str],
     reuse: float = 4.0,
+    ranks_per_node: Optional[int] = None,
 ) -> StreamedSnapshot: ...
 
 
@@ -161,6 +162,7 @@ def open(
     cache_dir: Optional[PathLike] = None,
     cache_limit: Union[int, str, None] = None,
     reuse: float = 4.0,
+    ranks_per_node: Optional[int] = None,
 ) -> Union[Snapshot, StreamedSnapshot]:
     """Opens the dataset at ``uri``: a local directory, ``file://...``, or ``s3://bucket/prefix``
     (mirrored into ``cache_dir``, default ``$TRAJSTORE_CACHE`` or ``~/.cache/trajstore``, then
@@ -173,12 +175,17 @@ def open(
 
     With ``cache_limit`` (bytes, or a size such as ``"50GiB"``), a dataset in object storage is
     **streamed** instead of mirrored: only its catalog is downloaded, and its loaders read the
-    transition files through a cache of at most that many bytes per rank
+    transition files through caches of at most that many bytes on the node
     (:class:`StreamedSnapshot`; ``reuse`` is how many times, on average, the uniform sampler
-    draws each transition before its window rotates out)."""
+    draws each transition before its window rotates out). The limit is the node's:
+    ``ranks_per_node`` ranks (default ``$LOCAL_WORLD_SIZE``, as torchrun sets it, else 1) keep
+    ``cache_limit / ranks_per_node`` bytes each, under the same ``cache_dir``, and a rank takes
+    a file that another rank of the node holds (a hard link) instead of downloading it again."""
     if cache_limit is not None:
         from ._stream import StreamedSnapshot
 
+        if ranks_per_node is None:
+            ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         return StreamedSnapshot(
             _native.open_stream(
                 os.fspath(uri),
@@ -186,6 +193,7 @@ def open(
                 version,
                 None if cache_dir is None else os.fspath(cache_dir),
                 float(reuse),
+                int(ranks_per_node),
             )
         )
     native = _native.open(

@@ -357,11 +357,12 @@ class Loader(CudaRing):
     def stream_stats(self) -> Dict[str, Any]:
         """What a streaming loader downloaded and holds (``{}`` for local datasets): this
         rank's ``cache_dir`` and its size on disk now (``cache_bytes``, every file, downloads in
-        progress included), ``cache_limit``, and from the running native loader (this
-        iteration's, or the last one's): ``files_downloaded``, ``bytes_downloaded``,
-        ``bytes_resumed`` (partial downloads continued, not fetched again), ``files_evicted``,
-        ``peak_cache_bytes``, ``windows_opened`` and ``wait_seconds`` (workers waiting for
-        downloads)."""
+        progress included), ``cache_limit`` (the rank's share of the node's
+        ``node_cache_limit``), and from the running native loader (this iteration's, or the last
+        one's): ``files_downloaded``, ``bytes_downloaded``, ``bytes_resumed`` (partial downloads
+        continued, not fetched again), ``files_shared`` (taken from another rank of the node,
+        not downloaded), ``files_evicted``, ``peak_cache_bytes``, ``windows_opened`` and
+        ``wait_seconds`` (workers waiting for downloads)."""
         if self._stream is None:
             return {}
         native: Dict[str, Any] = {}
@@ -378,7 +379,13 @@ class Loader(CudaRing):
                     used += os.path.getsize(os.path.join(d, f))
                 except OSError:
                     pass
-        return {**native, "cache_dir": root, "cache_bytes": used, "cache_limit": self._stream.cache_limit}
+        return {
+            **native,
+            "cache_dir": root,
+            "cache_bytes": used,
+            "cache_limit": self._stream.rank_cache_limit,
+            "node_cache_limit": self._stream.cache_limit,
+        }
 
     def _check_process(self) -> None:
         """Refuses use in a process forked from the one that made this loader (a DataLoader

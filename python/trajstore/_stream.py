@@ -20,8 +20,9 @@ class StreamedSnapshot(Described):
     """One committed version of a dataset in object storage, opened for streaming by
     :func:`trajstore.open` with ``cache_limit``: only its catalog (manifest and episode tables,
     O(episodes)) is downloaded. A loader reads the transition files through a cache of at most
-    ``cache_limit`` bytes on disk per rank (under ``cache_dir``, downloads in progress
-    included), evicting the least recently used file no batch in flight needs, and downloading
+    ``rank_cache_limit`` bytes on disk (``cache_limit`` shared by the node's ``ranks_per_node``
+    ranks, under ``cache_dir``, downloads in progress included; a file another rank of the node
+    holds is hard-linked, not downloaded again), evicting the least recently used file no batch in flight needs, and downloading
     the next window's files while the current one is sampled. A node needs disk for the cache,
     not for the dataset.
 
@@ -42,8 +43,18 @@ class StreamedSnapshot(Described):
 
     @property
     def cache_limit(self) -> int:
-        """The cache limit of each rank, in bytes."""
+        """The node's cache limit, in bytes: all its ranks' caches together."""
         return self._n.cache_limit
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks of this node that share :attr:`cache_limit`."""
+        return self._n.ranks_per_node
+
+    @property
+    def rank_cache_limit(self) -> int:
+        """One rank's share of :attr:`cache_limit`, in bytes."""
+        return self._n.rank_cache_limit
 
     @property
     def reuse(self) -> float:

@@ -13,9 +13,15 @@ use crate::store::manifest::Manifest;
 /// Options of [`Stream::open`].
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
-    /// Bytes of transition files the rank's cache may hold on disk (downloads in progress
-    /// included). At least three times the largest segment, unless it holds the whole version.
+    /// Bytes of transition files the node's caches may hold on disk (downloads in progress
+    /// included), shared equally by its [`StreamOptions::ranks_per_node`] ranks. A rank's share
+    /// is at least three times the largest segment, unless it holds the whole version.
     pub cache_limit: u64,
+    /// Ranks of this node that stream the version at once (torchrun's `LOCAL_WORLD_SIZE`;
+    /// default 1): each keeps at most `cache_limit / ranks_per_node` bytes, so that the node's
+    /// caches together stay within `cache_limit`, and a file one of them holds is hard-linked by
+    /// another rather than downloaded again.
+    pub ranks_per_node: u64,
     /// Uniform sampling: draws per transition per round, on average (default 4). Higher values
     /// download less per batch (each window is sampled longer); lower ones rotate faster.
     pub reuse: f64,
@@ -32,6 +38,7 @@ impl StreamOptions {
     pub fn new(cache_limit: u64) -> Self {
         Self {
             cache_limit,
+            ranks_per_node: 1,
             reuse: 4.0,
             cache_dir: None,
             version: None,
@@ -73,6 +80,15 @@ impl Stream {
                 "the cache limit must be positive",
             ));
         }
+        if options.ranks_per_node == 0 || options.ranks_per_node > options.cache_limit {
+            return Err(Error::argument(
+                "ranks_per_node",
+                format!(
+                    "{} ranks per node: use at least 1 (and no more than the cache's bytes)",
+                    options.ranks_per_node
+                ),
+            ));
+        }
         if !(options.reuse.is_finite() && options.reuse > 0.0) {
             return Err(Error::argument(
                 "reuse",
@@ -109,6 +125,11 @@ impl Stream {
     /// The options it was opened with (cache limit, reuse, version, ...).
     pub fn options(&self) -> &StreamOptions {
         &self.0.options
+    }
+
+    /// The bytes one rank's cache may hold: the node's limit shared by its ranks.
+    pub fn rank_cache_limit(&self) -> u64 {
+        self.0.options.cache_limit / self.0.options.ranks_per_node
     }
 
     /// The cache directory of `rank`.

@@ -11,9 +11,10 @@
 //!
 //! What travels is names, not data: a table is (dataset URL, version, table name) plus the
 //! per-segment episode ranges that planning prunes with; a scan of `transitions` is a
-//! [`ClusterScanExec`], one partition per segment, that each executor runs over its own memory-mapped
-//! mirror of that version, opened by [`transitions_for_sql`] (the one place where an executor
-//! opens a dataset). The `episodes` table is small: the scheduler builds it from the catalog and
+//! [`ClusterScanExec`], one partition per segment. An executor reads a segment of a URL with ranged
+//! GETs of only the projected columns' buffers ([`ranged_for_sql`]: nothing is mirrored, so a
+//! query that projects few columns downloads a fraction of the version), and a segment of a
+//! directory zero-copy from its memory map ([`transitions_for_sql`]). The `episodes` table is small: the scheduler builds it from the catalog and
 //! its rows travel in the plan.
 //!
 //! The per-episode `GROUP BY episode_id` rule is not used on a cluster (the scheduler's sessions
@@ -64,9 +65,12 @@ use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::table::{Part, episodes_table, may_match, pushdown};
-use super::{EPISODES, SqlSession, TRANSITIONS, TransitionsTable, default_config, runtime};
+use super::{
+    EPISODES, RemoteTransitions, SqlSession, TRANSITIONS, TransitionsTable, default_config, runtime,
+};
 use crate::error::{Error, Result};
 use crate::open::DatasetBuilder;
+use crate::remote::{Remote, RemoteOptions};
 use crate::store::Catalog;
 
 /// First byte of what trajstore's codecs write: the rest is trajstore's (JSON, then for a scan an
@@ -266,8 +270,7 @@ struct ScanWire {
 }
 
 /// The scan of `transitions` on a cluster: for each segment number its input partition holds
-/// (see [`segment_tokens`]), that segment of the version, read zero-copy from the executor's
-/// mirror (opened by [`transitions_for_sql`]).
+/// (see [`segment_tokens`]), that segment of the version, projected (see [`read_segment`]).
 #[derive(Debug)]
 pub struct ClusterScanExec {
     input: Arc<dyn ExecutionPlan>,
@@ -405,13 +408,31 @@ impl ExecutionPlan for ClusterScanExec {
     }
 }
 
-/// Segment `segment` of `spec`'s version, projected and limited, from this process's mirror.
+/// Segment `segment` of `spec`'s version, projected and limited: for a URL, only the projected
+/// columns' buffers, with ranged GETs ([`ranged_for_sql`]); for a directory, zero-copy from its
+/// memory map.
 async fn read_segment(
     spec: ScanSpec,
     segment: usize,
     context: Arc<TaskContext>,
 ) -> DfResult<SendableRecordBatchStream> {
     let (url, version) = (spec.url.clone(), spec.version);
+    if DatasetBuilder::from_uri(&url).is_remote() {
+        let table = tokio::task::spawn_blocking(move || ranged_for_sql(&url, version))
+            .await
+            .map_err(external)?
+            .map_err(external)?;
+        let all: Vec<usize> = (0..spec.schema.fields().len()).collect();
+        let projection = spec.projection.unwrap_or(all);
+        let schema = Arc::new(spec.schema.project(&projection)?);
+        let batches = table
+            .table
+            .segment(segment, &projection, spec.limit)
+            .await
+            .map_err(external)?;
+        let source = MemorySourceConfig::try_new(&[batches], schema, None)?.with_limit(spec.limit);
+        return Ok(source.open(0, context)?);
+    }
     let table = tokio::task::spawn_blocking(move || transitions_for_sql(&url, version))
         .await
         .map_err(external)?
@@ -455,14 +476,38 @@ fn cached<T>(
 }
 
 /// How a cluster process opens version `version` of the dataset at `url` for SQL: the
-/// `transitions` table over its memory-mapped mirror (pulled into this process's cache on first
-/// use, then kept for the process's life). Every executor scan goes through this one function.
-/// Blocking; call it off the async threads.
+/// `transitions` table over its memory-mapped files (for a URL, a mirror pulled into this
+/// process's cache on first use: executors read URLs with [`ranged_for_sql`] instead), kept for
+/// the process's life. Blocking; call it off the async threads.
 pub fn transitions_for_sql(url: &str, version: u64) -> Result<Arc<TransitionsTable>> {
     static TABLES: Cache<TransitionsTable> = OnceLock::new();
     cached(&TABLES, url, version, || {
         let snap = DatasetBuilder::from_uri(url).with_version(version).load()?;
         Ok(TransitionsTable::new(&snap))
+    })
+}
+
+/// The `transitions` table of a version in object storage, read with ranged GETs, and the
+/// [`Remote`] whose store it reads through (kept for the table's life).
+struct RangedTable {
+    table: RemoteTransitions,
+    _remote: Remote,
+}
+
+/// How a cluster process reads version `version` of the dataset at URL `url`: the version's
+/// [`RemoteTransitions`] (its catalog fetched once, then footers and message headers once per
+/// segment, then only the projected columns' buffers of each scanned segment, nearby ranges
+/// coalesced across record batches), cached for the process's life. Nothing is mirrored.
+/// Blocking; call it off the async threads.
+fn ranged_for_sql(url: &str, version: u64) -> Result<Arc<RangedTable>> {
+    static RANGED: Cache<RangedTable> = OnceLock::new();
+    let catalog = catalog_for_sql(url, version)?;
+    cached(&RANGED, url, version, || {
+        let remote = Remote::open(url, RemoteOptions::default())?;
+        Ok(RangedTable {
+            table: RemoteTransitions::new(&remote, &catalog)?,
+            _remote: remote,
+        })
     })
 }
 
@@ -743,8 +788,8 @@ impl SqlSession {
     /// A session whose queries run on the Ballista cluster whose scheduler is at `cluster`
     /// (`df://HOST:PORT`), over version `version` (default the newest) of the dataset at
     /// `dataset`: a URL (`s3://bucket/prefix`), or a directory that every process of the
-    /// cluster reads at that path. Only the catalog is read here; executors open the
-    /// transitions themselves ([`transitions_for_sql`]). Read-only like every session; an
+    /// cluster reads at that path. Only the catalog is read here; executors read the
+    /// transitions themselves (ranged reads of a URL's projected columns). Read-only like every session; an
     /// unreachable scheduler is an [`Error::Remote`].
     pub fn cluster(cluster: &str, dataset: &str, version: Option<u64>) -> Result<Self> {
         reachable(cluster)?;

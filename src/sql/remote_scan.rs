@@ -467,6 +467,32 @@ impl RemoteTransitions {
         keep
     }
 
+    /// All of segment `segment`'s rows (at most `limit`, rounded up to whole record batches), only
+    /// columns `projection`, with the ranged reads of a scan: what a Ballista executor runs for
+    /// one partition of the cluster's scan. An empty projection reads nothing.
+    pub async fn segment(
+        &self,
+        segment: usize,
+        projection: &[usize],
+        limit: Option<usize>,
+    ) -> Result<Vec<RecordBatch>> {
+        let seg = self.segments.get(segment).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "segment {segment} of a version of {} segments",
+                self.segments.len()
+            ))
+        })?;
+        if projection.is_empty() {
+            let schema = Arc::new(self.schema.project(projection)?);
+            let rows = limit.map_or(seg.rows as usize, |n| n.min(seg.rows as usize));
+            return row_counts(&schema, rows);
+        }
+        let layout = self.layout(segment).await?;
+        let mut budget = limit;
+        let keep = self.keep(segment, &layout, &[], &mut budget);
+        self.read(segment, &layout, &keep, projection).await
+    }
+
     async fn scan_parts(
         &self,
         projection: Option<&Vec<usize>>,
@@ -501,18 +527,7 @@ impl RemoteTransitions {
             // Row counts only: nothing to read.
             for &i in &chosen {
                 let seg = &self.segments[i];
-                let mut left = seg.rows as usize;
-                let mut part = vec![];
-                while left > 0 {
-                    let n = left.min(SCAN_BATCH_ROWS);
-                    part.push(RecordBatch::try_new_with_options(
-                        schema.clone(),
-                        vec![],
-                        &RecordBatchOptions::new().with_row_count(Some(n)),
-                    )?);
-                    left -= n;
-                }
-                partitions.push(part);
+                partitions.push(row_counts(&schema, seg.rows as usize)?);
                 episodes.push(seg.episodes);
             }
         } else {
@@ -589,6 +604,21 @@ impl TableProvider for RemoteTransitions {
 /// Per top-level field, the non-empty ranges among `buffers` (the message's buffers, in order)
 /// that belong to it; `None` when a type's buffer count is not known here or the counts do not
 /// add up.
+/// Batches of no columns and `rows` rows in all (an empty projection: `COUNT(*)`).
+fn row_counts(schema: &SchemaRef, mut rows: usize) -> Result<Vec<RecordBatch>> {
+    let mut part = vec![];
+    while rows > 0 {
+        let n = rows.min(SCAN_BATCH_ROWS);
+        part.push(RecordBatch::try_new_with_options(
+            schema.clone(),
+            vec![],
+            &RecordBatchOptions::new().with_row_count(Some(n)),
+        )?);
+        rows -= n;
+    }
+    Ok(part)
+}
+
 fn column_buffers(
     fields: &arrow::datatypes::Fields,
     buffers: &[Range<u64>],

@@ -5,6 +5,10 @@
 //! `concurrency` at a time, on the remote's runtime; a download resumes from the bytes a killed
 //! one left (`<name>.partial`), and every file is checked against the manifest's size and
 //! CRC-32C before it is renamed into place.
+//!
+//! The ranks of one node keep their caches side by side (`_stream/rank-<r>/` of the node's
+//! mirror), each within its share of the node's limit. A file that another rank of the node
+//! holds complete is hard-linked instead of downloaded, so the node fetches and stores it once.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -72,6 +76,7 @@ pub(crate) struct Counters {
     pub bytes_downloaded: AtomicU64,
     pub bytes_resumed: AtomicU64,
     pub files_evicted: AtomicU64,
+    pub files_shared: AtomicU64,
     pub peak_bytes: AtomicU64,
 }
 
@@ -361,12 +366,18 @@ fn fetch_loop(shared: &Arc<Shared>, remote: &Remote) {
                 st.used += more;
                 let peak = st.used;
                 shared.counters.peak_bytes.fetch_max(peak, Relaxed);
+                let dest = shared.dir.join(&f.name);
                 let e = &mut st.entries[i];
-                e.st = St::Loading;
                 e.on_disk = f.bytes;
+                if shared.link_from_sibling(f, &dest) {
+                    e.st = St::Ready;
+                    shared.counters.files_shared.fetch_add(1, Relaxed);
+                    shared.changed.notify_all();
+                    continue;
+                }
+                e.st = St::Loading;
                 st.loading += 1;
                 let (sh, store, f) = (shared.clone(), remote.store.clone(), f.clone());
-                let dest = shared.dir.join(&f.name);
                 remote.rt.spawn(async move {
                     let r = fetch_file(&store, &f, &dest, &sh.counters).await;
                     sh.finish(i, &dest, r);
@@ -379,6 +390,35 @@ fn fetch_loop(shared: &Arc<Shared>, remote: &Remote) {
 }
 
 impl Shared {
+    /// Takes `f` from the cache of another rank of this node (a sibling directory of this one,
+    /// `_stream/rank-<r>/`) when it holds the complete file: a hard link, so the node downloads
+    /// and stores the file once. Counted here at its full size as if downloaded (conservative:
+    /// the node's disk holds it once). `false` when no sibling has it (or it was evicted
+    /// between the look and the link): then it is downloaded.
+    fn link_from_sibling(&self, f: &CachedFile, dest: &Path) -> bool {
+        let Some(parent) = self.dir.parent() else {
+            return false;
+        };
+        let Ok(dirs) = std::fs::read_dir(parent) else {
+            return false;
+        };
+        for d in dirs.flatten() {
+            let path = d.path();
+            if path == self.dir || !d.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let from = path.join(&f.name);
+            if std::fs::metadata(&from).is_ok_and(|m| m.is_file() && m.len() == f.bytes) {
+                let _ = std::fs::remove_file(partial_path(dest));
+                let _ = std::fs::remove_file(dest);
+                if std::fs::hard_link(&from, dest).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     fn finish(&self, i: usize, dest: &Path, r: Result<()>) {
         let mut st = self.lock();
         st.loading -= 1;

@@ -3,9 +3,11 @@
 //! [`Stream::open`] fetches only the version's catalog (manifest and episode tables). A
 //! [`StreamLoader`], made like every loader from a [`super::BatchSource`] (of a
 //! [`super::LoaderSpec::streamed`]), then fetches each transition file on first use into the rank's cache
-//! directory (`<mirror>/_stream/rank-<r>/`), keeps at most [`crate::remote::StreamOptions::cache_limit`]
-//! bytes of them on disk (downloads in progress included; the episode tables, O(episodes), are
-//! kept beside it), evicts the least recently used segment that no window in use pins, and
+//! directory (`<mirror>/_stream/rank-<r>/`), keeps at most its share of
+//! [`crate::remote::StreamOptions::cache_limit`] (the node's limit over
+//! [`crate::remote::StreamOptions::ranks_per_node`]) on disk (downloads in progress included; the
+//! episode tables, O(episodes), are kept beside it), hard-links a file that another rank of the
+//! node holds instead of downloading it, evicts the least recently used segment that no window in use pins, and
 //! starts the downloads of the windows the loader will need next while the current one is
 //! sampled.
 //!
@@ -85,11 +87,13 @@ pub struct StreamStats {
     pub bytes_resumed: u64,
     /// Complete files evicted to make room.
     pub files_evicted: u64,
+    /// Files taken from the cache of another rank of the node (hard links), not downloaded.
+    pub files_shared: u64,
     /// Bytes in the cache now.
     pub cache_bytes: u64,
     /// The most bytes the cache held.
     pub peak_cache_bytes: u64,
-    /// The limit.
+    /// The rank's limit (the node's limit shared by its ranks).
     pub cache_limit: u64,
     /// Windows opened (rotations).
     pub windows_opened: u64,
@@ -268,7 +272,7 @@ impl StreamLoader {
         let schedule = Schedule::new(
             costs,
             ScheduleSpec {
-                cache_limit: stream.options.cache_limit,
+                cache_limit: stream.rank_cache_limit(),
                 rank,
                 world: world_size,
                 seed: slice.seed,
@@ -302,7 +306,7 @@ impl StreamLoader {
             stream.remote.clone(),
             &stream.mirror.join(&rank_dir),
             files,
-            stream.options.cache_limit,
+            stream.rank_cache_limit(),
         )?;
         let end = match (opts.max_batches, sampling) {
             (Some(n), _) => Some(start.saturating_add(n)),
@@ -414,6 +418,7 @@ impl StreamLoader {
             bytes_downloaded: c.bytes_downloaded.load(Relaxed),
             bytes_resumed: c.bytes_resumed.load(Relaxed),
             files_evicted: c.files_evicted.load(Relaxed),
+            files_shared: c.files_shared.load(Relaxed),
             cache_bytes: self.shared.cache.used(),
             peak_cache_bytes: c.peak_bytes.load(Relaxed),
             cache_limit: self.shared.cache_limit(),

@@ -15,10 +15,16 @@ use super::*;
 pub(crate) struct StreamArgs {
     #[command(flatten)]
     s: SliceArgs,
-    /// Bytes of transition files the local cache may hold (e.g. 2GiB). At least three times the
-    /// largest segment, unless it holds the whole version.
+    /// Bytes of transition files the node's caches may hold (e.g. 2GiB), shared equally by the
+    /// node's ranks (--ranks-per-node). A rank's share is at least three times the largest
+    /// segment, unless it holds the whole version.
     #[arg(long, value_parser = parse_size)]
     cache_limit: u64,
+    /// Ranks on this node streaming at once (default: $LOCAL_WORLD_SIZE as torchrun sets it,
+    /// else 1): each keeps cache-limit / ranks-per-node, and takes files another rank of the
+    /// node holds (hard links) instead of downloading them again.
+    #[arg(long)]
+    ranks_per_node: Option<u64>,
     /// uniform (with replacement, over a rotating window of resident segments) or epoch
     /// (without replacement: every slice of this rank's share once per epoch).
     #[arg(long, default_value = "uniform", value_parser = ["uniform", "epoch"])]
@@ -66,6 +72,7 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
         );
     }
     let mut o = StreamOptions::new(a.cache_limit);
+    o.ranks_per_node = from_env(a.ranks_per_node, "LOCAL_WORLD_SIZE", 1)?;
     o.reuse = a.reuse;
     o.version = a.version;
     o.remote = crate::open::reader_remote_options();
@@ -138,10 +145,11 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
         first.unwrap_or(0.0)
     );
     outln!(
-        "  downloaded {} in {} files ({} resumed), {} evicted, {} windows; workers waited {:.2} s for downloads",
+        "  downloaded {} in {} files ({} resumed), {} from the node's other ranks, {} evicted, {} windows; workers waited {:.2} s for downloads",
         HumanBytes(st.bytes_downloaded),
         st.files_downloaded,
         HumanBytes(st.bytes_resumed),
+        st.files_shared,
         st.files_evicted,
         st.windows_opened,
         st.wait_seconds
