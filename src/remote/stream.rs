@@ -61,6 +61,12 @@ pub(crate) struct StreamInner {
     pub(crate) options: StreamOptions,
 }
 
+impl StreamInner {
+    pub(crate) fn rank_cache_limit(&self) -> u64 {
+        self.options.cache_limit / self.options.ranks_per_node.max(1)
+    }
+}
+
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stream")
@@ -129,7 +135,7 @@ impl Stream {
 
     /// The bytes one rank's cache may hold: the node's limit shared by its ranks.
     pub fn rank_cache_limit(&self) -> u64 {
-        self.0.options.cache_limit / self.0.options.ranks_per_node
+        self.0.rank_cache_limit()
     }
 
     /// The cache directory of `rank`.

@@ -1,7 +1,8 @@
 //! Streaming reads of a dataset in object storage through a bounded cache, against a real
 //! S3-compatible server (moto's; see `tests/common/s3.rs`): the cache never holds more than its
 //! limit on disk, every batch comes from the resident window and equals the local dataset's
-//! gather of the same plan, ranks download disjoint shares that cover the version, an
+//! gather of the same plan, ranks download disjoint shares that cover the version, the ranks of
+//! one node share its limit and take each other's files instead of downloading them, an
 //! interrupted download resumes, and damaged objects are errors naming them.
 
 #![cfg(feature = "remote")]
@@ -264,6 +265,75 @@ fn a_quarter_cache_rotates_windows_within_its_limit_on_disk() {
     let stream = Stream::open(&url, options(&s3, &dir.path().join("c2"), largest)).unwrap();
     let e = err_of(stream_loader(&stream, slice, LoaderOptions::default()));
     assert!(e.to_string().contains("needs at least"), "{e}");
+}
+
+/// Bytes of the files under `dir`, recursively, each inode once (what `du` counts: a file
+/// hard-linked into two caches takes its bytes once).
+fn node_bytes_on_disk(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(d: &Path, seen: &mut std::collections::HashSet<u64>, sum: &mut u64) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                walk(&e.path(), seen, sum);
+            } else if seen.insert(m.ino()) {
+                *sum += m.len();
+            }
+        }
+    }
+    let (mut seen, mut sum) = (Default::default(), 0);
+    walk(dir, &mut seen, &mut sum);
+    sum
+}
+
+#[test]
+fn the_ranks_of_a_node_share_its_limit_and_link_the_files_another_rank_holds() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "node", dir.path());
+    let snap = ds.snapshot().unwrap();
+    let total = transition_bytes(&snap);
+    // Two ranks on the node: each keeps half of the node's limit.
+    let mut o = options(&s3, &dir.path().join("cache"), 2 * total);
+    o.ranks_per_node = 2;
+    let stream = Stream::open(&url, o).unwrap();
+    assert_eq!(stream.rank_cache_limit(), total);
+    let slice = SamplerSpec::uniform(16, 32).with_seed(4);
+    let loader = |rank: u64, world: u64| {
+        let spec = LoaderSpec::streamed(stream.clone(), slice.clone(), &COLUMNS)
+            .with_rank(rank, world);
+        let source = BatchSource::open(spec).unwrap();
+        StreamLoader::new(&source, LoaderOptions::default().with_max_batches(20)).unwrap()
+    };
+    // Rank 0 of one rank holds the whole version (its share fits): every file downloaded once.
+    let mut first = loader(0, 1);
+    first.next_batch().unwrap().unwrap();
+    let st = first.stats();
+    assert_eq!(st.cache_limit, total, "{st:?}");
+    assert_eq!((st.bytes_downloaded, st.files_shared), (total, 0), "{st:?}");
+    drop(first);
+    // Rank 1 of two, on the same node: every file of its share is in rank 0's cache, so it
+    // links them and downloads nothing; the node's disk holds each file once.
+    let mut second = loader(1, 2);
+    for _ in 0..20 {
+        second.next_batch().unwrap().unwrap();
+    }
+    let st = second.stats();
+    assert!(
+        st.files_shared > 0 && st.bytes_downloaded == 0 && st.files_downloaded == 0,
+        "{st:?}"
+    );
+    assert!(st.peak_cache_bytes <= total, "{st:?}");
+    let on_disk = node_bytes_on_disk(&stream.mirror().join("_stream"));
+    assert_eq!(on_disk, total, "each file once on the node's disk");
+    // A limit too small to share, and no ranks, are refused.
+    let mut o = options(&s3, &dir.path().join("c2"), 1 << 20);
+    o.ranks_per_node = 0;
+    assert_invalid_argument(
+        &err_of(Stream::open(&url, o)),
+        Some("ranks_per_node"),
+        "no ranks",
+    );
 }
 
 #[test]
