@@ -2,8 +2,9 @@
 //! `fault-injection` feature (which `scripts/test.sh` turns on): in every other build, release
 //! binaries included, a point is an empty inline function and no environment variable is read.
 //!
-//! With the feature, when the environment variable `TRAJSTORE_CRASH_AT` names a point, the
-//! process aborts there (as a power cut or `kill -9` would). The variable is read once.
+//! With the feature, when the environment variable `TRAJSTORE_CRASH_AT` names a point (`name`, or
+//! `name@N` for its `N`-th arrival), the process aborts there (as a power cut or `kill -9`
+//! would). The variable is read once.
 
 #[cfg(feature = "fault-injection")]
 use std::sync::OnceLock;
@@ -18,12 +19,22 @@ pub(crate) fn point(_name: &str) {}
 #[inline(always)]
 pub(crate) fn pause(_name: &str) {}
 
-/// Aborts the process if `TRAJSTORE_CRASH_AT` equals `name`.
+/// Aborts the process if `TRAJSTORE_CRASH_AT` equals `name`, or is `name@N` and this is the
+/// `N`-th arrival at `name` (counted from 1) in this process.
 #[cfg(feature = "fault-injection")]
 pub(crate) fn point(name: &str) {
-    static TARGET: OnceLock<Option<String>> = OnceLock::new();
-    let target = TARGET.get_or_init(|| std::env::var("TRAJSTORE_CRASH_AT").ok());
-    if target.as_deref() == Some(name) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static ARRIVALS: AtomicU64 = AtomicU64::new(0);
+    let target = TARGET.get_or_init(|| {
+        let v = std::env::var("TRAJSTORE_CRASH_AT").ok()?;
+        Some(match v.split_once('@') {
+            Some((n, k)) => (n.to_string(), k.parse().unwrap_or(1)),
+            None => (v, 1),
+        })
+    });
+    let Some((at, nth)) = target else { return };
+    if at == name && ARRIVALS.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
         eprintln!("trajstore: simulated crash at `{name}`");
         std::process::abort();
     }

@@ -2,8 +2,10 @@
 against a real S3-compatible server (moto, started here with the Python of
 scripts/setup-python.sh, ``$TRAJSTORE_PYTHON``): the same batches as the local loader when the
 cache holds the version, a cache that never exceeds its limit (measured on disk while batches are
-drawn), exact resume from ``state_dict``, and a ``torchrun --nproc_per_node 2`` job (gloo, CPU)
-whose ranks draw disjoint batches, the same number each, covering the epoch."""
+drawn), exact resume from ``state_dict``, a ``torchrun --nproc_per_node 2`` job (gloo, CPU) whose ranks
+draw disjoint batches, the same number each, covering the epoch, with the node's caches within
+the node's limit on disk while they run, and a rank killed mid-epoch that resumes its partial
+download and its batches while the other rank runs on unaffected."""
 
 from __future__ import annotations
 
@@ -82,6 +84,24 @@ def s3(tmp_path_factory: Any) -> Iterator[Dict[str, str]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _node_bytes(cache: Any) -> int:
+    """Bytes of the files of every rank's streaming cache under ``cache`` (the ``_stream``
+    directories of its mirrors), each inode once."""
+    seen, total = set(), 0
+    for d, _, files in os.walk(cache):
+        if "_stream" not in d:
+            continue
+        for f in files:
+            try:
+                st = os.stat(os.path.join(d, f))
+            except OSError:
+                continue
+            if st.st_ino not in seen:
+                seen.add(st.st_ino)
+                total += st.st_size
+    return total
 
 
 def _ids(batch: Any) -> List[tuple]:
@@ -181,8 +201,8 @@ counts = [None, None]
 dist.all_gather_object(counts, len(ids))
 dist.barrier()
 with open(os.path.join(sys.argv[4], f"rank{rank}.json"), "w") as f:
-    json.dump({"rank": rank, "ids": ids, "peak": peak, "counts": counts, "limit": ds.cache_limit,
-               "downloaded": stats["bytes_downloaded"]}, f)
+    json.dump({"rank": rank, "ids": ids, "peak": peak, "counts": counts, "limit": stats["cache_limit"],
+               "node_limit": ds.cache_limit, "downloaded": stats["bytes_downloaded"]}, f)
 dist.destroy_process_group()
 """
 
@@ -192,30 +212,39 @@ def test_torchrun_ranks_draw_disjoint_equal_shares_of_an_epoch(s3: Dict[str, str
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     probe = trajstore.open(s3["url"], cache_limit="1GiB", cache_dir=tmp_path / "probe")
-    limit = probe.transition_bytes // 3
+    # The node's limit: torchrun's LOCAL_WORLD_SIZE=2 gives each rank half, a third of the version.
+    limit = 2 * (probe.transition_bytes // 3)
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = subprocess.run(
+    job = subprocess.Popen(
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", str(port),
             str(script), s3["url"], str(limit), str(tmp_path / "cache"), str(out),
         ],
         env=env,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert r.returncode == 0, r.stderr[-4000:]
+    # The node's caches on disk (each file once, as `du` counts), measured while the ranks run.
+    node_peak = 0
+    while job.poll() is None:
+        node_peak = max(node_peak, _node_bytes(tmp_path / "cache"))
+        time.sleep(0.002)
+    _, err = job.communicate(timeout=600)
+    assert job.returncode == 0, err[-4000:]
+    assert 0 < node_peak <= limit, (node_peak, limit)
     ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
     counts = [len(x["ids"]) for x in ranks]
     assert counts[0] == counts[1] > 0, counts
     assert ranks[0]["counts"] == counts
     for x in ranks:
+        assert (x["limit"], x["node_limit"]) == (limit // 2, limit), x
         assert 0 < x["peak"] <= x["limit"], x["peak"]
     # The node downloaded the dataset about once for the epoch (each rank its share, once).
     downloaded = sum(x["downloaded"] for x in ranks)
@@ -271,3 +300,87 @@ def test_the_torchrun_example_trains_from_s3_and_resumes_from_its_checkpoints(s3
         assert f"rank {r}: 30 steps; downloaded" in first
     second = run(50)
     assert "resumed at step 30" in second and "step 50 loss" in second
+
+
+KILL_SCRIPT = r"""
+import json, os, sys
+import trajstore
+
+url, limit, cache, log_path, state_path, n = sys.argv[1:7]
+ds = trajstore.open(url, cache_limit=int(limit), cache_dir=cache, reuse=0.2)
+loader = ds.loader(slice_len=8, num_slices=64, seed=5, workers=2, max_batches=int(n), rank="auto")
+if os.path.exists(state_path):
+    with open(state_path) as f:
+        loader.load_state_dict(json.load(f))
+with open(log_path, "a") as log:
+    for b in loader:
+        k = loader.state_dict()["next_batch"] - 1
+        log.write(json.dumps([k, list(zip(b["episode_id"].tolist(), b["start_step"].tolist()))]) + "\n")
+        log.flush()
+        # The checkpoint a training loop would save after its step (written whole, then renamed).
+        with open(state_path + ".tmp", "w") as f:
+            json.dump(loader.state_dict(), f)
+        os.replace(state_path + ".tmp", state_path)
+with open(log_path + ".stats", "w") as f:
+    json.dump(loader.stream_stats(), f)
+"""
+
+
+def test_a_rank_killed_mid_epoch_resumes_its_downloads_and_batches_and_the_other_rank_is_unaffected(
+    s3: Dict[str, str], tmp_path: Any
+) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(KILL_SCRIPT)
+    probe = trajstore.open(s3["url"], cache_limit="1GiB", cache_dir=tmp_path / "probe")
+    # The node's limit is half the version: each of its two ranks keeps a quarter.
+    limit, n = probe.transition_bytes // 2, 96
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+    def start(rank: int, node: str, crash: str | None = None) -> subprocess.Popen[bytes]:
+        env = {**base, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
+        env.pop("TRAJSTORE_CRASH_AT", None)
+        if crash:
+            env["TRAJSTORE_CRASH_AT"] = crash
+        d = tmp_path / node
+        d.mkdir(exist_ok=True)
+        args = [s3["url"], str(limit), str(d / "cache"), str(d / f"rank{rank}.log"), str(d / f"rank{rank}.state"), str(n)]
+        return subprocess.Popen([sys.executable, str(script), *args], env=env, stderr=subprocess.PIPE)
+
+    def batches(node: str, rank: int) -> Dict[int, Any]:
+        out: Dict[int, Any] = {}
+        for line in (tmp_path / node / f"rank{rank}.log").read_text().splitlines():
+            k, ids = json.loads(line)
+            assert out.setdefault(k, ids) == ids, f"batch {k} differs when drawn again"
+        return out
+
+    def finish(p: subprocess.Popen[bytes]) -> int:
+        _, err = p.communicate(timeout=600)
+        if p.returncode != 0 and b"simulated crash" not in err:
+            raise AssertionError(err.decode()[-4000:])
+        return p.returncode
+
+    # Both ranks, uninterrupted.
+    ref = [start(r, "ref") for r in (0, 1)]
+    assert [finish(p) for p in ref] == [0, 0]
+    # The same node again, rank 1 killed (as by SIGKILL) in the middle of its 9th download,
+    # after its first window's batches; rank 0 runs on.
+    node = [start(0, "node"), start(1, "node", crash="stream-download@9")]
+    codes = [finish(p) for p in node]
+    assert codes[0] == 0 and codes[1] != 0, codes
+    killed = batches("node", 1)
+    assert 16 <= len(killed) < n, len(killed)
+    assert batches("node", 0) == batches("ref", 0), "the other rank is unaffected"
+    rank1 = tmp_path / "node" / "cache"
+    partial = [
+        os.path.join(d, f) for d, _, files in os.walk(rank1) for f in files if "rank-1" in d and f.endswith(".partial")
+    ]
+    # The killed download left its first bytes (other downloads in flight may have none yet).
+    assert any(os.path.getsize(p) > 0 for p in partial), partial
+    # Restarted from its checkpoint: the batches continue exactly, and the partial download is
+    # resumed, not fetched again.
+    assert finish(start(1, "node")) == 0
+    assert batches("node", 1) == batches("ref", 1)
+    assert sorted(batches("node", 1)) == list(range(n))
+    stats = json.loads((tmp_path / "node" / "rank1.log.stats").read_text())
+    assert stats["bytes_resumed"] > 0, stats
+    assert stats["cache_limit"] == limit // 2 and stats["node_cache_limit"] == limit, stats

@@ -520,6 +520,7 @@ async fn fetch_once(
         counters.bytes_resumed.fetch_add(have, Relaxed);
     }
     if have < f.bytes {
+        let start = have;
         let opts = GetOptions {
             range: Some(GetRange::Offset(have)),
             ..Default::default()
@@ -544,6 +545,10 @@ async fn fetch_once(
             let take = chunk.len().min((f.bytes - have) as usize);
             crc = crc32c::crc32c_append(crc, &chunk[..take]);
             out.write_all(&chunk[..take]).at(&part)?;
+            if have == start && take > 0 {
+                // A rank killed in the middle of a download (tests: the partial file is resumed).
+                crate::fault::point("stream-download");
+            }
             have += take as u64;
             counters.bytes_downloaded.fetch_add(take as u64, Relaxed);
             if have == f.bytes {
