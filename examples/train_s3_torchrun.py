@@ -11,9 +11,11 @@ each node: the script to copy for a cluster.
 Behaviour cloning of an MLP (``observation`` → ``action``) under DistributedDataParallel. Each
 rank opens the dataset with ``trajstore.open(url, cache_limit=...)``: only the catalog is
 downloaded up front; the loader (``rank="auto"``: torch.distributed's rank and world size)
-downloads its rank's share of the transition files window by window into a cache that never
-holds more than ``--cache-limit`` bytes, while the ranks' shares are disjoint and together
-cover the dataset (a node downloads it about once per round, not once per rank). Every rank
+downloads its rank's share of the transition files window by window into a cache; the node's
+ranks (torchrun's ``LOCAL_WORLD_SIZE``) share ``--cache-limit``, so the node never holds more
+than that, and a file one rank holds is hard-linked by another rather than downloaded again.
+The ranks' shares are disjoint and together cover the dataset (a node downloads it about once
+per round, not once per rank). Every rank
 yields the same number of batches, so the gradient all-reduce never waits on a rank that ran
 out.
 
@@ -47,7 +49,7 @@ def save_atomically(obj, path):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("url", help="the dataset, s3://bucket/prefix (or file:///path)")
-    p.add_argument("--cache-limit", default="20GiB", help="bytes of transition files each rank keeps on disk")
+    p.add_argument("--cache-limit", default="20GiB", help="bytes of transition files the node keeps on disk (its ranks share them)")
     p.add_argument("--cache-dir", default=None, help="where the caches live (default $TRAJSTORE_CACHE or ~/.cache/trajstore)")
     p.add_argument("--steps", type=int, default=1000, help="gradient steps")
     p.add_argument("--batch-size", type=int, default=256, help="slices per batch and rank")
