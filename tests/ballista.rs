@@ -334,6 +334,9 @@ fn queries_on_a_ballista_cluster_match_the_local_session() {
         .map(|i| transitions(&dir.path().join(format!("executor{i}-cache"))))
         .sum();
     assert_eq!(mirrored, 0, "the executors mirrored no transition file");
-    assert!(proxy.bytes() > downloaded, "the executors read the transitions");
+    assert!(
+        proxy.bytes() > downloaded,
+        "the executors read the transitions"
+    );
     drop(executors);
 }

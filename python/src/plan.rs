@@ -329,7 +329,7 @@ impl Plan {
 
     /// A plan that streams `stream` (a dataset in object storage, `open_stream`) through its
     /// bounded cache: `options` as for `Plan(...)` ([`LoaderArgs`]); the sampler is uniform
-    /// or epoch, with no episode subsets (refused by the stream), and there is one dataset.
+    /// or epoch (an episode subset, by ids or SQL, with uniform only), and there is one dataset.
     #[staticmethod]
     fn streamed(
         py: Python<'_>,
@@ -337,13 +337,6 @@ impl Plan {
         options: &Bound<'_, PyDict>,
     ) -> PyResult<Self> {
         let a: LoaderArgs = extract_args(options.as_any())?;
-        if a.episode_ids.is_some() || a.episodes_sql.is_some() {
-            return Err(argument(
-                "episodes",
-                "a streaming loader samples the whole dataset: episode subsets are not supported \
-                 yet (open the dataset without cache_limit to mirror it and sample a subset)",
-            ));
-        }
         let opts = LoaderOptions::default()
             .with_workers(a.workers)
             .with_prefetch(a.prefetch);
@@ -357,6 +350,17 @@ impl Plan {
         let frame_stack = a.frame_stack()?;
         let (slice_len, num_slices) = (a.slice_len as usize, a.num_slices);
         py.detach(move || -> trajstore::Result<Self> {
+            // A subset by ids, or by a SQL query over the catalog (and ranged reads of
+            // `transitions`): the stream downloads only the segments that hold its episodes.
+            let ids = match (a.episode_ids, a.episodes_sql) {
+                (Some(ids), _) => Some(ids),
+                (None, Some(q)) => Some(stream.episodes_where(&q)?),
+                (None, None) => None,
+            };
+            let spec = match ids {
+                Some(ids) => spec.with_episode_ids(ids),
+                None => spec,
+            };
             let names: Vec<&str> = a.columns.iter().map(String::as_str).collect();
             let mut l = LoaderSpec::streamed(stream, spec, &names).with_rank(a.rank, a.world_size);
             if let Some(st) = frame_stack {

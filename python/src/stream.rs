@@ -125,6 +125,13 @@ impl PyStream {
         ArrowStream::new(schema, vec![]).schema_capsule(py)
     }
 
+    /// The sorted, distinct episode ids a query with an `episode_id` column returns (from the
+    /// catalog, and ranged reads of `transitions`).
+    fn episodes_where(&self, py: Python<'_>, query: String) -> PyResult<crate::dlpack::Buffer> {
+        let ids = py.detach(|| self.stream.episodes_where(&query)).py()?;
+        Ok(crate::dlpack::Buffer::from_u64s(ids))
+    }
+
     /// Names of the columns a loader can gather (as `Snapshot.sample_columns`).
     fn sample_columns(&self) -> Vec<String> {
         crate::dataset::sample_columns(self.stream.catalog().schema())

@@ -262,14 +262,6 @@ class Snapshot(Described):
 
         return pa.table(self._n.sql(query, allow_writes))
 
-    def episodes_where(self, query: str) -> np.ndarray:
-        """The sorted, distinct episode ids returned by ``query`` (which must return an
-        ``episode_id`` column), as an ``int64`` array: a subset for :meth:`loader`'s
-        ``episodes=``."""
-        import numpy as np
-
-        return np.from_dlpack(self._n.episodes_where(query))
-
     # --- training ---------------------------------------------------------------------------
     def loader(
         self,

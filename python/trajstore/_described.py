@@ -9,6 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 
@@ -51,6 +52,15 @@ class Described:
         import pyarrow as pa
 
         return pa.schema(self._n)
+
+    def episodes_where(self, query: str) -> np.ndarray:
+        """The sorted, distinct episode ids returned by ``query`` (which must return an
+        ``episode_id`` column), as an ``int64`` array: a subset for ``loader``'s ``episodes=``.
+        On a stream, ``episodes`` is answered from the catalog and ``transitions`` with ranged
+        reads of the columns the query uses (nothing is mirrored)."""
+        import numpy as np
+
+        return np.from_dlpack(self._n.episodes_where(query))
 
     @property
     def sample_columns(self) -> List[str]:

@@ -27,9 +27,9 @@ class StreamedSnapshot(Described):
     not for the dataset.
 
     ``len(ds)``, ``num_episodes``, ``schema``, ``sample_columns`` and ``info()`` answer from
-    the catalog alone. For SQL, or for samplers a stream cannot run (episode subsets and
-    weights, ``prioritized``, ``episodes``), open without ``cache_limit`` (the whole version is
-    mirrored)."""
+    the catalog alone; ``episodes_where(query)`` from the catalog and ranged reads. For SQL at
+    large, or for samplers a stream cannot run (``prioritized``, ``episodes``,
+    ``epoch_episodes``), open without ``cache_limit`` (the whole version is mirrored)."""
 
     _n: _native.Stream
 
@@ -87,9 +87,14 @@ class StreamedSnapshot(Described):
         Everything is a pure function of ``seed``, the rank, the world size and the batch
         number, whatever ``workers``: ``state_dict()`` is the next batch's number (and what it
         depends on), and ``load_state_dict`` continues exactly there after a restart, reusing
-        the files the cache kept and resuming partial downloads. Not available on a stream:
-        ``episodes=`` subsets, ``follow``, and the ``prioritized``, ``epoch_episodes`` and
-        ``episodes`` samplers."""
+        the files the cache kept and resuming partial downloads.
+
+        ``episodes=`` (ids, or a SQL query answered as :meth:`episodes_where` answers it) and
+        ``weighting="episodes"`` work with ``"uniform"``: rounds deal and windows are given
+        batches by each segment's share of the draws (its slices, or episodes, in the subset),
+        so a segment holding no episode of the subset is never downloaded, and each window
+        draws only the subset's slices. Not available on a stream: ``follow``, and the
+        ``prioritized``, ``epoch_episodes`` and ``episodes`` samplers."""
         from ._dataset import Snapshot
         from ._loader import make_loader
 

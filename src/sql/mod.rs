@@ -552,6 +552,52 @@ pub trait SnapshotSql {
     fn episodes_where(&self, sql: &str) -> Result<Vec<u64>>;
 }
 
+/// The sorted, distinct `episode_id`s that subset query `sql` returns in `session`.
+pub(crate) fn subset_ids(session: &SqlSession, sql: &str) -> Result<Vec<u64>> {
+    let result = session.collect(sql, false, SUBSET_HINT)?;
+    let idx = result.schema.index_of(col::EPISODE_ID).map_err(|_| {
+        Error::argument(
+            "sql",
+            format!(
+                "the subset query must return an `{}` column; it returns ({})",
+                col::EPISODE_ID,
+                result
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })?;
+    let mut ids = Vec::with_capacity(result.num_rows());
+    for b in &result.batches {
+        let c = cast(b.column(idx), &DataType::UInt64).map_err(|e| {
+            Error::argument(
+                "sql",
+                format!(
+                    "the subset query's `{}` is not an id column: {e}",
+                    col::EPISODE_ID
+                ),
+            )
+        })?;
+        if c.null_count() > 0 {
+            return Err(Error::argument(
+                "sql",
+                format!(
+                    "the subset query returned a null or negative `{}`",
+                    col::EPISODE_ID
+                ),
+            ));
+        }
+        ids.extend_from_slice(c.as_primitive::<UInt64Type>().values());
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
 type SubsetKey = (PathBuf, u64, String);
 static SUBSETS: OnceLock<Mutex<HashMap<SubsetKey, Arc<Vec<u64>>>>> = OnceLock::new();
 const SUBSET_CACHE_ENTRIES: usize = 64;
@@ -567,47 +613,7 @@ impl SnapshotSql for Snapshot {
         if let Some(ids) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(ids.as_ref().clone());
         }
-        let result = SqlSession::try_new(self)?.collect(sql, false, SUBSET_HINT)?;
-        let idx = result.schema.index_of(col::EPISODE_ID).map_err(|_| {
-            Error::argument(
-                "sql",
-                format!(
-                    "the subset query must return an `{}` column; it returns ({})",
-                    col::EPISODE_ID,
-                    result
-                        .schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        })?;
-        let mut ids = Vec::with_capacity(result.num_rows());
-        for b in &result.batches {
-            let c = cast(b.column(idx), &DataType::UInt64).map_err(|e| {
-                Error::argument(
-                    "sql",
-                    format!(
-                        "the subset query's `{}` is not an id column: {e}",
-                        col::EPISODE_ID
-                    ),
-                )
-            })?;
-            if c.null_count() > 0 {
-                return Err(Error::argument(
-                    "sql",
-                    format!(
-                        "the subset query returned a null or negative `{}`",
-                        col::EPISODE_ID
-                    ),
-                ));
-            }
-            ids.extend_from_slice(c.as_primitive::<UInt64Type>().values());
-        }
-        ids.sort_unstable();
-        ids.dedup();
+        let ids = subset_ids(&SqlSession::try_new(self)?, sql)?;
         let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
         if c.len() >= SUBSET_CACHE_ENTRIES {
             c.clear();

@@ -300,8 +300,8 @@ fn the_ranks_of_a_node_share_its_limit_and_link_the_files_another_rank_holds() {
     assert_eq!(stream.rank_cache_limit(), total);
     let slice = SamplerSpec::uniform(16, 32).with_seed(4);
     let loader = |rank: u64, world: u64| {
-        let spec = LoaderSpec::streamed(stream.clone(), slice.clone(), &COLUMNS)
-            .with_rank(rank, world);
+        let spec =
+            LoaderSpec::streamed(stream.clone(), slice.clone(), &COLUMNS).with_rank(rank, world);
         let source = BatchSource::open(spec).unwrap();
         StreamLoader::new(&source, LoaderOptions::default().with_max_batches(20)).unwrap()
     };
@@ -334,6 +334,112 @@ fn the_ranks_of_a_node_share_its_limit_and_link_the_files_another_rank_holds() {
         Some("ranks_per_node"),
         "no ranks",
     );
+}
+
+#[test]
+fn episode_subsets_and_weights_download_only_their_segments_and_draw_as_weighted() {
+    use trajstore::sql::SnapshotSql;
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "subset", dir.path());
+    let snap = ds.snapshot().unwrap();
+    let total = transition_bytes(&snap);
+    let stream = Stream::open(&url, options(&s3, &dir.path().join("cache"), total / 4)).unwrap();
+    // A SQL subset, answered from the catalog: the local snapshot's answer.
+    let q = "SELECT episode_id FROM episodes WHERE episode_id % 97 < 3 AND length >= 16";
+    let ids = stream.episodes_where(q).unwrap();
+    assert_eq!(ids, snap.episodes_where(q).unwrap());
+    assert!(ids.len() >= 6, "{ids:?}");
+    let holding: Vec<&trajstore::store::manifest::SegmentEntry> = snap
+        .manifest()
+        .segments
+        .iter()
+        .filter(|s| {
+            ids.iter()
+                .any(|&i| (s.first_episode_id..s.first_episode_id + s.episodes).contains(&i))
+        })
+        .collect();
+    assert!(holding.len() * 3 < snap.segments().len(), "a subset of the segments");
+    let subset = SamplerSpec::uniform(16, 32)
+        .with_seed(2)
+        .with_episode_ids(ids.clone());
+    let mut loader = stream_loader(
+        &stream,
+        subset,
+        LoaderOptions::default().with_max_batches(120),
+    )
+    .unwrap();
+    let mut drawn = std::collections::BTreeSet::new();
+    for k in 0..120 {
+        let b = loader.next_batch().unwrap().unwrap();
+        for id in &b.episode_id {
+            assert!(ids.contains(id), "batch {k}: episode {id} is outside the subset");
+            drawn.insert(*id);
+        }
+        if k % 11 == 0 {
+            assert_same_batch(&b, &local_gather(&snap, &b), &format!("batch {k}"));
+        }
+    }
+    assert!(drawn.len() * 2 > ids.len(), "{drawn:?} of {ids:?}");
+    // Only the segments holding the subset were downloaded.
+    let st = loader.stats();
+    let held: u64 = holding.iter().map(|s| s.bytes).sum();
+    assert!(
+        st.bytes_downloaded > 0 && st.bytes_downloaded <= held,
+        "{st:?}: {held} B hold the subset"
+    );
+    drop(loader);
+
+    // Weights: 0 for even ids, 3 for ids ≡ 1 (mod 4), 1 for the others; the draws follow them
+    // (every batch from one window, windows apportioned by their weighted slices).
+    let eps = snap.episodes();
+    let factor = |id: u64| match id % 4 {
+        0 | 2 => 0.0,
+        1 => 3.0,
+        _ => 1.0,
+    };
+    let weights: Vec<f64> = (0..eps.len()).map(|p| factor(eps.get(p).episode_id)).collect();
+    let index = snap.slice_index(16, trajstore::BoundaryPolicy::Strict).unwrap();
+    let mass = |r: u64| -> f64 {
+        (0..eps.len())
+            .filter(|&p| eps.get(p).episode_id % 4 == r)
+            .map(|p| index.windows(p) as f64 * weights[p])
+            .sum()
+    };
+    let want = mass(1) / (mass(1) + mass(3));
+    let weighted = SamplerSpec::uniform(16, 32)
+        .with_seed(8)
+        .with_episode_weights(weights);
+    let stream = Stream::open(&url, {
+        let mut o = options(&s3, &dir.path().join("c2"), total / 4);
+        o.reuse = 8.0;
+        o
+    })
+    .unwrap();
+    let mut loader = stream_loader(&stream, weighted, LoaderOptions::default()).unwrap();
+    let (mut ones, mut threes) = (0u64, 0u64);
+    for _ in 0..600 {
+        let b = loader.next_batch().unwrap().unwrap();
+        for id in &b.episode_id {
+            match id % 4 {
+                1 => ones += 1,
+                3 => threes += 1,
+                _ => panic!("episode {id} has weight 0"),
+            }
+        }
+    }
+    let got = ones as f64 / (ones + threes) as f64;
+    assert!((got - want).abs() < 0.05, "share of weight-3 episodes {got}, expected {want}");
+
+    // Subsets are for the uniform sampler; an unknown id and an empty subset are refused.
+    let epoch = SamplerSpec::new(SamplerKind::Epoch, 16, 32).with_episode_ids(ids.clone());
+    let e = err_of(stream_loader(&stream, epoch, LoaderOptions::default()));
+    assert!(e.to_string().contains("uniform"), "{e}");
+    let unknown = SamplerSpec::uniform(16, 32).with_episode_ids(vec![u64::MAX - 1]);
+    let e = err_of(stream_loader(&stream, unknown, LoaderOptions::default()));
+    assert!(e.to_string().contains("not in this version"), "{e}");
+    let empty = SamplerSpec::uniform(16, 32).with_episode_ids(vec![]);
+    assert!(stream_loader(&stream, empty, LoaderOptions::default()).is_err());
 }
 
 #[test]

@@ -121,11 +121,21 @@ impl StreamPlan {
     ) -> Result<Self> {
         sampler.validate()?;
         stream_sampling(sampler.kind)?;
-        if sampler.episode_ids.is_some() || sampler.episode_weights.is_some() {
+        if (sampler.episode_ids.is_some() || sampler.episode_weights.is_some())
+            && sampler.kind != SamplerKind::Uniform
+        {
             return Err(Error::argument(
                 "episodes",
-                "episode subsets and weights are not supported by a streaming loader yet; \
-                 pull the dataset to sample a subset",
+                format!(
+                    "episode subsets and weights are supported by sampler='uniform' only, not '{}'",
+                    sampler.kind.name()
+                ),
+            ));
+        }
+        if sampler.episode_ids.as_ref().is_some_and(|i| i.is_empty()) {
+            return Err(Error::argument(
+                "episodes",
+                "the episode subset is empty: there is nothing to sample",
             ));
         }
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
@@ -175,6 +185,9 @@ struct Shared {
     columns: Vec<String>,
     frame_stack: Option<FrameStack>,
     slice: SamplerSpec,
+    /// With an episode subset or weights: the version's episodes, and each one's factor (its
+    /// weight, 0 outside the subset), for the windows' samplers.
+    factors: Option<(EpisodeIndex, Vec<f64>)>,
     sampling: StreamSampling,
     views: Mutex<HashMap<(u64, usize), Slot>>,
     /// The consumer's next batch, for the prefetcher.
@@ -246,12 +259,15 @@ impl StreamLoader {
             .map_or(manifest.next_episode_id, |s| s.first_episode_id);
         let index = EpisodeIndex::from_segments(first_id, tables.iter().map(|t| t.spans()));
         let slices = SliceIndex::build(&index, slice.slice_len, slice.policy)?;
+        let factors = episode_factors(slice, &index)?;
+        let masses = segment_masses(slice, &slices, &index, factors.as_deref(), tables)?;
         let mut at = 0usize;
         let costs: Vec<SegmentCost> = manifest
             .segments
             .iter()
             .zip(tables)
-            .map(|(e, t)| {
+            .enumerate()
+            .map(|(i, (e, t))| {
                 let n = t.spans().1.len();
                 let end = |p: usize| {
                     if p >= slices.num_episodes() {
@@ -263,7 +279,7 @@ impl StreamLoader {
                 let c = SegmentCost {
                     bytes: e.bytes,
                     rows: e.rows,
-                    slices: end(at + n) - end(at),
+                    slices: masses.as_ref().map_or(end(at + n) - end(at), |m| m[i]),
                 };
                 at += n;
                 c
@@ -322,6 +338,7 @@ impl StreamLoader {
             columns: columns.clone(),
             frame_stack: plan.frame_stack,
             slice: slice.clone(),
+            factors: factors.map(|f| (index, f)),
             sampling,
             views: Mutex::new(HashMap::new()),
             position: Mutex::new(start),
@@ -513,6 +530,20 @@ impl Shared {
             StreamSampling::Uniform => {
                 let mut o = self.slice.clone();
                 o.seed = seed;
+                o.episode_ids = None;
+                if let Some((version, factors)) = &self.factors {
+                    // The window's episodes, by their ids, with their factors in the version.
+                    let eps = snap.episodes();
+                    o.episode_weights = Some(
+                        (0..eps.len())
+                            .map(|q| {
+                                version
+                                    .position(eps.get(q).episode_id)
+                                    .map_or(0.0, |p| factors[p])
+                            })
+                            .collect(),
+                    );
+                }
                 Box::new(SliceSampler::try_new(index, snap.episodes(), &o)?)
             }
             StreamSampling::Epoch => Box::new(EpochSampler::windows(
@@ -532,6 +563,117 @@ impl Shared {
         *slot = Some(view.clone());
         Ok(view)
     }
+}
+
+/// Per episode of the version (by position), the factor that `spec`'s subset and weights give
+/// it (its weight; 0 outside the subset), or `None` when it has neither. Ids and weights are
+/// checked as a local sampler checks them, against the version.
+fn episode_factors(spec: &SamplerSpec, episodes: &EpisodeIndex) -> Result<Option<Vec<f64>>> {
+    if spec.episode_ids.is_none() && spec.episode_weights.is_none() {
+        return Ok(None);
+    }
+    let n = episodes.len();
+    let mut factors = match &spec.episode_weights {
+        Some(w) if w.len() != n => {
+            return Err(Error::argument(
+                "episode_weights",
+                format!(
+                    "{} episode weights for the {n} episodes of the version",
+                    w.len()
+                ),
+            ));
+        }
+        Some(w) => {
+            if let Some((e, x)) = w
+                .iter()
+                .enumerate()
+                .find(|(_, x)| !(x.is_finite() && **x >= 0.0))
+            {
+                return Err(Error::argument(
+                    "episode_weights",
+                    format!("episode weight {x} at position {e}: must be a finite number >= 0"),
+                ));
+            }
+            w.clone()
+        }
+        None => vec![1.0; n],
+    };
+    if let Some(ids) = &spec.episode_ids {
+        let mut keep = vec![false; n];
+        for &id in ids {
+            match episodes.position(id) {
+                Some(p) => keep[p] = true,
+                None => {
+                    return Err(Error::argument(
+                        "episode_ids",
+                        format!("episode id {id} is not in this version"),
+                    ));
+                }
+            }
+        }
+        for (f, k) in factors.iter_mut().zip(keep) {
+            if !k {
+                *f = 0.0;
+            }
+        }
+    }
+    Ok(Some(factors))
+}
+
+/// What the schedule deals and apportions per segment when draws are not uniform over slices
+/// (episode weighting, a subset, weights): the segment's share of the draws, `Σ base × factor`
+/// over its episodes (`base` is an episode's slices, or 1 per episode with a slice under
+/// [`crate::Weighting::Episodes`]), scaled so that the version's total is its number of slices,
+/// and at least 1 where positive. A segment of mass 0 is never downloaded. `None`: slices.
+fn segment_masses(
+    spec: &SamplerSpec,
+    slices: &SliceIndex,
+    episodes: &EpisodeIndex,
+    factors: Option<&[f64]>,
+    tables: &[crate::store::EpisodeTable],
+) -> Result<Option<Vec<u64>>> {
+    if spec.kind != SamplerKind::Uniform
+        || (factors.is_none() && spec.weighting == crate::Weighting::Windows)
+    {
+        return Ok(None);
+    }
+    let per_episode = |e: usize| -> f64 {
+        let w = slices.windows(e);
+        let base = match spec.weighting {
+            crate::Weighting::Windows => w as f64,
+            crate::Weighting::Episodes => (w > 0) as u8 as f64,
+        };
+        base * factors.map_or(1.0, |f| f[e])
+    };
+    let mut at = 0usize;
+    let raw: Vec<f64> = tables
+        .iter()
+        .map(|t| {
+            let n = t.spans().1.len().min(episodes.len() - at);
+            let m = (at..at + n).map(per_episode).sum();
+            at += n;
+            m
+        })
+        .collect();
+    let total: f64 = raw.iter().sum();
+    if !(total > 0.0) {
+        return Err(Error::invalid_argument(format!(
+            "no episode of the subset has a slice of {} steps",
+            spec.slice_len
+        )));
+    }
+    let scale = slices.num_windows() as f64 / total;
+    Ok(Some(
+        raw.iter()
+            .map(|&m| {
+                if m > 0.0 {
+                    ((m * scale).round() as u64).max(1)
+                } else {
+                    0
+                }
+            })
+            .collect(),
+    ))
 }
 
 /// Bytes of one step of `columns` as gathered (checking that they exist: `next_observation` may

@@ -82,14 +82,18 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
         .with_context(|| format!("cannot open {url} for streaming"))?;
     let opened = t0.elapsed().as_secs_f64();
     let kind: SamplerKind = a.sampling.parse()?;
-    let sampler = SamplerSpec::new(kind, a.s.slice_len, a.s.num_slices)
+    let mut sampler = SamplerSpec::new(kind, a.s.slice_len, a.s.num_slices)
         .with_policy(a.s.policy)
         .with_weighting(a.s.weighting)
         .with_seed(a.s.seed);
-    if a.s.episodes.is_some() {
-        bail!(
-            "--episodes is not supported with --cache-limit yet; pull the dataset to sample a subset"
-        );
+    if let Some(q) = &a.s.episodes {
+        // From the catalog (and ranged reads of `transitions`): only the segments holding the
+        // subset's episodes are downloaded.
+        let ids = stream
+            .episodes_where(q)
+            .map_err(crate::output::one_line)
+            .with_context(|| format!("the --episodes query failed: {q}"))?;
+        sampler = sampler.with_episode_ids(ids);
     }
     let mut opts = LoaderOptions::default().with_workers(a.workers);
     let batches = match (a.batches, kind) {
