@@ -12,8 +12,9 @@ a second copy, which measures the cache without an HTTP server's costs), then, i
 3. **stream, a quarter cached**: ``cache_limit=bytes/4``, ``reuse`` 4 (the default) and 16,
    each from an empty cache: batches/s while it downloads and rotates windows, against the local
    loader and against the warm whole-version stream;
-4. **ranks**: for W in 1, 2, 4, W processes (ranks 0..W-1 of a world of W, ``sampler="epoch"``,
-   each with its own cache of a quarter of the dataset) run one epoch at once; the bytes they
+4. **ranks**: for W in 1, 2, 4, W processes on this one node (ranks 0..W-1 of a world of W,
+   ``sampler="epoch"``, one cache directory with ``ranks_per_node=W`` and a node limit of W
+   quarters of the dataset, so a quarter per rank) run one epoch at once; the bytes they
    downloaded together, against the dataset's transition bytes.
 
 Prints one JSON object. Run with a release build of the extension (``maturin develop
@@ -41,14 +42,16 @@ RANK = r"""
 import json, sys, time
 import trajstore
 url, limit, cache, rank, world, slice_len, num_slices = sys.argv[1:8]
-ds = trajstore.open(url, cache_limit=int(limit), cache_dir=cache)
+# One node: the W ranks share the cache directory and the node's limit (W x a quarter).
+ds = trajstore.open(url, cache_limit=int(limit), cache_dir=cache, ranks_per_node=int(world))
 loader = ds.loader(slice_len=int(slice_len), num_slices=int(num_slices), sampler="epoch", seed=1,
                    rank=int(rank), world_size=int(world), backend="numpy")
 t = time.perf_counter()
 n = sum(1 for _ in loader)
 s = loader.stream_stats()
 print(json.dumps({"rank": int(rank), "batches": n, "seconds": time.perf_counter() - t,
-                  "bytes_downloaded": s["bytes_downloaded"], "peak_cache_bytes": s["peak_cache_bytes"]}))
+                  "bytes_downloaded": s["bytes_downloaded"], "peak_cache_bytes": s["peak_cache_bytes"],
+                  "files_shared": s["files_shared"]}))
 """
 
 
@@ -161,7 +164,7 @@ def main() -> None:
             t = time.perf_counter()
             procs = [
                 subprocess.Popen(
-                    [sys.executable, "-c", RANK, url, str(limit), root, str(r), str(w),
+                    [sys.executable, "-c", RANK, url, str(w * limit), root, str(r), str(w),
                      str(a.slice_len), str(a.num_slices)],
                     stdout=subprocess.PIPE, text=True,
                 )
@@ -174,6 +177,7 @@ def main() -> None:
                 "world_size": w, "wall_s": wall, "batches_per_rank": [x["batches"] for x in res],
                 "bytes_downloaded": got, "vs_dataset": got / total,
                 "peak_cache_bytes": [x["peak_cache_bytes"] for x in res],
+                "files_shared": [x["files_shared"] for x in res],
             })
         out["ranks"] = ranks
         print(json.dumps(out, indent=1))
