@@ -17,6 +17,9 @@ a second copy, which measures the cache without an HTTP server's costs), then, i
    quarters of the dataset, so a quarter per rank) run one epoch at once; the bytes they
    downloaded together, against the dataset's transition bytes.
 
+5. with ``--lance-python``, Lance (``scripts/peer_lance_stream.py``): the same transitions written
+   as a Lance dataset to the same server, batches of the same shape read with ``take``.
+
 Prints one JSON object. Run with a release build of the extension (``maturin develop
 --release``, or ``cargo build --release -p trajstore-python`` linked as
 ``python/trajstore/_native.abi3.so``) and the ``trajstore`` binary (``--bin``):
@@ -85,6 +88,8 @@ def main() -> None:
     ap.add_argument("--store", choices=["s3", "file"], default="s3")
     ap.add_argument("--moto-python", default=os.environ.get("TRAJSTORE_PYTHON", sys.executable))
     ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--lance-python", default=None,
+                    help="a Python with pylance: also run scripts/peer_lance_stream.py on the same server")
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
     a = ap.parse_args()
     import trajstore
@@ -180,6 +185,16 @@ def main() -> None:
                 "files_shared": [x["files_shared"] for x in res],
             })
         out["ranks"] = ranks
+        if a.lance_python and a.store == "s3":
+            peer = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_lance_stream.py")
+            r = subprocess.run(
+                [a.lance_python, peer, local, "s3://bench/lance", "--slice-len", str(a.slice_len),
+                 "--num-slices", str(a.num_slices), "--batches", str(max(10, a.batches // 10))],
+                check=True, capture_output=True, text=True,
+            )
+            lance_r = json.loads(r.stdout.strip().splitlines()[-1])
+            lance_r["vs_stream_quarter_reuse4"] = lance_r["batches_per_s"] / out["quarter_reuse4"]["batches_per_s"]
+            out["lance"] = lance_r
         print(json.dumps(out, indent=1))
     finally:
         if server is not None:
