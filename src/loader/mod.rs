@@ -147,7 +147,11 @@ impl BatchSource {
                 stream,
                 sampler,
                 spec.columns,
-                ((spec.rank, spec.world_size), spec.frame_stack),
+                (
+                    (spec.rank, spec.world_size),
+                    spec.frame_stack,
+                    spec.stream_follow,
+                ),
             )?;
             return Ok(Self(Src::Streamed(Arc::new(plan))));
         }
@@ -271,6 +275,36 @@ impl BatchSource {
             #[cfg(feature = "remote")]
             Src::Streamed(_) => true,
         }
+    }
+
+    /// For a streamed source: the version its loaders read now and the batch number where that
+    /// version began (0, and the opened version, until a following loader moves on). With the
+    /// next batch's number, what a following stream's state needs.
+    #[cfg(feature = "remote")]
+    pub fn stream_cursor(&self) -> Option<(u64, u64)> {
+        let p = self.streamed()?;
+        let c = p.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        Some((c.stream.catalog().version(), c.base))
+    }
+
+    /// Puts a following streamed source back at `version`, begun at batch `base` (from
+    /// [`BatchSource::stream_cursor`], as a restart does): opens that version's catalog. Its
+    /// next loaders continue there, and move on at the next round boundary.
+    #[cfg(feature = "remote")]
+    pub fn set_stream_cursor(&self, version: u64, base: u64) -> Result<()> {
+        let p = self.streamed().ok_or_else(|| {
+            crate::Error::argument("source", "this source's datasets are local, not streamed")
+        })?;
+        let now = p.cursor.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if now.stream.catalog().version() == version {
+            p.cursor.lock().unwrap_or_else(|e| e.into_inner()).base = base;
+            return Ok(());
+        }
+        let mut o = now.stream.options().clone();
+        o.version = Some(version);
+        let stream = crate::remote::Stream::open(now.stream.url(), o)?;
+        *p.cursor.lock().unwrap_or_else(|e| e.into_inner()) = stream::Cursor { stream, base };
+        Ok(())
     }
 
     /// The sampler and gatherer of batch `k`'s generation (`None` for a streamed source, whose

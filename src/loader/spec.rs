@@ -129,6 +129,9 @@ pub struct LoaderSpec {
     pub(crate) frame_stack: Option<FrameStack>,
     #[cfg(feature = "remote")]
     pub(crate) streamed: Option<(Stream, SamplerSpec)>,
+    /// A streamed dataset's loaders move to its newer versions at round boundaries.
+    #[cfg(feature = "remote")]
+    pub(crate) stream_follow: bool,
 }
 
 impl Default for LoaderSpec {
@@ -144,6 +147,8 @@ impl Default for LoaderSpec {
             frame_stack: None,
             #[cfg(feature = "remote")]
             streamed: None,
+            #[cfg(feature = "remote")]
+            stream_follow: false,
         }
     }
 }
@@ -180,8 +185,14 @@ impl LoaderSpec {
         });
         self
     }
-    /// Follows the last added dataset's new versions.
+    /// Follows the last added dataset's new versions. For a streamed dataset
+    /// ([`LoaderSpec::streamed`], one rank), the loader looks for a newer version at the end of
+    /// every round (see [`super::StreamLoader`]); `f`'s period is not used.
     pub fn follow(mut self, f: Follow) -> Self {
+        #[cfg(feature = "remote")]
+        if self.streamed.is_some() {
+            self.stream_follow = true;
+        }
         if let Some(p) = self.parts.last_mut() {
             p.follow = Some(f);
         }

@@ -118,6 +118,11 @@ impl Stream {
         })))
     }
 
+    /// The URL it was opened from.
+    pub fn url(&self) -> &str {
+        self.0.remote.url()
+    }
+
     /// The version's catalog.
     pub fn catalog(&self) -> &Catalog {
         &self.0.catalog

@@ -15,8 +15,8 @@ use crate::common::s3::S3Server;
 use crate::common::{TestData, assert_invalid_argument, err_of};
 use trajstore::remote::{Stream, StreamOptions};
 use trajstore::{
-    Batch, BatchSource, Dataset, EpochSampler, Gatherer, LoaderOptions, LoaderSpec, Sampler,
-    SamplerKind, SamplerSpec, SliceRef, SliceSampler, Snapshot, StreamLoader,
+    Batch, BatchSource, Dataset, EpochSampler, Follow, Gatherer, LoaderOptions, LoaderSpec,
+    Sampler, SamplerKind, SamplerSpec, SliceRef, SliceSampler, Snapshot, StreamLoader,
 };
 
 const COLUMNS: [&str; 3] = ["observation", "action", "reward"];
@@ -359,7 +359,10 @@ fn episode_subsets_and_weights_download_only_their_segments_and_draw_as_weighted
                 .any(|&i| (s.first_episode_id..s.first_episode_id + s.episodes).contains(&i))
         })
         .collect();
-    assert!(holding.len() * 3 < snap.segments().len(), "a subset of the segments");
+    assert!(
+        holding.len() * 3 < snap.segments().len(),
+        "a subset of the segments"
+    );
     let subset = SamplerSpec::uniform(16, 32)
         .with_seed(2)
         .with_episode_ids(ids.clone());
@@ -373,7 +376,10 @@ fn episode_subsets_and_weights_download_only_their_segments_and_draw_as_weighted
     for k in 0..120 {
         let b = loader.next_batch().unwrap().unwrap();
         for id in &b.episode_id {
-            assert!(ids.contains(id), "batch {k}: episode {id} is outside the subset");
+            assert!(
+                ids.contains(id),
+                "batch {k}: episode {id} is outside the subset"
+            );
             drawn.insert(*id);
         }
         if k % 11 == 0 {
@@ -398,8 +404,12 @@ fn episode_subsets_and_weights_download_only_their_segments_and_draw_as_weighted
         1 => 3.0,
         _ => 1.0,
     };
-    let weights: Vec<f64> = (0..eps.len()).map(|p| factor(eps.get(p).episode_id)).collect();
-    let index = snap.slice_index(16, trajstore::BoundaryPolicy::Strict).unwrap();
+    let weights: Vec<f64> = (0..eps.len())
+        .map(|p| factor(eps.get(p).episode_id))
+        .collect();
+    let index = snap
+        .slice_index(16, trajstore::BoundaryPolicy::Strict)
+        .unwrap();
     let mass = |r: u64| -> f64 {
         (0..eps.len())
             .filter(|&p| eps.get(p).episode_id % 4 == r)
@@ -429,7 +439,10 @@ fn episode_subsets_and_weights_download_only_their_segments_and_draw_as_weighted
         }
     }
     let got = ones as f64 / (ones + threes) as f64;
-    assert!((got - want).abs() < 0.05, "share of weight-3 episodes {got}, expected {want}");
+    assert!(
+        (got - want).abs() < 0.05,
+        "share of weight-3 episodes {got}, expected {want}"
+    );
 
     // Subsets are for the uniform sampler; an unknown id and an empty subset are refused.
     let epoch = SamplerSpec::new(SamplerKind::Epoch, 16, 32).with_episode_ids(ids.clone());
@@ -440,6 +453,78 @@ fn episode_subsets_and_weights_download_only_their_segments_and_draw_as_weighted
     assert!(e.to_string().contains("not in this version"), "{e}");
     let empty = SamplerSpec::uniform(16, 32).with_episode_ids(vec![]);
     assert!(stream_loader(&stream, empty, LoaderOptions::default()).is_err());
+}
+
+#[test]
+fn a_following_stream_moves_to_a_version_committed_after_it_started_and_resumes_there() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, ds) = pushed(&s3, "follow", dir.path());
+    let before = ds.snapshot().unwrap();
+    let old_ids = before.manifest().next_episode_id;
+    // Short rounds: the whole version cached (one window) and rounds of 16 batches.
+    let mut o = options(&s3, &dir.path().join("cache"), 1 << 30);
+    o.reuse = 0.1;
+    let stream = Stream::open(&url, o).unwrap();
+    let slice = SamplerSpec::uniform(16, 32).with_seed(3);
+    let spec =
+        || LoaderSpec::streamed(stream.clone(), slice.clone(), &COLUMNS).follow(Follow::default());
+    let source = BatchSource::open(spec()).unwrap();
+    let mut loader = StreamLoader::new(&source, LoaderOptions::default()).unwrap();
+    let mut drawn: Vec<Batch> = vec![];
+    for _ in 0..20 {
+        let b = loader.next_batch().unwrap().unwrap();
+        assert!(b.episode_id.iter().all(|&id| id < old_ids));
+        drawn.push(b);
+    }
+    assert_eq!(source.stream_cursor(), Some((before.version(), 0)));
+    // A collector commits new episodes and pushes them.
+    TestData::new()
+        .seed(9)
+        .obs_dim(8)
+        .episodes([60u64; 40])
+        .append_to(&ds);
+    s3.remote(&url).push(&ds).unwrap();
+    let after = ds.snapshot().unwrap();
+    assert!(after.version() > before.version());
+    let mut moved_at = None;
+    while drawn.len() < 80 {
+        let k = drawn.len() as u64;
+        let b = loader.next_batch().unwrap().unwrap();
+        if moved_at.is_none() && b.episode_id.iter().any(|&id| id >= old_ids) {
+            moved_at = Some(k);
+        }
+        drawn.push(b);
+    }
+    let (version, base) = source.stream_cursor().unwrap();
+    assert_eq!(version, after.version());
+    assert!(
+        base >= 20 && base <= 48 && base % 16 == 0,
+        "moved at batch {base}, a round boundary after the commit"
+    );
+    assert!(
+        moved_at.is_some_and(|k| k >= base),
+        "{moved_at:?}, base {base}"
+    );
+    assert_eq!(loader.follow_refreshes(), 1);
+    // Every batch of the new version reads the new snapshot's rows.
+    for (k, b) in drawn.iter().enumerate().skip(base as usize).step_by(7) {
+        assert_same_batch(b, &local_gather(&after, b), &format!("batch {k}"));
+    }
+    drop(loader);
+    // A restart from (version, base, batch) draws the same batches.
+    let again = BatchSource::open(spec()).unwrap();
+    again.set_stream_cursor(version, base).unwrap();
+    let k = base + 5;
+    let mut resumed = StreamLoader::new(&again, LoaderOptions::default().with_start(k)).unwrap();
+    for j in k..k + 10 {
+        let b = resumed.next_batch().unwrap().unwrap();
+        assert_same_batch(&b, &drawn[j as usize], &format!("resumed batch {j}"));
+    }
+    drop(resumed);
+    // Following needs one rank.
+    let e = err_of(BatchSource::open(spec().with_rank(0, 2)));
+    assert!(e.to_string().contains("one rank"), "{e}");
 }
 
 #[test]

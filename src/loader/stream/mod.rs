@@ -65,8 +65,11 @@ use crate::store::manifest::Manifest;
 use crate::store::{Catalog, Snapshot};
 
 mod cache;
+mod loader;
 mod schedule;
 mod subset;
+
+pub use loader::StreamLoader;
 
 use cache::{Cache, CachedFile, Pins};
 use schedule::StreamSampling;
@@ -102,13 +105,25 @@ pub struct StreamStats {
     pub wait_seconds: f64,
 }
 
-/// What a streamed [`BatchSource`] holds: the stream, its sampler, columns and rank.
+/// What a streamed [`BatchSource`] holds: the stream, its sampler, columns and rank, whether
+/// its loaders follow new versions, and (shared by every loader of the source) the version
+/// they read and the batch number where it began.
 pub(crate) struct StreamPlan {
     pub(crate) stream: Stream,
     pub(crate) sampler: SamplerSpec,
     pub(crate) columns: Vec<String>,
     pub(crate) rank_world: (u64, u64),
     pub(crate) frame_stack: Option<FrameStack>,
+    pub(crate) follow: bool,
+    pub(crate) cursor: Mutex<Cursor>,
+}
+
+/// The version a following stream reads, and its first batch (batch `k` of the loader is batch
+/// `k - base` of that version's schedule).
+#[derive(Clone)]
+pub(crate) struct Cursor {
+    pub(crate) stream: Stream,
+    pub(crate) base: u64,
 }
 
 impl StreamPlan {
@@ -118,10 +133,28 @@ impl StreamPlan {
         stream: Stream,
         sampler: SamplerSpec,
         columns: Vec<String>,
-        (rank_world, frame_stack): ((u64, u64), Option<FrameStack>),
+        (rank_world, frame_stack, follow): ((u64, u64), Option<FrameStack>, bool),
     ) -> Result<Self> {
         sampler.validate()?;
         stream_sampling(sampler.kind)?;
+        if follow && rank_world.1 > 1 {
+            return Err(Error::argument(
+                "follow",
+                format!(
+                    "following a stream's new versions needs one rank, not {}: each rank would \
+                     decide on its own when to move to a new version, and ranks must agree on \
+                     every round's version to draw disjoint shares in step",
+                    rank_world.1
+                ),
+            ));
+        }
+        if follow && sampler.episode_weights.is_some() {
+            return Err(Error::argument(
+                "episode_weights",
+                "episode weights are per episode of one version: a following stream takes an \
+                 episode subset by ids instead",
+            ));
+        }
         if (sampler.episode_ids.is_some() || sampler.episode_weights.is_some())
             && sampler.kind != SamplerKind::Uniform
         {
@@ -142,11 +175,16 @@ impl StreamPlan {
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
         step_bytes(stream.catalog(), &cols, frame_stack)?;
         Ok(Self {
+            cursor: Mutex::new(Cursor {
+                stream: stream.clone(),
+                base: 0,
+            }),
             stream,
             sampler,
             columns,
             rank_world,
             frame_stack,
+            follow,
         })
     }
 }
@@ -202,39 +240,33 @@ struct Shared {
     windows_opened: AtomicU64,
 }
 
-/// Yields the batches of a [`Stream`] in order (see the module docs), as `Result`s: a download
-/// that fails (a damaged or missing object, a store that cannot be reached) is an error naming
-/// the object, at the batch that needed it. Dropping the loader stops its workers and
-/// prefetcher; downloads in flight are resumed by the next loader of the same rank.
-pub struct StreamLoader {
+/// The batches of one version of a stream, numbered from 0 (see the module docs): the workers,
+/// the prefetcher and the cache of a [`StreamLoader`] until it moves to a newer version.
+/// Dropping it stops its workers and prefetcher; downloads in flight are resumed by the next
+/// run over the same rank's cache.
+pub(crate) struct Run {
     pipeline: Pipeline<Result<Batch>>,
     shared: Arc<Shared>,
     prefetcher: Option<JoinHandle<()>>,
-    pool: Recycler,
 }
 
-impl std::fmt::Debug for StreamLoader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamLoader")
-            .field("next", &self.pipeline.next)
-            .finish_non_exhaustive()
-    }
-}
-
-impl StreamLoader {
-    /// Starts a loader of a streamed `source` ([`super::LoaderSpec::streamed`]) for its rank,
-    /// from the rank's batch `opts.start` (default 0). Uniform sampling is endless (or
-    /// `max_batches`); epoch sampling stops at the end of the epoch it starts in. Errors with
-    /// [`Error::InvalidArgument`] for a source of local datasets (use `Loader::new`).
-    pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
-        let plan = source.streamed().ok_or_else(|| {
-            Error::argument(
-                "source",
-                "a StreamLoader reads a streamed source (LoaderSpec::streamed); this source's \
-                 datasets are local: use Loader::new",
-            )
-        })?;
-        let (stream, slice, columns) = (&plan.stream.0, &plan.sampler, &plan.columns);
+impl Run {
+    /// Starts the batches of `stream` (a version of `plan`'s dataset), sampled with `seed`,
+    /// from its batch `opts.start` (default 0), handing batches back to `pool`. It ends at
+    /// `max_batches`, at the end of the epoch it starts in (epoch sampling), or with
+    /// `round_end`, at the end of the round it starts in (a following loader then looks for a
+    /// newer version); else never.
+    pub(crate) fn start(
+        plan: &StreamPlan,
+        stream: &Stream,
+        seed: u64,
+        opts: LoaderOptions,
+        round_end: bool,
+        pool: Recycler,
+    ) -> Result<Self> {
+        let mut slice = plan.sampler.clone();
+        slice.seed = seed;
+        let (stream, slice, columns) = (&stream.0, &slice, &plan.columns);
         let (rank, world_size) = plan.rank_world;
         let sampling = stream_sampling(slice.kind)?;
         let in_flight = (opts.workers.max(1) + opts.prefetch.max(1)) as u64;
@@ -325,10 +357,11 @@ impl StreamLoader {
             files,
             stream.rank_cache_limit(),
         )?;
-        let end = match (opts.max_batches, sampling) {
-            (Some(n), _) => Some(start.saturating_add(n)),
-            (None, StreamSampling::Epoch) => Some(schedule.round_end(start)),
-            (None, StreamSampling::Uniform) => None,
+        let round =
+            (round_end || sampling == StreamSampling::Epoch).then(|| schedule.round_end(start));
+        let end = match (opts.max_batches.map(|n| start.saturating_add(n)), round) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         let shared = Arc::new(Shared {
             cache,
@@ -363,7 +396,6 @@ impl StreamLoader {
                 .spawn(move || prefetch_loop(&s))
                 .map_err(|e| Error::io(&stream.mirror, e))?
         };
-        let pool = Recycler::default();
         let pipeline =
             Pipeline::start(opts.workers, opts.prefetch, start, end, "stream", |_lane| {
                 let (shared, pool) = (shared.clone(), pool.clone());
@@ -382,12 +414,11 @@ impl StreamLoader {
             pipeline,
             shared,
             prefetcher: Some(prefetcher),
-            pool,
         })
     }
 
     /// The next batch, blocking until it is ready; `None` at the end.
-    pub fn next_batch(&mut self) -> Option<Result<Batch>> {
+    pub(crate) fn next_batch(&mut self) -> Option<Result<Batch>> {
         let item = self.pipeline.next_item()?;
         let pos = self.pipeline.position();
         *self
@@ -412,24 +443,18 @@ impl StreamLoader {
         Some(item)
     }
 
-    /// The number of the batch [`StreamLoader::next_batch`] returns next.
-    pub fn position(&self) -> u64 {
+    /// The number of the batch [`Run::next_batch`] returns next.
+    pub(crate) fn position(&self) -> u64 {
         self.pipeline.position()
     }
 
-    /// Hands a consumed batch back so a worker reuses its buffers.
-    pub fn recycle(&self, batch: Batch) {
-        self.pool.recycle(batch);
-    }
-
-    /// A handle that hands batches back from anywhere (e.g. when the last view of a batch
-    /// exported to Python is freed).
-    pub fn recycler(&self) -> Recycler {
-        self.pool.clone()
+    /// Whether batch `k` is the first of a round.
+    pub(crate) fn is_round_start(&self, k: u64) -> bool {
+        self.shared.schedule.is_round_start(k)
     }
 
     /// What was downloaded and held so far.
-    pub fn stats(&self) -> StreamStats {
+    pub(crate) fn stats(&self) -> StreamStats {
         let c = self.shared.cache.counters();
         StreamStats {
             files_downloaded: c.files_downloaded.load(Relaxed),
@@ -445,8 +470,8 @@ impl StreamLoader {
         }
     }
 
-    /// The episode ids of the segments that the rank's batch `k` is drawn from: its window.
-    pub fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
+    /// The episode ids of the segments that the run's batch `k` is drawn from: its window.
+    pub(crate) fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
         let (w, _) = self.shared.schedule.locate(k);
         w.segments
             .iter()
@@ -458,14 +483,7 @@ impl StreamLoader {
     }
 }
 
-impl Iterator for StreamLoader {
-    type Item = Result<Batch>;
-    fn next(&mut self) -> Option<Result<Batch>> {
-        self.next_batch()
-    }
-}
-
-impl Drop for StreamLoader {
+impl Drop for Run {
     fn drop(&mut self) {
         self.shared.stop.store(true, Relaxed);
         self.shared.moved.notify_all();

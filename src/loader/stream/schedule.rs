@@ -210,6 +210,11 @@ impl Schedule {
         self.spec.cache_limit
     }
 
+    /// Whether batch `k` is the first batch of a round.
+    pub(crate) fn is_round_start(&self, k: u64) -> bool {
+        self.round_of(k).first == k
+    }
+
     /// One past the rank's last batch of the round that batch `k` falls in.
     pub(crate) fn round_end(&self, k: u64) -> u64 {
         self.round_of(k).end()

@@ -9,7 +9,10 @@ use crate::sample::{SamplerKind, SamplerSpec};
 /// Per episode of the version (by position), the factor that `spec`'s subset and weights give
 /// it (its weight; 0 outside the subset), or `None` when it has neither. Ids and weights are
 /// checked as a local sampler checks them, against the version.
-pub(super) fn episode_factors(spec: &SamplerSpec, episodes: &EpisodeIndex) -> Result<Option<Vec<f64>>> {
+pub(super) fn episode_factors(
+    spec: &SamplerSpec,
+    episodes: &EpisodeIndex,
+) -> Result<Option<Vec<f64>>> {
     if spec.episode_ids.is_none() && spec.episode_weights.is_none() {
         return Ok(None);
     }

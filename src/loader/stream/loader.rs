@@ -1,0 +1,235 @@
+//! [`StreamLoader`]: the batches of a streamed source, one [`Run`] per version it reads. A
+//! loader that follows (`LoaderSpec::follow`) ends each run at a round boundary, looks for a
+//! newer version in the store, and starts the next run there: on the newer version (numbered
+//! from the batch where it begins) or on the same one.
+
+use super::{BatchSource, Cursor, LoaderOptions, Recycler, Run, StreamPlan, StreamStats, mix};
+use crate::error::{Error, Result};
+use crate::gather::Batch;
+use crate::remote::Stream;
+
+/// Yields the batches of a [`Stream`] in order (see the module docs), as `Result`s: a download
+/// that fails (a damaged or missing object, a store that cannot be reached) is an error naming
+/// the object, at the batch that needed it. Dropping the loader stops its workers and
+/// prefetcher; downloads in flight are resumed by the next loader of the same rank.
+///
+/// **Following** (`LoaderSpec::streamed(..).follow(..)`, one rank): at the end of every round
+/// (an epoch, for epoch sampling) the loader reads the store's newest manifest; when it is newer,
+/// the next batches are drawn from it by its own schedule, numbered from the batch where it
+/// began (its *base*; [`BatchSource::stream_cursor`]) and sampled with a seed derived from the
+/// base, so that they are a pure function of (seed, version, base, batch number). The files
+/// the new version shares with the old one stay in the cache. The round boundary costs a
+/// pipeline restart (the prefetcher does not fetch past a round before the version of the next
+/// is known). A look that fails (the store unreachable) keeps the version and is retried at the
+/// next boundary ([`StreamLoader::follow_failures`]).
+pub struct StreamLoader {
+    run: Option<Run>,
+    source: BatchSource,
+    opts: LoaderOptions,
+    /// One past the last batch (`max_batches`), if any.
+    end: Option<u64>,
+    pool: Recycler,
+    refreshes: u64,
+    failures: u64,
+}
+
+impl std::fmt::Debug for StreamLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamLoader")
+            .field("position", &self.position())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamLoader {
+    /// Starts a loader of a streamed `source` ([`super::super::LoaderSpec::streamed`]) for its
+    /// rank, from the rank's batch `opts.start` (default 0). Uniform sampling is endless (or
+    /// `max_batches`); epoch sampling stops at the end of the epoch it starts in. Errors with
+    /// [`Error::InvalidArgument`] for a source of local datasets (use `Loader::new`).
+    pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
+        let plan = plan_of(source)?;
+        let start = opts.start.unwrap_or(0);
+        let end = opts.max_batches.map(|n| start.saturating_add(n));
+        let mut me = Self {
+            run: None,
+            source: source.clone(),
+            opts,
+            end,
+            pool: Recycler::default(),
+            refreshes: 0,
+            failures: 0,
+        };
+        let cursor = plan
+            .cursor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if start < cursor.base {
+            return Err(Error::argument(
+                "start",
+                format!(
+                    "batch {start} comes before batch {}, where version {} of the stream began \
+                     (a following loader continues forward only)",
+                    cursor.base,
+                    cursor.stream.catalog().version()
+                ),
+            ));
+        }
+        let run = me.start_run(plan, &cursor, start)?;
+        // A following loader that starts at a round boundary after its version began (the
+        // next iteration of an epoch sampler, a restart) looks for a newer version there too.
+        if plan.follow && start > cursor.base && run.is_round_start(start - cursor.base) {
+            drop(run);
+            let cursor = me.look(plan, start);
+            me.run = Some(me.start_run(plan, &cursor, start)?);
+        } else {
+            me.run = Some(run);
+        }
+        Ok(me)
+    }
+
+    /// A run of `cursor`'s version from the loader's batch `start`.
+    fn start_run(&self, plan: &StreamPlan, cursor: &Cursor, start: u64) -> Result<Run> {
+        let mut o = self.opts.clone();
+        o.start = Some(start - cursor.base);
+        o.max_batches = self.end.map(|e| e.saturating_sub(start));
+        Run::start(
+            plan,
+            &cursor.stream,
+            seed_at(plan.sampler.seed, cursor.base),
+            o,
+            plan.follow,
+            self.pool.clone(),
+        )
+    }
+
+    /// The next batch, blocking until it is ready; `None` at the end.
+    pub fn next_batch(&mut self) -> Option<Result<Batch>> {
+        loop {
+            let run = self.run.as_mut()?;
+            if let Some(item) = run.next_batch() {
+                return Some(item);
+            }
+            // The run ended: at `max_batches`, at an epoch's end, or (following) at a round's.
+            let source = self.source.clone();
+            let plan = plan_of(&source).ok()?;
+            let position = StreamLoader::position(self);
+            if !plan.follow
+                || self.end.is_some_and(|e| position >= e)
+                || plan.sampler.kind == crate::SamplerKind::Epoch
+            {
+                return None;
+            }
+            // Drop the run first: the next one opens the same rank's cache.
+            self.run = None;
+            let cursor = self.look(plan, position);
+            match self.start_run(plan, &cursor, position) {
+                Ok(run) => self.run = Some(run),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// At batch `position`, a round boundary: the newest version of the store if it is newer
+    /// than the cursor's (the cursor then moves to it, from `position`), else the cursor.
+    fn look(&mut self, plan: &StreamPlan, position: u64) -> Cursor {
+        let cursor = plan
+            .cursor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut o = cursor.stream.options().clone();
+        o.version = None;
+        match Stream::open(cursor.stream.url(), o) {
+            Ok(newest) if newest.catalog().version() > cursor.stream.catalog().version() => {
+                let next = Cursor {
+                    stream: newest,
+                    base: position,
+                };
+                *plan.cursor.lock().unwrap_or_else(|e| e.into_inner()) = next.clone();
+                self.refreshes += 1;
+                next
+            }
+            Ok(_) => cursor,
+            Err(_) => {
+                self.failures += 1;
+                cursor
+            }
+        }
+    }
+
+    /// The number of the batch [`StreamLoader::next_batch`] returns next.
+    pub fn position(&self) -> u64 {
+        let base = plan_of(&self.source)
+            .map(|p| p.cursor.lock().unwrap_or_else(|e| e.into_inner()).base)
+            .unwrap_or(0);
+        self.run.as_ref().map_or(base, |r| base + r.position())
+    }
+
+    /// Hands a consumed batch back so a worker reuses its buffers.
+    pub fn recycle(&self, batch: Batch) {
+        self.pool.recycle(batch);
+    }
+
+    /// A handle that hands batches back from anywhere (e.g. when the last view of a batch
+    /// exported to Python is freed).
+    pub fn recycler(&self) -> Recycler {
+        self.pool.clone()
+    }
+
+    /// What the current version's run downloaded and held so far.
+    pub fn stats(&self) -> StreamStats {
+        self.run.as_ref().map(Run::stats).unwrap_or_default()
+    }
+
+    /// Newer versions this loader moved to.
+    pub fn follow_refreshes(&self) -> u64 {
+        self.refreshes
+    }
+
+    /// Looks for a newer version that failed (and were retried at the next round boundary).
+    pub fn follow_failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// The episode ids of the segments that the loader's batch `k` (of the current version) is
+    /// drawn from: its window.
+    pub fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
+        let base = plan_of(&self.source)
+            .map(|p| p.cursor.lock().unwrap_or_else(|e| e.into_inner()).base)
+            .unwrap_or(0);
+        self.run
+            .as_ref()
+            .map(|r| r.window_episodes(k.saturating_sub(base)))
+            .unwrap_or_default()
+    }
+}
+
+impl Iterator for StreamLoader {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Result<Batch>> {
+        self.next_batch()
+    }
+}
+
+/// The streamed plan of `source`, or an error naming the loader to use.
+fn plan_of(source: &BatchSource) -> Result<&StreamPlan> {
+    source.streamed().ok_or_else(|| {
+        Error::argument(
+            "source",
+            "a StreamLoader reads a streamed source (LoaderSpec::streamed); this source's \
+             datasets are local: use Loader::new",
+        )
+    })
+}
+
+/// The sampling seed of the version that began at batch `base`: the sampler's own for the
+/// first (so that a following loader draws what a loader that does not follow draws until it
+/// moves), a distinct one for every later base.
+fn seed_at(seed: u64, base: u64) -> u64 {
+    if base == 0 {
+        seed
+    } else {
+        mix(seed ^ mix(base ^ 0xf011_0000))
+    }
+}
