@@ -329,12 +329,15 @@ impl Plan {
 
     /// A plan that streams `stream` (a dataset in object storage, `open_stream`) through its
     /// bounded cache: `options` as for `Plan(...)` ([`LoaderArgs`]); the sampler is uniform
-    /// or epoch (an episode subset, by ids or SQL, with uniform only), and there is one dataset.
+    /// or epoch (an episode subset, by ids or SQL, with uniform only), and there is one dataset;
+    /// with `follow`, loaders move to newer versions at round boundaries (one rank).
     #[staticmethod]
+    #[pyo3(signature = (stream, options, follow=false))]
     fn streamed(
         py: Python<'_>,
         stream: Py<crate::stream::PyStream>,
         options: &Bound<'_, PyDict>,
+        follow: bool,
     ) -> PyResult<Self> {
         let a: LoaderArgs = extract_args(options.as_any())?;
         let opts = LoaderOptions::default()
@@ -363,6 +366,9 @@ impl Plan {
             };
             let names: Vec<&str> = a.columns.iter().map(String::as_str).collect();
             let mut l = LoaderSpec::streamed(stream, spec, &names).with_rank(a.rank, a.world_size);
+            if follow {
+                l = l.follow(trajstore::Follow::default());
+            }
             if let Some(st) = frame_stack {
                 l = l.with_frame_stack(st);
             }
@@ -378,6 +384,18 @@ impl Plan {
             })
         })
         .py()
+    }
+
+    /// A streamed plan's version now and the batch number where it began (they move when a
+    /// following stream takes a newer version); None for local datasets.
+    fn stream_cursor(&self) -> Option<(u64, u64)> {
+        self.source.stream_cursor()
+    }
+
+    /// Puts a following streamed plan back at `version`, begun at batch `base` (a restart).
+    fn set_stream_cursor(&self, py: Python<'_>, version: u64, base: u64) -> PyResult<()> {
+        py.detach(|| self.source.set_stream_cursor(version, base))
+            .py()
     }
 
     /// Whether the plan streams a dataset from object storage.

@@ -4,8 +4,10 @@ scripts/setup-python.sh, ``$TRAJSTORE_PYTHON``): the same batches as the local l
 cache holds the version, a cache that never exceeds its limit (measured on disk while batches are
 drawn), exact resume from ``state_dict``, a ``torchrun --nproc_per_node 2`` job (gloo, CPU) whose ranks
 draw disjoint batches, the same number each, covering the epoch, with the node's caches within
-the node's limit on disk while they run, and a rank killed mid-epoch that resumes its partial
-download and its batches while the other rank runs on unaffected."""
+the node's limit on disk while they run, a rank killed mid-epoch that resumes its partial
+download and its batches while the other rank runs on unaffected, subsets by SQL that download
+only their segments, and a following stream that draws from a version pushed after it started
+and resumes on it exactly."""
 
 from __future__ import annotations
 
@@ -404,3 +406,50 @@ def test_a_rank_killed_mid_epoch_resumes_its_downloads_and_batches_and_the_other
     stats = json.loads((tmp_path / "node" / "rank1.log.stats").read_text())
     assert stats["bytes_resumed"] > 0, stats
     assert stats["cache_limit"] == limit // 2 and stats["node_cache_limit"] == limit, stats
+
+
+def test_a_following_stream_sees_a_version_committed_after_it_started(s3: Dict[str, str], tmp_path: Any) -> None:
+    # A dataset of its own in the bucket, so that committing to it changes no other test's data.
+    local = make_demo(tmp_path / "grow.trajstore", "--transitions", "20000", "--mean-episode-len", "100",
+                      "--seed", "6", "--segment-size", "200KB")
+    url = "s3://streams/grow"
+    subprocess.run([_bin(), "push", local, url], check=True, capture_output=True)
+    ds = trajstore.open(url, cache_limit="1GiB", cache_dir=tmp_path / "cache", reuse=0.05)
+    first_new = trajstore.open(local).num_episodes
+    loader = ds.loader(slice_len=8, num_slices=32, seed=2, follow=True)
+    it = iter(loader)
+    for _ in range(5):
+        assert max(next(it)["episode_id"].tolist()) < first_new
+    # A collector appends episodes and pushes the new version.
+    w = trajstore.create(local, observation_shape=(17,), action_shape=(6,), append=True)
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        n = 60
+        obs = rng.standard_normal((n, 17)).astype(np.float32)
+        act = rng.standard_normal((n, 6)).astype(np.float32)
+        w.append_episode(obs, act, rng.standard_normal(n).astype(np.float32), terminated=True)
+    w.commit()
+    w.close()
+    subprocess.run([_bin(), "push", local, url], check=True, capture_output=True)
+    seen_new_at, states = None, {}
+    for k in range(5, 400):
+        b = next(it)
+        states[k] = loader.state_dict()
+        if max(b["episode_id"].tolist()) >= first_new:
+            seen_new_at = k
+            break
+    assert seen_new_at is not None, "the new episodes were never drawn"
+    state = loader.state_dict()
+    assert state["version"] == ds.version + 1 and 0 < state["version_base"] <= seen_new_at, state
+    want = [_ids(next(it)) for _ in range(6)]
+    del it, loader
+    gc.collect()
+    # A restart from the state continues on the new version, exactly.
+    again = trajstore.open(url, cache_limit="1GiB", cache_dir=tmp_path / "cache", reuse=0.05, version=ds.version)
+    resumed = again.loader(slice_len=8, num_slices=32, seed=2, follow=True)
+    resumed.load_state_dict(state)
+    rit = iter(resumed)
+    assert [_ids(next(rit)) for _ in range(6)] == want
+    # Following needs one rank.
+    with pytest.raises(trajstore.InvalidArgumentError, match="one rank"):
+        ds.loader(slice_len=8, num_slices=32, follow=True, rank=0, world_size=2)

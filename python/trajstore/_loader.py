@@ -155,8 +155,9 @@ class Loader(CudaRing):
         self._pid = os.getpid()
         self._recent: Deque[Tuple[int, List[int], List[int]]] = collections.deque(maxlen=256)
         # Samplers and gatherers: every bad argument fails here.
+        self._stream_follow = self._stream is not None and follow not in (None, False)
         self._plan = (
-            _native.Plan.streamed(self._stream._n, self._options)
+            _native.Plan.streamed(self._stream._n, self._options, self._stream_follow)
             if self._stream is not None
             else _native.Plan(self._parts, self._options)
         )
@@ -246,7 +247,8 @@ class Loader(CudaRing):
 
         A streaming loader's state is ``format``, ``url``, ``version``, ``rank``,
         ``world_size``, the sampler's options and ``next_batch``: its batches are a pure
-        function of them."""
+        function of them. A following stream's also has ``version_base``, the batch where the
+        version it reads now began (``version`` is that version)."""
         state: Dict[str, Any]
         if self._stream is not None:
             state = self._stream_identity()
@@ -313,12 +315,17 @@ class Loader(CudaRing):
             "format": STREAM_STATE,
             "url": self._stream.uri,
             "version": self._stream.version,
+            "follow": self._stream_follow,
             "rank": self._rank,
             "world_size": self._world,
             "reuse": self._stream.reuse,
         }
         out.update({k: o[k] for k in keys})  # type: ignore[literal-required]
         out["frame_stack"] = o["frame_stack"]
+        cursor = self._plan.stream_cursor()
+        if self._stream_follow and cursor is not None:
+            # Following: the version read now, and the batch where it began.
+            out["version"], out["version_base"] = cursor
         return out
 
     def _load_stream_state(self, state: Mapping[str, Any]) -> None:
@@ -334,6 +341,8 @@ class Loader(CudaRing):
             )
         mine = self._stream_identity()
         for k, v in mine.items():
+            if self._stream_follow and k in ("version", "version_base"):
+                continue
             theirs = state.get(k)
             if isinstance(v, tuple):
                 v = list(v)
@@ -351,6 +360,11 @@ class Loader(CudaRing):
             raise InvalidArgumentError(f"a damaged state: next_batch {pos!r}")
         end = state.get("iteration_end")
         self._close()
+        if self._stream_follow:
+            version, base = state.get("version"), state.get("version_base", 0)
+            if not isinstance(version, int) or not isinstance(base, int) or not 0 <= base <= pos:
+                raise InvalidArgumentError(f"a damaged state: version {version!r}, version_base {base!r}")
+            self._plan.set_stream_cursor(version, base)
         self._position = pos
         self._iter_end = self._resume_end = None if end is None else int(end)
 

@@ -89,16 +89,24 @@ class StreamedSnapshot(Described):
         depends on), and ``load_state_dict`` continues exactly there after a restart, reusing
         the files the cache kept and resuming partial downloads.
 
+        ``follow=True`` (one rank): at the end of every round (every epoch, for ``"epoch"``)
+        the loader reads the store's newest manifest and, when a version was committed since,
+        continues with it: its batches are numbered on from that batch, drawn by the new
+        version's schedule (the files it shares with the old one stay cached), and
+        ``state_dict()`` records the version and the batch it began at, so that a restart
+        continues exactly. With several ranks it is refused: each rank would decide on its own
+        when to move, and the ranks' shares would no longer be disjoint and in step.
+
         ``episodes=`` (ids, or a SQL query answered as :meth:`episodes_where` answers it) and
         ``weighting="episodes"`` work with ``"uniform"``: rounds deal and windows are given
         batches by each segment's share of the draws (its slices, or episodes, in the subset),
         so a segment holding no episode of the subset is never downloaded, and each window
-        draws only the subset's slices. Not available on a stream: ``follow``, and the
-        ``prioritized``, ``epoch_episodes`` and ``episodes`` samplers."""
+        draws only the subset's slices. Not available on a stream: the ``prioritized``,
+        ``epoch_episodes`` and ``episodes`` samplers."""
         from ._dataset import Snapshot
         from ._loader import make_loader
 
         bound = inspect.signature(Snapshot.loader).bind(cast(Snapshot, self), **loader_args)
         bound.apply_defaults()
         args = {k: v for k, v in bound.arguments.items() if k not in ("self", "follow")}
-        return make_loader(self, cast(LoaderArgs, args))
+        return make_loader(self, cast(LoaderArgs, args), follow=bound.arguments.get("follow"))

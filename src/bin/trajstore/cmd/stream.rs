@@ -47,6 +47,10 @@ pub(crate) struct StreamArgs {
     /// Read this version instead of the newest.
     #[arg(long)]
     version: Option<u64>,
+    /// Move to newer versions as they are pushed: at the end of every round the loader reads
+    /// the store's newest manifest and continues with it (one rank only).
+    #[arg(long)]
+    follow: bool,
 }
 
 /// `flag`, else the environment variable `var` (as torchrun sets it), else `default`.
@@ -105,9 +109,11 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
         opts = opts.with_max_batches(n);
     }
     let cols: Vec<&str> = a.s.columns.iter().map(String::as_str).collect();
-    let spec = a.s.stacked(
-        LoaderSpec::streamed(stream.clone(), sampler, &cols).with_rank(rank, world_size),
-    )?;
+    let mut spec = LoaderSpec::streamed(stream.clone(), sampler, &cols).with_rank(rank, world_size);
+    if a.follow {
+        spec = spec.follow(trajstore::Follow::default());
+    }
+    let spec = a.s.stacked(spec)?;
     let mut loader = BatchSource::open(spec)
         .and_then(|source| StreamLoader::new(&source, opts))
         .map_err(crate::output::one_line)?;
@@ -134,6 +140,7 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
                 "open_seconds": opened,
                 "batches_per_second": n as f64 / secs, "transitions_per_second": n as f64 * per / secs,
                 "episodes_seen": episodes.len(), "stats": st,
+                "follow": {"refreshes": loader.follow_refreshes(), "failures": loader.follow_failures()},
                 "cache_dir": stream.cache_dir(rank),
             })
         );
