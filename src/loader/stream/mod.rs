@@ -45,6 +45,16 @@
 //!
 //! Everything is a pure function of the seed, the rank, the world size and the batch number:
 //! the number of loader workers changes nothing.
+//!
+//! **Following** (one rank): a [`StreamLoader`] is a sequence of runs, one per version; a
+//! following loader ends each run at a round boundary, reads the store's newest manifest, and
+//! continues on a newer version from that batch (the version's *base*), sampled with a seed
+//! derived from the base. Then everything is a pure function of the seed, the (version, base)
+//! pairs and the batch number ([`super::BatchSource::stream_cursor`]).
+//!
+//! With an episode subset or weights (uniform sampling), what rounds deal and windows are
+//! apportioned by is each segment's share of the draws instead of its slices (`subset.rs`): a
+//! segment that holds no episode of the subset is never downloaded.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
