@@ -89,7 +89,7 @@ pub use loader::{
     Recycler, StagedBatch, StagedLoader, StagingSlot,
 };
 #[cfg(feature = "remote")]
-pub use loader::{StreamLoader, StreamStats};
+pub use loader::{StreamFollow, StreamLoader, StreamStats};
 pub use open::{DatasetBuilder, open};
 pub use progress::{Progress, ProgressSink};
 pub use sample::{

@@ -330,14 +330,16 @@ impl Plan {
     /// A plan that streams `stream` (a dataset in object storage, `open_stream`) through its
     /// bounded cache: `options` as for `Plan(...)` ([`LoaderArgs`]); the sampler is uniform
     /// or epoch (an episode subset, by ids or SQL, with uniform only), and there is one dataset;
-    /// with `follow`, loaders move to newer versions at round boundaries (one rank).
+    /// with `follow`, loaders move to newer versions at round boundaries (by themselves, one
+    /// rank; or `by_caller`, stopping at every round boundary for the caller to set the version).
     #[staticmethod]
-    #[pyo3(signature = (stream, options, follow=false))]
+    #[pyo3(signature = (stream, options, follow=false, by_caller=false))]
     fn streamed(
         py: Python<'_>,
         stream: Py<crate::stream::PyStream>,
         options: &Bound<'_, PyDict>,
         follow: bool,
+        by_caller: bool,
     ) -> PyResult<Self> {
         let a: LoaderArgs = extract_args(options.as_any())?;
         let opts = LoaderOptions::default()
@@ -366,7 +368,9 @@ impl Plan {
             };
             let names: Vec<&str> = a.columns.iter().map(String::as_str).collect();
             let mut l = LoaderSpec::streamed(stream, spec, &names).with_rank(a.rank, a.world_size);
-            if follow {
+            if follow && by_caller {
+                l = l.follow_by_caller();
+            } else if follow {
                 l = l.follow(trajstore::Follow::default());
             }
             if let Some(st) = frame_stack {

@@ -132,6 +132,11 @@ impl PyStream {
         Ok(crate::dlpack::Buffer::from_u64s(ids))
     }
 
+    /// The newest version in the store now (a listing of its manifests).
+    fn newest_version(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.stream.newest_version()).py()
+    }
+
     /// Names of the columns a loader can gather (as `Snapshot.sample_columns`).
     fn sample_columns(&self) -> Vec<String> {
         crate::dataset::sample_columns(self.stream.catalog().schema())

@@ -453,3 +453,80 @@ def test_a_following_stream_sees_a_version_committed_after_it_started(s3: Dict[s
     # Following needs one rank.
     with pytest.raises(trajstore.InvalidArgumentError, match="one rank"):
         ds.loader(slice_len=8, num_slices=32, follow=True, rank=0, world_size=2)
+
+
+FOLLOW_RANK_SCRIPT = r"""
+import json, os, sys, time
+import torch.distributed as dist
+import trajstore
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+url, cache, out = sys.argv[1], sys.argv[2], sys.argv[3]
+ds = trajstore.open(url, cache_limit="1GiB", cache_dir=cache, reuse=0.05)
+loader = ds.loader(slice_len=8, num_slices=16, seed=4, follow=True, rank="auto", max_batches=120)
+rows = []
+for k, b in enumerate(loader):
+    st = loader.state_dict()
+    rows.append([k, sorted(set(b["episode_id"].tolist())), st["version"], st["version_base"]])
+    if k == 10:
+        # Batch 10 drawn: the test pushes a new version, then lets the ranks go on.
+        open(os.path.join(out, f"at10-{rank}"), "w").close()
+        while not os.path.exists(os.path.join(out, "go")):
+            time.sleep(0.05)
+        dist.barrier()
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump(rows, f)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_follow_a_stream_together(s3: Dict[str, str], tmp_path: Any) -> None:
+    pytest.importorskip("torch.distributed")
+    local = make_demo(tmp_path / "grow2.trajstore", "--transitions", "20000", "--mean-episode-len", "100",
+                      "--seed", "8", "--segment-size", "100KB")
+    url = "s3://streams/grow2"
+    subprocess.run([_bin(), "push", local, url], check=True, capture_output=True)
+    first_new = trajstore.open(local).num_episodes
+    script = tmp_path / "follow_rank.py"
+    script.write_text(FOLLOW_RANK_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(port), str(script), url, str(tmp_path / "cache"), str(out)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 300
+    while not all((out / f"at10-{r}").exists() for r in (0, 1)):
+        assert job.poll() is None, job.communicate()[1][-4000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    w = trajstore.create(local, observation_shape=(17,), action_shape=(6,), append=True)
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        w.append_episode(rng.standard_normal((50, 17)).astype(np.float32),
+                         rng.standard_normal((50, 6)).astype(np.float32),
+                         rng.standard_normal(50).astype(np.float32), terminated=True)
+    w.commit()
+    w.close()
+    subprocess.run([_bin(), "push", local, url], check=True, capture_output=True)
+    (out / "go").touch()
+    _, err = job.communicate(timeout=600)
+    assert job.returncode == 0, err[-4000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 120
+    # Both ranks moved to the new version at the same batch, after the push.
+    for k in range(120):
+        a, b = ranks[0][k], ranks[1][k]
+        assert (a[2], a[3]) == (b[2], b[3]), (k, a, b)
+        # Every batch: the ranks' episodes are disjoint (disjoint shares of the round).
+        assert not set(a[1]) & set(b[1]), (k, a[1], b[1])
+    version, base = ranks[0][-1][2], ranks[0][-1][3]
+    assert version == trajstore.open(local).version and 10 < base < 120, (version, base)
+    drawn = {e for x in ranks for row in x[base:] for e in row[1]}
+    assert any(e >= first_new for e in drawn), "the new episodes were drawn after the move"

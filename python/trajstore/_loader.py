@@ -156,8 +156,14 @@ class Loader(CudaRing):
         self._recent: Deque[Tuple[int, List[int], List[int]]] = collections.deque(maxlen=256)
         # Samplers and gatherers: every bad argument fails here.
         self._stream_follow = self._stream is not None and follow not in (None, False)
+        # Several ranks following a stream agree on every round's version through
+        # torch.distributed (rank 0 looks, a broadcast tells the others): see _agree_on_version.
+        self._follow_by_ranks = self._stream_follow and self._world > 1
+        if self._follow_by_ranks:
+            _distributed_for_follow(self._world)
+        self._follow_refreshes = 0
         self._plan = (
-            _native.Plan.streamed(self._stream._n, self._options, self._stream_follow)
+            _native.Plan.streamed(self._stream._n, self._options, self._stream_follow, self._follow_by_ranks)
             if self._stream is not None
             else _native.Plan(self._parts, self._options)
         )
@@ -194,8 +200,12 @@ class Loader(CudaRing):
         c = self._epoch_len()
         return None if c is None else c - start % c
 
-    def _start(self, start: int) -> Any:
+    def _start(self, start: int, rest: bool = False) -> Any:
+        """A native stream from batch ``start``: of an iteration's batches, or with ``rest``,
+        of what is left of the iteration in progress."""
         count = self._count(start)
+        if rest:
+            count = None if self._iter_end is None else self._iter_end - start
         if self._cuda:
             return self._cuda_native(start, count)
         return _native.BatchLoader(self._plan, start, count)
@@ -423,8 +433,32 @@ class Loader(CudaRing):
             "in each process from its dataset path"
         )
 
+    def _agree_on_version(self) -> None:
+        """Ranks following a stream together, at a round boundary (or the start of an
+        iteration after the first batch): rank 0 reads the store's newest version and a
+        ``torch.distributed`` broadcast gives it to every rank; each moves to it from this batch
+        when it is newer than the version it reads."""
+        import torch.distributed as dist
+
+        assert self._stream is not None
+        newest: Optional[int] = None
+        if self._rank == 0:
+            try:
+                newest = self._stream._n.newest_version()
+            except Exception:
+                newest = None  # the store unreachable: keep the version, look again next round
+        box: List[Optional[int]] = [newest]
+        dist.broadcast_object_list(box, src=0)
+        cursor = self._plan.stream_cursor()
+        if box[0] is not None and cursor is not None and box[0] > cursor[0]:
+            self._plan.set_stream_cursor(int(box[0]), self._position)
+            self._follow_refreshes += 1
+
     def __iter__(self) -> Iterator[Batch]:
         self._check_process()
+        if self._follow_by_ranks and self._position > 0 and self._native is None:
+            # Every rank starts its iteration at the same batch (an epoch's end, a restart).
+            self._agree_on_version()
         count = self._count(self._position)
         self._iter_end = None if count is None else self._position + count
         native = self._native
@@ -497,7 +531,15 @@ class Loader(CudaRing):
         while True:
             got = native.next()
             if got is None:
-                return
+                ended = self._iter_end is not None and self._position >= self._iter_end
+                if not self._follow_by_ranks or ended or self._options["sampler"] == "epoch":
+                    return
+                # A round boundary of a stream the ranks follow together: every rank is here at
+                # the same batch; they agree on the next round's version, then go on.
+                native.close()
+                self._agree_on_version()
+                native = self._active = self._start(self._position, rest=True)
+                continue
             k, _, buffers = got
             batch = Batch(k, zip(names, self._wrap(buffers)))
             if self._mix:
@@ -569,6 +611,25 @@ class Loader(CudaRing):
 
 
 _TORCH_LOADER: Optional[Type[Loader]] = None
+
+
+def _distributed_for_follow(world: int) -> None:
+    """Checks that several ranks following a stream can agree: torch.distributed is initialized
+    with their world size."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        dist = None  # type: ignore[assignment]
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        raise InvalidArgumentError(
+            f"follow=True with {world} ranks: the ranks must agree on every round's version, "
+            "which they do through torch.distributed; call torch.distributed.init_process_group "
+            "first (torchrun), or follow with one rank"
+        )
+    if dist.get_world_size() != world:
+        raise InvalidArgumentError(
+            f"follow=True with world_size={world}, but torch.distributed has {dist.get_world_size()} ranks"
+        )
 
 
 def _loader_class(backend: str) -> Type[Loader]:

@@ -89,13 +89,15 @@ class StreamedSnapshot(Described):
         depends on), and ``load_state_dict`` continues exactly there after a restart, reusing
         the files the cache kept and resuming partial downloads.
 
-        ``follow=True`` (one rank): at the end of every round (every epoch, for ``"epoch"``)
-        the loader reads the store's newest manifest and, when a version was committed since,
-        continues with it: its batches are numbered on from that batch, drawn by the new
-        version's schedule (the files it shares with the old one stay cached), and
-        ``state_dict()`` records the version and the batch it began at, so that a restart
-        continues exactly. With several ranks it is refused: each rank would decide on its own
-        when to move, and the ranks' shares would no longer be disjoint and in step.
+        ``follow=True``: at the end of every round (every epoch, for ``"epoch"``) the loader
+        reads the store's newest manifest and, when a version was committed since, continues
+        with it: its batches are numbered on from that batch, drawn by the new version's
+        schedule (the files it shares with the old one stay cached), and ``state_dict()``
+        records the version and the batch it began at (``version_base``), so that a restart
+        continues exactly. With several ranks the ranks must agree on every round's version:
+        they do it through ``torch.distributed`` (initialize it first, as torchrun scripts do):
+        at each round boundary, which every rank reaches at the same batch, rank 0 reads the
+        newest version and a broadcast gives it to the others.
 
         ``episodes=`` (ids, or a SQL query answered as :meth:`episodes_where` answers it) and
         ``weighting="episodes"`` work with ``"uniform"``: rounds deal and windows are given

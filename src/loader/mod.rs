@@ -30,7 +30,7 @@ pub use state::{
 #[cfg(feature = "remote")]
 use stream::StreamPlan;
 #[cfg(feature = "remote")]
-pub use stream::{StreamLoader, StreamStats};
+pub use stream::{StreamFollow, StreamLoader, StreamStats};
 
 /// How a loader runs over its [`BatchSource`]: worker threads, queue depth, and which batches
 /// (where to start, how many). What the batches are (datasets, samplers, rank, read-ahead, a

@@ -129,9 +129,9 @@ pub struct LoaderSpec {
     pub(crate) frame_stack: Option<FrameStack>,
     #[cfg(feature = "remote")]
     pub(crate) streamed: Option<(Stream, SamplerSpec)>,
-    /// A streamed dataset's loaders move to its newer versions at round boundaries.
+    /// Whether and how a streamed dataset's loaders move to its newer versions.
     #[cfg(feature = "remote")]
-    pub(crate) stream_follow: bool,
+    pub(crate) stream_follow: Option<crate::loader::stream::StreamFollow>,
 }
 
 impl Default for LoaderSpec {
@@ -148,7 +148,7 @@ impl Default for LoaderSpec {
             #[cfg(feature = "remote")]
             streamed: None,
             #[cfg(feature = "remote")]
-            stream_follow: false,
+            stream_follow: None,
         }
     }
 }
@@ -191,10 +191,23 @@ impl LoaderSpec {
     pub fn follow(mut self, f: Follow) -> Self {
         #[cfg(feature = "remote")]
         if self.streamed.is_some() {
-            self.stream_follow = true;
+            self.stream_follow = Some(crate::loader::stream::StreamFollow::Look);
         }
         if let Some(p) = self.parts.last_mut() {
             p.follow = Some(f);
+        }
+        self
+    }
+    /// A streamed dataset's loaders move to newer versions when the caller says so: a loader
+    /// stops at every round boundary (its `next_batch` returns `None` there), the caller decides
+    /// the version of the next round, the same on every rank (e.g. rank 0 reads the newest and a
+    /// collective broadcasts it), sets it with [`super::BatchSource::set_stream_cursor`] and
+    /// starts the next loader at that batch. For data-parallel ranks, which must agree on every
+    /// round's version; [`LoaderSpec::follow`] is for one rank.
+    #[cfg(feature = "remote")]
+    pub fn follow_by_caller(mut self) -> Self {
+        if self.streamed.is_some() {
+            self.stream_follow = Some(crate::loader::stream::StreamFollow::Caller);
         }
         self
     }

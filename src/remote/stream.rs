@@ -118,6 +118,18 @@ impl Stream {
         })))
     }
 
+    /// The newest version in the store now (one listing of its manifests; nothing else is
+    /// fetched): what a following loader compares its version with.
+    pub fn newest_version(&self) -> Result<u64> {
+        Ok(self
+            .0
+            .remote
+            .versions()?
+            .into_iter()
+            .max()
+            .unwrap_or(self.0.catalog.version()))
+    }
+
     /// The URL it was opened from.
     pub fn url(&self) -> &str {
         self.0.remote.url()

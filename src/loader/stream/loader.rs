@@ -3,7 +3,9 @@
 //! newer version in the store, and starts the next run there: on the newer version (numbered
 //! from the batch where it begins) or on the same one.
 
-use super::{BatchSource, Cursor, LoaderOptions, Recycler, Run, StreamPlan, StreamStats, mix};
+use super::{
+    BatchSource, Cursor, LoaderOptions, Recycler, Run, StreamFollow, StreamPlan, StreamStats, mix,
+};
 use crate::error::{Error, Result};
 use crate::gather::Batch;
 use crate::remote::Stream;
@@ -13,7 +15,8 @@ use crate::remote::Stream;
 /// the object, at the batch that needed it. Dropping the loader stops its workers and
 /// prefetcher; downloads in flight are resumed by the next loader of the same rank.
 ///
-/// **Following** (`LoaderSpec::streamed(..).follow(..)`, one rank): at the end of every round
+/// **Following** (`LoaderSpec::streamed(..).follow(..)`, one rank; for several ranks, which
+/// must agree on every round's version, `follow_by_caller`): at the end of every round
 /// (an epoch, for epoch sampling) the loader reads the store's newest manifest; when it is newer,
 /// the next batches are drawn from it by its own schedule, numbered from the batch where it
 /// began (its *base*; [`BatchSource::stream_cursor`]) and sampled with a seed derived from the
@@ -78,7 +81,10 @@ impl StreamLoader {
         let run = me.start_run(plan, &cursor, start)?;
         // A following loader that starts at a round boundary after its version began (the
         // next iteration of an epoch sampler, a restart) looks for a newer version there too.
-        if plan.follow && start > cursor.base && run.is_round_start(start - cursor.base) {
+        if plan.follow == Some(StreamFollow::Look)
+            && start > cursor.base
+            && run.is_round_start(start - cursor.base)
+        {
             drop(run);
             let cursor = me.look(plan, start);
             me.run = Some(me.start_run(plan, &cursor, start)?);
@@ -98,7 +104,7 @@ impl StreamLoader {
             &cursor.stream,
             seed_at(plan.sampler.seed, cursor.base),
             o,
-            plan.follow,
+            plan.follow.is_some(),
             self.pool.clone(),
         )
     }
@@ -114,7 +120,8 @@ impl StreamLoader {
             let source = self.source.clone();
             let plan = plan_of(&source).ok()?;
             let position = StreamLoader::position(self);
-            if !plan.follow
+            // Following by the caller: it decides the next round's version.
+            if plan.follow != Some(StreamFollow::Look)
                 || self.end.is_some_and(|e| position >= e)
                 || plan.sampler.kind == crate::SamplerKind::Epoch
             {

@@ -124,8 +124,18 @@ pub(crate) struct StreamPlan {
     pub(crate) columns: Vec<String>,
     pub(crate) rank_world: (u64, u64),
     pub(crate) frame_stack: Option<FrameStack>,
-    pub(crate) follow: bool,
+    pub(crate) follow: Option<StreamFollow>,
     pub(crate) cursor: Mutex<Cursor>,
+}
+
+/// How a streamed source's loaders move to newer versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFollow {
+    /// The loader looks for a newer manifest at every round boundary (one rank).
+    Look,
+    /// The loader stops at every round boundary; the caller sets the next round's version
+    /// (the same on every rank) and starts the next loader.
+    Caller,
 }
 
 /// The version a following stream reads, and its first batch (batch `k` of the loader is batch
@@ -143,22 +153,23 @@ impl StreamPlan {
         stream: Stream,
         sampler: SamplerSpec,
         columns: Vec<String>,
-        (rank_world, frame_stack, follow): ((u64, u64), Option<FrameStack>, bool),
+        (rank_world, frame_stack, follow): ((u64, u64), Option<FrameStack>, Option<StreamFollow>),
     ) -> Result<Self> {
         sampler.validate()?;
         stream_sampling(sampler.kind)?;
-        if follow && rank_world.1 > 1 {
+        if follow == Some(StreamFollow::Look) && rank_world.1 > 1 {
             return Err(Error::argument(
                 "follow",
                 format!(
-                    "following a stream's new versions needs one rank, not {}: each rank would \
-                     decide on its own when to move to a new version, and ranks must agree on \
-                     every round's version to draw disjoint shares in step",
+                    "following a stream's new versions by itself needs one rank, not {}: each \
+                     rank would decide on its own when to move to a new version, and ranks must \
+                     agree on every round's version to draw disjoint shares in step (from Python, \
+                     torch.distributed makes them agree; from Rust, LoaderSpec::follow_by_caller)",
                     rank_world.1
                 ),
             ));
         }
-        if follow && sampler.episode_weights.is_some() {
+        if follow.is_some() && sampler.episode_weights.is_some() {
             return Err(Error::argument(
                 "episode_weights",
                 "episode weights are per episode of one version: a following stream takes an \
