@@ -44,7 +44,7 @@ def storage_options() -> dict[str, str]:
 
 def segment_tables(local: str) -> list[pa.Table]:
     """The newest version's segments, with the observation as a plain fixed-size list."""
-    newest = sorted(glob.glob(os.path.join(local, "_versions", "*.json")))[-1]
+    newest = max(glob.glob(os.path.join(local, "_versions", "*.json")))
     with open(newest) as f:
         manifest = json.load(f)
     out = []
@@ -108,7 +108,7 @@ def main() -> None:
     secs = time.perf_counter() - t
     assert b["observation"].shape[:2] == (a.num_slices, a.slice_len)
     print(json.dumps({
-        "peer": f"lance {lance.__version__}", "write_s": write_s, "rows": int(len(ids)),
+        "peer": f"lance {lance.__version__}", "write_s": write_s, "rows": len(ids),
         "batches": a.batches, "batches_per_s": a.batches / secs,
     }))
 

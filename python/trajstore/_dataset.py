@@ -25,7 +25,6 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
     import pyarrow as pa
     import torch
 
