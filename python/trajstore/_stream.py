@@ -23,8 +23,8 @@ class StreamedSnapshot(Described):
     ``rank_cache_limit`` bytes on disk (``cache_limit`` shared by the node's ``ranks_per_node``
     ranks, under ``cache_dir``, downloads in progress included; a file another rank of the node
     holds is hard-linked, not downloaded again), evicting the least recently used file no batch
-    in flight needs, and downloading the next window's files while the current one is sampled. A node needs disk for the cache,
-    not for the dataset.
+    in flight needs, and downloading the next window's files while the current one is sampled.
+    A node needs disk for the cache, not for the dataset.
 
     ``len(ds)``, ``num_episodes``, ``schema``, ``sample_columns`` and ``info()`` answer from
     the catalog alone; ``episodes_where(query)`` from the catalog and ranged reads. For SQL at
