@@ -431,7 +431,7 @@ async fn read_segment(
             .await
             .map_err(external)?;
         let source = MemorySourceConfig::try_new(&[batches], schema, None)?.with_limit(spec.limit);
-        return Ok(source.open(0, context)?);
+        return source.open(0, context);
     }
     let table = tokio::task::spawn_blocking(move || transitions_for_sql(&url, version))
         .await

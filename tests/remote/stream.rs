@@ -499,7 +499,7 @@ fn a_following_stream_moves_to_a_version_committed_after_it_started_and_resumes_
     let (version, base) = source.stream_cursor().unwrap();
     assert_eq!(version, after.version());
     assert!(
-        base >= 20 && base <= 48 && base % 16 == 0,
+        (20..=48).contains(&base) && base % 16 == 0,
         "moved at batch {base}, a round boundary after the commit"
     );
     assert!(

@@ -100,7 +100,7 @@ pub(super) fn segment_masses(
         })
         .collect();
     let total: f64 = raw.iter().sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return Err(Error::invalid_argument(format!(
             "no episode of the subset has a slice of {} steps",
             spec.slice_len
