@@ -60,7 +60,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
         "loader",
         &["state", "spec", "feed", "pipeline", "staged", "stream"],
     ),
-    ("loader/stream", &["schedule", "cache"]),
+    ("loader/stream", &["schedule", "cache", "subset", "loader"]),
     ("remote", &["mirror", "push", "pull", "stream"]),
     (
         "sample",
@@ -76,6 +76,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "episode_agg",
             "table",
             "remote_scan",
+            "cluster_tables",
             "ballista",
         ],
     ),

@@ -359,7 +359,7 @@ impl Plan {
             // `transitions`): the stream downloads only the segments that hold its episodes.
             let ids = match (a.episode_ids, a.episodes_sql) {
                 (Some(ids), _) => Some(ids),
-                (None, Some(q)) => Some(stream.episodes_where(&q)?),
+                (None, Some(q)) => Some(trajstore::sql::StreamSql::episodes_where(&stream, &q)?),
                 (None, None) => None,
             };
             let spec = match ids {

@@ -128,6 +128,7 @@ impl PyStream {
     /// The sorted, distinct episode ids a query with an `episode_id` column returns (from the
     /// catalog, and ranged reads of `transitions`).
     fn episodes_where(&self, py: Python<'_>, query: String) -> PyResult<crate::dlpack::Buffer> {
+        use trajstore::sql::StreamSql;
         let ids = py.detach(|| self.stream.episodes_where(&query)).py()?;
         Ok(crate::dlpack::Buffer::from_u64s(ids))
     }

@@ -21,6 +21,8 @@ pub use feed::FollowStats;
 pub(crate) use pipeline::Lane;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, check_rank, loader_end};
+#[cfg(feature = "remote")]
+pub use spec::StreamFollow;
 pub use spec::{Follow, LoaderSpec, MAX_FOLLOW_PERIOD, PartSpec};
 pub use staged::{StagedBatch, StagedLoader, StagingSlot};
 pub use state::{
@@ -30,7 +32,7 @@ pub use state::{
 #[cfg(feature = "remote")]
 use stream::StreamPlan;
 #[cfg(feature = "remote")]
-pub use stream::{StreamFollow, StreamLoader, StreamStats};
+pub use stream::{StreamLoader, StreamStats};
 
 /// How a loader runs over its [`BatchSource`]: worker threads, queue depth, and which batches
 /// (where to start, how many). What the batches are (datasets, samplers, rank, read-ahead, a

@@ -80,6 +80,18 @@ impl Default for Follow {
     }
 }
 
+/// How a streamed source's loaders move to newer versions ([`LoaderSpec::follow`],
+/// [`LoaderSpec::follow_by_caller`]).
+#[cfg(feature = "remote")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFollow {
+    /// The loader looks for a newer manifest at every round boundary (one rank).
+    Look,
+    /// The loader stops at every round boundary; the caller sets the next round's version
+    /// (the same on every rank) and starts the next loader.
+    Caller,
+}
+
 /// One dataset of a [`LoaderSpec`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -131,7 +143,7 @@ pub struct LoaderSpec {
     pub(crate) streamed: Option<(Stream, SamplerSpec)>,
     /// Whether and how a streamed dataset's loaders move to its newer versions.
     #[cfg(feature = "remote")]
-    pub(crate) stream_follow: Option<crate::loader::stream::StreamFollow>,
+    pub(crate) stream_follow: Option<StreamFollow>,
 }
 
 impl Default for LoaderSpec {
@@ -191,7 +203,7 @@ impl LoaderSpec {
     pub fn follow(mut self, f: Follow) -> Self {
         #[cfg(feature = "remote")]
         if self.streamed.is_some() {
-            self.stream_follow = Some(crate::loader::stream::StreamFollow::Look);
+            self.stream_follow = Some(StreamFollow::Look);
         }
         if let Some(p) = self.parts.last_mut() {
             p.follow = Some(f);
@@ -207,7 +219,7 @@ impl LoaderSpec {
     #[cfg(feature = "remote")]
     pub fn follow_by_caller(mut self) -> Self {
         if self.streamed.is_some() {
-            self.stream_follow = Some(crate::loader::stream::StreamFollow::Caller);
+            self.stream_follow = Some(StreamFollow::Caller);
         }
         self
     }

@@ -150,20 +150,6 @@ impl Stream {
         &self.0.options
     }
 
-    /// The ids of the episodes that SQL query `sql` returns (a query with an `episode_id`
-    /// column, e.g. `SELECT episode_id FROM episodes WHERE episode_return > 3000`), sorted and
-    /// distinct: for [`crate::SamplerSpec::with_episode_ids`]. `episodes` is answered from the
-    /// catalog; a query of `transitions` reads only its columns, with ranged GETs.
-    #[cfg(feature = "sql")]
-    pub fn episodes_where(&self, sql: &str) -> Result<Vec<u64>> {
-        let table = Arc::new(crate::sql::RemoteTransitions::new(
-            &self.0.remote,
-            &self.0.catalog,
-        )?);
-        let session = crate::sql::SqlSession::with_transitions(&self.0.catalog, table)?;
-        crate::sql::subset_ids(&session, sql)
-    }
-
     /// The bytes one rank's cache may hold: the node's limit shared by its ranks.
     pub fn rank_cache_limit(&self) -> u64 {
         self.0.rank_cache_limit()

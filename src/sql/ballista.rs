@@ -24,11 +24,10 @@
 //! only the operators on its own list (`as_partition_sliceable` in ballista-core), which other
 //! crates cannot extend; its aggregate expressions would also need encoding here.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::io::Cursor;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{AsArray, RecordBatch, UInt64Array};
@@ -64,13 +63,12 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
+pub use super::cluster_tables::transitions_for_sql;
+use super::cluster_tables::{catalog_for_sql, ranged_for_sql};
 use super::table::{Part, episodes_table, may_match, pushdown};
-use super::{
-    EPISODES, RemoteTransitions, SqlSession, TRANSITIONS, TransitionsTable, default_config, runtime,
-};
+use super::{EPISODES, SqlSession, TRANSITIONS, default_config, runtime};
 use crate::error::{Error, Result};
 use crate::open::DatasetBuilder;
-use crate::remote::{Remote, RemoteOptions};
 use crate::store::Catalog;
 
 /// First byte of what trajstore's codecs write: the rest is trajstore's (JSON, then for a scan an
@@ -450,76 +448,6 @@ async fn read_segment(
 
 fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
     DataFusionError::External(Box::new(e))
-}
-
-type Cache<T> = OnceLock<Mutex<HashMap<(String, u64), Arc<T>>>>;
-
-/// Looks `(url, version)` up in `cache`, or opens it with `open` (holding the lock, so that two
-/// partitions never mirror the same version at once).
-fn cached<T>(
-    cache: &Cache<T>,
-    url: &str,
-    version: u64,
-    open: impl FnOnce() -> Result<T>,
-) -> Result<Arc<T>> {
-    let mut map = cache
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let key = (url.to_string(), version);
-    if let Some(t) = map.get(&key) {
-        return Ok(t.clone());
-    }
-    let t = Arc::new(open()?);
-    map.insert(key, t.clone());
-    Ok(t)
-}
-
-/// How a cluster process opens version `version` of the dataset at `url` for SQL: the
-/// `transitions` table over its memory-mapped files (for a URL, a mirror pulled into this
-/// process's cache on first use: executors read URLs with [`ranged_for_sql`] instead), kept for
-/// the process's life. Blocking; call it off the async threads.
-pub fn transitions_for_sql(url: &str, version: u64) -> Result<Arc<TransitionsTable>> {
-    static TABLES: Cache<TransitionsTable> = OnceLock::new();
-    cached(&TABLES, url, version, || {
-        let snap = DatasetBuilder::from_uri(url).with_version(version).load()?;
-        Ok(TransitionsTable::new(&snap))
-    })
-}
-
-/// The `transitions` table of a version in object storage, read with ranged GETs, and the
-/// [`Remote`] whose store it reads through (kept for the table's life).
-struct RangedTable {
-    table: RemoteTransitions,
-    _remote: Remote,
-}
-
-/// How a cluster process reads version `version` of the dataset at URL `url`: the version's
-/// [`RemoteTransitions`] (its catalog fetched once, then footers and message headers once per
-/// segment, then only the projected columns' buffers of each scanned segment, nearby ranges
-/// coalesced across record batches), cached for the process's life. Nothing is mirrored.
-/// Blocking; call it off the async threads.
-fn ranged_for_sql(url: &str, version: u64) -> Result<Arc<RangedTable>> {
-    static RANGED: Cache<RangedTable> = OnceLock::new();
-    let catalog = catalog_for_sql(url, version)?;
-    cached(&RANGED, url, version, || {
-        let remote = Remote::open(url, RemoteOptions::default())?;
-        Ok(RangedTable {
-            table: RemoteTransitions::new(&remote, &catalog)?,
-            _remote: remote,
-        })
-    })
-}
-
-/// The catalog of version `version` of `url` (only the episode tables are fetched), cached for
-/// the process's life. The scheduler builds `episodes` from it. Blocking.
-fn catalog_for_sql(url: &str, version: u64) -> Result<Arc<Catalog>> {
-    static CATALOGS: Cache<Catalog> = OnceLock::new();
-    cached(&CATALOGS, url, version, || {
-        DatasetBuilder::from_uri(url)
-            .with_version(version)
-            .load_catalog()
-    })
 }
 
 /// Runs `f` on a thread of its own: opening a dataset blocks on its own runtime, which must not

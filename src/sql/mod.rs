@@ -71,6 +71,8 @@ use crate::store::{Catalog, Snapshot};
 
 #[cfg(feature = "ballista")]
 pub mod ballista;
+#[cfg(feature = "ballista")]
+mod cluster_tables;
 mod episode_agg;
 mod functions;
 pub mod limits;
@@ -550,6 +552,24 @@ pub trait SnapshotSql {
     /// query). Always read-only, so a subset query from a config file cannot read or write files:
     /// SQL other than a query is refused with [`Error::InvalidArgument`].
     fn episodes_where(&self, sql: &str) -> Result<Vec<u64>>;
+}
+
+/// SQL subsets of a dataset streamed from object storage ([`crate::remote::Stream`]).
+#[cfg(feature = "remote")]
+pub trait StreamSql {
+    /// The ids of the episodes that SQL query `sql` returns (a query with an `episode_id`
+    /// column, e.g. `SELECT episode_id FROM episodes WHERE episode_return > 3000`), sorted and
+    /// distinct: for [`crate::SamplerSpec::with_episode_ids`]. `episodes` is answered from the
+    /// stream's catalog; a query of `transitions` reads only its columns, with ranged GETs.
+    fn episodes_where(&self, sql: &str) -> Result<Vec<u64>>;
+}
+
+#[cfg(feature = "remote")]
+impl StreamSql for crate::remote::Stream {
+    fn episodes_where(&self, sql: &str) -> Result<Vec<u64>> {
+        let table = Arc::new(RemoteTransitions::new(&self.0.remote, &self.0.catalog)?);
+        subset_ids(&SqlSession::with_transitions(&self.0.catalog, table)?, sql)
+    }
 }
 
 /// The sorted, distinct `episode_id`s that subset query `sql` returns in `session`.

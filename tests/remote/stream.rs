@@ -338,7 +338,7 @@ fn the_ranks_of_a_node_share_its_limit_and_link_the_files_another_rank_holds() {
 
 #[test]
 fn episode_subsets_and_weights_download_only_their_segments_and_draw_as_weighted() {
-    use trajstore::sql::SnapshotSql;
+    use trajstore::sql::{SnapshotSql, StreamSql};
     let Some(s3) = S3Server::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let (url, ds) = pushed(&s3, "subset", dir.path());

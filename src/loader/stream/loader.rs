@@ -123,7 +123,7 @@ impl StreamLoader {
             // Following by the caller: it decides the next round's version.
             if plan.follow != Some(StreamFollow::Look)
                 || self.end.is_some_and(|e| position >= e)
-                || plan.sampler.kind == crate::SamplerKind::Epoch
+                || plan.sampler.kind == crate::sample::SamplerKind::Epoch
             {
                 return None;
             }

@@ -65,7 +65,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{BatchSource, LoaderOptions, Pipeline, Recycler, check_in_flight};
+use super::{BatchSource, LoaderOptions, Pipeline, Recycler, StreamFollow, check_in_flight};
 use crate::error::{Error, Result};
 use crate::gather::{Batch, FrameStack, Gatherer};
 use crate::index::{EpisodeIndex, SliceIndex, SliceRef};
@@ -126,16 +126,6 @@ pub(crate) struct StreamPlan {
     pub(crate) frame_stack: Option<FrameStack>,
     pub(crate) follow: Option<StreamFollow>,
     pub(crate) cursor: Mutex<Cursor>,
-}
-
-/// How a streamed source's loaders move to newer versions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamFollow {
-    /// The loader looks for a newer manifest at every round boundary (one rank).
-    Look,
-    /// The loader stops at every round boundary; the caller sets the next round's version
-    /// (the same on every rank) and starts the next loader.
-    Caller,
 }
 
 /// The version a following stream reads, and its first batch (batch `k` of the loader is batch

@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::{EpisodeIndex, SliceIndex};
-use crate::sample::{SamplerKind, SamplerSpec};
+use crate::sample::{SamplerKind, SamplerSpec, Weighting};
 
 /// Per episode of the version (by position), the factor that `spec`'s subset and weights give
 /// it (its weight; 0 outside the subset), or `None` when it has neither. Ids and weights are
@@ -67,7 +67,7 @@ pub(super) fn episode_factors(
 /// What the schedule deals and apportions per segment when draws are not uniform over slices
 /// (episode weighting, a subset, weights): the segment's share of the draws, `Σ base × factor`
 /// over its episodes (`base` is an episode's slices, or 1 per episode with a slice under
-/// [`crate::Weighting::Episodes`]), scaled so that the version's total is its number of slices,
+/// [`Weighting::Episodes`]), scaled so that the version's total is its number of slices,
 /// and at least 1 where positive. A segment of mass 0 is never downloaded. `None`: slices.
 pub(super) fn segment_masses(
     spec: &SamplerSpec,
@@ -77,15 +77,15 @@ pub(super) fn segment_masses(
     tables: &[crate::store::EpisodeTable],
 ) -> Result<Option<Vec<u64>>> {
     if spec.kind != SamplerKind::Uniform
-        || (factors.is_none() && spec.weighting == crate::Weighting::Windows)
+        || (factors.is_none() && spec.weighting == Weighting::Windows)
     {
         return Ok(None);
     }
     let per_episode = |e: usize| -> f64 {
         let w = slices.windows(e);
         let base = match spec.weighting {
-            crate::Weighting::Windows => w as f64,
-            crate::Weighting::Episodes => (w > 0) as u8 as f64,
+            Weighting::Windows => w as f64,
+            Weighting::Episodes => (w > 0) as u8 as f64,
         };
         base * factors.map_or(1.0, |f| f[e])
     };

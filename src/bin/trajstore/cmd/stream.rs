@@ -93,6 +93,7 @@ pub(crate) fn run(mut a: StreamArgs) -> Result<()> {
     if let Some(q) = &a.s.episodes {
         // From the catalog (and ranged reads of `transitions`): only the segments holding the
         // subset's episodes are downloaded.
+        use trajstore::sql::StreamSql;
         let ids = stream
             .episodes_where(q)
             .map_err(crate::output::one_line)
