@@ -106,6 +106,19 @@ def _node_bytes(cache: Any) -> int:
     return total
 
 
+def _torchrun(script: Any, *args: str) -> subprocess.Popen[str]:
+    """``torchrun --nproc_per_node 2 script *args`` on loopback, started (stderr piped)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(port), str(script), *args],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
 def _ids(batch: Any) -> List[tuple]:
     return list(zip(batch["episode_id"].tolist(), batch["start_step"].tolist()))
 
@@ -238,21 +251,7 @@ def test_torchrun_ranks_draw_disjoint_equal_shares_of_an_epoch(s3: Dict[str, str
     limit = 2 * (probe.transition_bytes // 3)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    job = subprocess.Popen(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(port),
-            str(script), s3["url"], str(limit), str(tmp_path / "cache"), str(out),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    job = _torchrun(script, s3["url"], str(limit), str(tmp_path / "cache"), str(out))
     # The node's caches on disk (each file once, as `du` counts), measured while the ranks run.
     node_peak = 0
     while job.poll() is None:
@@ -492,15 +491,7 @@ def test_torchrun_ranks_follow_a_stream_together(s3: Dict[str, str], tmp_path: A
     script.write_text(FOLLOW_RANK_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    job = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(port), str(script), url, str(tmp_path / "cache"), str(out)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
+    job = _torchrun(script, url, str(tmp_path / "cache"), str(out))
     deadline = time.time() + 300
     while not all((out / f"at10-{r}").exists() for r in (0, 1)):
         assert job.poll() is None, job.communicate()[1][-4000:]

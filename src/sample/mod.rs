@@ -322,10 +322,9 @@ pub struct BuiltSampler {
 }
 
 impl SamplerSpec {
-    /// Builds the sampler over `snap`, with its cached slice index (O(episodes) the first time
-    /// for a slice length and policy, free after, extended rather than rebuilt by
-    /// [`Snapshot::refresh`]).
-    pub fn build(&self, snap: &Snapshot) -> Result<BuiltSampler> {
+    /// Checks an episode subset and episode weights: for the uniform sampler only, and a subset
+    /// that is not empty.
+    pub(crate) fn check_subset(&self) -> Result<()> {
         if self.episode_ids.is_some() && self.kind != SamplerKind::Uniform {
             return Err(Error::argument(
                 "episodes",
@@ -350,6 +349,14 @@ impl SamplerSpec {
                 "the episode subset is empty: there is nothing to sample",
             ));
         }
+        Ok(())
+    }
+
+    /// Builds the sampler over `snap`, with its cached slice index (O(episodes) the first time
+    /// for a slice length and policy, free after, extended rather than rebuilt by
+    /// [`Snapshot::refresh`]).
+    pub fn build(&self, snap: &Snapshot) -> Result<BuiltSampler> {
+        self.check_subset()?;
         let index = || -> Result<Arc<crate::index::SliceIndex>> {
             self.validate()?;
             snap.slice_index(self.slice_len, self.policy)

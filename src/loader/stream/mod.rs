@@ -166,23 +166,7 @@ impl StreamPlan {
                  episode subset by ids instead",
             ));
         }
-        if (sampler.episode_ids.is_some() || sampler.episode_weights.is_some())
-            && sampler.kind != SamplerKind::Uniform
-        {
-            return Err(Error::argument(
-                "episodes",
-                format!(
-                    "episode subsets and weights are supported by sampler='uniform' only, not '{}'",
-                    sampler.kind.name()
-                ),
-            ));
-        }
-        if sampler.episode_ids.as_ref().is_some_and(|i| i.is_empty()) {
-            return Err(Error::argument(
-                "episodes",
-                "the episode subset is empty: there is nothing to sample",
-            ));
-        }
+        sampler.check_subset()?;
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
         step_bytes(stream.catalog(), &cols, frame_stack)?;
         Ok(Self {
