@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The streaming loader (`trajstore stream`) against a moto S3 server on this machine: batches/s
 # with a cache of 1/4 of the dataset against the same loader with the whole version cached (what
-# a local dataset gives), and the bytes each rank downloads per epoch with 1, 2 and 4 ranks.
+# a local dataset gives), the same with --follow, and the bytes each rank downloads per epoch with
+# 1, 2 and 4 ranks.
 #
 #   scripts/bench_stream.sh BIN [TRANSITIONS] [WORKDIR]
 #
@@ -50,6 +51,8 @@ stream "whole version cached (warm)" "$WORK/cache-full" --cache-limit "$BYTES" -
 for reuse in 4 16 64; do
   stream "1/4 cache, reuse $reuse" "$WORK/cache-quarter-$reuse" --cache-limit $((BYTES / 4)) --reuse "$reuse" --batches "$B"
 done
+# Following (no version is pushed meanwhile): the cost of looking for one at every round boundary.
+stream "1/4 cache, reuse 4, --follow" "$WORK/cache-quarter-follow" --cache-limit $((BYTES / 4)) --reuse 4 --batches "$B" --follow
 for world in 1 2 4; do
   total=0
   for rank in $(seq 0 $((world - 1))); do
