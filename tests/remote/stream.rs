@@ -507,6 +507,14 @@ fn a_following_stream_moves_to_a_version_committed_after_it_started_and_resumes_
         "{moved_at:?}, base {base}"
     );
     assert_eq!(loader.follow_refreshes(), 1);
+    // The stats cover both versions' runs, and the files the versions share were downloaded
+    // once: the new version's run fetched only its new segments.
+    let st = loader.stats();
+    let (old_bytes, new_bytes) = (transition_bytes(&before), transition_bytes(&after));
+    assert!(
+        st.bytes_downloaded >= new_bytes && st.bytes_downloaded < old_bytes + new_bytes,
+        "{st:?}: versions of {old_bytes} and {new_bytes} B"
+    );
     // Every batch of the new version reads the new snapshot's rows.
     for (k, b) in drawn.iter().enumerate().skip(base as usize).step_by(7) {
         assert_same_batch(b, &local_gather(&after, b), &format!("batch {k}"));

@@ -34,6 +34,8 @@ pub struct StreamLoader {
     pool: Recycler,
     refreshes: u64,
     failures: u64,
+    /// What the runs before the current one downloaded and held.
+    before: StreamStats,
 }
 
 impl std::fmt::Debug for StreamLoader {
@@ -61,6 +63,7 @@ impl StreamLoader {
             pool: Recycler::default(),
             refreshes: 0,
             failures: 0,
+            before: StreamStats::default(),
         };
         let cursor = plan
             .cursor
@@ -128,7 +131,9 @@ impl StreamLoader {
                 return None;
             }
             // Drop the run first: the next one opens the same rank's cache.
-            self.run = None;
+            if let Some(done) = self.run.take() {
+                self.before = self.before.clone().plus(&done.stats());
+            }
             let cursor = self.look(plan, position);
             match self.start_run(plan, &cursor, position) {
                 Ok(run) => self.run = Some(run),
@@ -184,9 +189,13 @@ impl StreamLoader {
         self.pool.clone()
     }
 
-    /// What the current version's run downloaded and held so far.
+    /// What the loader downloaded and held so far (all its runs, when it followed new
+    /// versions; `cache_bytes` and `cache_limit` are the current run's).
     pub fn stats(&self) -> StreamStats {
-        self.run.as_ref().map(Run::stats).unwrap_or_default()
+        match &self.run {
+            Some(run) => self.before.clone().plus(&run.stats()),
+            None => self.before.clone(),
+        }
     }
 
     /// Newer versions this loader moved to.

@@ -115,6 +115,25 @@ pub struct StreamStats {
     pub wait_seconds: f64,
 }
 
+impl StreamStats {
+    /// These counters and `later`'s together (a later run of the same loader): sums, the
+    /// highest peak, and `later`'s current cache size and limit.
+    fn plus(self, later: &StreamStats) -> StreamStats {
+        StreamStats {
+            files_downloaded: self.files_downloaded + later.files_downloaded,
+            bytes_downloaded: self.bytes_downloaded + later.bytes_downloaded,
+            bytes_resumed: self.bytes_resumed + later.bytes_resumed,
+            files_evicted: self.files_evicted + later.files_evicted,
+            files_shared: self.files_shared + later.files_shared,
+            cache_bytes: later.cache_bytes,
+            peak_cache_bytes: self.peak_cache_bytes.max(later.peak_cache_bytes),
+            cache_limit: later.cache_limit,
+            windows_opened: self.windows_opened + later.windows_opened,
+            wait_seconds: self.wait_seconds + later.wait_seconds,
+        }
+    }
+}
+
 /// What a streamed [`BatchSource`] holds: the stream, its sampler, columns and rank, whether
 /// its loaders follow new versions, and (shared by every loader of the source) the version
 /// they read and the batch number where it began.
