@@ -4,7 +4,9 @@
 //! downloads in order of need (the batch number that first needs the segment), at most
 //! `concurrency` at a time, on the remote's runtime; a download resumes from the bytes a killed
 //! one left (`<name>.partial`), and every file is checked against the manifest's size and
-//! CRC-32C before it is renamed into place.
+//! CRC-32C before it is renamed into place. Files are not fsynced (a cache is not the dataset):
+//! instead, a complete file that an earlier loader left, or that another rank holds, is checked
+//! again (read, not downloaded) before its first use here.
 //!
 //! The ranks of one node keep their caches side by side (`_stream/rank-<r>/` of the node's
 //! mirror), each within its share of the node's limit. A file that another rank of the node
@@ -90,8 +92,9 @@ struct Shared {
     counters: Counters,
 }
 
-/// The cache. Dropping it stops the fetcher; downloads in flight are abandoned, and resumed by
-/// the next cache over the same directory.
+/// The cache. Dropping it stops the fetcher and waits for the downloads in flight (at most 30
+/// s); a process that dies leaves them partial, to be resumed by the next cache over the same
+/// directory.
 pub(crate) struct Cache {
     shared: Arc<Shared>,
     fetcher: Option<JoinHandle<()>>,
@@ -150,26 +153,28 @@ impl Cache {
             let item = item.at(dir)?;
             let path = item.path();
             let name = item.file_name().to_string_lossy().into_owned();
-            let len = item.metadata().at(&path)?.len();
+            let len = match item.metadata() {
+                Ok(m) => m.len(),
+                // Gone since the listing (a file being renamed by a download that was given up
+                // on): nothing to keep.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io(&path, e)),
+            };
             let (stem, partial) = match name.strip_suffix(PARTIAL) {
                 Some(s) => (s, true),
                 None => (name.as_str(), false),
             };
             let keep = by_name.get(stem).copied().filter(|&i| {
-                entries[i].on_disk == 0 && used + len <= limit && {
-                    if partial {
-                        len < files[i].bytes
-                    } else {
-                        len == files[i].bytes
-                    }
-                }
+                entries[i].on_disk == 0 && used + len <= limit && len <= files[i].bytes
             });
             match keep {
                 Some(i) => {
-                    entries[i].on_disk = len;
+                    // Files are not fsynced: a complete file an earlier loader left is checked
+                    // (CRC-32C, no download) before its first use, as a partial one is resumed.
                     if !partial {
-                        entries[i].st = St::Ready;
+                        std::fs::rename(&path, partial_path(&path)).at(&path)?;
                     }
+                    entries[i].on_disk = len;
                     used += len;
                 }
                 None => std::fs::remove_file(&path).at(&path)?,
@@ -285,6 +290,20 @@ impl Drop for Cache {
         if let Some(h) = self.fetcher.take() {
             let _ = h.join();
         }
+        // The downloads in flight finish (each calls `finish`) before the directory's lock goes
+        // with this cache: one that renamed or removed its file after the next cache over the
+        // directory had scanned it would race with that cache. A store that hangs is given up
+        // on after a while (its partial file is then resumed or removed by the next cache).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut st = self.shared.lock();
+        while st.loading > 0 && std::time::Instant::now() < deadline {
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, std::time::Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 }
 
@@ -369,18 +388,18 @@ fn fetch_loop(shared: &Arc<Shared>, remote: &Remote) {
                 let dest = shared.dir.join(&f.name);
                 let e = &mut st.entries[i];
                 e.on_disk = f.bytes;
-                if shared.link_from_sibling(f, &dest) {
-                    e.st = St::Ready;
+                // A file another rank of the node holds is linked as this cache's partial file:
+                // the "download" below then only checks it.
+                let shared_file = shared.link_from_sibling(f, &dest);
+                if shared_file {
                     shared.counters.files_shared.fetch_add(1, Relaxed);
-                    shared.changed.notify_all();
-                    continue;
                 }
                 e.st = St::Loading;
                 st.loading += 1;
                 let (sh, store, f) = (shared.clone(), remote.store.clone(), f.clone());
                 remote.rt.spawn(async move {
                     let r = fetch_file(&store, &f, &dest, &sh.counters).await;
-                    sh.finish(i, &dest, r);
+                    sh.finish(i, &dest, r, shared_file);
                 });
                 continue;
             }
@@ -409,9 +428,10 @@ impl Shared {
             }
             let from = path.join(&f.name);
             if std::fs::metadata(&from).is_ok_and(|m| m.is_file() && m.len() == f.bytes) {
-                let _ = std::fs::remove_file(partial_path(dest));
+                let part = partial_path(dest);
+                let _ = std::fs::remove_file(&part);
                 let _ = std::fs::remove_file(dest);
-                if std::fs::hard_link(&from, dest).is_ok() {
+                if std::fs::hard_link(&from, &part).is_ok() {
                     return true;
                 }
             }
@@ -419,7 +439,7 @@ impl Shared {
         false
     }
 
-    fn finish(&self, i: usize, dest: &Path, r: Result<()>) {
+    fn finish(&self, i: usize, dest: &Path, r: Result<()>, shared_file: bool) {
         let mut st = self.lock();
         st.loading -= 1;
         let e = &mut st.entries[i];
@@ -427,7 +447,9 @@ impl Shared {
         match r {
             Ok(()) => {
                 e.st = St::Ready;
-                self.counters.files_downloaded.fetch_add(1, Relaxed);
+                if !shared_file {
+                    self.counters.files_downloaded.fetch_add(1, Relaxed);
+                }
             }
             Err(err) => {
                 let corrupt = matches!(err, Error::Corrupt { .. });
@@ -568,8 +590,9 @@ async fn fetch_once(
         ));
     }
     let (p, d) = (part.clone(), dest.to_path_buf());
+    // No fsync: a cache is not the dataset. A process that dies leaves its writes in the page
+    // cache; after a power loss, a kept file is checked before use (see `Cache::open`).
     tokio::task::spawn_blocking(move || -> Result<()> {
-        out.sync_all().at(&p)?;
         drop(out);
         std::fs::rename(&p, &d).at(&d)
     })

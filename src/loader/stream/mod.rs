@@ -97,7 +97,9 @@ pub struct StreamStats {
     pub files_downloaded: u64,
     /// Bytes downloaded (resumed downloads count only their new bytes).
     pub bytes_downloaded: u64,
-    /// Bytes that interrupted downloads had left and that were resumed, not fetched again.
+    /// Bytes already on disk that were checked (CRC-32C) and reused, not fetched: what
+    /// interrupted downloads had left, files kept by an earlier loader of this cache, and files
+    /// taken from another rank of the node.
     pub bytes_resumed: u64,
     /// Complete files evicted to make room.
     pub files_evicted: u64,
