@@ -13,14 +13,16 @@ use crate::remote::Stream;
 /// Yields the batches of a [`Stream`] in order (see the module docs), as `Result`s: a download
 /// that fails (a damaged or missing object, a store that cannot be reached) is an error naming
 /// the object, at the batch that needed it. Dropping the loader stops its workers and
-/// prefetcher; downloads in flight are resumed by the next loader of the same rank.
+/// prefetcher and lets the downloads in flight finish; a process that dies leaves them partial,
+/// resumed by the next loader of the same rank.
 ///
 /// **Following** (`LoaderSpec::streamed(..).follow(..)`, one rank; for several ranks, which
 /// must agree on every round's version, `follow_by_caller`): at the end of every round
 /// (an epoch, for epoch sampling) the loader reads the store's newest manifest; when it is newer,
 /// the next batches are drawn from it by its own schedule, numbered from the batch where it
 /// began (its *base*; [`BatchSource::stream_cursor`]) and sampled with a seed derived from the
-/// base, so that they are a pure function of (seed, version, base, batch number). The files
+/// base, so that they are a pure function of (seed, version, base, batch number). A look is one
+/// listing of the store's manifests; a newer version's catalog is fetched only then. The files
 /// the new version shares with the old one stay in the cache. The round boundary costs a
 /// pipeline restart (the prefetcher does not fetch past a round before the version of the next
 /// is known). A look that fails (the store unreachable) keeps the version and is retried at the
@@ -36,6 +38,8 @@ pub struct StreamLoader {
     failures: u64,
     /// What the runs before the current one downloaded and held.
     before: StreamStats,
+    /// The batch where the current run's version began (its batch 0).
+    base: u64,
 }
 
 impl std::fmt::Debug for StreamLoader {
@@ -64,6 +68,7 @@ impl StreamLoader {
             refreshes: 0,
             failures: 0,
             before: StreamStats::default(),
+            base: 0,
         };
         let cursor = plan
             .cursor
@@ -91,8 +96,10 @@ impl StreamLoader {
             drop(run);
             let cursor = me.look(plan, start);
             me.run = Some(me.start_run(plan, &cursor, start)?);
+            me.base = cursor.base;
         } else {
             me.run = Some(run);
+            me.base = cursor.base;
         }
         Ok(me)
     }
@@ -136,33 +143,44 @@ impl StreamLoader {
             }
             let cursor = self.look(plan, position);
             match self.start_run(plan, &cursor, position) {
-                Ok(run) => self.run = Some(run),
+                Ok(run) => {
+                    self.run = Some(run);
+                    self.base = cursor.base;
+                }
                 Err(e) => return Some(Err(e)),
             }
         }
     }
 
     /// At batch `position`, a round boundary: the newest version of the store if it is newer
-    /// than the cursor's (the cursor then moves to it, from `position`), else the cursor.
+    /// than the cursor's (the cursor then moves to it, from `position`), else the cursor. One
+    /// listing of the store's manifests; its catalog is fetched only when it is newer.
     fn look(&mut self, plan: &StreamPlan, position: u64) -> Cursor {
         let cursor = plan
             .cursor
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let newer = match cursor.stream.newest_version() {
+            Ok(v) if v > cursor.stream.catalog().version() => v,
+            Ok(_) => return cursor,
+            Err(_) => {
+                self.failures += 1;
+                return cursor;
+            }
+        };
         let mut o = cursor.stream.options().clone();
-        o.version = None;
+        o.version = Some(newer);
         match Stream::open(cursor.stream.url(), o) {
-            Ok(newest) if newest.catalog().version() > cursor.stream.catalog().version() => {
+            Ok(stream) => {
                 let next = Cursor {
-                    stream: newest,
+                    stream,
                     base: position,
                 };
                 *plan.cursor.lock().unwrap_or_else(|e| e.into_inner()) = next.clone();
                 self.refreshes += 1;
                 next
             }
-            Ok(_) => cursor,
             Err(_) => {
                 self.failures += 1;
                 cursor
@@ -172,10 +190,9 @@ impl StreamLoader {
 
     /// The number of the batch [`StreamLoader::next_batch`] returns next.
     pub fn position(&self) -> u64 {
-        let base = plan_of(&self.source)
-            .map(|p| p.cursor.lock().unwrap_or_else(|e| e.into_inner()).base)
-            .unwrap_or(0);
-        self.run.as_ref().map_or(base, |r| base + r.position())
+        self.run
+            .as_ref()
+            .map_or(self.base, |r| self.base + r.position())
     }
 
     /// Hands a consumed batch back so a worker reuses its buffers.
@@ -211,12 +228,9 @@ impl StreamLoader {
     /// The episode ids of the segments that the loader's batch `k` (of the current version) is
     /// drawn from: its window.
     pub fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
-        let base = plan_of(&self.source)
-            .map(|p| p.cursor.lock().unwrap_or_else(|e| e.into_inner()).base)
-            .unwrap_or(0);
         self.run
             .as_ref()
-            .map(|r| r.window_episodes(k.saturating_sub(base)))
+            .map(|r| r.window_episodes(k.saturating_sub(self.base)))
             .unwrap_or_default()
     }
 }
