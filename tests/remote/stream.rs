@@ -665,6 +665,96 @@ fn an_interrupted_download_resumes_and_damaged_objects_are_errors_naming_them() 
     assert!(e.to_string().contains(&name), "{e}");
 }
 
+/// A `file://` store hands the cache an open file, which it copies itself (not through the
+/// store's stream): the same resume, checks and batches as over S3.
+#[test]
+fn a_file_store_streams_resumes_and_names_damage_through_its_own_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = TestData::new()
+        .obs_dim(8)
+        .seed(5)
+        .transitions(24_000)
+        .mean_episode_len(60.0)
+        .segment_bytes(64 << 10)
+        .write(&dir.path().join("local"));
+    let store = dir.path().join("store/walker");
+    let url = format!("file://{}", store.display());
+    trajstore::remote::Remote::open(&url, Default::default())
+        .unwrap()
+        .push(&ds)
+        .unwrap();
+    let snap = ds.snapshot().unwrap();
+    let seg = &snap.manifest().segments[2];
+    let crc = seg
+        .checksum
+        .trim_start_matches("crc32c:")
+        .to_ascii_lowercase();
+    let name = format!("{:020}-{crc}.arrow", seg.id);
+    let object_path = store.join("segments").join(&name);
+    let object = std::fs::read(&object_path).unwrap();
+    let half = object.len() / 2;
+    let mut opts = StreamOptions::new(transition_bytes(&snap) / 3);
+    opts.cache_dir = Some(dir.path().join("cache"));
+    opts.reuse = 1.0;
+    let stream = Stream::open(&url, opts.clone()).unwrap();
+    std::fs::create_dir_all(stream.cache_dir(0)).unwrap();
+    std::fs::write(
+        stream.cache_dir(0).join(format!("{name}.partial")),
+        &object[..half],
+    )
+    .unwrap();
+    let source = BatchSource::open(LoaderSpec::streamed(
+        stream.clone(),
+        SamplerSpec::uniform(16, 32),
+        &COLUMNS,
+    ))
+    .unwrap();
+    let mut loader =
+        StreamLoader::new(&source, LoaderOptions::default().with_max_batches(400)).unwrap();
+    let mut n = 0;
+    while let Some(b) = loader.next_batch() {
+        let b = b.unwrap();
+        assert_same_batch(&b, &local_gather(&snap, &b), &format!("batch {n}"));
+        n += 1;
+    }
+    assert_eq!(n, 400);
+    let st = loader.stats();
+    assert_eq!(
+        st.bytes_resumed, half as u64,
+        "the partial file was resumed"
+    );
+    assert!(
+        st.bytes_downloaded > transition_bytes(&snap),
+        "the third-of-the-version cache rotated: {st:?}"
+    );
+    assert!(st.peak_cache_bytes <= opts.cache_limit, "{st:?}");
+    drop(loader);
+
+    // A damaged object (one byte flipped) is an error naming it, and never renamed into place.
+    let mut damaged = object;
+    damaged[half + 7] ^= 0xff;
+    std::fs::write(&object_path, &damaged).unwrap();
+    opts.cache_dir = Some(dir.path().join("c2"));
+    let stream = Stream::open(&url, opts).unwrap();
+    let mut loader = stream_loader(
+        &stream,
+        SamplerSpec::uniform(16, 32),
+        LoaderOptions::default(),
+    )
+    .unwrap();
+    let e = loop {
+        match loader.next_batch() {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => break e,
+            None => panic!("the damaged segment was never read"),
+        }
+    };
+    assert!(matches!(e, trajstore::Error::Corrupt { .. }), "{e:?}");
+    assert!(e.to_string().contains(&name), "{e}");
+    drop(loader);
+    assert!(!stream.cache_dir(0).join(&name).exists());
+}
+
 #[test]
 fn the_cli_streams_and_reports_its_cache() {
     let Some(s3) = S3Server::start() else { return };
