@@ -53,7 +53,7 @@ def segment_tables(local: str) -> list[pa.Table]:
         cols = []
         for name in t.column_names:
             c = t.column(name)
-            if isinstance(c.type, pa.ExtensionType):
+            if isinstance(c.type, pa.BaseExtensionType):
                 c = pa.chunked_array([ch.storage for ch in c.chunks], type=c.type.storage_type)
             cols.append(c)
         out.append(pa.table(cols, names=t.column_names))
