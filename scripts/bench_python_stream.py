@@ -64,6 +64,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) that process `pid` has used so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rate(loader: Any, warmup: int, batches: int) -> Dict[str, float]:
     it = iter(loader)
     t0 = time.perf_counter()
@@ -154,12 +161,23 @@ def main() -> None:
                 shutil.rmtree(cache, ignore_errors=True)
             ds = trajstore.open(url, cache_limit=lim, cache_dir=cache, reuse=reuse)
             loader = ds.loader(**kw)
+            server_cpu = cpu_seconds(server.pid) if server is not None else 0.0
             r = rate(loader, a.warmup, a.batches)
+            if server is not None:
+                # What the S3 server (on this machine's cores) spent serving this run's downloads.
+                r["server_cpu_s"] = cpu_seconds(server.pid) - server_cpu
             s = loader.stream_stats()
             r.update({k: s[k] for k in ("bytes_downloaded", "peak_cache_bytes", "windows_opened", "wait_seconds")})
-            r["vs_local"] = r["batches_per_s"] / out["local"]["batches_per_s"]
             out[name] = r
             del loader
+        # The local loader again: its rate moves between runs on a shared machine, so the ratios
+        # are against the mean of the figures before and after the streams.
+        again = rate(ds_local.loader(**kw), a.warmup, a.batches)["batches_per_s"]
+        out["local"]["batches_per_s_after"] = again
+        local_mean = (out["local"]["batches_per_s"] + again) / 2
+        out["local"]["batches_per_s_mean"] = local_mean
+        for name, _, _, _ in runs:
+            out[name]["vs_local"] = out[name]["batches_per_s"] / local_mean
         for name in ("quarter_reuse4", "quarter_reuse16"):
             out[name]["vs_whole_warm"] = out[name]["batches_per_s"] / out["whole_warm"]["batches_per_s"]
         ranks: List[Dict[str, Any]] = []

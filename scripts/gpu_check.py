@@ -425,6 +425,22 @@ def section_python_checks(run: Run, a, ds_path: str) -> None:
     run.check("Python: pin_memory=True batches stay pinned after a transform that makes new tensors",
               all(v.is_pinned() for b in pinned for v in b.values()), "")
 
+    # A stream (issue 34): a `file://` copy of the dataset read through a bounded cache (a
+    # quarter of it), to cuda and to cpu from fresh caches with the same seed: the same batches.
+    store = "file://" + os.path.join(os.path.dirname(ds_path), "store")
+    run.sh([os.path.join(HERE, "trajstore"), "push", ds_path, store], env=env_for(run))
+    limit = trajstore.open(store, cache_limit="1TiB", cache_dir=ds_path + ".probe").transition_bytes // 4
+    streamed = {}
+    for dev in ("cpu", "cuda"):
+        sds = trajstore.open(store, cache_limit=limit, cache_dir=f"{ds_path}.cache-{dev}")
+        t0 = time.perf_counter()
+        streamed[dev] = [{k: v.cpu() for k, v in b.items()} for b in sds.loader(device=dev, **{**kw, "max_batches": 200})]
+        run.figure(f"python_stream_{dev}_batches_per_s", value=len(streamed[dev]) / (time.perf_counter() - t0),
+                   note="128 x 32, a quarter of the dataset cached, from a file:// store, cold cache")
+    same = len(streamed["cpu"]) == len(streamed["cuda"]) == 200 and all(
+        g.keys() == c.keys() and all(torch.equal(g[k], c[k]) for k in c) for g, c in zip(streamed["cuda"], streamed["cpu"]))
+    run.check("Python: a stream's cuda batches equal its cpu batches (quarter cache, 200 batches)", same, "")
+
     # The staging ring under pressure: every batch's checksum on the GPU against the CPU plan.
     n = 600 if a.quick else 3000
     skw = dict(slice_len=L, num_slices=B, columns=COLUMNS, seed=17, max_batches=n)
