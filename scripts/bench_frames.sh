@@ -89,6 +89,9 @@ for npz in "$@"; do
             emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":1,\"num_slices\":32,\"cache\":\"cold (memory cgroup $MEM_LIMIT)\",\"bench\":$r}"
         done
     fi
+    # The raw layout is large (7,056 B per frame): gone before the peers write their own copies
+    # (TorchRL's memmap, twice while it saves it for the cold run) unless KEEP=1.
+    [ "${KEEP:-0}" = 1 ] || rm -rf "$work/$game-none"
     if "$py" -c "import torchrl" 2>/dev/null; then
         peer() { "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$tile" --iters 20 --tmp "$work" "$@" 2>/dev/null \
             | grep '^{' | while read -r line; do emit "{\"game\":\"$game\",\"peer\":$line}"; done; }
@@ -112,6 +115,4 @@ for npz in "$@"; do
     else
         echo "(no lance/zstandard in $lance_py: Lance figures skipped)" >&2
     fi
-    # The raw layout is large (7,056 B per frame): gone before the next game unless KEEP=1.
-    [ "${KEEP:-0}" = 1 ] || rm -rf "$work/$game-none"
 done

@@ -19,6 +19,9 @@ a second copy, which measures the cache without an HTTP server's costs), then, i
 
 5. with ``--lance-python``, Lance (``scripts/peer_lance_stream.py``): the same transitions written
    as a Lance dataset to the same server, batches of the same shape read with ``take``.
+6. with ``--mosaic-python``, Mosaic Streaming (``scripts/peer_mosaic_stream.py``): the same
+   transitions as MDS shards on the same server, a quarter cache, shuffled iteration and random
+   access.
 
 Prints one JSON object. Run with a release build of the extension (``maturin develop
 --release``, or ``cargo build --release -p trajstore-python`` linked as
@@ -97,6 +100,8 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--lance-python", default=None,
                     help="a Python with pylance: also run scripts/peer_lance_stream.py on the same server")
+    ap.add_argument("--mosaic-python", default=None,
+                    help="a Python with mosaicml-streaming: also run scripts/peer_mosaic_stream.py on the same server")
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
     a = ap.parse_args()
     import trajstore
@@ -213,6 +218,18 @@ def main() -> None:
             lance_r = json.loads(r.stdout.strip().splitlines()[-1])
             lance_r["vs_stream_quarter_reuse4"] = lance_r["batches_per_s"] / out["quarter_reuse4"]["batches_per_s"]
             out["lance"] = lance_r
+        if a.mosaic_python and a.store == "s3":
+            peer = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_mosaic_stream.py")
+            out["mosaic"] = {}
+            for mode, extra in (("iterate", []), ("access", ["--batches", "5"])):
+                r = subprocess.run(
+                    [a.mosaic_python, peer, local, f"s3://bench/mds-{mode}", "--mode", mode,
+                     "--slice-len", str(a.slice_len), "--num-slices", str(a.num_slices), *extra],
+                    check=True, capture_output=True, text=True,
+                )
+                m = json.loads(r.stdout.strip().splitlines()[-1])
+                m["vs_stream_quarter_reuse4"] = m["batches_per_s"] / out["quarter_reuse4"]["batches_per_s"]
+                out["mosaic"][mode] = m
         print(json.dumps(out, indent=1))
     finally:
         if server is not None:
