@@ -59,6 +59,7 @@ for npz in "$@"; do
                 --terminated-col terminated --truncated-col truncated --drop-cols final_frame \
                 --frame-codec "$codec" --json > /dev/null
         done
+        sync  # the raw layout's gigabytes written back now, not during the next game's warm runs
         info="$("$bin" info "$ds" --json)"
         emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"info\":$info,\"npz_bytes\":$(stat -c %s "$npz")}"
     done

@@ -102,8 +102,13 @@ def main() -> None:
                     help="a Python with pylance: also run scripts/peer_lance_stream.py on the same server")
     ap.add_argument("--mosaic-python", default=None,
                     help="a Python with mosaicml-streaming: also run scripts/peer_mosaic_stream.py on the same server")
+    ap.add_argument("--pin", action="store_true",
+                    help="this process (every loader, local and streamed) on CPU 0 and the S3 server on CPU 1: "
+                         "the server's work is not charged to the loader, as with a remote store")
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
     a = ap.parse_args()
+    if a.pin:
+        os.sched_setaffinity(0, {0})  # before the extension starts threads, which inherit it
     import trajstore
 
     work = a.work or tempfile.mkdtemp(prefix="trajstore-stream-bench-")
@@ -118,8 +123,9 @@ def main() -> None:
             )
         if a.store == "s3":
             port = free_port()
+            pin = ["taskset", "-c", "1"] if a.pin else []
             server = subprocess.Popen(
-                [a.moto_python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                [*pin, a.moto_python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             endpoint = f"http://127.0.0.1:{port}"
@@ -144,7 +150,8 @@ def main() -> None:
         subprocess.run([a.bin, "push", local, url], check=True, capture_output=True)
         push_s = time.perf_counter() - t
         kw: Dict[str, Any] = {"slice_len": a.slice_len, "num_slices": a.num_slices, "seed": 5, "backend": "numpy"}
-        out: Dict[str, Any] = {"store": a.store, "transitions": a.transitions, "push_s": push_s, "loader": kw}
+        out: Dict[str, Any] = {"store": a.store, "transitions": a.transitions, "push_s": push_s, "loader": kw,
+                               "pinned": a.pin}
         ds_local = trajstore.open(local)
         out["local"] = rate(ds_local.loader(**kw), a.warmup, a.batches)
         probe = trajstore.open(url, cache_limit="1TiB", cache_dir=os.path.join(work, "probe"))

@@ -428,7 +428,7 @@ def section_python_checks(run: Run, a, ds_path: str) -> None:
     # A stream (issue 34): a `file://` copy of the dataset read through a bounded cache (a
     # quarter of it), to cuda and to cpu from fresh caches with the same seed: the same batches.
     store = "file://" + os.path.join(os.path.dirname(ds_path), "store")
-    run.sh([os.path.join(HERE, "trajstore"), "push", ds_path, store], env=env_for(run))
+    trajstore.push(ds_path, store)  # (the bundle's CLI is loader-only: no `push`)
     limit = trajstore.open(store, cache_limit="1TiB", cache_dir=ds_path + ".probe").transition_bytes // 4
     streamed = {}
     for dev in ("cpu", "cuda"):

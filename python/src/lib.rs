@@ -32,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyStream>()?;
     m.add_function(wrap_pyfunction!(dataset::open, m)?)?;
     m.add_function(wrap_pyfunction!(stream::open_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::push, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::set_sql_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::sql_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(writer::create, m)?)?;

@@ -153,3 +153,35 @@ impl PyStream {
         info_json(self.stream.catalog(), &self.url).to_string()
     }
 }
+
+/// Pushes the newest version of the local dataset at `path` to `url` (`trajstore push`):
+/// segment files first, then the manifest, so a reader never sees a version whose files are
+/// missing; files already in the store are not uploaded again. Returns the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (path, url, concurrency=8))]
+pub fn push(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    url: String,
+    concurrency: usize,
+) -> PyResult<String> {
+    if concurrency == 0 {
+        return Err(argument("concurrency", "concurrency must be at least 1"));
+    }
+    if !trajstore::format::is_url(&url) {
+        return Err(argument(
+            "url",
+            format!("`{url}` is not a URL; push to s3://BUCKET/PREFIX (or file:///PATH)"),
+        ));
+    }
+    let report = py
+        .detach(|| {
+            let ds = trajstore::Dataset::open(&path)?;
+            let mut o = trajstore::remote::RemoteOptions::default();
+            o.concurrency = concurrency;
+            trajstore::remote::Remote::open(&url, o)?.push(&ds)
+        })
+        .py()?;
+    serde_json::to_string(&report)
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
+}

@@ -429,7 +429,15 @@ def test_a_following_stream_sees_a_version_committed_after_it_started(s3: Dict[s
         w.append_episode(obs, act, rng.standard_normal(n).astype(np.float32), terminated=True)
     w.commit()
     w.close()
-    subprocess.run([_bin(), "push", local, url], check=True, capture_output=True)
+    # The collector pushes from Python: only the new files go up.
+    before = trajstore.open(url, cache_limit="1GiB", cache_dir=tmp_path / "probe").version
+    report = trajstore.push(local, url)
+    assert report["previous_version"] == before and report["version"] > before, report
+    assert report["files_present"] > 0 and report["files_uploaded"] > 0 and not report["up_to_date"], report
+    again = trajstore.push(local, url)
+    assert again["up_to_date"] and again["files_uploaded"] == 0, again
+    with pytest.raises(ValueError, match="not a URL"):
+        trajstore.push(local, str(tmp_path / "elsewhere"))
     seen_new_at, states = None, {}
     for k in range(5, 400):
         b = next(it)

@@ -34,7 +34,7 @@ Writing from collectors::
 from __future__ import annotations
 
 from . import errors
-from ._dataset import Dataset, Snapshot, mix, open, set_sql_memory_limit, sql_memory_limit
+from ._dataset import Dataset, Snapshot, mix, open, push, set_sql_memory_limit, sql_memory_limit
 from ._loader import Batch, Loader
 from ._native import __version__
 from ._stream import StreamedSnapshot
@@ -59,6 +59,7 @@ from .errors import (
 __all__ = [
     "__version__",
     "open",
+    "push",
     "mix",
     "set_sql_memory_limit",
     "sql_memory_limit",

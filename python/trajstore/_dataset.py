@@ -6,7 +6,7 @@ from __future__ import annotations
 # with only PyTorch can train from a dataset).
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Tuple, Union, cast, overload
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, cast, overload
 
 from . import _native
 from ._described import Described
@@ -199,6 +199,22 @@ def open(
         os.fspath(uri), version, None if cache_dir is None else os.fspath(cache_dir)
     )
     return Snapshot(native)
+
+
+def push(path: PathLike, url: str, *, concurrency: int = 8) -> Dict[str, Any]:
+    """Pushes the newest version of the local dataset at ``path`` to ``url``
+    (``s3://bucket/prefix`` or ``file:///path``), as ``trajstore push`` does: segment files
+    first, each checked, then the manifest, so that a reader never sees a version whose files
+    are missing; files already in the store (an earlier push, or an interrupted one) are not
+    uploaded again, and a store that holds a newer or unrelated version is refused. S3 settings
+    come from the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
+
+    Returns the report: ``url``, ``version``, ``previous_version``, ``files_uploaded``,
+    ``bytes_uploaded``, ``files_present``, ``bytes_present``, ``up_to_date`` and ``seconds``.
+    Then ``trajstore.open(url, cache_limit=...)`` streams it."""
+    import json
+
+    return cast(Dict[str, Any], json.loads(_native.push(os.fspath(path), url, int(concurrency))))
 
 
 class Snapshot(Described):

@@ -125,6 +125,7 @@ def open_stream(
     reuse: float = 4.0,
     ranks_per_node: int = 1,
 ) -> Stream: ...
+def push(path: str, url: str, concurrency: int = 8) -> str: ...
 
 @final
 class Plan:
