@@ -19,6 +19,7 @@ __all__ = [
     "Writer",
     "open",
     "open_stream",
+    "push",
     "set_sql_memory_limit",
     "sql_memory_limit",
     "create",
