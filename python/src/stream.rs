@@ -177,8 +177,10 @@ pub fn push(
     let report = py
         .detach(|| {
             let ds = trajstore::Dataset::open(&path)?;
-            let mut o = trajstore::remote::RemoteOptions::default();
-            o.concurrency = concurrency;
+            let o = trajstore::remote::RemoteOptions {
+                concurrency,
+                ..Default::default()
+            };
             trajstore::remote::Remote::open(&url, o)?.push(&ds)
         })
         .py()?;
