@@ -512,6 +512,84 @@ def section_python_figures(run: Run, a, ds_path: str, anchor) -> None:
                    over_pinned_copy=gbps / base, batch_mb=nbytes / 1e6)
 
 
+def section_profile(run: Run, a, ds_path: str, anchor) -> None:
+    """Where a batch's time goes (issue 35, part 6), each cost on its own at the batch's exact
+    size: the gather alone into host memory (the Rust CLI's CPU loader, every worker count the
+    CUDA figures use; runs without a GPU too); then, on a GPU, one packed pinned copy of the
+    batch's bytes, the same bytes as the Python loader's separate per-tensor copies, those plus a
+    recorded event, and the time the Python loader's consumer thread spends per batch."""
+    import torch
+    import trajstore
+
+    bin_ = os.path.join(HERE, "trajstore")
+    iters = "200" if a.quick else "1000"
+    for workers in (4, 8):
+        p = run.sh([bin_, "bench", ds_path, "--num-slices", B, "--slice-len", L,
+                    "--columns", ",".join(COLUMNS), "--workers", workers, "--iters", iters, "--json"],
+                   env=env_for(run))
+        j = json.loads(p.stdout)
+        rate = j["loader_batches_per_s"]
+        run.figure(f"gather_only_{workers}w", batches_per_s=rate, gb_per_s=rate * j["batch_bytes"] / 1e9,
+                   batch_mb=j["batch_bytes"] / 1e6)
+    if not torch.cuda.is_available():
+        run.check("profile on cuda", True, skip="no CUDA device")
+        return
+    ds = trajstore.open(ds_path)
+    host = next(iter(ds.loader(slice_len=L, num_slices=B, columns=COLUMNS, device="cpu", pin_memory=True,
+                               max_batches=1)))
+    tensors = [v for v in host.values()]
+    nbytes = sum(v.numel() * v.element_size() for v in tensors)
+    packed = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    stream = torch.cuda.Stream()
+    reps = 200 if a.quick else 1000
+
+    def per_batch_us(fn) -> float:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps * 1e6
+
+    def one_copy() -> None:
+        with torch.cuda.stream(stream):
+            packed.to("cuda", non_blocking=True)
+
+    def per_tensor() -> None:
+        with torch.cuda.stream(stream):
+            for v in tensors:
+                v.to("cuda", non_blocking=True)
+
+    def per_tensor_event() -> None:
+        with torch.cuda.stream(stream):
+            out = [v.to("cuda", non_blocking=True) for v in tensors]
+            ev = torch.cuda.Event()
+            ev.record(stream)
+        torch.cuda.current_stream().wait_event(ev)
+        for o in out:
+            o.record_stream(torch.cuda.current_stream())
+
+    run.figure("profile_copy_us_per_batch", one_packed_copy=per_batch_us(one_copy),
+               per_tensor_copies=per_batch_us(per_tensor), per_tensor_copies_event_record_stream=per_batch_us(
+                   per_tensor_event), tensors=len(tensors), batch_mb=nbytes / 1e6,
+               pinned_copy_gb_per_s=anchor(nbytes))
+    # The consumer thread's own time per batch: next() on a loader that is never starved (few
+    # batches, long waits between them for the workers to fill the ring).
+    loader = ds.loader(slice_len=L, num_slices=B, columns=COLUMNS, device="cuda", workers=4, prefetch=4,
+                       max_batches=60)
+    it = iter(loader)
+    spent = []
+    for _ in range(60):
+        time.sleep(0.02)
+        t0 = time.perf_counter()
+        next(it)
+        spent.append(time.perf_counter() - t0)
+    spent.sort()
+    run.figure("profile_python_next_us", median=spent[len(spent) // 2] * 1e6, p90=spent[int(len(spent) * 0.9)] * 1e6)
+
+
 def section_training(run: Run, a, ds_path: str) -> None:
     """An MLP (behaviour cloning on observation -> action) fed by the loader: how much of each
     step the loop waits for the next batch."""
@@ -665,7 +743,7 @@ def main() -> int:
     p.add_argument("out", help="folder for results.json, summary.txt and log.txt")
     p.add_argument("--transitions", type=int, default=10_000_000, help="size of the D4RL-shaped dataset it builds")
     p.add_argument("--quick", action="store_true", help="fewer batches (a CPU machine, or a smoke run)")
-    p.add_argument("--skip", default="", help="comma-separated sections to skip (torchrl, training, figures)")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip (torchrl, training, figures, profile)")
     a = p.parse_args()
     sys.path.insert(0, os.path.join(HERE, "python"))  # the bundle's package, for the in-process checks
     run = Run(a.out)
@@ -687,6 +765,8 @@ def main() -> int:
     if "figures" not in skip:
         run.section("Rust figures", section_rust_figures, a, ds, anchor)
         run.section("Python figures", section_python_figures, a, ds, anchor)
+    if "profile" not in skip:
+        run.section("profile", section_profile, a, ds, anchor)
     if "training" not in skip:
         run.section("training step", section_training, a, ds)
     if "torchrl" not in skip:
