@@ -345,6 +345,44 @@ pub(crate) fn temp_name(path: &Path) -> PathBuf {
 }
 
 /// An object_store error with the URL it concerns; "not found" becomes [`Error::NotFound`].
+/// Appends `range` of a local `file` (`src`: the object of a `file://` store, which object_store
+/// hands over open) to `out` (`out_path`) in 1 MiB reads, extending `crc`, and calls
+/// `on_chunk(n)` after each chunk written; returns the CRC and the bytes copied. object_store's
+/// own stream of such a file reads 8 KiB per hop through tokio's blocking pool, which measured at
+/// a third of this (BENCHMARKS.md, "From Python"). Blocking: run it on a blocking thread.
+pub(crate) fn copy_local(
+    mut file: File,
+    src: &Path,
+    range: std::ops::Range<u64>,
+    out: &mut File,
+    out_path: &Path,
+    mut crc: u32,
+    mut on_chunk: impl FnMut(u64),
+) -> Result<(u32, u64)> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+
+    use crate::error::IoContext;
+    file.seek(SeekFrom::Start(range.start)).at(src)?;
+    let mut left = range.end.saturating_sub(range.start);
+    let mut buf = vec![0u8; (1usize << 20).min(left as usize)];
+    let mut copied = 0u64;
+    while left > 0 {
+        let want = buf.len().min(left as usize);
+        let n = match file.read(&mut buf[..want]) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(src, e)),
+        };
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        out.write_all(&buf[..n]).at(out_path)?;
+        copied += n as u64;
+        left -= n as u64;
+        on_chunk(n as u64);
+    }
+    Ok((crc, copied))
+}
+
 pub(crate) fn remote_err(url: &str, e: object_store::Error) -> Error {
     match e {
         object_store::Error::NotFound { .. } => Error::NotFound {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -257,26 +257,15 @@ impl Remote {
         }
         let mut out = File::create(&tmp).at(&tmp)?;
         let (mut crc, mut seen) = (0u32, 0u64);
+        let range = got.range.clone();
         match got.payload {
             // A local file (file:// stores): copied in large reads on a blocking thread, not in
             // the store's 8 KiB stream chunks.
-            object_store::GetResultPayload::File(mut file, _) => {
+            object_store::GetResultPayload::File(file, src) => {
                 let (t, p) = (tmp.clone(), pb.clone());
                 let copied = tokio::task::spawn_blocking(move || -> Result<(File, u32, u64)> {
-                    let (mut crc, mut seen) = (0u32, 0u64);
-                    let mut buf = vec![0u8; 4 << 20];
-                    loop {
-                        let n = match file.read(&mut buf) {
-                            Ok(0) => break,
-                            Ok(n) => n,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                            Err(e) => return Err(Error::io(&t, e)),
-                        };
-                        crc = crc32c::crc32c_append(crc, &buf[..n]);
-                        seen += n as u64;
-                        out.write_all(&buf[..n]).at(&t)?;
-                        p.advance(n as u64);
-                    }
+                    let (crc, seen) =
+                        super::copy_local(file, &src, range, &mut out, &t, 0, |n| p.advance(n))?;
                     Ok((out, crc, seen))
                 })
                 .await

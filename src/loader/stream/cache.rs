@@ -24,7 +24,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, GetResultPayload, ObjectStore};
 
 use crate::error::{Error, IoContext, Result};
-use crate::remote::{Remote, remote_err};
+use crate::remote::{Remote, copy_local, remote_err};
 
 /// Suffix of a download in progress (kept across a crash, to be resumed).
 const PARTIAL: &str = ".partial";
@@ -469,41 +469,6 @@ impl Shared {
     }
 }
 
-/// Appends `range` of a local `file` to `out` (the partial file at `part`), extending `crc` and
-/// `have`; returns them with the bytes copied. Reads 1 MiB at a time.
-fn copy_local(
-    mut file: File,
-    path: &Path,
-    range: std::ops::Range<u64>,
-    mut out: File,
-    mut crc: u32,
-    mut have: u64,
-    part: &Path,
-) -> Result<(File, u32, u64, u64)> {
-    use std::io::{Seek, SeekFrom};
-    file.seek(SeekFrom::Start(range.start)).at(path)?;
-    let mut left = range.end - range.start;
-    let mut buf = vec![0u8; (1 << 20).min(left as usize)];
-    let start = have;
-    while left > 0 {
-        let want = buf.len().min(left as usize);
-        let n = match file.read(&mut buf[..want]) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io(path, e)),
-        };
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        out.write_all(&buf[..n]).at(part)?;
-        if have == start {
-            crate::fault::point("stream-download");
-        }
-        have += n as u64;
-        left -= n as u64;
-    }
-    Ok((out, crc, have, have - start))
-}
-
 fn partial_path(dest: &Path) -> PathBuf {
     let mut s = dest.as_os_str().to_owned();
     s.push(PARTIAL);
@@ -603,8 +568,14 @@ async fn fetch_once(
             // which measured at a third of the disk's rate).
             GetResultPayload::File(file, path) => {
                 let (url, part2) = (f.url.clone(), part.clone());
-                let (o, c, h, copied) = tokio::task::spawn_blocking(move || {
-                    copy_local(file, &path, range, out, crc, have, &part2)
+                let (o, c, copied) = tokio::task::spawn_blocking(move || -> Result<_> {
+                    let mut first = true;
+                    let (c, n) = copy_local(file, &path, range, &mut out, &part2, crc, |_| {
+                        if std::mem::take(&mut first) {
+                            crate::fault::point("stream-download");
+                        }
+                    })?;
+                    Ok((out, c, n))
                 })
                 .await
                 .map_err(|e| Error::Remote {
@@ -613,7 +584,7 @@ async fn fetch_once(
                     source: Some(Box::new(e)),
                 })??;
                 counters.bytes_downloaded.fetch_add(copied, Relaxed);
-                (out, crc, have) = (o, c, h);
+                (out, crc, have) = (o, c, have + copied);
                 futures::stream::empty().boxed()
             }
             GetResultPayload::Stream(stream) => stream,
