@@ -762,11 +762,11 @@ def main() -> int:
     run.section("Python tests", section_python_tests, a)
     run.section("CPU runs leave the GPU alone", section_cpu_run, a, ds)
     run.section("Python CUDA checks", section_python_checks, a, ds)
+    if "profile" not in skip:
+        run.section("profile", section_profile, a, ds, anchor)
     if "figures" not in skip:
         run.section("Rust figures", section_rust_figures, a, ds, anchor)
         run.section("Python figures", section_python_figures, a, ds, anchor)
-    if "profile" not in skip:
-        run.section("profile", section_profile, a, ds, anchor)
     if "training" not in skip:
         run.section("training step", section_training, a, ds)
     if "torchrl" not in skip:
