@@ -93,6 +93,10 @@ def main() -> None:
     ap.add_argument("--segment-size", default="16MiB")
     ap.add_argument("--slice-len", type=int, default=64)
     ap.add_argument("--num-slices", type=int, default=256)
+    ap.add_argument("--columns", default=None,
+                    help="comma-separated columns to gather (default: every sample column), e.g. "
+                         "observation,action,reward as scripts/bench_stream.sh gathers")
+    ap.add_argument("--workers", type=int, default=None, help="loader workers (default: the loader's)")
     ap.add_argument("--batches", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--store", choices=["s3", "file"], default="s3")
@@ -150,6 +154,10 @@ def main() -> None:
         subprocess.run([a.bin, "push", local, url], check=True, capture_output=True)
         push_s = time.perf_counter() - t
         kw: Dict[str, Any] = {"slice_len": a.slice_len, "num_slices": a.num_slices, "seed": 5, "backend": "numpy"}
+        if a.columns:
+            kw["columns"] = a.columns.split(",")
+        if a.workers:
+            kw["workers"] = a.workers
         out: Dict[str, Any] = {"store": a.store, "transitions": a.transitions, "push_s": push_s, "loader": kw,
                                "pinned": a.pin}
         ds_local = trajstore.open(local)
