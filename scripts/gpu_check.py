@@ -375,6 +375,34 @@ def checksum(torch, batch) -> "torch.Tensor":
     return total
 
 
+def stream_check(run: Run, a, ds_path: str, kw: dict, devices: tuple = ("cpu", "cuda")) -> None:
+    """A stream (issue 34): a `file://` store of a demo dataset in 4 MiB segments (so that a
+    quarter of it holds the three windows a stream keeps: two being read, one downloading), read
+    through a cache of a quarter of it onto each of `devices`, from fresh caches with the same
+    seed: the same batches."""
+    import torch
+    import trajstore
+
+    work = os.path.dirname(ds_path)
+    src = os.path.join(work, "stream-src.trajstore")
+    run.sh([os.path.join(HERE, "trajstore"), "demo", src, "--transitions", 1_000_000 if a.quick else 2_000_000,
+            "--segment-size", "4MiB", "--json"], env=env_for(run))
+    store = "file://" + os.path.join(work, "store")
+    trajstore.push(src, store)  # (the bundle's CLI is loader-only: no `push`)
+    limit = trajstore.open(store, cache_limit="1TiB", cache_dir=os.path.join(work, "probe")).transition_bytes // 4
+    streamed = []
+    for i, dev in enumerate(devices):
+        sds = trajstore.open(store, cache_limit=limit, cache_dir=os.path.join(work, f"cache-{i}"))
+        t0 = time.perf_counter()
+        streamed.append([{k: v.cpu() for k, v in b.items()} for b in sds.loader(device=dev, **{**kw, "max_batches": 200})])
+        run.figure(f"python_stream_{dev}_{i}_batches_per_s", value=len(streamed[i]) / (time.perf_counter() - t0),
+                   note="128 x 32, a quarter of the dataset cached, from a file:// store, cold cache")
+    same = len(streamed[0]) == len(streamed[1]) == 200 and all(
+        g.keys() == c.keys() and all(torch.equal(g[k], c[k]) for k in c) for g, c in zip(streamed[1], streamed[0]))
+    run.check(f"Python: a stream's {devices[1]} batches equal its {devices[0]} batches (quarter cache, 200 batches)",
+              same, "")
+
+
 def section_python_checks(run: Run, a, ds_path: str) -> None:
     import torch
     import trajstore
@@ -431,21 +459,7 @@ def section_python_checks(run: Run, a, ds_path: str) -> None:
     run.check("Python: pin_memory=True batches stay pinned after a transform that makes new tensors",
               all(v.is_pinned() for b in pinned for v in b.values()), "")
 
-    # A stream (issue 34): a `file://` copy of the dataset read through a bounded cache (a
-    # quarter of it), to cuda and to cpu from fresh caches with the same seed: the same batches.
-    store = "file://" + os.path.join(os.path.dirname(ds_path), "store")
-    trajstore.push(ds_path, store)  # (the bundle's CLI is loader-only: no `push`)
-    limit = trajstore.open(store, cache_limit="1TiB", cache_dir=ds_path + ".probe").transition_bytes // 4
-    streamed = {}
-    for dev in ("cpu", "cuda"):
-        sds = trajstore.open(store, cache_limit=limit, cache_dir=f"{ds_path}.cache-{dev}")
-        t0 = time.perf_counter()
-        streamed[dev] = [{k: v.cpu() for k, v in b.items()} for b in sds.loader(device=dev, **{**kw, "max_batches": 200})]
-        run.figure(f"python_stream_{dev}_batches_per_s", value=len(streamed[dev]) / (time.perf_counter() - t0),
-                   note="128 x 32, a quarter of the dataset cached, from a file:// store, cold cache")
-    same = len(streamed["cpu"]) == len(streamed["cuda"]) == 200 and all(
-        g.keys() == c.keys() and all(torch.equal(g[k], c[k]) for k in c) for g, c in zip(streamed["cuda"], streamed["cpu"]))
-    run.check("Python: a stream's cuda batches equal its cpu batches (quarter cache, 200 batches)", same, "")
+    stream_check(run, a, ds_path, kw)
 
     # The staging ring under pressure: every batch's checksum on the GPU against the CPU plan.
     n = 600 if a.quick else 3000
