@@ -345,12 +345,35 @@ pub(crate) fn temp_name(path: &Path) -> PathBuf {
 }
 
 /// An object_store error with the URL it concerns; "not found" becomes [`Error::NotFound`].
-/// Appends `range` of a local `file` (`src`: the object of a `file://` store, which object_store
-/// hands over open) to `out` (`out_path`) in 1 MiB reads, extending `crc`, and calls
-/// `on_chunk(n)` after each chunk written; returns the CRC and the bytes copied. object_store's
-/// own stream of such a file reads 8 KiB per hop through tokio's blocking pool, which measured at
-/// a third of this (BENCHMARKS.md, "From Python"). Blocking: run it on a blocking thread.
-pub(crate) fn copy_local(
+/// Appends `range` of a local `file` (`src`: the object at `url` of a `file://` store, which
+/// object_store hands over open) to `out` (`out_path`) in 1 MiB reads on a blocking thread,
+/// extending `crc`, and calls `on_chunk(n)` after each chunk written; returns `out`, the CRC and
+/// the bytes copied. object_store's own stream of such a file reads 8 KiB per hop through tokio's
+/// blocking pool, which measured at a third of this (BENCHMARKS.md, "From Python").
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn copy_local(
+    url: &str,
+    file: File,
+    src: PathBuf,
+    range: std::ops::Range<u64>,
+    mut out: File,
+    out_path: PathBuf,
+    crc: u32,
+    on_chunk: impl FnMut(u64) + Send + 'static,
+) -> Result<(File, u32, u64)> {
+    tokio::task::spawn_blocking(move || {
+        let (crc, n) = copy_local_blocking(file, &src, range, &mut out, &out_path, crc, on_chunk)?;
+        Ok((out, crc, n))
+    })
+    .await
+    .map_err(|e| Error::Remote {
+        url: url.to_string(),
+        message: "copy task failed".into(),
+        source: Some(Box::new(e)),
+    })?
+}
+
+fn copy_local_blocking(
     mut file: File,
     src: &Path,
     range: std::ops::Range<u64>,

@@ -262,18 +262,12 @@ impl Remote {
             // A local file (file:// stores): copied in large reads on a blocking thread, not in
             // the store's 8 KiB stream chunks.
             object_store::GetResultPayload::File(file, src) => {
-                let (t, p) = (tmp.clone(), pb.clone());
-                let copied = tokio::task::spawn_blocking(move || -> Result<(File, u32, u64)> {
-                    let (crc, seen) =
-                        super::copy_local(file, &src, range, &mut out, &t, 0, |n| p.advance(n))?;
-                    Ok((out, crc, seen))
-                })
-                .await
-                .map_err(|e| Error::Remote {
-                    url: url.clone(),
-                    message: "copy task failed".into(),
-                    source: Some(Box::new(e)),
-                })??;
+                let p = pb.clone();
+                let copied =
+                    super::copy_local(&url, file, src, range, out, tmp.clone(), 0, move |n| {
+                        p.advance(n)
+                    })
+                    .await?;
                 (out, crc, seen) = copied;
             }
             object_store::GetResultPayload::Stream(mut stream) => {

@@ -21,16 +21,21 @@ use trajstore::{
 
 const COLUMNS: [&str; 3] = ["observation", "action", "reward"];
 
-/// 24,000 transitions in 64 KiB segments (about 20 of them), pushed to `bucket`.
-fn pushed(s3: &S3Server, bucket: &str, dir: &Path) -> (String, Dataset) {
-    let url = format!("{}/runs/walker", s3.bucket(bucket));
-    let ds = TestData::new()
+/// 24,000 transitions in 64 KiB segments (about 20 of them) at `dir/local`.
+fn walker(dir: &Path, seed: u64) -> Dataset {
+    TestData::new()
         .obs_dim(8)
-        .seed(3)
+        .seed(seed)
         .transitions(24_000)
         .mean_episode_len(60.0)
         .segment_bytes(64 << 10)
-        .write(&dir.join("local"));
+        .write(&dir.join("local"))
+}
+
+/// [`walker`] pushed to `bucket`.
+fn pushed(s3: &S3Server, bucket: &str, dir: &Path) -> (String, Dataset) {
+    let url = format!("{}/runs/walker", s3.bucket(bucket));
+    let ds = walker(dir, 3);
     s3.remote(&url).push(&ds).unwrap();
     (url, ds)
 }
@@ -670,13 +675,7 @@ fn an_interrupted_download_resumes_and_damaged_objects_are_errors_naming_them() 
 #[test]
 fn a_file_store_streams_resumes_and_names_damage_through_its_own_copy() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = TestData::new()
-        .obs_dim(8)
-        .seed(5)
-        .transitions(24_000)
-        .mean_episode_len(60.0)
-        .segment_bytes(64 << 10)
-        .write(&dir.path().join("local"));
+    let ds = walker(dir.path(), 5);
     let store = dir.path().join("store/walker");
     let url = format!("file://{}", store.display());
     trajstore::remote::Remote::open(&url, Default::default())

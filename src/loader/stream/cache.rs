@@ -567,22 +567,15 @@ async fn fetch_once(
             // blocking thread (its own stream reads 8 KiB per hop through tokio's blocking pool,
             // which measured at a third of the disk's rate).
             GetResultPayload::File(file, path) => {
-                let (url, part2) = (f.url.clone(), part.clone());
-                let (o, c, copied) = tokio::task::spawn_blocking(move || -> Result<_> {
-                    let mut first = true;
-                    let (c, n) = copy_local(file, &path, range, &mut out, &part2, crc, |_| {
-                        if std::mem::take(&mut first) {
-                            crate::fault::point("stream-download");
-                        }
-                    })?;
-                    Ok((out, c, n))
-                })
-                .await
-                .map_err(|e| Error::Remote {
-                    url: url.clone(),
-                    message: "copy task failed".into(),
-                    source: Some(Box::new(e)),
-                })??;
+                let mut first = true;
+                let on_chunk = move |_| {
+                    if std::mem::take(&mut first) {
+                        // A rank killed in the middle of a download (tests: resumed).
+                        crate::fault::point("stream-download");
+                    }
+                };
+                let (o, c, copied) =
+                    copy_local(&f.url, file, path, range, out, part.clone(), crc, on_chunk).await?;
                 counters.bytes_downloaded.fetch_add(copied, Relaxed);
                 (out, crc, have) = (o, c, have + copied);
                 futures::stream::empty().boxed()
