@@ -106,13 +106,8 @@ def main() -> None:
                     help="a Python with pylance: also run scripts/peer_lance_stream.py on the same server")
     ap.add_argument("--mosaic-python", default=None,
                     help="a Python with mosaicml-streaming: also run scripts/peer_mosaic_stream.py on the same server")
-    ap.add_argument("--pin", action="store_true",
-                    help="this process (every loader, local and streamed) on CPU 0 and the S3 server on CPU 1: "
-                         "the server's work is not charged to the loader, as with a remote store")
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
     a = ap.parse_args()
-    if a.pin:
-        os.sched_setaffinity(0, {0})  # before the extension starts threads, which inherit it
     import trajstore
 
     work = a.work or tempfile.mkdtemp(prefix="trajstore-stream-bench-")
@@ -127,9 +122,8 @@ def main() -> None:
             )
         if a.store == "s3":
             port = free_port()
-            pin = ["taskset", "-c", "1"] if a.pin else []
             server = subprocess.Popen(
-                [*pin, a.moto_python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                [a.moto_python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             endpoint = f"http://127.0.0.1:{port}"
@@ -158,8 +152,7 @@ def main() -> None:
             kw["columns"] = a.columns.split(",")
         if a.workers:
             kw["workers"] = a.workers
-        out: Dict[str, Any] = {"store": a.store, "transitions": a.transitions, "push_s": push_s, "loader": kw,
-                               "pinned": a.pin}
+        out: Dict[str, Any] = {"store": a.store, "transitions": a.transitions, "push_s": push_s, "loader": kw}
         ds_local = trajstore.open(local)
         out["local"] = rate(ds_local.loader(**kw), a.warmup, a.batches)
         probe = trajstore.open(url, cache_limit="1TiB", cache_dir=os.path.join(work, "probe"))

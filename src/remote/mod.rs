@@ -344,7 +344,6 @@ pub(crate) fn temp_name(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// An object_store error with the URL it concerns; "not found" becomes [`Error::NotFound`].
 /// Appends `range` of a local `file` (`src`: the object at `url` of a `file://` store, which
 /// object_store hands over open) to `out` (`out_path`) in 1 MiB reads on a blocking thread,
 /// extending `crc`, and calls `on_chunk(n)` after each chunk written; returns `out`, the CRC and
@@ -406,6 +405,7 @@ fn copy_local_blocking(
     Ok((crc, copied))
 }
 
+/// An object_store error with the URL it concerns; "not found" becomes [`Error::NotFound`].
 pub(crate) fn remote_err(url: &str, e: object_store::Error) -> Error {
     match e {
         object_store::Error::NotFound { .. } => Error::NotFound {

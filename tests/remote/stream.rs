@@ -58,6 +58,16 @@ fn stream_loader(
     StreamLoader::new(&source, opts)
 }
 
+/// The object name of `snap`'s segment `i` in a store (`<id>-<crc>.arrow`, as a push names it).
+fn object_name(snap: &Snapshot, i: usize) -> String {
+    let seg = &snap.manifest().segments[i];
+    let crc = seg
+        .checksum
+        .trim_start_matches("crc32c:")
+        .to_ascii_lowercase();
+    format!("{:020}-{crc}.arrow", seg.id)
+}
+
 /// Bytes of the transition files of `snap`.
 fn transition_bytes(snap: &Snapshot) -> u64 {
     snap.manifest().segments.iter().map(|s| s.bytes).sum()
@@ -611,12 +621,7 @@ fn an_interrupted_download_resumes_and_damaged_objects_are_errors_naming_them() 
     let opts = options(&s3, &dir.path().join("cache"), 1 << 30);
     let stream = Stream::open(&url, opts.clone()).unwrap();
     // A killed download leaves a partial file: the first half of segment 2's object.
-    let seg = &snap.manifest().segments[2];
-    let crc = seg
-        .checksum
-        .trim_start_matches("crc32c:")
-        .to_ascii_lowercase();
-    let name = format!("{:020}-{crc}.arrow", seg.id);
+    let name = object_name(&snap, 2);
     let key = format!("runs/walker/segments/{name}");
     let object = s3.get_raw("damage", &key);
     let cache_dir = stream.cache_dir(0);
@@ -683,12 +688,7 @@ fn a_file_store_streams_resumes_and_names_damage_through_its_own_copy() {
         .push(&ds)
         .unwrap();
     let snap = ds.snapshot().unwrap();
-    let seg = &snap.manifest().segments[2];
-    let crc = seg
-        .checksum
-        .trim_start_matches("crc32c:")
-        .to_ascii_lowercase();
-    let name = format!("{:020}-{crc}.arrow", seg.id);
+    let name = object_name(&snap, 2);
     let object_path = store.join("segments").join(&name);
     let object = std::fs::read(&object_path).unwrap();
     let half = object.len() / 2;
