@@ -82,7 +82,9 @@ mod fault;
 mod guard;
 
 pub use error::{ConflictKind, Error, Result};
-pub use gather::{Batch, BatchColumn, FrameStack, GatherInto, Gatherer, ReadAhead, StackPad};
+pub use gather::{
+    Batch, BatchColumn, CompactInto, FrameStack, GatherInto, Gatherer, ReadAhead, StackPad,
+};
 pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
 pub use loader::{
     BatchSource, Follow, FollowStats, Loader, LoaderOptions, LoaderSpec, LoaderState, PartSpec,

@@ -216,23 +216,25 @@ impl Mix {
             })
     }
 
-    /// [`Gatherer::gather_into`] of a mix: the plan and destinations checked whole, then each
-    /// part gathers its range of slices into its range of every destination.
-    pub(super) fn gather_into(
+    /// [`Gatherer::gather_into`] and [`Gatherer::gather_compact`] of a mix: the plan and
+    /// destinations checked whole, then each part gathers its range of slices into its range of
+    /// every destination (`tails`: the mix's tail columns, one row per slice).
+    pub(super) fn gather_any(
         &self,
         plan: &[SliceRef],
         l: usize,
-        dest: GatherInto<'_>,
+        (mut columns, flags, mut episode_id, mut start_step): Dest<'_>,
         step_bytes: &[usize],
+        tails: &[bool],
     ) -> Result<()> {
         self.check_plan(plan, l)?;
         let b = plan.len();
-        if dest.columns.len() != step_bytes.len() {
+        if columns.len() != step_bytes.len() {
             return Err(Error::argument(
                 "dest",
                 format!(
                     "{} destination columns for {} gathered columns",
-                    dest.columns.len(),
+                    columns.len(),
                     step_bytes.len()
                 ),
             ));
@@ -243,45 +245,43 @@ impl Mix {
                 format!("{b} slices of {l} steps overflow a count of steps"),
             )
         })?;
-        let short = dest
-            .columns
+        let rows = |tail: bool| if tail { b } else { steps };
+        let short = columns
             .iter()
             .zip(step_bytes)
-            .any(|(d, &s)| steps.checked_mul(s).is_none_or(|need| d.len() < need));
-        if short
-            || dest.flags.iter().any(|f| f.len() < steps)
-            || dest.episode_id.len() < b
-            || dest.start_step.len() < b
-        {
+            .zip(tails)
+            .any(|((d, &s), &t)| rows(t).checked_mul(s).is_none_or(|need| d.len() < need));
+        let flags_short = match &flags {
+            FlagsInto::Planes(p) => p.iter().any(|f| f.len() < steps),
+            FlagsInto::Spans(s) => s.len() / 3 < b,
+        };
+        if short || flags_short || episode_id.len() < b || start_step.len() < b {
             return Err(Error::argument(
                 "dest",
                 format!("destinations smaller than a batch of {b} x {l} steps"),
             ));
         }
-        let GatherInto {
-            mut columns,
-            mut flags,
-            mut episode_id,
-            mut start_step,
-        } = dest;
         fn cut<'a, T>(rest: &mut &'a mut [T], n: usize) -> &'a mut [T] {
             let (head, tail) = std::mem::take(rest).split_at_mut(n);
             *rest = tail;
             head
         }
+        let mut flags = flags;
         for (part, range) in self.ranges(plan) {
             let n = range.len();
-            let part_dest = GatherInto {
-                columns: columns
-                    .iter_mut()
-                    .zip(step_bytes)
-                    .map(|(c, &s)| cut(c, n * l * s))
-                    .collect(),
-                flags: flags.each_mut().map(|f| cut(f, n * l)),
-                episode_id: cut(&mut episode_id, n),
-                start_step: cut(&mut start_step, n),
+            let part_columns = columns
+                .iter_mut()
+                .zip(step_bytes)
+                .zip(tails)
+                .map(|((c, &s), &t)| cut(c, if t { n } else { n * l } * s))
+                .collect();
+            let part_flags = match &mut flags {
+                FlagsInto::Planes(p) => FlagsInto::Planes(p.each_mut().map(|f| cut(f, n * l))),
+                FlagsInto::Spans(s) => FlagsInto::Spans(cut(s, n * 3)),
             };
-            part.gather_into(range, l, part_dest)?;
+            let ids = cut(&mut episode_id, n);
+            let starts = cut(&mut start_step, n);
+            part.gather_any(range, l, (part_columns, part_flags, ids, starts), tails)?;
         }
         Ok(())
     }

@@ -36,6 +36,63 @@ pub struct GatherInto<'a> {
     pub start_step: &'a mut [i64],
 }
 
+/// Caller-owned destinations of [`Gatherer::gather_compact`]: a batch in fewer bytes, for a
+/// device that expands it ([`crate::torch`] and the Python package do, on the GPU). Each column
+/// is `[B, L, ...]` as in [`GatherInto`], except the columns [`Gatherer::tail_columns`] marks (a
+/// `next_observation` derived from the gathered observation): those hold `[B, ...]`, the
+/// `next_observation` of each slice's last valid step only (zero for an empty slice), since at
+/// every other valid step it is the observation one step later. The six flag planes become
+/// `spans`, `[B, 3]` per slice: the position of its first valid step, its number of valid steps,
+/// and its end bits ([`CompactInto::FIRST`] ...). The expansion, for step `j` of slice `i`:
+/// `mask = off <= j < off + n`; `slice_end = n > 0 && j == off + n - 1`;
+/// `is_first = n > 0 && j == off && FIRST`; `is_last = slice_end && LAST`;
+/// `terminated = slice_end && TERMINATED`; `truncated = slice_end && TRUNCATED`; and
+/// `next_observation = tail[i]` where `slice_end`, `observation[j + 1]` at the other valid steps,
+/// zero at padded ones.
+#[derive(Debug)]
+pub struct CompactInto<'a> {
+    /// One buffer per gathered column, in [`Gatherer::columns`] order: `[B, L, ...]`, or `[B,
+    /// ...]` for a tail column.
+    pub columns: Vec<&'a mut [u8]>,
+    /// `[B, 3]`: first valid position, valid steps, end bits.
+    pub spans: &'a mut [i32],
+    /// `[B]`: episode id of each slice.
+    pub episode_id: &'a mut [u64],
+    /// `[B]`: first step of each slice.
+    pub start_step: &'a mut [i64],
+}
+
+impl CompactInto<'_> {
+    /// End bit: the slice's first valid step is its episode's first.
+    pub const FIRST: i32 = 1;
+    /// End bit: the slice's last valid step is its episode's last.
+    pub const LAST: i32 = 2;
+    /// End bit: ... and the episode ended in a terminal state.
+    pub const TERMINATED: i32 = 4;
+    /// End bit: ... and the episode was cut.
+    pub const TRUNCATED: i32 = 8;
+}
+
+/// The flag destinations of a gather: six planes, or the compact per-slice spans.
+enum FlagsInto<'a> {
+    Planes([&'a mut [u8]; 6]),
+    Spans(&'a mut [i32]),
+}
+
+/// The destinations of a gather: columns, flags, episode ids, start steps.
+type Dest<'a> = (
+    Vec<&'a mut [u8]>,
+    FlagsInto<'a>,
+    &'a mut [u64],
+    &'a mut [i64],
+);
+
+/// [`FlagsInto`] as pointers for the workers.
+enum FlagPtrs {
+    Planes([SendPtr; 6]),
+    Spans(SendPtr),
+}
+
 fn elem_size(dt: &DataType) -> usize {
     dt.primitive_width().unwrap_or(1)
 }
@@ -386,17 +443,90 @@ impl Gatherer {
         slice_len: usize,
         dest: GatherInto<'_>,
     ) -> Result<()> {
+        let GatherInto {
+            columns,
+            flags,
+            episode_id,
+            start_step,
+        } = dest;
+        let tails = vec![false; self.columns.len()];
+        let dest = (columns, FlagsInto::Planes(flags), episode_id, start_step);
+        self.gather_any(plan, slice_len, dest, &tails)
+    }
+
+    /// Gathers `plan` into the compact layout of [`CompactInto`]: the columns
+    /// [`Gatherer::tail_columns`] marks as one row per slice, the flags as per-slice spans. The
+    /// same checks and errors as [`Gatherer::gather_into`].
+    pub fn gather_compact(
+        &self,
+        plan: &[SliceRef],
+        slice_len: usize,
+        dest: CompactInto<'_>,
+    ) -> Result<()> {
+        let CompactInto {
+            columns,
+            spans,
+            episode_id,
+            start_step,
+        } = dest;
+        let tails = self.tail_columns();
+        let dest = (columns, FlagsInto::Spans(spans), episode_id, start_step);
+        self.gather_any(plan, slice_len, dest, &tails)
+    }
+
+    /// Per gathered column, whether [`Gatherer::gather_compact`] writes it as one row per slice:
+    /// a `next_observation` derived from the observation rows (not a stored column), with the
+    /// observation gathered too. On a mix, only where every part derives it.
+    pub fn tail_columns(&self) -> Vec<bool> {
         if let Some(m) = &self.mix {
-            return m.gather_into(plan, slice_len, dest, &self.step_bytes());
+            let mut all = vec![true; self.columns.len()];
+            for part in m.parts() {
+                for (t, p) in all.iter_mut().zip(part.tail_columns()) {
+                    *t &= p;
+                }
+            }
+            return all;
+        }
+        let has_obs = |frames: bool| {
+            self.columns.iter().any(|c| {
+                c.name == col::OBSERVATION
+                    && match &c.source {
+                        ColumnSource::Frames(f) => frames && !f.next,
+                        _ => !frames,
+                    }
+            })
+        };
+        self.columns
+            .iter()
+            .map(|c| match &c.source {
+                ColumnSource::DerivedNext { .. } => has_obs(false),
+                ColumnSource::Frames(f) => f.next && has_obs(true),
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// [`Gatherer::gather_into`] and [`Gatherer::gather_compact`]: `tails` marks the columns
+    /// written as one row per slice (only with spans; see [`Gatherer::tail_columns`]).
+    fn gather_any(
+        &self,
+        plan: &[SliceRef],
+        slice_len: usize,
+        (mut columns, flags, episode_id, start_step): Dest<'_>,
+        tails: &[bool],
+    ) -> Result<()> {
+        if let Some(m) = &self.mix {
+            let dest = (columns, flags, episode_id, start_step);
+            return m.gather_any(plan, slice_len, dest, &self.step_bytes(), tails);
         }
         let (b, l) = (plan.len(), slice_len);
         self.check_slices(plan, l)?;
-        if dest.columns.len() != self.columns.len() {
+        if columns.len() != self.columns.len() {
             return Err(Error::argument(
                 "dest",
                 format!(
                     "{} destination columns for {} gathered columns",
-                    dest.columns.len(),
+                    columns.len(),
                     self.columns.len()
                 ),
             ));
@@ -408,8 +538,9 @@ impl Gatherer {
                 format!("{b} slices of {l} steps overflow a count of steps"),
             )
         })?;
-        for (c, d) in self.columns.iter().zip(&dest.columns) {
-            let need = steps.checked_mul(c.width * elem_size(&c.data_type));
+        for ((c, d), &tail) in self.columns.iter().zip(&columns).zip(tails) {
+            let rows = if tail { b } else { steps };
+            let need = rows.checked_mul(c.width * elem_size(&c.data_type));
             if need.is_none_or(|need| d.len() < need) {
                 return Err(Error::argument(
                     "dest",
@@ -423,26 +554,24 @@ impl Gatherer {
                 ));
             }
         }
-        if dest.flags.iter().any(|f| f.len() < steps)
-            || dest.episode_id.len() < b
-            || dest.start_step.len() < b
-        {
+        let flags_short = match &flags {
+            FlagsInto::Planes(p) => p.iter().any(|f| f.len() < steps),
+            FlagsInto::Spans(s) => s.len() / 3 < b,
+        };
+        if flags_short || episode_id.len() < b || start_step.len() < b {
             return Err(Error::argument(
                 "dest",
                 format!("flag or per-slice destinations smaller than a batch of {b} x {l}"),
             ));
         }
-        let GatherInto {
-            mut columns,
-            flags,
-            episode_id,
-            start_step,
-        } = dest;
         let dst: Vec<SendPtr> = columns
             .iter_mut()
             .map(|c| SendPtr(c.as_mut_ptr()))
             .collect();
-        let flags = flags.map(|f| SendPtr(f.as_mut_ptr()));
+        let flags = match flags {
+            FlagsInto::Planes(p) => FlagPtrs::Planes(p.map(|f| SendPtr(f.as_mut_ptr()))),
+            FlagsInto::Spans(s) => FlagPtrs::Spans(SendPtr(s.as_mut_ptr() as *mut u8)),
+        };
         let meta = (
             SendPtr(episode_id.as_mut_ptr() as *mut u8),
             SendPtr(start_step.as_mut_ptr() as *mut u8),
@@ -450,7 +579,8 @@ impl Gatherer {
         let total_bytes: usize = self
             .columns
             .iter()
-            .map(|c| b * l * c.width * elem_size(&c.data_type))
+            .zip(tails)
+            .map(|(c, &t)| if t { b } else { b * l } * c.width * elem_size(&c.data_type))
             .sum();
         self.before_gather(plan);
         let work = |(i, s): (usize, &SliceRef)| {
@@ -463,7 +593,7 @@ impl Gatherer {
             // column, `[i * L, (i + 1) * L)` of each flag plane and element `i` of the per-slice
             // vectors; the destinations were checked above to hold all B slices and are
             // exclusively borrowed for this call.
-            unsafe { self.gather_slice(i, s, l, &dst, &flags, &meta) }
+            unsafe { self.gather_slice(i, s, l, &dst, tails, &flags, &meta) }
         };
         // Small batches are faster on one thread than across the pool: under 256 KiB of copies,
         // or under 1,024 frames to decode or copy (about 1 µs each; a loader's workers already
@@ -617,7 +747,8 @@ impl Gatherer {
         s: &SliceRef,
         l: usize,
         dst: &[SendPtr],
-        flags: &[SendPtr; 6],
+        tails: &[bool],
+        flags: &FlagPtrs,
         meta: &(SendPtr, SendPtr),
     ) -> Result<()> {
         let loc = self.snap.episodes().get(s.episode as usize);
@@ -639,26 +770,69 @@ impl Gatherer {
             *(meta.0.0 as *mut u64).add(i) = loc.episode_id;
             *(meta.1.0 as *mut i64).add(i) = s.start;
             let ef = self.episode_flags[s.episode as usize];
-            for (k, f) in flags.iter().enumerate() {
-                let row = std::slice::from_raw_parts_mut(f.0.add(i * l), l);
-                row.fill(0);
-                if n == 0 {
-                    continue;
+            match flags {
+                FlagPtrs::Planes(planes) => {
+                    for (k, f) in planes.iter().enumerate() {
+                        let row = std::slice::from_raw_parts_mut(f.0.add(i * l), l);
+                        row.fill(0);
+                        if n == 0 {
+                            continue;
+                        }
+                        match k {
+                            0 => row[off..off + n].fill(1),
+                            1 if a == 0 => row[off] = 1,
+                            2 if b == len => row[off + n - 1] = 1,
+                            3 if b == len && ef & 1 != 0 => row[off + n - 1] = 1,
+                            4 if b == len && ef & 2 != 0 => row[off + n - 1] = 1,
+                            5 => row[off + n - 1] = 1,
+                            _ => {}
+                        }
+                    }
                 }
-                match k {
-                    0 => row[off..off + n].fill(1),
-                    1 if a == 0 => row[off] = 1,
-                    2 if b == len => row[off + n - 1] = 1,
-                    3 if b == len && ef & 1 != 0 => row[off + n - 1] = 1,
-                    4 if b == len && ef & 2 != 0 => row[off + n - 1] = 1,
-                    5 => row[off + n - 1] = 1,
-                    _ => {}
+                FlagPtrs::Spans(p) => {
+                    let span = std::slice::from_raw_parts_mut((p.0 as *mut i32).add(3 * i), 3);
+                    let mut bits = 0;
+                    if n > 0 {
+                        if a == 0 {
+                            bits |= CompactInto::FIRST;
+                        }
+                        if b == len {
+                            bits |= CompactInto::LAST;
+                            if ef & 1 != 0 {
+                                bits |= CompactInto::TERMINATED;
+                            }
+                            if ef & 2 != 0 {
+                                bits |= CompactInto::TRUNCATED;
+                            }
+                        }
+                    }
+                    // Slices are at most `l` steps, and `l` fits an i32 (checked by the caller's
+                    // layout; a longer slice could not be a batch).
+                    span.copy_from_slice(&[off as i32, n as i32, bits]);
                 }
             }
             let first_row = loc.segment_row + a as u64;
             let (bi, r) = if n > 0 { seg.locate(first_row) } else { (0, 0) };
-            for (c, d) in self.columns.iter().zip(dst) {
+            for ((c, d), &tail) in self.columns.iter().zip(dst).zip(tails) {
                 let step = c.width * elem_size(&c.data_type);
+                if tail {
+                    let row = std::slice::from_raw_parts_mut(d.0.add(i * step), step);
+                    if n == 0 {
+                        row.fill(0);
+                        continue;
+                    }
+                    match &c.source {
+                        // Written below, from the observation's last row.
+                        ColumnSource::Frames(_) => {}
+                        ColumnSource::DerivedNext { obs, finals } => {
+                            let src = obs[loc.segment][bi].as_slice();
+                            let after = (b < len).then(|| &src[(r + n) * step..(r + n + 1) * step]);
+                            self.next_of_last(s, loc.segment, after, finals, row);
+                        }
+                        _ => unreachable!("only derived next_observation columns are tails"),
+                    }
+                    continue;
+                }
                 let out = std::slice::from_raw_parts_mut(d.0.add(i * l * step), l * step);
                 out[..off * step].fill(0);
                 out[(off + n) * step..].fill(0);
@@ -683,20 +857,12 @@ impl Gatherer {
                     ColumnSource::DerivedNext { obs, finals } => {
                         // o_{t+1} for t in [a, b): rows a+1 .. min(b, len - 1) + 1 of the episode,
                         // then the final observation if the window reaches the last step.
-                        let inner = if b == len { n - 1 } else { n };
+                        let inner = n - 1;
                         let src = obs[loc.segment][bi].as_slice();
                         dst[..inner * step]
                             .copy_from_slice(&src[(r + 1) * step..(r + 1 + inner) * step]);
-                        if b == len {
-                            let k = s.episode as usize - self.segment_first_episode[loc.segment];
-                            let (vals, nulls) = &finals[loc.segment];
-                            let last = &mut dst[inner * step..];
-                            if nulls.as_ref().is_some_and(|nb| nb.is_null(k)) {
-                                last.fill(0);
-                            } else {
-                                last.copy_from_slice(&vals.as_slice()[k * step..(k + 1) * step]);
-                            }
-                        }
+                        let after = (b < len).then(|| &src[(r + n) * step..(r + n + 1) * step]);
+                        self.next_of_last(s, loc.segment, after, finals, &mut dst[inner * step..]);
                     }
                 }
             }
@@ -712,23 +878,76 @@ impl Gatherer {
                     self.columns
                         .iter()
                         .zip(dst)
-                        .filter_map(move |(c, d)| match &c.source {
-                            ColumnSource::Frames(fs) if fs.next == next => Some((c.width, fs, d)),
+                        .enumerate()
+                        .filter_map(move |(j, (c, d))| match &c.source {
+                            ColumnSource::Frames(fs) if fs.next == next => {
+                                Some((j, c.width, fs, d))
+                            }
                             _ => None,
                         })
                 };
-                for (step, fs, d) in frames(false).chain(frames(true)) {
+                for (j, step, fs, d) in frames(false).chain(frames(true)) {
+                    let from_obs = |from: usize, rows: usize| {
+                        obs.filter(|_| fs.next).map(|o| {
+                            let p = dst[o].0.add((i * l + from) * step);
+                            std::slice::from_raw_parts(p as *const u8, rows * step)
+                        })
+                    };
+                    if tails[j] {
+                        // The last valid step's next stack only, from the observation's last.
+                        let out = std::slice::from_raw_parts_mut(d.0.add(i * step), step);
+                        let last = (b as usize - 1, b as usize, len as usize);
+                        fs.fill(
+                            seg,
+                            loc.segment_row,
+                            table_row,
+                            last,
+                            out,
+                            from_obs(off + n - 1, 1),
+                        )?;
+                        continue;
+                    }
                     let out =
                         std::slice::from_raw_parts_mut(d.0.add((i * l + off) * step), n * step);
-                    let from_obs = obs.filter(|_| fs.next).map(|o| {
-                        let p = dst[o].0.add((i * l + off) * step);
-                        std::slice::from_raw_parts(p as *const u8, n * step)
-                    });
-                    fs.fill(seg, loc.segment_row, table_row, steps, out, from_obs)?;
+                    fs.fill(
+                        seg,
+                        loc.segment_row,
+                        table_row,
+                        steps,
+                        out,
+                        from_obs(off, n),
+                    )?;
                 }
             }
         }
         Ok(())
+    }
+}
+
+impl Gatherer {
+    /// The `next_observation` of a window's last valid step into `out` (one step): `after`, the
+    /// observation of the step after the window, or where the window ends the episode (`after`
+    /// None) the episode's final observation (zero where the episode has none).
+    fn next_of_last(
+        &self,
+        s: &SliceRef,
+        segment: usize,
+        after: Option<&[u8]>,
+        finals: &[(Buffer, Option<arrow::buffer::NullBuffer>)],
+        out: &mut [u8],
+    ) {
+        if let Some(after) = after {
+            out.copy_from_slice(after);
+            return;
+        }
+        let step = out.len();
+        let k = s.episode as usize - self.segment_first_episode[segment];
+        let (vals, nulls) = &finals[segment];
+        if nulls.as_ref().is_some_and(|nb| nb.is_null(k)) {
+            out.fill(0);
+        } else {
+            out.copy_from_slice(&vals.as_slice()[k * step..(k + 1) * step]);
+        }
     }
 }
 

@@ -79,6 +79,39 @@ pub fn fsl(values: Vec<f32>, width: usize) -> ArrayRef {
     ))
 }
 
+/// `batch` (an episode of `f32` observations) with a stored `next_observation` column: the
+/// observation one step later, then `end`'s final observation.
+pub fn with_next_observation(batch: &RecordBatch, end: &trajstore::EpisodeEnd) -> RecordBatch {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Float32Type;
+    let obs = batch
+        .column_by_name(trajstore::format::col::OBSERVATION)
+        .unwrap()
+        .as_fixed_size_list();
+    let d = obs.value_length() as usize;
+    let fin = end.final_observation.clone().unwrap();
+    let mut next: Vec<f32> = obs.values().as_primitive::<Float32Type>().values()[d..].to_vec();
+    next.extend_from_slice(
+        fin.as_fixed_size_list()
+            .values()
+            .as_primitive::<Float32Type>()
+            .values(),
+    );
+    let schema = batch.schema();
+    let mut cols: Vec<(&str, ArrayRef)> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            (
+                f.name().as_str(),
+                batch.column_by_name(f.name()).unwrap().clone(),
+            )
+        })
+        .collect();
+    cols.push((trajstore::format::col::NEXT_OBSERVATION, fsl(next, d)));
+    RecordBatch::try_from_iter(cols).unwrap()
+}
+
 /// The terminal flag of transition `i` in the NumPy and TorchRL fixtures.
 pub fn fixture_terminated(i: usize) -> bool {
     (i + 1).is_multiple_of(97)

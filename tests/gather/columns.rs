@@ -2,9 +2,9 @@
 //! against per-slice gathers, derived `next_observation` against a stored one,
 //! `Batch::to_record_batch`, and `gather_into` caller memory.
 
+use crate::common::TestData;
 use crate::common::sampling::plans;
-use crate::common::{TestData, fsl};
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Float32Type, Int64Type, UInt8Type, UInt32Type, UInt64Type};
 use trajstore::format::{col, ep};
 use trajstore::{
@@ -172,33 +172,8 @@ fn derived_next_observation_equals_stored() {
     let mut wd = derived.writer(opts).unwrap();
     for (i, &len) in lens.iter().enumerate() {
         let (batch, end) = s.episode(i as u64, len);
-        let obs = batch
-            .column_by_name(col::OBSERVATION)
-            .unwrap()
-            .as_fixed_size_list();
-        let obs_vals = obs.values().as_primitive::<Float32Type>().values();
-        let fin = end.final_observation.clone().unwrap();
-        let fin_vals = fin
-            .as_fixed_size_list()
-            .values()
-            .as_primitive::<Float32Type>()
-            .clone();
-        let mut next: Vec<f32> = obs_vals[d..].to_vec();
-        next.extend_from_slice(fin_vals.values());
-        assert_eq!(next.len(), len as usize * d);
-        let schema = batch.schema();
-        let mut cols: Vec<(&str, ArrayRef)> = schema
-            .fields()
-            .iter()
-            .map(|f| {
-                (
-                    f.name().as_str(),
-                    batch.column_by_name(f.name()).unwrap().clone(),
-                )
-            })
-            .collect();
-        cols.push((col::NEXT_OBSERVATION, fsl(next, d)));
-        let with_next = RecordBatch::try_from_iter(cols).unwrap();
+        let with_next = crate::common::with_next_observation(&batch, &end);
+        assert_eq!(with_next.num_rows(), len as usize);
         ws.append_episode(&with_next, end.clone()).unwrap();
         wd.append_episode(&batch, end).unwrap();
     }

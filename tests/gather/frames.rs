@@ -34,12 +34,12 @@ fn frames_array(frames: &[Vec<u8>]) -> ArrayRef {
 
 /// The raw frames of each episode, and its final frame when the writer was given one (every
 /// other episode ends terminated without one, as DQN Replay's do).
-struct Episodes(Vec<Episode>);
+pub(crate) struct Episodes(Vec<Episode>);
 
 /// One episode's raw frames and its final frame, if stored.
 type Episode = (Vec<Vec<u8>>, Option<Vec<u8>>);
 
-fn write(dir: &std::path::Path, codec: FrameCodec) -> (Snapshot, Episodes) {
+pub(crate) fn write(dir: &std::path::Path, codec: FrameCodec) -> (Snapshot, Episodes) {
     write_shaped(dir, codec, &SHAPE)
 }
 

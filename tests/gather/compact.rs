@@ -1,0 +1,319 @@
+//! The compact batch (`Gatherer::gather_compact`, what the CUDA loaders ship): expanded as
+//! `CompactInto` documents it, it equals the full gather bit for bit, for derived vector
+//! `next_observation` (with and without final observations), frame stacks of every padding and
+//! both layouts, stored `next_observation` (no tail), mixes, and every boundary policy.
+
+use std::sync::Arc;
+
+use trajstore::format::col;
+use trajstore::{
+    Batch, BoundaryPolicy, CompactInto, Dataset, EpisodeEnd, FrameStack, Gatherer, SamplerSpec,
+    SliceRef, StackPad, TransitionSchema, WriterOptions,
+};
+
+use crate::common::TestData;
+
+/// A compact gather of `plan`, expanded on the host as [`CompactInto`] documents, against the
+/// full gather of the same plan: every column and flag plane byte for byte, ids and starts.
+pub(crate) fn assert_compact_equals_full(g: &Gatherer, plan: &[SliceRef], what: &str) {
+    let mut full = Batch::default();
+    g.gather(plan, &mut full).unwrap();
+    // `gather` pads to the plan's longest slice; the compact gather is given the same L.
+    let (b, l) = (plan.len(), full.slice_len);
+    let tails = g.tail_columns();
+    let steps: Vec<usize> = g.step_bytes();
+    let mut cols: Vec<Vec<u8>> = steps
+        .iter()
+        .zip(&tails)
+        .map(|(&s, &t)| vec![0xAB; if t { b } else { b * l } * s])
+        .collect();
+    let mut spans = vec![-7i32; 3 * b];
+    let (mut ids, mut starts) = (vec![0u64; b], vec![0i64; b]);
+    g.gather_compact(
+        plan,
+        l,
+        CompactInto {
+            columns: cols.iter_mut().map(|c| c.as_mut_slice()).collect(),
+            spans: &mut spans,
+            episode_id: &mut ids,
+            start_step: &mut starts,
+        },
+    )
+    .unwrap();
+    assert_eq!(ids, full.episode_id, "{what}: episode ids");
+    assert_eq!(starts, full.start_step, "{what}: start steps");
+    // The flag planes from the spans.
+    let mut planes = vec![vec![0u8; b * l]; 6];
+    for i in 0..b {
+        let (off, n, bits) = (spans[3 * i], spans[3 * i + 1], spans[3 * i + 2]);
+        assert!(
+            off >= 0 && n >= 0 && (off + n) as usize <= l,
+            "{what}: span {i}"
+        );
+        for j in 0..l as i32 {
+            let at = i * l + j as usize;
+            let end = n > 0 && j == off + n - 1;
+            planes[0][at] = (off <= j && j < off + n) as u8;
+            planes[1][at] = (n > 0 && j == off && bits & CompactInto::FIRST != 0) as u8;
+            planes[2][at] = (end && bits & CompactInto::LAST != 0) as u8;
+            planes[3][at] = (end && bits & CompactInto::TERMINATED != 0) as u8;
+            planes[4][at] = (end && bits & CompactInto::TRUNCATED != 0) as u8;
+            planes[5][at] = end as u8;
+        }
+    }
+    let want = [
+        &full.mask,
+        &full.is_first,
+        &full.is_last,
+        &full.terminated,
+        &full.truncated,
+        &full.slice_end,
+    ];
+    for (k, (got, want)) in planes.iter().zip(want).enumerate() {
+        assert_eq!(got, want, "{what}: flag plane {k}");
+    }
+    let obs = g.columns().position(|(n, _, _)| n == col::OBSERVATION);
+    for (c, ((got, &tail), &step)) in cols.iter().zip(&tails).zip(&steps).enumerate() {
+        let want = full.columns[c].data.as_slice();
+        if !tail {
+            assert_eq!(got.as_slice(), want, "{what}: column {c}");
+            continue;
+        }
+        // next_observation: the tail at the slice's last valid step, the observation one step
+        // later at the other valid steps, zero where padded.
+        let o = &cols[obs.expect("a tail column has its observation")];
+        let mut derived = vec![0u8; b * l * step];
+        for i in 0..b {
+            for j in 0..l {
+                let at = (i * l + j) * step;
+                let dst = &mut derived[at..at + step];
+                if planes[5][i * l + j] == 1 {
+                    dst.copy_from_slice(&got[i * step..(i + 1) * step]);
+                } else if planes[0][i * l + j] == 1 {
+                    dst.copy_from_slice(&o[at + step..at + 2 * step]);
+                }
+            }
+        }
+        assert!(
+            derived == want,
+            "{what}: derived next_observation (column {c})"
+        );
+    }
+}
+
+fn policies() -> [BoundaryPolicy; 3] {
+    [
+        BoundaryPolicy::Strict,
+        BoundaryPolicy::Pad,
+        BoundaryPolicy::Span { left: 3, right: 4 },
+    ]
+}
+
+/// Vector observations in small segments, episodes of many lengths, some without a final
+/// observation (their last step's next_observation is zero).
+fn vectors(dir: &std::path::Path, name: &str, stored_next: bool) -> trajstore::Snapshot {
+    let d = 3;
+    let s = TestData::new().obs_dim(d).seed(41).spec();
+    let schema = if stored_next {
+        TransitionSchema::builder(&[d], 2)
+            .next_observation(true)
+            .build()
+            .unwrap()
+    } else {
+        s.schema().unwrap()
+    };
+    let ds = Dataset::create(dir.join(name), &schema).unwrap();
+    let opts = WriterOptions::default()
+        .with_segment_bytes(2500)
+        .with_batch_bytes(700);
+    let mut w = ds.writer(opts).unwrap();
+    for i in 0..30u64 {
+        let len = 1 + (i * 13 % 23);
+        let (batch, end) = s.episode(i, len);
+        let batch = if stored_next {
+            crate::common::with_next_observation(&batch, &end)
+        } else {
+            batch
+        };
+        let end = if i % 4 == 3 {
+            EpisodeEnd::truncated()
+        } else {
+            end
+        };
+        w.append_episode(&batch, end).unwrap();
+    }
+    w.commit().unwrap();
+    ds.snapshot().unwrap()
+}
+
+#[test]
+fn compact_vectors_expand_to_the_full_gather_under_every_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let derived = vectors(dir.path(), "derived", false);
+    let stored = vectors(dir.path(), "stored", true);
+    assert!(derived.segments().len() > 1);
+    for (snap, kind) in [(&derived, "derived"), (&stored, "stored")] {
+        for cols in [
+            &[col::OBSERVATION, col::NEXT_OBSERVATION, col::REWARD][..],
+            &[col::NEXT_OBSERVATION, col::ACTION, col::OBSERVATION],
+            &[col::NEXT_OBSERVATION, col::REWARD],
+        ] {
+            let g = Gatherer::try_new(snap, cols).unwrap();
+            let tails = g.tail_columns();
+            let next = cols
+                .iter()
+                .position(|&c| c == col::NEXT_OBSERVATION)
+                .unwrap();
+            let has_obs = cols.contains(&col::OBSERVATION);
+            assert_eq!(tails[next], kind == "derived" && has_obs, "{kind} {cols:?}");
+            assert_eq!(tails.iter().filter(|&&t| t).count(), tails[next] as usize);
+            for policy in policies() {
+                for l in [1usize, 5, 9] {
+                    let Ok(built) = SamplerSpec::uniform(l as u32, 40)
+                        .with_policy(policy)
+                        .with_seed(l as u64)
+                        .build(snap)
+                    else {
+                        continue;
+                    };
+                    let mut plan = vec![];
+                    for k in 0..6 {
+                        built.sampler.plan(k, &mut plan);
+                        let what = format!("{kind} {cols:?} {policy:?} L={l} batch {k}");
+                        assert_compact_equals_full(&g, &plan, &what);
+                    }
+                }
+            }
+            // Whole episodes padded to the longest: every episode's first and last step.
+            let plan: Vec<SliceRef> = (0..snap.episodes().len())
+                .map(|e| SliceRef {
+                    episode: e as u32,
+                    start: 0,
+                    len: snap.episodes().get(e).length as u32,
+                })
+                .collect();
+            assert_compact_equals_full(&g, &plan, &format!("{kind} {cols:?} whole"));
+            // Windows wholly outside their episode are all padding.
+            let outside = [
+                SliceRef {
+                    episode: 0,
+                    start: -9,
+                    len: 4,
+                },
+                SliceRef {
+                    episode: 1,
+                    start: 40,
+                    len: 4,
+                },
+            ];
+            assert_compact_equals_full(&g, &outside, &format!("{kind} {cols:?} outside"));
+        }
+    }
+}
+
+#[test]
+fn compact_frame_stacks_expand_to_the_full_gather() {
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, _) =
+        crate::gather::frames::write(dir.path(), trajstore::frames::FrameCodec::ZstdDict);
+    for (k, pad, last) in [
+        (1, StackPad::Repeat, false),
+        (4, StackPad::Repeat, false),
+        (3, StackPad::Zeros, false),
+        (4, StackPad::Repeat, true),
+        (2, StackPad::Zeros, true),
+    ] {
+        let stack = (k > 1 || last).then(|| {
+            let s = FrameStack::new(k).unwrap().with_pad(pad);
+            if last { s.with_channels_last(true) } else { s }
+        });
+        for cols in [
+            ["observation", "next_observation"],
+            ["next_observation", "observation"],
+        ] {
+            let g = Gatherer::with_frame_stack(&snap, &cols, stack).unwrap();
+            assert_eq!(g.tail_columns().iter().filter(|&&t| t).count(), 1);
+            for policy in policies() {
+                let Ok(built) = SamplerSpec::uniform(5, 32)
+                    .with_policy(policy)
+                    .with_seed(k as u64)
+                    .build(&snap)
+                else {
+                    continue;
+                };
+                let mut plan = vec![];
+                for b in 0..4 {
+                    built.sampler.plan(b, &mut plan);
+                    let what = format!("K={k} {pad} last={last} {cols:?} {policy:?} batch {b}");
+                    assert_compact_equals_full(&g, &plan, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_mix_ships_a_tail_only_where_every_part_derives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let derived = vectors(dir.path(), "derived", false);
+    let stored = vectors(dir.path(), "stored", true);
+    let cols = [col::OBSERVATION, col::NEXT_OBSERVATION];
+    let part = |s: &trajstore::Snapshot| Arc::new(Gatherer::try_new(s, &cols).unwrap());
+    let both = Gatherer::mixed(vec![part(&derived), part(&derived)], &[3, 5]).unwrap();
+    assert_eq!(both.tail_columns(), vec![false, true]);
+    let one = Gatherer::mixed(vec![part(&derived), part(&stored)], &[3, 5]).unwrap();
+    assert_eq!(one.tail_columns(), vec![false, false]);
+    let spec = SamplerSpec::uniform(6, 8).with_policy(BoundaryPolicy::Pad);
+    let (a, b) = (spec.build(&derived).unwrap(), spec.build(&stored).unwrap());
+    let (mut pa, mut pb) = (vec![], vec![]);
+    for k in 0..4 {
+        a.sampler.plan(k, &mut pa);
+        b.sampler.plan(k, &mut pb);
+        let plan: Vec<SliceRef> = pa[..3].iter().chain(&pb[..5]).copied().collect();
+        assert_compact_equals_full(&both, &plan, &format!("derived+derived {k}"));
+        assert_compact_equals_full(&one, &plan, &format!("derived+stored {k}"));
+    }
+}
+
+#[test]
+fn compact_destinations_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = vectors(dir.path(), "derived", false);
+    let g = Gatherer::try_new(&snap, &[col::OBSERVATION, col::NEXT_OBSERVATION]).unwrap();
+    let plan = [SliceRef {
+        episode: 2,
+        start: 0,
+        len: 4,
+    }];
+    let (mut o, mut t) = (vec![0u8; 4 * 12], vec![0u8; 12]);
+    let (mut ids, mut starts) = ([0u64; 1], [0i64; 1]);
+    let mut short_spans = [0i32; 2];
+    let err = g
+        .gather_compact(
+            &plan,
+            4,
+            CompactInto {
+                columns: vec![&mut o, &mut t],
+                spans: &mut short_spans,
+                episode_id: &mut ids,
+                start_step: &mut starts,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("smaller than a batch"), "{err}");
+    let mut spans = [0i32; 3];
+    let mut short_tail = vec![0u8; 11];
+    let err = g
+        .gather_compact(
+            &plan,
+            4,
+            CompactInto {
+                columns: vec![&mut o, &mut short_tail],
+                spans: &mut spans,
+                episode_id: &mut ids,
+                start_step: &mut starts,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("next_observation"), "{err}");
+}
