@@ -590,10 +590,11 @@ impl Gatherer {
                 self.prefetch(next);
             }
             // SAFETY: slice `i` writes only bytes `[i * L * step, (i + 1) * L * step)` of each
-            // column, `[i * L, (i + 1) * L)` of each flag plane and element `i` of the per-slice
-            // vectors; the destinations were checked above to hold all B slices and are
+            // column (`[i * step, (i + 1) * step)` of a tail column), `[i * L, (i + 1) * L)` of
+            // each flag plane (elements `3i .. 3i + 3` of the spans) and element `i` of the
+            // per-slice vectors; the destinations were checked above to hold all B slices and are
             // exclusively borrowed for this call.
-            unsafe { self.gather_slice(i, s, l, &dst, tails, &flags, &meta) }
+            unsafe { self.gather_slice(i, s, l, (&dst, tails), &flags, &meta) }
         };
         // Small batches are faster on one thread than across the pool: under 256 KiB of copies,
         // or under 1,024 frames to decode or copy (about 1 µs each; a loader's workers already
@@ -746,8 +747,7 @@ impl Gatherer {
         i: usize,
         s: &SliceRef,
         l: usize,
-        dst: &[SendPtr],
-        tails: &[bool],
+        (dst, tails): (&[SendPtr], &[bool]),
         flags: &FlagPtrs,
         meta: &(SendPtr, SendPtr),
     ) -> Result<()> {
