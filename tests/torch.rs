@@ -788,3 +788,80 @@ fn cuda_a_torch_loader_from_a_source_resumes_a_mix() {
         source_resumes_a_mix(d);
     }
 }
+
+/// The compact batch (what CUDA loaders ship: a derived next_observation as one row per slice,
+/// the flags as spans) expanded by the loader equals the gather, under every policy, for a
+/// short last batch of an epoch, and where next_observation is gathered without the observation
+/// (shipped whole).
+#[test]
+fn compact_batches_expand_to_the_gather_under_every_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    for policy in [
+        BoundaryPolicy::Strict,
+        BoundaryPolicy::Pad,
+        BoundaryPolicy::Span { left: 5, right: 7 },
+    ] {
+        for cols in [&COLUMNS[..], &["next_observation", "reward"]] {
+            let s = sampler(&snap, policy, 9);
+            let opts = cpu(2, 6).with_compact(true);
+            let mut l = loader(&snap, uniform(policy, 9), cols, opts);
+            for k in 0..6 {
+                let t = l.next_batch().unwrap().unwrap();
+                let what = format!("{policy:?} {cols:?} batch {k}");
+                assert_equals_gather(&t, &gathered(&snap, s.as_ref(), cols, k), &what);
+            }
+            assert!(l.next_batch().is_none());
+        }
+    }
+    // The short last batch of an epoch: trailing slices are empty spans and zero tails.
+    let index = snap.slice_index(16, BoundaryPolicy::Pad).unwrap();
+    let epoch: Arc<dyn Sampler> =
+        Arc::new(trajstore::EpochSampler::windows(index, 24, 3, false).unwrap());
+    let per = epoch.batches_per_epoch().unwrap();
+    let spec = SamplerSpec::new(SamplerKind::Epoch, 16, 24)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(3)
+        .with_drop_last(false);
+    let cols = &COLUMNS[..4]; // no widened column: bytes compare as they are
+    let opts = TorchLoaderOptions::new(Device::Cpu).with_compact(true);
+    let last = loader(&snap, spec, cols, opts)
+        .map(|t| t.unwrap())
+        .last()
+        .unwrap();
+    let want = gathered(&snap, epoch.as_ref(), cols, per - 1);
+    let n = want.num_slices as i64;
+    assert!(n < 24, "the fixture leaves a short last batch");
+    for (name, t) in last.tensors() {
+        let head = t.narrow(0, 0, n);
+        let want: Vec<u8> = match want.columns.iter().find(|c| c.name == name) {
+            Some(c) => c.data.as_slice().to_vec(),
+            None => match name {
+                "mask" => want.mask.clone(),
+                "is_first" => want.is_first.clone(),
+                "is_last" => want.is_last.clone(),
+                "terminated" => want.terminated.clone(),
+                "truncated" => want.truncated.clone(),
+                "slice_end" => want.slice_end.clone(),
+                "episode_id" => want
+                    .episode_id
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect(),
+                _ => want
+                    .start_step
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect(),
+            },
+        };
+        assert_eq!(bytes(&head), want, "short last batch: {name}");
+        if t.kind() != Kind::Int64 {
+            let pad = bytes(&t.narrow(0, n, 24 - n));
+            assert!(
+                pad.iter().all(|&v| v == 0),
+                "short last batch: padding of {name}"
+            );
+        }
+    }
+}

@@ -469,6 +469,12 @@ impl Gatherer {
             episode_id,
             start_step,
         } = dest;
+        if i32::try_from(slice_len).is_err() {
+            return Err(Error::argument(
+                "slice_len",
+                format!("{slice_len} steps per slice: a compact batch's spans hold an i32"),
+            ));
+        }
         let tails = self.tail_columns();
         let dest = (columns, FlagsInto::Spans(spans), episode_id, start_step);
         self.gather_any(plan, slice_len, dest, &tails)

@@ -8,7 +8,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::{TensorBatch, storage_kind, widen};
 use crate::error::{Error, Result};
-use crate::gather::{GatherInto, Gatherer};
+use crate::gather::{CompactInto, GatherInto, Gatherer};
 use crate::index::SliceRef;
 
 /// Shapes and kinds of one batch's host tensors.
@@ -20,6 +20,11 @@ pub(crate) struct Layout {
     pub(crate) columns: Vec<(String, Kind, Vec<i64>)>,
     /// Per column: its Arrow element type.
     pub(crate) types: Vec<DataType>,
+    /// Whether slots hold the compact batch ([`crate::CompactInto`]), expanded on the device.
+    pub(crate) compact: bool,
+    /// Per column: whether a compact slot holds it as one row per slice
+    /// ([`Gatherer::tail_columns`]).
+    pub(crate) tails: Vec<bool>,
 }
 
 impl Layout {
@@ -46,7 +51,16 @@ impl Layout {
             l,
             columns,
             types,
+            compact: false,
+            tails: vec![false; gatherer.columns().len()],
         })
+    }
+
+    /// The same batch with slots that hold the compact batch of `gatherer`.
+    pub(crate) fn compact(mut self, gatherer: &Gatherer) -> Self {
+        self.compact = true;
+        self.tails = gatherer.tail_columns();
+        self
     }
 
     /// Whether some column is widened after the gather (unsigned 16/32-bit integers).
@@ -76,15 +90,29 @@ const PACK_ALIGN: i64 = 256;
 type Piece = (i64, Vec<i64>, Kind);
 
 /// Shapes and kinds of a slot's tensors: the columns, the `[6, B, L]` flags, the `[2, B]` ids
-/// and start steps.
+/// and start steps. A compact slot holds its tail columns as `[B, ...]` and the flags as `[B, 3]`
+/// `Int` spans.
 fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
     let (b, l) = (layout.b as i64, layout.l as i64);
     let mut specs: Vec<_> = layout
         .columns
         .iter()
-        .map(|(_, k, shape)| (shape.clone(), *k))
+        .zip(&layout.tails)
+        .map(|((_, k, shape), &tail)| {
+            if layout.compact && tail {
+                let mut s = shape.clone();
+                s.remove(1);
+                (s, *k)
+            } else {
+                (shape.clone(), *k)
+            }
+        })
         .collect();
-    specs.push((vec![6, b, l], Kind::Bool));
+    if layout.compact {
+        specs.push((vec![b, 3], Kind::Int));
+    } else {
+        specs.push((vec![6, b, l], Kind::Bool));
+    }
     specs.push((vec![2, b], Kind::Int64));
     specs
 }
@@ -166,7 +194,8 @@ impl Slot {
         let ok = |t: &Tensor, kind: Kind, shape: &[i64]| {
             t.device() == Device::Cpu && t.kind() == kind && t.size() == shape && t.is_contiguous()
         };
-        if batch.base_columns.len() != layout.columns.len() {
+        // A compact slot's batch is expanded into new tensors: nothing to take back.
+        if layout.compact || batch.base_columns.len() != layout.columns.len() {
             return None;
         }
         let mut columns = Vec::with_capacity(layout.columns.len());
@@ -202,8 +231,6 @@ impl Slot {
             )
         };
         let columns = self.columns.iter().map(bytes).collect();
-        let mut planes = bytes(&self.flags).chunks_exact_mut(b * l);
-        let flags = std::array::from_fn(|_| planes.next().expect("a [6, B, L] flag tensor"));
         let meta = bytes(&self.meta);
         // SAFETY: the metadata tensor is Int64 [2, B]: 16 * B bytes, 8-byte aligned.
         let meta: &mut [i64] =
@@ -215,13 +242,29 @@ impl Slot {
         // Plans shorter than B (the end of an epoch with drop_last off) leave trailing slices as
         // padding.
         let n = plan.len().min(b);
-        let dest = GatherInto {
-            columns,
-            flags,
-            episode_id: ids,
-            start_step: starts,
-        };
-        gatherer.gather_into(&plan[..n], l, dest)?;
+        if layout.compact {
+            let spans = bytes(&self.flags);
+            // SAFETY: the spans tensor is Int [B, 3]: 12 * B bytes, 4-byte aligned.
+            let spans: &mut [i32] =
+                unsafe { std::slice::from_raw_parts_mut(spans.as_mut_ptr() as *mut i32, 3 * b) };
+            let dest = CompactInto {
+                columns,
+                spans,
+                episode_id: ids,
+                start_step: starts,
+            };
+            gatherer.gather_compact(&plan[..n], l, dest)?;
+        } else {
+            let mut planes = bytes(&self.flags).chunks_exact_mut(b * l);
+            let flags = std::array::from_fn(|_| planes.next().expect("a [6, B, L] flag tensor"));
+            let dest = GatherInto {
+                columns,
+                flags,
+                episode_id: ids,
+                start_step: starts,
+            };
+            gatherer.gather_into(&plan[..n], l, dest)?;
+        }
         if n < b {
             self.pad_tail(n)?;
         }
@@ -234,14 +277,23 @@ impl Slot {
             let b = t.size()[0];
             let _ = t.f_narrow(0, n as i64, b - n as i64)?.f_zero_()?;
         }
-        let b = self.flags.size()[1];
-        let _ = self.flags.f_narrow(1, n as i64, b - n as i64)?.f_zero_()?;
+        // Flag planes are [6, B, L]; compact spans [B, 3] (all zero: an empty slice).
+        let dim = if self.flags.dim() == 2 { 0 } else { 1 };
+        let b = self.flags.size()[dim];
+        let _ = self
+            .flags
+            .f_narrow(dim as i64, n as i64, b - n as i64)?
+            .f_zero_()?;
         let _ = self.meta.f_narrow(1, n as i64, b - n as i64)?.f_fill_(-1)?;
         Ok(())
     }
 
-    /// A batch of views of the slot's tensors (sharing their memory).
+    /// A batch of views of the slot's tensors (sharing their memory); a compact slot's batch
+    /// expanded where the slot lies (new tensors, besides the columns shipped whole).
     pub(crate) fn view(&self, layout: &Layout) -> Result<TensorBatch> {
+        if layout.compact {
+            return super::compact::expand(layout, &self.columns, &self.flags, &self.meta);
+        }
         let flag = |i: i64| self.flags.f_select(0, i);
         Ok(TensorBatch {
             columns: layout

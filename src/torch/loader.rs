@@ -119,6 +119,13 @@ impl TorchLoader {
                 end,
             });
         }
+        let compact =
+            opts.compact.unwrap_or(matches!(device, Device::Cuda(_))) && opts.transform.is_none();
+        let layout = if compact {
+            layout.compact(&gatherer)
+        } else {
+            layout
+        };
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let lo = &opts.loader;
         let pipeline = Pipeline::start(

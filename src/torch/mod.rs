@@ -18,6 +18,7 @@
 //! # Ok(()) }
 //! ```
 
+mod compact;
 mod events;
 mod layout;
 mod loader;

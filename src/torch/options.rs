@@ -34,6 +34,12 @@ pub struct TorchLoaderOptions {
     pub resident_budget: Option<u64>,
     /// Transform run on each host batch before the transfer.
     pub transform: Option<Transform>,
+    /// Ship the compact batch ([`crate::CompactInto`]: a derived `next_observation` as one row per
+    /// slice, the flags as per-slice spans) and expand it on the device. None (the default): on
+    /// for CUDA without a transform (a transform sees the full host batch), off on CPU, where
+    /// the gather writes the full batch directly. Some(true) on CPU expands on the host (what the
+    /// tests compare).
+    pub compact: Option<bool>,
 }
 
 impl std::fmt::Debug for TorchLoaderOptions {
@@ -46,6 +52,7 @@ impl std::fmt::Debug for TorchLoaderOptions {
             .field("pin_output", &self.pin_output)
             .field("resident_budget", &self.resident_budget)
             .field("transform", &self.transform.is_some())
+            .field("compact", &self.compact)
             .finish()
     }
 }
@@ -61,6 +68,7 @@ impl TorchLoaderOptions {
             pin_output: false,
             resident_budget: None,
             transform: None,
+            compact: None,
         }
     }
     /// Sets workers, queue depth, first batch and batch count.
@@ -86,6 +94,12 @@ impl TorchLoaderOptions {
     /// GPU-resident mode within `budget` bytes of device memory.
     pub fn with_resident(mut self, budget: u64) -> Self {
         self.resident_budget = Some(budget);
+        self
+    }
+    /// Whether the compact batch is shipped and expanded on the device (see
+    /// [`TorchLoaderOptions::compact`]; a transform turns it off).
+    pub fn with_compact(mut self, on: bool) -> Self {
+        self.compact = Some(on);
         self
     }
     /// A transform run on each host batch before its transfer.

@@ -104,9 +104,10 @@ impl StreamWorker {
             self.planner.current(),
             &self.layout,
         )?;
-        // Without a transform or a widened column, the whole slot in one copy (one allocation
-        // on the device), handed out as views of it.
-        let on = if self.transform.is_none() && !self.layout.widens() {
+        // Without a transform or a widened column (a compact slot widens on the device), the
+        // whole slot in one copy (one allocation on the device), handed out as views of it or
+        // expanded from it there.
+        let on = if self.transform.is_none() && (self.layout.compact || !self.layout.widens()) {
             slot.to_device(self.device)?
         } else {
             None

@@ -429,3 +429,48 @@ fn the_torch_loader_hands_out_the_same_uint8_stacks() {
         ),
     }
 }
+
+/// The compact batch of frame stacks (next_observation as one stack per slice, expanded by the
+/// loader) equals the full one, channels first and last, under the pad policy.
+#[cfg(feature = "torch")]
+#[test]
+fn the_torch_loader_expands_compact_frame_stacks() {
+    use trajstore::torch::{TorchLoader, TorchLoaderOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, _) = write(dir.path(), FrameCodec::Zstd);
+    let cols = ["observation", "next_observation"];
+    for stack in [
+        FrameStack::new(4).unwrap(),
+        FrameStack::new(3)
+            .unwrap()
+            .with_pad(StackPad::Zeros)
+            .with_channels_last(true),
+    ] {
+        let sampler = SamplerSpec::uniform(6, 8)
+            .with_policy(BoundaryPolicy::Pad)
+            .with_seed(2);
+        let spec = LoaderSpec::single(snap.clone(), sampler, &cols).with_frame_stack(stack);
+        let source = BatchSource::open(spec).unwrap();
+        let run = |compact: bool| {
+            let opts = TorchLoaderOptions::new(tch::Device::Cpu)
+                .with_loader(LoaderOptions::default().with_max_batches(4))
+                .with_compact(compact);
+            TorchLoader::new(&source, opts)
+                .unwrap()
+                .map(|b| {
+                    let b = b.unwrap();
+                    b.tensors()
+                        .map(|(n, t)| {
+                            (
+                                n.to_string(),
+                                Vec::<u8>::try_from(t.to_kind(tch::Kind::Uint8).flatten(0, -1))
+                                    .unwrap(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(run(true) == run(false), "{stack:?}");
+    }
+}
