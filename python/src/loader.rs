@@ -8,7 +8,9 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use trajstore::{Batch, GatherInto, Loader, Recycler, StagedLoader, StagingSlot, StreamLoader};
+use trajstore::{
+    Batch, CompactInto, GatherInto, Loader, Recycler, StagedLoader, StagingSlot, StreamLoader,
+};
 
 use crate::dlpack::{Buffer, DlType};
 use crate::errors::{IntoPyResult, argument};
@@ -231,36 +233,57 @@ impl BatchLoader {
 /// Python objects the `SlotLoader` holds.
 struct PtrSlot {
     columns: Vec<(usize, usize)>,
-    flags: [(usize, usize); 6],
+    /// The six flag planes, or (compact) the `[B, 3]` int32 spans.
+    flags: Flags,
     episode_id: (usize, usize),
     start_step: (usize, usize),
 }
 
+enum Flags {
+    Planes([(usize, usize); 6]),
+    Spans((usize, usize)),
+}
+
+/// # Safety
+/// `p` must address `n` writable bytes, aligned for `T`, that nothing else accesses while the
+/// slice lives.
+unsafe fn region<'a, T>((p, n): (usize, usize)) -> &'a mut [T] {
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(p as *mut T, n / std::mem::size_of::<T>()) }
+}
+
+// Both methods: `SlotLoader::new` checked every region (non-null, sized for a batch, the
+// per-slice ones and the spans aligned); the Python tensors owning them are kept alive by the
+// loader (dropped after its workers are joined); the staged loader hands a slot to one worker at
+// a time, and only while the consumer holds none of it.
 impl StagingSlot for PtrSlot {
     fn dest(&mut self) -> GatherInto<'_> {
-        /// # Safety
-        /// `p` must address `n` writable bytes that nothing else accesses while the slice lives.
-        unsafe fn bytes<'a>((p, n): (usize, usize)) -> &'a mut [u8] {
-            // SAFETY: the caller's contract.
-            unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n) }
-        }
-        // SAFETY: `SlotLoader::new` checked every region (non-null, sized for a batch, the
-        // per-slice ones 8-byte aligned); the Python tensors owning them are kept alive by the
-        // loader (dropped after its workers are joined); the staged loader hands a slot to one
-        // worker at a time, and only while the consumer holds none of it.
+        let Flags::Planes(planes) = self.flags else {
+            unreachable!("the staged loader asks a compact slot for its compact destination")
+        };
+        // SAFETY: see above the impl.
         unsafe {
             GatherInto {
-                columns: self.columns.iter().map(|&r| bytes(r)).collect(),
-                flags: self.flags.map(|r| bytes(r)),
-                episode_id: std::slice::from_raw_parts_mut(
-                    self.episode_id.0 as *mut u64,
-                    self.episode_id.1 / 8,
-                ),
-                start_step: std::slice::from_raw_parts_mut(
-                    self.start_step.0 as *mut i64,
-                    self.start_step.1 / 8,
-                ),
+                columns: self.columns.iter().map(|&r| region(r)).collect(),
+                flags: planes.map(|r| region(r)),
+                episode_id: region(self.episode_id),
+                start_step: region(self.start_step),
             }
+        }
+    }
+
+    fn compact_dest(&mut self) -> Option<CompactInto<'_>> {
+        let Flags::Spans(spans) = self.flags else {
+            return None;
+        };
+        // SAFETY: see above the impl.
+        unsafe {
+            Some(CompactInto {
+                columns: self.columns.iter().map(|&r| region(r)).collect(),
+                spans: region(spans),
+                episode_id: region(self.episode_id),
+                start_step: region(self.start_step),
+            })
         }
     }
 }
@@ -286,9 +309,11 @@ impl Drop for SlotLoader {
 impl SlotLoader {
     /// `slots`: per slot, `(address, bytes)` of each column, the six flag planes, episode_id and
     /// start_step, in the order of `columns()`; `keep`: the object owning that memory (kept
-    /// alive as long as the loader).
+    /// alive as long as the loader). `compact`: the slots hold the compact batch instead: each
+    /// column of `tail_columns()` as `[B, ...]`, and one `[B, 3]` int32 region of spans in place
+    /// of the flag planes.
     #[new]
-    #[pyo3(signature = (plan, start, count, slots, keep))]
+    #[pyo3(signature = (plan, start, count, slots, keep, compact=false))]
     fn new(
         py: Python<'_>,
         plan: Py<Plan>,
@@ -296,15 +321,28 @@ impl SlotLoader {
         count: Option<u64>,
         slots: Vec<Vec<(usize, usize)>>,
         keep: Py<PyAny>,
+        compact: bool,
     ) -> PyResult<Self> {
         let p = plan.get();
         let (b, l) = (p.num_slices_(), p.slice_len_());
-        let need: Vec<usize> = p
+        let tails = if compact {
+            p.source.tail_columns()
+        } else {
+            vec![false; p.columns.len()]
+        };
+        let c = p.columns.len();
+        // Bytes and alignment of each region.
+        let need: Vec<(usize, usize)> = p
             .columns
             .iter()
-            .map(|c| b * l * c.step_bytes)
-            .chain(std::iter::repeat_n(b * l, 6))
-            .chain([b * 8, b * 8])
+            .zip(&tails)
+            .map(|(col, &t)| (if t { b } else { b * l } * col.step_bytes, 1))
+            .chain(if compact {
+                vec![(b * 12, 4)]
+            } else {
+                vec![(b * l, 1); 6]
+            })
+            .chain([(b * 8, 8), (b * 8, 8)])
             .collect();
         let mut staged: Vec<Box<dyn StagingSlot>> = Vec::new();
         for (i, regions) in slots.iter().enumerate() {
@@ -318,24 +356,30 @@ impl SlotLoader {
                     ),
                 ));
             }
-            for (j, (&(p, n), &want)) in regions.iter().zip(&need).enumerate() {
-                if p == 0 || n < want || (j >= need.len() - 2 && p % 8 != 0) {
+            for (j, (&(p, n), &(want, align))) in regions.iter().zip(&need).enumerate() {
+                if p == 0 || n < want || p % align != 0 {
                     return Err(argument(
                         "slots",
                         format!(
-                            "slot {i}, region {j}: {n} bytes at {p:#x}, need {want} (8-aligned for ids)"
+                            "slot {i}, region {j}: {n} bytes at {p:#x}, need {want} \
+                             ({align}-aligned)"
                         ),
                     ));
                 }
             }
-            let c = p.columns.len();
-            let mut flags = [(0, 0); 6];
-            flags.copy_from_slice(&regions[c..c + 6]);
+            let flags = if compact {
+                Flags::Spans(regions[c])
+            } else {
+                let mut planes = [(0, 0); 6];
+                planes.copy_from_slice(&regions[c..c + 6]);
+                Flags::Planes(planes)
+            };
+            let f = if compact { 1 } else { 6 };
             staged.push(Box::new(PtrSlot {
                 columns: regions[..c].to_vec(),
                 flags,
-                episode_id: regions[c + 6],
-                start_step: regions[c + 7],
+                episode_id: regions[c + f],
+                start_step: regions[c + f + 1],
             }));
         }
         let opts = p.options(start, count);

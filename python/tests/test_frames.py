@@ -105,6 +105,37 @@ def test_frame_stacks_equal_the_raw_frames(frames_path, pad, policy):
     assert seen == 5
 
 
+@pytest.mark.skipif(os.environ.get("TRAJSTORE_NO_TORCH") == "1", reason="needs torch")
+@pytest.mark.parametrize("policy", ["strict", "pad", "span:2:3"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_staged_compact_frame_stacks_equal_the_raw_frames(frames_path, monkeypatch, policy, channels_last):
+    """The CUDA ring's batch (one stack of next_observation per slice, expanded by torch; run on
+    CPU through TRAJSTORE_STAGED_CPU=1) against stacks of the raw frames."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    path, obs = frames_path
+    ds = trajstore.open(path)
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+    k, l, b = 3, 5, 16
+    loader = ds.loader(
+        slice_len=l, num_slices=b, columns=["observation", "next_observation"], policy=policy,
+        frame_stack=k, frame_channels_last=channels_last, max_batches=4, seed=7, staging_slots=2,
+    )
+    assert loader._staged_on_cpu
+    seen = 0
+    for batch in loader:
+        assert loader._compact and loader._plan.tail_columns() == [False, True]
+        got = {n: t.numpy() for n, t in batch.items()}
+        ids = got["episode_id"] - ds.first_episode_id
+        want, want_next = reference(obs, starts, ids, got["start_step"], l, k, "repeat")
+        if channels_last:
+            want, want_next = want.transpose(0, 1, 3, 4, 2), want_next.transpose(0, 1, 3, 4, 2)
+        np.testing.assert_array_equal(got["observation"], want)
+        np.testing.assert_array_equal(got["next_observation"], want_next)
+        seen += 1
+    assert seen == 4
+
+
 def test_one_frame_per_step_without_a_stack_and_bad_stacks_are_refused(frames_path, demo_ds):
     path, _ = frames_path
     ds = trajstore.open(path)

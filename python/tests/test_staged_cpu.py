@@ -21,14 +21,24 @@ def staged(monkeypatch):
     monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
 
 
-@pytest.mark.parametrize("workers,slots", [(1, 2), (2, 3), (4, 7)])
-def test_staged_batches_equal_plain_batches(demo_ds, ref, monkeypatch, workers, slots):
-    kw = dict(slice_len=16, num_slices=16, policy="pad", seed=21, max_batches=30, columns=COLUMNS)
+@pytest.mark.parametrize(
+    "workers,slots,policy", [(1, 2, "pad"), (2, 3, "strict"), (4, 7, "pad"), (2, 3, "span:5:7")]
+)
+def test_staged_batches_equal_plain_batches(demo_ds, ref, monkeypatch, workers, slots, policy):
+    """Without a transform the ring ships the compact batch (next_observation as one row per
+    slice, flags as spans) and expands it with torch: the same batches as the host loader."""
+    kw = dict(slice_len=16, num_slices=16, policy=policy, seed=21, max_batches=30, columns=COLUMNS)
     plain = take(demo_ds.loader(**kw), 30)
     monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
     loader = demo_ds.loader(**kw, workers=workers, staging_slots=slots)
     assert loader._staged_on_cpu
+    assert loader._plan.tail_columns() == [c == "next_observation" for c in COLUMNS]
     got = take(loader, 30)
+    assert loader._compact
+    # One buffer per slot, every tensor a view of it; the spans replace the six flag planes.
+    assert all(t.untyped_storage().data_ptr() == buf.data_ptr() for buf, slot in zip(loader._packed, loader._slots) for t in slot.values())
+    assert "_spans" in loader._slots[0] and "mask" not in loader._slots[0]
+    assert tuple(loader._slots[0]["next_observation"].shape) == (16, 17)
     assert len(got) == 30
     assert same_batches(got, plain)
     for b in got[:3]:

@@ -269,6 +269,17 @@ impl BatchSource {
         }
     }
 
+    /// Per column of [`BatchSource::columns`], whether a compact batch holds it as one row per
+    /// slice ([`crate::Gatherer::tail_columns`]); all false for a streamed source, whose
+    /// loaders gather full batches.
+    pub fn tail_columns(&self) -> Vec<bool> {
+        match &self.0 {
+            Src::Local(f) => f.first().gatherer.tail_columns(),
+            #[cfg(feature = "remote")]
+            Src::Streamed(p) => vec![false; p.columns.len()],
+        }
+    }
+
     /// Whether this source streams a dataset from object storage (read it with
     /// [`StreamLoader::new`]).
     pub fn is_streamed(&self) -> bool {

@@ -12,13 +12,20 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use super::{Feed, LoaderOptions, LoaderState, Pipeline, WorkerPlans, check_in_flight};
 use crate::error::{Error, Result};
-use crate::gather::GatherInto;
+use crate::gather::{CompactInto, GatherInto};
 
 /// Caller-owned memory that a [`StagedLoader`] gathers one batch into.
 pub trait StagingSlot: Send {
     /// The destinations of one batch of `num_slices` slices of `slice_len` steps (see
     /// [`GatherInto`] for the layout; [`crate::gather::Gatherer::gather_into`] checks the sizes).
     fn dest(&mut self) -> GatherInto<'_>;
+
+    /// The slot's memory as the compact batch of [`crate::CompactInto`] (tail columns as one row
+    /// per slice, the flags as spans), for a slot laid out that way; None (the default) for the
+    /// full batch of [`StagingSlot::dest`].
+    fn compact_dest(&mut self) -> Option<CompactInto<'_>> {
+        None
+    }
 }
 
 /// A batch a [`StagedLoader`] gathered: which slot holds it, and how many of its slices are real
@@ -151,9 +158,11 @@ impl StagedLoader {
                     let slot = (k % slots.len() as u64) as usize;
                     let mut memory = slots[slot].lock().unwrap_or_else(|e| e.into_inner());
                     let plan = planner.current();
-                    planner
-                        .gatherer()
-                        .gather_into(plan, slice_len, memory.dest())?;
+                    let gatherer = planner.gatherer();
+                    match memory.compact_dest() {
+                        Some(d) => gatherer.gather_compact(plan, slice_len, d)?,
+                        None => gatherer.gather_into(plan, slice_len, memory.dest())?,
+                    }
                     Ok(StagedBatch {
                         number: k,
                         slot,
