@@ -63,6 +63,12 @@ impl Layout {
         self
     }
 
+    /// Bytes of a packed slot of this layout (what one host-to-device copy carries).
+    pub(crate) fn packed_bytes(&self) -> u64 {
+        let (total, _) = packed_pieces(self);
+        total.max(1) as u64
+    }
+
     /// Whether some column is widened after the gather (unsigned 16/32-bit integers).
     pub(crate) fn widens(&self) -> bool {
         self.types
@@ -117,6 +123,20 @@ fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
     specs
 }
 
+/// Where each tensor of a packed slot lies, and the slot's bytes.
+fn packed_pieces(layout: &Layout) -> (i64, Arc<[Piece]>) {
+    let mut total = 0i64;
+    let pieces = slot_specs(layout)
+        .into_iter()
+        .map(|(shape, kind)| {
+            let off = (total + PACK_ALIGN - 1) & !(PACK_ALIGN - 1);
+            total = off + shape.iter().product::<i64>() * kind.elt_size_in_bytes() as i64;
+            (off, shape, kind)
+        })
+        .collect();
+    (total, pieces)
+}
+
 impl Slot {
     /// Columns, flags and metadata in [`slot_specs`] order.
     fn from_tensors(mut t: Vec<Tensor>, packed: Option<(Tensor, Arc<[Piece]>)>) -> Self {
@@ -148,15 +168,7 @@ impl Slot {
     /// uses, so that a batch is one host-to-device copy and one device allocation, not one per
     /// tensor.
     pub(crate) fn alloc_packed(layout: &Layout, pin: Option<Device>) -> Result<Self> {
-        let mut total = 0i64;
-        let pieces: Arc<[Piece]> = slot_specs(layout)
-            .into_iter()
-            .map(|(shape, kind)| {
-                let off = (total + PACK_ALIGN - 1) & !(PACK_ALIGN - 1);
-                total = off + shape.iter().product::<i64>() * kind.elt_size_in_bytes() as i64;
-                (off, shape, kind)
-            })
-            .collect();
+        let (total, pieces) = packed_pieces(layout);
         let mut buf = Tensor::f_empty([total.max(1)], (Kind::Uint8, Device::Cpu))?;
         if let Some(d) = pin {
             buf = buf.f_pin_memory(d)?;

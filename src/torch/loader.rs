@@ -40,6 +40,8 @@ pub(crate) enum Inner {
     Streaming {
         pipeline: Pipeline<Result<TensorBatch>>,
         pool: Arc<Mutex<Vec<TensorBatch>>>,
+        /// Bytes of one batch's host-to-device copy (the packed slot; 0 on CPU).
+        transfer: u64,
     },
     Resident(Box<Resident>),
 }
@@ -157,8 +159,16 @@ impl TorchLoader {
             },
         )?;
         feed.consumed(start);
+        let transfer = match device {
+            Device::Cuda(_) => layout.packed_bytes(),
+            _ => 0,
+        };
         Ok(Self {
-            inner: Inner::Streaming { pipeline, pool },
+            inner: Inner::Streaming {
+                pipeline,
+                pool,
+                transfer,
+            },
             device,
             feed,
             end,
@@ -188,6 +198,16 @@ impl TorchLoader {
     /// The target device.
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// Bytes one batch's host-to-device copy carries when streaming to CUDA (the packed staging
+    /// slot: the compact batch unless it is off, see [`TorchLoaderOptions::compact`]); None on
+    /// CPU and in resident mode.
+    pub fn transfer_bytes(&self) -> Option<u64> {
+        match &self.inner {
+            Inner::Streaming { transfer, .. } if *transfer > 0 => Some(*transfer),
+            _ => None,
+        }
     }
 
     /// Whether this loader samples from device-resident columns.

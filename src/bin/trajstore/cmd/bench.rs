@@ -371,6 +371,14 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     }
     let loop_s = t.elapsed().as_secs_f64();
     let loop_reads = DiskReads::since(reads);
+    // The compact batch of the same plans (what the CUDA loaders gather into pinned memory and
+    // ship): its bytes and the median of sample + gather, on batches the loop warmed.
+    let (compact_bytes, compact_med) = compact_gather(
+        sampler.as_ref(),
+        &gatherer,
+        (a.s.num_slices, a.s.slice_len as usize),
+        iters as u64..2 * iters as u64,
+    )?;
     let (index_med, sample_med) = (median(&mut index_us), median(&mut sample_us));
     let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
     // The loader: background workers sampling and gathering ahead, on batches nothing above read.
@@ -501,6 +509,11 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "memcpy_floor_us": memcpy_med,
         "memcpy_floor_gb_per_s": bytes as f64 / (memcpy_med * 1e3),
         "sample_over_memcpy": sample_med / memcpy_med,
+        "compact": json!({
+            "batch_bytes": compact_bytes,
+            "sample_median_us": compact_med,
+            "over_full": compact_med / sample_med,
+        }),
         "transitions_per_s": steps / (sample_med * 1e-6),
         "loader_workers": a.workers,
         "loader_first_batch": loader_start,
@@ -553,6 +566,11 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     outln!(
         "sample + gather        {sample_med:>10.1} us  = {:.2}x the memcpy floor",
         sample_med / memcpy_med
+    );
+    outln!(
+        "compact batch          {compact_med:>10.1} us  ({}: next_observation one row per slice, \
+         flags as spans; what CUDA loaders ship)",
+        HumanBytes(compact_bytes as u64)
     );
     outln!("memcpy of same bytes   {memcpy_med:>10.1} us");
     outln!(
@@ -732,14 +750,23 @@ pub(crate) fn torch_bench(
     }
     sync();
     let secs = t.elapsed().as_secs_f64();
+    let transfer = loader.transfer_bytes();
+    drop(loader);
     let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
     let gbps = n as f64 * batch_bytes as f64 / secs / 1e9;
-    let baseline = match dev {
-        tch::Device::Cuda(_) if !a.resident => Some(
-            trajstore::torch::pinned_copy_bandwidth(batch_bytes, dev, 200).map_err(one_line)? / 1e9,
-        ),
-        _ => None,
+    // The anchor: a pinned copy of what one batch's copy carries (the compact batch), and of the
+    // full batch's bytes.
+    let pinned = |bytes: usize| -> Result<f64> {
+        Ok(trajstore::torch::pinned_copy_bandwidth(bytes, dev, 200).map_err(one_line)? / 1e9)
     };
+    let (baseline, full_baseline) = match (dev, transfer) {
+        (tch::Device::Cuda(_), Some(t)) if !a.resident => {
+            (Some(pinned(t as usize)?), Some(pinned(batch_bytes)?))
+        }
+        _ => (None, None),
+    };
+    // Batches per second a back-to-back pinned copy of one batch's transfer allows.
+    let copy_bps = baseline.zip(transfer).map(|(g, t)| g * 1e9 / t as f64);
     Ok(json!({
         "device": device,
         "resident": a.resident,
@@ -749,9 +776,50 @@ pub(crate) fn torch_bench(
         "batches_per_s": n as f64 / secs,
         "transitions_per_s": n as f64 * steps / secs,
         "gb_per_s": gbps,
+        "transfer_bytes_per_batch": transfer,
         "pinned_copy_gb_per_s": baseline,
-        "over_pinned_copy": baseline.map(|b| gbps / b),
+        "pinned_copy_full_batch_gb_per_s": full_baseline,
+        "pinned_copy_batches_per_s": copy_bps,
+        "over_pinned_copy": copy_bps.map(|c| n as f64 / secs / c),
     }))
+}
+
+/// Samples and gathers the compact batch ([`trajstore::CompactInto`]) of `batches` into host
+/// buffers allocated once: its bytes and the median time per batch in µs.
+fn compact_gather(
+    sampler: &dyn trajstore::Sampler,
+    gatherer: &trajstore::Gatherer,
+    (b, l): (usize, usize),
+    batches: std::ops::Range<u64>,
+) -> Result<(usize, f64)> {
+    let tails = gatherer.tail_columns();
+    let mut columns: Vec<Vec<u8>> = gatherer
+        .step_bytes()
+        .iter()
+        .zip(&tails)
+        .map(|(&s, &t)| vec![0u8; if t { b } else { b * l } * s])
+        .collect();
+    let (mut spans, mut ids, mut starts) = (vec![0i32; 3 * b], vec![0u64; b], vec![0i64; b]);
+    let bytes = columns.iter().map(Vec::len).sum::<usize>() + b * (12 + 16);
+    let mut plan = vec![];
+    let mut us = Vec::with_capacity(batches.end.saturating_sub(batches.start) as usize);
+    for k in batches {
+        let t = Instant::now();
+        sampler.plan(k, &mut plan);
+        gatherer.gather_compact(
+            &plan,
+            l,
+            trajstore::CompactInto {
+                columns: columns.iter_mut().map(Vec::as_mut_slice).collect(),
+                spans: &mut spans,
+                episode_id: &mut ids,
+                start_step: &mut starts,
+            },
+        )?;
+        std::hint::black_box(&columns);
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok((bytes, median(&mut us)))
 }
 
 #[cfg(not(feature = "torch"))]
@@ -786,8 +854,11 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
     );
     if t["pinned_copy_gb_per_s"].is_number() {
         outln!(
-            "pinned H2D copy        {:>10.2} GB/s; the loader delivers {:.0}% of it",
+            "pinned H2D copy        {:>10.2} GB/s of the {} each batch's copy carries: {:.0} \
+             batches/s; the loader delivers {:.0}% of it",
             f("pinned_copy_gb_per_s"),
+            HumanBytes(f("transfer_bytes_per_batch") as u64),
+            f("pinned_copy_batches_per_s"),
             100.0 * f("over_pinned_copy")
         );
     }
