@@ -103,3 +103,17 @@ def test_staged_mix_equals_plain_mix(tmp_path, monkeypatch):
     assert same_batches(got, plain)
     for x in got:
         check_batch(x, (0.0, 1.0))
+
+
+def test_held_batches_are_never_overwritten(demo_ds, monkeypatch):
+    """Batches kept (not copied) while the ring goes round many times still hold their data:
+    each batch lies in memory of its own, never in a slot the workers refill."""
+    kw = dict(slice_len=8, num_slices=16, policy="pad", seed=3, max_batches=40, columns=COLUMNS)
+    plain = take(demo_ds.loader(**kw), 40)
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    loader = demo_ds.loader(**kw, workers=3, staging_slots=2)
+    held = list(loader)  # 40 batches through 2 slots, none copied
+    assert len(held) == 40
+    assert same_batches([{k: v.numpy() for k, v in b.items()} for b in held], plain)
+    slot_memory = {buf.data_ptr() for buf in loader._packed}
+    assert all(t.untyped_storage().data_ptr() not in slot_memory for b in held for t in b.values())
