@@ -22,7 +22,10 @@ const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 /// it defines (the folder's shared traits and helpers). Unit tests (`tests.rs`, or the
 /// `#[cfg(test)] mod tests` at a file's end) may use any file of their folder.
 const FOLDERS: &[(&str, &[&str])] = &[
-    ("gather", &["batch", "readahead", "frames", "pages", "mix"]),
+    (
+        "gather",
+        &["batch", "readahead", "frames", "pages", "into", "mix"],
+    ),
     ("index", &["episode", "slice"]),
     (
         "ingest",
@@ -101,6 +104,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
         &[
             "events",
             "layout",
+            "compact",
             "options",
             "resident",
             "streaming",

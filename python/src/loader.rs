@@ -8,9 +8,7 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use trajstore::{
-    Batch, CompactInto, GatherInto, Loader, Recycler, StagedLoader, StagingSlot, StreamLoader,
-};
+use trajstore::{Batch, GatherInto, Loader, Recycler, StagedLoader, StagingSlot, StreamLoader};
 
 use crate::dlpack::{Buffer, DlType};
 use crate::errors::{IntoPyResult, argument};
@@ -233,15 +231,11 @@ impl BatchLoader {
 /// Python objects the `SlotLoader` holds.
 struct PtrSlot {
     columns: Vec<(usize, usize)>,
-    /// The six flag planes, or (compact) the `[B, 3]` int32 spans.
-    flags: Flags,
+    flags: [(usize, usize); 6],
     episode_id: (usize, usize),
     start_step: (usize, usize),
-}
-
-enum Flags {
-    Planes([(usize, usize); 6]),
-    Spans((usize, usize)),
+    /// The columns held as one row per slice (see `Gatherer::gather_into_with_tails`).
+    tails: Option<Vec<bool>>,
 }
 
 /// # Safety
@@ -252,39 +246,24 @@ unsafe fn region<'a, T>((p, n): (usize, usize)) -> &'a mut [T] {
     unsafe { std::slice::from_raw_parts_mut(p as *mut T, n / std::mem::size_of::<T>()) }
 }
 
-// Both methods: `SlotLoader::new` checked every region (non-null, sized for a batch, the
-// per-slice ones and the spans aligned); the Python tensors owning them are kept alive by the
-// loader (dropped after its workers are joined); the staged loader hands a slot to one worker at
-// a time, and only while the consumer holds none of it.
 impl StagingSlot for PtrSlot {
     fn dest(&mut self) -> GatherInto<'_> {
-        let Flags::Planes(planes) = self.flags else {
-            unreachable!("the staged loader asks a compact slot for its compact destination")
-        };
-        // SAFETY: see above the impl.
+        // SAFETY: `SlotLoader::new` checked every region (non-null, sized for a batch, the
+        // per-slice ones 8-byte aligned); the Python tensors owning them are kept alive by the
+        // loader (dropped after its workers are joined); the staged loader hands a slot to one
+        // worker at a time, and only while the consumer holds none of it.
         unsafe {
             GatherInto {
                 columns: self.columns.iter().map(|&r| region(r)).collect(),
-                flags: planes.map(|r| region(r)),
+                flags: self.flags.map(|r| region(r)),
                 episode_id: region(self.episode_id),
                 start_step: region(self.start_step),
             }
         }
     }
 
-    fn compact_dest(&mut self) -> Option<CompactInto<'_>> {
-        let Flags::Spans(spans) = self.flags else {
-            return None;
-        };
-        // SAFETY: see above the impl.
-        unsafe {
-            Some(CompactInto {
-                columns: self.columns.iter().map(|&r| region(r)).collect(),
-                spans: region(spans),
-                episode_id: region(self.episode_id),
-                start_step: region(self.start_step),
-            })
-        }
+    fn tails(&self) -> Option<Vec<bool>> {
+        self.tails.clone()
     }
 }
 
@@ -309,11 +288,11 @@ impl Drop for SlotLoader {
 impl SlotLoader {
     /// `slots`: per slot, `(address, bytes)` of each column, the six flag planes, episode_id and
     /// start_step, in the order of `columns()`; `keep`: the object owning that memory (kept
-    /// alive as long as the loader). `compact`: the slots hold the compact batch instead: each
-    /// column of `tail_columns()` as `[B, ...]`, and one `[B, 3]` int32 region of spans in place
-    /// of the flag planes.
+    /// alive as long as the loader). `tails`: per column, whether the slots hold it as one row
+    /// per slice (`[B, ...]`: a derived next_observation, which the caller derives on the
+    /// device; only columns `Plan.tail_columns()` marks).
     #[new]
-    #[pyo3(signature = (plan, start, count, slots, keep, compact=false))]
+    #[pyo3(signature = (plan, start, count, slots, keep, tails=None))]
     fn new(
         py: Python<'_>,
         plan: Py<Plan>,
@@ -321,28 +300,28 @@ impl SlotLoader {
         count: Option<u64>,
         slots: Vec<Vec<(usize, usize)>>,
         keep: Py<PyAny>,
-        compact: bool,
+        tails: Option<Vec<bool>>,
     ) -> PyResult<Self> {
         let p = plan.get();
         let (b, l) = (p.num_slices_(), p.slice_len_());
-        let tails = if compact {
-            p.source.tail_columns()
-        } else {
-            vec![false; p.columns.len()]
-        };
         let c = p.columns.len();
-        // Bytes and alignment of each region.
-        let need: Vec<(usize, usize)> = p
+        if let Some(t) = &tails {
+            let can = p.source.tail_columns();
+            if t.len() != c || t.iter().zip(&can).any(|(&t, &c)| t && !c) {
+                return Err(argument(
+                    "tails",
+                    format!("{t:?}: only the columns tail_columns() marks ({can:?})"),
+                ));
+            }
+        }
+        let tail = |j: usize| tails.as_ref().is_some_and(|t| t[j]);
+        let need: Vec<usize> = p
             .columns
             .iter()
-            .zip(&tails)
-            .map(|(col, &t)| (if t { b } else { b * l } * col.step_bytes, 1))
-            .chain(if compact {
-                vec![(b * 12, 4)]
-            } else {
-                vec![(b * l, 1); 6]
-            })
-            .chain([(b * 8, 8), (b * 8, 8)])
+            .enumerate()
+            .map(|(j, col)| if tail(j) { b } else { b * l } * col.step_bytes)
+            .chain(std::iter::repeat_n(b * l, 6))
+            .chain([b * 8, b * 8])
             .collect();
         let mut staged: Vec<Box<dyn StagingSlot>> = Vec::new();
         for (i, regions) in slots.iter().enumerate() {
@@ -356,30 +335,24 @@ impl SlotLoader {
                     ),
                 ));
             }
-            for (j, (&(p, n), &(want, align))) in regions.iter().zip(&need).enumerate() {
-                if p == 0 || n < want || p % align != 0 {
+            for (j, (&(p, n), &want)) in regions.iter().zip(&need).enumerate() {
+                if p == 0 || n < want || (j >= need.len() - 2 && p % 8 != 0) {
                     return Err(argument(
                         "slots",
                         format!(
-                            "slot {i}, region {j}: {n} bytes at {p:#x}, need {want} \
-                             ({align}-aligned)"
+                            "slot {i}, region {j}: {n} bytes at {p:#x}, need {want} (8-aligned for ids)"
                         ),
                     ));
                 }
             }
-            let flags = if compact {
-                Flags::Spans(regions[c])
-            } else {
-                let mut planes = [(0, 0); 6];
-                planes.copy_from_slice(&regions[c..c + 6]);
-                Flags::Planes(planes)
-            };
-            let f = if compact { 1 } else { 6 };
+            let mut flags = [(0, 0); 6];
+            flags.copy_from_slice(&regions[c..c + 6]);
             staged.push(Box::new(PtrSlot {
                 columns: regions[..c].to_vec(),
                 flags,
-                episode_id: regions[c + f],
-                start_step: regions[c + f + 1],
+                episode_id: regions[c + 6],
+                start_step: regions[c + 7],
+                tails: tails.clone(),
             }));
         }
         let opts = p.options(start, count);

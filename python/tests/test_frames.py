@@ -112,7 +112,10 @@ def test_staged_compact_frame_stacks_equal_the_raw_frames(frames_path, monkeypat
     """The CUDA ring's batch (one stack of next_observation per slice, expanded by torch; run on
     CPU through TRAJSTORE_STAGED_CPU=1) against stacks of the raw frames."""
     pytest.importorskip("torch")
+    import trajstore._cuda
+
     monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
     path, obs = frames_path
     ds = trajstore.open(path)
     starts = np.concatenate([[0], np.cumsum(LENGTHS)])
@@ -124,7 +127,9 @@ def test_staged_compact_frame_stacks_equal_the_raw_frames(frames_path, monkeypat
     assert loader._staged_on_cpu
     seen = 0
     for batch in loader:
-        assert loader._compact and loader._plan.tail_columns() == [False, True]
+        assert loader._plan.tail_columns() == [False, True]
+        stack = (H, W, k) if channels_last else (k, H, W)
+        assert tuple(loader._slots[0]["next_observation"].shape) == (b, *stack)
         got = {n: t.numpy() for n, t in batch.items()}
         ids = got["episode_id"] - ds.first_episode_id
         want, want_next = reference(obs, starts, ids, got["start_step"], l, k, "repeat")

@@ -7,6 +7,7 @@ are tested here, on every machine."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from trajref import assert_batch_matches, same_batches, take
@@ -22,11 +23,17 @@ def staged(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "workers,slots,policy", [(1, 2, "pad"), (2, 3, "strict"), (4, 7, "pad"), (2, 3, "span:5:7")]
+    "workers,slots,policy,tails",
+    [(1, 2, "pad", False), (2, 3, "strict", True), (4, 7, "pad", True), (2, 3, "span:5:7", True)],
 )
-def test_staged_batches_equal_plain_batches(demo_ds, ref, monkeypatch, workers, slots, policy):
-    """Without a transform the ring ships the compact batch (next_observation as one row per
-    slice, flags as spans) and expands it with torch: the same batches as the host loader."""
+def test_staged_batches_equal_plain_batches(demo_ds, ref, monkeypatch, workers, slots, policy, tails):
+    """One copy per batch of the slot's buffer into the device ring; with ``tails`` (any
+    next_observation large enough, here every one) next_observation crosses as one row per slice
+    and is derived by torch: the same batches as the host loader."""
+    import trajstore._cuda
+
+    if tails:
+        monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
     kw = dict(slice_len=16, num_slices=16, policy=policy, seed=21, max_batches=30, columns=COLUMNS)
     plain = take(demo_ds.loader(**kw), 30)
     monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
@@ -34,12 +41,16 @@ def test_staged_batches_equal_plain_batches(demo_ds, ref, monkeypatch, workers, 
     assert loader._staged_on_cpu
     assert loader._plan.tail_columns() == [c == "next_observation" for c in COLUMNS]
     got = take(loader, 30)
-    assert loader._compact
-    # One buffer per slot, every tensor a view of it; the spans replace the six flag planes.
-    assert all(t.untyped_storage().data_ptr() == buf.data_ptr() for buf, slot in zip(loader._packed, loader._slots) for t in slot.values())
-    assert "_spans" in loader._slots[0] and "mask" not in loader._slots[0]
-    assert tuple(loader._slots[0]["next_observation"].shape) == (16, 17)
-    assert len(got) == 30
+    # One buffer per slot, every tensor a view of it.
+    assert all(
+        t.untyped_storage().data_ptr() == buf.data_ptr()
+        for buf, slot in zip(loader._packed, loader._slots)
+        for t in slot.values()
+    )
+    shape = (16,) if tails else (16, 16)
+    assert tuple(loader._slots[0]["next_observation"].shape) == (*shape, 17)
+    # Batches copied (not held) reuse the device ring's buffers.
+    assert len(loader._ring) == trajstore._cuda._DEVICE_SLOTS
     assert same_batches(got, plain)
     for b in got[:3]:
         assert_batch_matches(ref, b, COLUMNS)
@@ -106,14 +117,29 @@ def test_staged_mix_equals_plain_mix(tmp_path, monkeypatch):
 
 
 def test_held_batches_are_never_overwritten(demo_ds, monkeypatch):
-    """Batches kept (not copied) while the ring goes round many times still hold their data:
-    each batch lies in memory of its own, never in a slot the workers refill."""
+    """Batches kept (not copied) while the rings go round many times still hold their data: a
+    device buffer something refers to (a batch, a view of one) is left to it and replaced."""
+    import trajstore._cuda
+
+    monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
     kw = dict(slice_len=8, num_slices=16, policy="pad", seed=3, max_batches=40, columns=COLUMNS)
     plain = take(demo_ds.loader(**kw), 40)
     monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
     loader = demo_ds.loader(**kw, workers=3, staging_slots=2)
-    held = list(loader)  # 40 batches through 2 slots, none copied
-    assert len(held) == 40
-    assert same_batches([{k: v.numpy() for k, v in b.items()} for b in held], plain)
+    held, views = [], []
+    for i, b in enumerate(loader):
+        if i % 2:
+            held.append(b)  # the batch itself
+        else:
+            views.append(b["observation"][:, 1:])  # only a view of one of its tensors
+    assert len(held) == 20
+    got = [{k: v.numpy() for k, v in b.items()} for b in held]
+    assert same_batches(got, plain[1::2])
+    for v, want in zip(views, plain[0::2]):
+        np.testing.assert_array_equal(v.numpy(), want["observation"][:, 1:])
     slot_memory = {buf.data_ptr() for buf in loader._packed}
     assert all(t.untyped_storage().data_ptr() not in slot_memory for b in held for t in b.values())
+    # Nothing held: the ring's buffers are used again and again.
+    loader = demo_ds.loader(**kw, workers=3, staging_slots=2)
+    seen = {id(b["observation"]) for b in loader}
+    assert len(seen) == trajstore._cuda._DEVICE_SLOTS

@@ -1,21 +1,32 @@
-"""The CUDA staging ring of a loader (``device="cuda[:N]"``): one pinned staging buffer per slot,
-allocated once by PyTorch and holding every tensor of a batch at a fixed offset, gathered into by
-the native workers (GIL released); each batch crosses to the device in one copy, without
-blocking, on a dedicated CUDA stream, and a slot is reused only after an event recorded after its
-copy has completed. The current stream waits on that event, so the batch is ready to use in
-ordinary code. Without a transform the slot holds the compact batch (``CompactInto`` in the Rust
-crate): a derived ``next_observation`` as one row per slice and the flags as per-slice spans,
-expanded on the device by a few elementwise kernels (``_expand``). Each batch's device memory is
-its own allocation (PyTorch's caching allocator), so a batch the caller still holds is never
-overwritten.
+"""The CUDA staging ring of a loader (``device="cuda[:N]"``).
 
-``TRAJSTORE_STAGED_CPU=1`` runs the same ring on CPU (plain host slots, a clone standing for the
-device copy), so that machines without a GPU test it."""
+- **Host slots.** One pinned buffer per slot, allocated once by PyTorch, holding every tensor of
+  a batch at a fixed offset; the native workers gather into it with the GIL released.
+- **One copy per batch** of that buffer, without blocking, on a dedicated CUDA stream, into a
+  ring of device buffers whose tensor views were made once (``_DeviceSlot``). The current stream
+  waits on an event recorded after the copy, so the batch is ready to use in ordinary code. A
+  host slot is reused only after its copy has completed.
+- **A held batch is never overwritten.** Before a device buffer takes a new batch, the ring checks
+  that nothing outside it refers to the old one: the views' reference counts and the storages'
+  use counts. If something does, the buffer is left to its holder and a new one is allocated.
+  The copy stream also waits for what the current stream had queued, so kernels still reading the
+  old batch finish first.
+- **Derived ``next_observation``.** Where one batch's derived ``next_observation`` would carry
+  ``_TAIL_MIN_BYTES`` or more (frame stacks, large observations), the slot holds it as one row per
+  slice (``Gatherer::gather_into_with_tails`` in the Rust crate): at every other step it is the
+  observation one step later. It is derived on the copy stream by five kernels (``_derive``),
+  bit for bit the stored batch. Below that size the copy of the full column costs less than
+  issuing the kernels.
+
+The per-batch work on the training thread is a copy, two events, two waits and a few
+reference-count reads. ``TRAJSTORE_STAGED_CPU=1`` runs the same rings on CPU (plain host
+memory, a copy standing for the device copy), so that machines without a GPU test them."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from . import _native
@@ -37,6 +48,124 @@ class _Done:
         pass
 
 
+#: A derived next_observation is shipped as one row per slice when that saves at least this many
+#: bytes per batch: about 80 us of a 25 GB/s copy, more than issuing the five kernels of
+#: ``_derive`` from Python costs (about 50 us on the CPU stand-in, BENCHMARKS.md). Frame stacks
+#: clear it by far; a 17-float observation at 256 x 64 (1.1 MB) does not.
+_TAIL_MIN_BYTES = 2 << 20
+#: Offsets in a slot's buffer are multiples of this (any dtype's alignment, and CUDA's vector
+#: loads'), as in the Rust loader's packed slots.
+_ALIGN = 256
+#: Device buffers in the ring: the batch being used, the one being copied, one to spare.
+_DEVICE_SLOTS = 3
+
+
+class _Piece(NamedTuple):
+    """One tensor of a slot's buffer: where it lies and what it is."""
+
+    name: str
+    offset: int
+    nbytes: int
+    dtype: Any
+    shape: Tuple[int, ...]
+    #: Whether it is a tail (one row per slice of a derived next_observation).
+    tail: bool
+
+
+def _pieces(torch: Any, plan: _native.Plan, tails: Optional[List[bool]]) -> List[_Piece]:
+    """The tensors of one slot in the order the native slot loader takes their regions:
+    columns, the six flag planes, then the per-slice vectors."""
+    b, l = plan.num_slices, plan.slice_len  # noqa: E741
+    specs: List[Tuple[str, Any, Tuple[int, ...], bool]] = []
+    for j, (name, dtype, step_shape) in enumerate(plan.columns()):
+        tail = tails is not None and tails[j]
+        lead = (b,) if tail else (b, l)
+        specs.append((name, _torch_dtype(torch, dtype), (*lead, *step_shape), tail))
+    specs.extend((n, torch.bool, (b, l), False) for n in FLAGS)
+    specs.extend((n, torch.int64, (b,), False) for n in PER_SLICE)
+    pieces: List[_Piece] = []
+    at = 0
+    for name, dtype, shape, tail in specs:
+        at = (at + _ALIGN - 1) // _ALIGN * _ALIGN
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        pieces.append(_Piece(name, at, n, dtype, shape, tail))
+        at += n
+    return pieces
+
+
+def _tails(torch: Any, plan: _native.Plan) -> Optional[List[bool]]:
+    """The columns shipped as one row per slice: derived next_observations saving
+    ``_TAIL_MIN_BYTES`` or more per batch."""
+    b, l = plan.num_slices, plan.slice_len  # noqa: E741
+    out = []
+    for (_, dtype, shape), can in zip(plan.columns(), plan.tail_columns()):
+        step = math.prod(shape) * torch.empty((), dtype=_torch_dtype(torch, dtype)).element_size()
+        out.append(can and b * (l - 1) * step >= _TAIL_MIN_BYTES)
+    return out if any(out) else None
+
+
+def _view(buf: Any, p: _Piece) -> Any:
+    return buf[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape)
+
+
+class _DeviceSlot:
+    """One buffer of the device ring: a batch's packed bytes, the tensors handed out (views of
+    it, made once, and each tail's derived next_observation), and what their reference counts
+    are when nothing outside the ring holds them."""
+
+    def __init__(self, torch: Any, pieces: List[_Piece], device: Any, l: int) -> None:  # noqa: E741
+        total = max(p.offset + p.nbytes for p in pieces)
+        self.buf = torch.empty(total, dtype=torch.uint8, device=device)
+        self.views = {p.name: _view(self.buf, p) for p in pieces}
+        #: Each tail's next_observation, [B, L, ...], derived into on every batch.
+        self.full = {
+            p.name: torch.empty((p.shape[0], l, *p.shape[1:]), dtype=p.dtype, device=device) for p in pieces if p.tail
+        }
+        self.out: Dict[str, Any] = {n: self.full.get(n, v) for n, v in self.views.items()}
+        self.derivations = _derivations(self.views, self.full)
+        self._refs = self._ref_counts()
+        self._uses = self._use_counts(torch)
+
+    def _ref_counts(self) -> List[int]:
+        return [sys.getrefcount(t) for t in self.out.values()]
+
+    def _use_counts(self, torch: Any) -> Optional[List[int]]:
+        count = getattr(torch._C, "_storage_Use_Count", None)
+        if count is None:
+            return None
+        return [count(t.untyped_storage()._cdata) for t in (self.buf, *self.full.values())]
+
+    def held(self, torch: Any) -> bool:
+        """Whether something outside the ring refers to this buffer's tensors (a batch the caller
+        kept, a view of one); True where PyTorch cannot tell."""
+        uses = self._use_counts(torch)
+        return uses is None or uses != self._uses or self._ref_counts() != self._refs
+
+
+def _derivations(views: Dict[str, Any], full: Dict[str, Any]) -> List[Tuple[Any, ...]]:
+    """Per tail, the views ``_derive`` works on, made once per device buffer: the full
+    next_observation's first L-1 steps and its last, the observation's last L-1 steps, the mask
+    and slice_end broadcast over a step's dimensions, and the tail as ``[B, 1, ...]``."""
+    if not full:
+        return []
+    obs, mask, end = views["observation"], views["mask"], views["slice_end"]
+    cond = (*mask.shape, *(1,) * (obs.dim() - 2))
+    return [
+        (out, out[:, :-1], out[:, -1], obs[:, 1:], mask.view(cond), end.view(cond), views[name].unsqueeze(1))
+        for name, out in full.items()
+    ]
+
+
+def _derive(torch: Any, derivations: List[Tuple[Any, ...]]) -> None:
+    """Each tail's next_observation: the tail at a slice's last valid step, the observation one
+    step later at the other valid steps, zero where padded (five kernels)."""
+    for out, head, last, later, mask, end, tail in derivations:
+        head.copy_(later)
+        last.zero_()
+        out.masked_fill_(mask.logical_not(), 0)
+        torch.where(end, tail, out, out=out)
+
+
 class CudaRing:
     """The staging ring, a part of :class:`~trajstore.Loader` (which sets the attributes
     declared here)."""
@@ -50,13 +179,15 @@ class CudaRing:
     _staged_on_cpu: bool
     _staging: int
     _position: int
+    _options: PlanOptions
+    # The host slots (name -> view of the slot's pinned buffer), their buffers, and where each
+    # tensor lies in them.
     _slots: List[Dict[str, Any]]
-    # One pinned buffer per slot (the slot's tensors are views of it), and where each lies.
     _packed: List[Any]
     _pieces: List[_Piece]
-    # Whether the slots hold the compact batch (no transform).
-    _compact: bool
-    _options: PlanOptions
+    # The device ring and the next buffer of it to use.
+    _ring: List[_DeviceSlot]
+    _ring_next: int
     _copy_stream: Any
     # The batches whose copies may be in flight (their events), oldest first.
     _inflight: Deque[Tuple[int, Any]]
@@ -75,22 +206,26 @@ class CudaRing:
         torch = _torch()
         pin = not self._staged_on_cpu
         if not getattr(self, "_slots", None):
-            # Allocated once per loader, by PyTorch, so that they are page-locked memory its
-            # copies recognise as pinned.
-            self._compact = self._transform is None
-            self._pieces = _pieces(torch, self._plan, self._compact)
+            # Without a transform (which sees the host batch whole) derived next_observations
+            # may be shipped as one row per slice.
+            tails = _tails(torch, self._plan) if self._transform is None else None
+            self._pieces = _pieces(torch, self._plan, tails)
             total = max(p.offset + p.nbytes for p in self._pieces)
-            # Under the target device, so that pinning creates no CUDA context on another GPU.
+            # Allocated once per loader, by PyTorch, so that they are page-locked memory its
+            # copies recognise as pinned; under the target device, so that pinning creates no
+            # CUDA context on another GPU.
             ctx = torch.cuda.device(self._device) if pin else contextlib.nullcontext()
             with ctx:
-                self._packed = [
-                    torch.empty(total, dtype=torch.uint8, pin_memory=pin) for _ in range(self._staging)
-                ]
-            self._slots = [_views(buf, self._pieces) for buf in self._packed]
+                self._packed = [torch.empty(total, dtype=torch.uint8, pin_memory=pin) for _ in range(self._staging)]
+            self._slots = [{p.name: _view(buf, p) for p in self._pieces} for buf in self._packed]
+            self._ring, self._ring_next = [], 0
             if pin:
                 self._copy_stream = torch.cuda.Stream(device=self._device)
+        tails = [p.tail for p in self._pieces[: len(self._names)]]
         regions = [[(t.data_ptr(), t.numel() * t.element_size()) for t in slot.values()] for slot in self._slots]
-        return _native.SlotLoader(self._plan, start, count, regions, self._slots, self._compact)
+        return _native.SlotLoader(
+            self._plan, start, count, regions, self._slots, tails if any(tails) else None
+        )
 
     def _release_done(self, native: _native.SlotLoader, upto: int) -> None:
         """Releases the slots whose copies finished, and (waiting for them) those of every batch
@@ -125,71 +260,78 @@ class CudaRing:
                 return
             k, slot, nb = got
             if self._transform is None:
-                batch = self._packed_batch(k, slot, nb)
+                batch = self._ring_batch(k, slot, nb)
             else:
                 batch = self._transformed_batch(k, slot, nb)
             self._position = k + 1
             yield batch
 
-    def _packed_batch(self, k: int, slot: int, nb: int) -> Batch:
-        """Batch ``k`` of ``slot`` in one copy of the slot's buffer, unpacked (and expanded)
-        on the device."""
+    def _device_slot(self, torch: Any) -> _DeviceSlot:
+        """The next buffer of the device ring, or a new one where the caller still holds it."""
+        i = self._ring_next
+        self._ring_next = (i + 1) % _DEVICE_SLOTS
+        if i == len(self._ring):
+            self._ring.append(_DeviceSlot(torch, self._pieces, self._target(), self._plan.slice_len))
+        elif self._ring[i].held(torch):
+            self._ring[i] = _DeviceSlot(torch, self._pieces, self._target(), self._plan.slice_len)
+        return self._ring[i]
+
+    def _target(self) -> Any:
+        return "cpu" if self._staged_on_cpu else self._device
+
+    def _ring_batch(self, k: int, slot: int, nb: int) -> Batch:
+        """Batch ``k`` of host slot ``slot``, in one copy into the next device buffer."""
         torch = _torch()
         host = self._slots[slot]
-        extra: Dict[str, Any] = {}
+        weight = None
         if self._options["sampler"] == "prioritized":
             ids = Batch(k, ((n, host[n][:nb]) for n in PER_SLICE))
             self._weights(ids)
-            if "weight" in ids:
-                extra["weight"] = ids["weight"]
+            weight = ids.get("weight")
         if self._mix:
-            extra["source"] = self._sources()
-        packed = self._packed[slot]
+            self._sources()
+        d = self._device_slot(torch)
         if self._staged_on_cpu:
-            dev = packed.clone()
-            self._inflight.append((k, _Done()))
-            out = self._unpack(torch, dev, nb)
-            for n, t in extra.items():
-                out[n] = t.clone() if t is not self._source_host else t
-            return Batch(k, out)
-        device = self._device
-        current = torch.cuda.current_stream(device)
-        with torch.cuda.stream(self._copy_stream):
-            # One host-to-device copy of pinned memory: the copy stream does not wait for the
-            # consumer's stream, so that batch k+1's copy overlaps step k's compute.
-            dev = packed.to(device, non_blocking=True)
-            if self._mix and self._source_dev is None:  # copied once, reused by every batch
-                self._source_dev = self._source_host.to(device, non_blocking=True)
-            weight = extra.get("weight")
+            d.buf.copy_(self._packed[slot])
+            _derive(torch, d.derivations)
+            event: Any = _Done()
             if weight is not None:
-                weight = weight.to(device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._copy_stream)
-        current.wait_event(event)
-        # One allocation: recorded once for every view of it. What _expand makes is allocated on
-        # the current stream, after the wait.
-        dev.record_stream(current)
-        out = self._unpack(torch, dev, nb)
-        if weight is not None:
-            weight.record_stream(current)
-            out["weight"] = weight
-        if self._mix:
-            out["source"] = self._source_dev
+                weight = weight.clone()
+            source = self._source_host
+        else:
+            current = torch.cuda.current_stream(self._device)
+            # What the current stream has queued so far, the last use of this buffer included,
+            # finishes before the copy overwrites it.
+            free = torch.cuda.Event()
+            free.record(current)
+            with torch.cuda.stream(self._copy_stream):
+                self._copy_stream.wait_event(free)
+                # One host-to-device copy of pinned memory; the copy stream does not wait for
+                # what the current stream queues later, so that it overlaps that compute.
+                d.buf.copy_(self._packed[slot], non_blocking=True)
+                _derive(torch, d.derivations)
+                if self._mix and self._source_dev is None:  # copied once, reused by every batch
+                    self._source_dev = self._source_host.to(self._device, non_blocking=True)
+                if weight is not None:
+                    weight = weight.to(self._device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            current.wait_event(event)
+            if weight is not None:
+                weight.record_stream(current)
+            source = self._source_dev
         self._inflight.append((k, event))
-        return Batch(k, out)
-
-    def _unpack(self, torch: Any, dev: Any, nb: int) -> Dict[str, Any]:
-        """The batch's tensors as views of its device buffer (trimmed to ``nb`` slices), expanded
-        where compact, cast where asked."""
-        t = {p.name: _view(dev, p)[:nb] for p in self._pieces}
-        if self._compact:
-            tails = [p.name for p in self._pieces if p.tail]
-            t = _expand(torch, t, self._plan.slice_len, tails)
+        out = d.out if nb == self._plan.num_slices else {n: t[:nb] for n, t in d.out.items()}
+        batch = Batch(k, out)
         if self._cast is not None:
-            for n, x in t.items():
-                if x.is_floating_point():
-                    t[n] = x.to(self._cast)
-        return t
+            for n, t in out.items():
+                if t.is_floating_point():
+                    batch[n] = t.to(self._cast)
+        if weight is not None:
+            batch["weight"] = weight
+        if self._mix:
+            batch["source"] = source
+        return batch
 
     def _transformed_batch(self, k: int, slot: int, nb: int) -> Batch:
         """Batch ``k`` through the user's transform on the host, then copied tensor by tensor
@@ -243,94 +385,6 @@ class CudaRing:
             t.record_stream(current)
         self._inflight.append((k, event))
         return Batch(k, out)
-
-
-#: The slot key of a compact batch's ``[B, 3]`` int32 spans (first valid position, valid steps,
-#: end bits), in place of the flag planes.
-SPANS = "_spans"
-#: The end bits of a span (``CompactInto::FIRST`` ... in the Rust crate).
-_FIRST, _LAST, _TERMINATED, _TRUNCATED = 1, 2, 4, 8
-#: Offsets in a slot's buffer are multiples of this (any dtype's alignment, and CUDA's vector
-#: loads'), as in the Rust loader's packed slots.
-_ALIGN = 256
-
-
-class _Piece(NamedTuple):
-    """One tensor of a slot's buffer: where it lies and what it is."""
-
-    name: str
-    offset: int
-    nbytes: int
-    dtype: Any
-    shape: Tuple[int, ...]
-    #: Whether it is a compact batch's tail (one row per slice of a derived next_observation).
-    tail: bool
-
-
-def _pieces(torch: Any, plan: _native.Plan, compact: bool) -> List[_Piece]:
-    """The tensors of one slot in the order the native slot loader takes their regions:
-    columns, then the flag planes (or the spans), then the per-slice vectors."""
-    b, l = plan.num_slices, plan.slice_len  # noqa: E741
-    tails = plan.tail_columns() if compact else [False] * len(plan.columns())
-    specs: List[Tuple[str, Any, Tuple[int, ...], bool]] = []
-    for (name, dtype, step_shape), tail in zip(plan.columns(), tails):
-        lead = (b,) if tail else (b, l)
-        specs.append((name, _torch_dtype(torch, dtype), (*lead, *step_shape), tail))
-    if compact:
-        specs.append((SPANS, torch.int32, (b, 3), False))
-    else:
-        specs.extend((n, torch.bool, (b, l), False) for n in FLAGS)
-    specs.extend((n, torch.int64, (b,), False) for n in PER_SLICE)
-    pieces: List[_Piece] = []
-    at = 0
-    for name, dtype, shape, tail in specs:
-        at = (at + _ALIGN - 1) // _ALIGN * _ALIGN
-        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        pieces.append(_Piece(name, at, n, dtype, shape, tail))
-        at += n
-    return pieces
-
-
-def _view(buf: Any, p: _Piece) -> Any:
-    return buf[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape)
-
-
-def _views(buf: Any, pieces: List[_Piece]) -> Dict[str, Any]:
-    return {p.name: _view(buf, p) for p in pieces}
-
-
-def _expand(torch: Any, t: Dict[str, Any], l: int, tails: List[str]) -> Dict[str, Any]:  # noqa: E741
-    """The full batch of a compact one, where it lies: the flag planes from the spans, and each
-    tail column's ``next_observation``, which is the tail at a slice's last valid step, the
-    observation one step later at its other valid steps and zero where padded (the expansion
-    ``CompactInto`` documents in the Rust crate)."""
-    spans = t.pop(SPANS)
-    off, n, bits = spans[:, 0:1], spans[:, 1:2], spans[:, 2:3]
-    rel = torch.arange(l, dtype=torch.int32, device=spans.device) - off
-    mask = (rel >= 0) & (rel < n)
-    slice_end = (rel == n - 1) & mask
-    flags = {
-        "mask": mask,
-        "is_first": (rel == 0) & mask & ((bits & _FIRST) != 0),
-        "is_last": slice_end & ((bits & _LAST) != 0),
-        "terminated": slice_end & ((bits & _TERMINATED) != 0),
-        "truncated": slice_end & ((bits & _TRUNCATED) != 0),
-        "slice_end": slice_end,
-    }
-    out: Dict[str, Any] = {}
-    for name, x in t.items():
-        if name not in tails:
-            out[name] = x
-            continue
-        # A tail: [B, ...] against the observation's [B, L, ...].
-        obs = t["observation"]
-        cond = (x.shape[0], l) + (1,) * (obs.dim() - 2)
-        nxt = torch.zeros_like(obs)
-        nxt[:, :-1] = obs[:, 1:]
-        nxt.masked_fill_(~mask.view(cond), 0)
-        out[name] = torch.where(slice_end.view(cond), x.unsqueeze(1), nxt)
-    cols = {n: v for n, v in out.items() if n not in PER_SLICE}
-    return {**cols, **flags, **{n: out[n] for n in PER_SLICE}}
 
 
 def _torch_dtype(torch: Any, name: str) -> Any:

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use super::{Feed, LoaderOptions, LoaderState, Pipeline, WorkerPlans, check_in_flight};
 use crate::error::{Error, Result};
-use crate::gather::{CompactInto, GatherInto};
+use crate::gather::GatherInto;
 
 /// Caller-owned memory that a [`StagedLoader`] gathers one batch into.
 pub trait StagingSlot: Send {
@@ -20,10 +20,10 @@ pub trait StagingSlot: Send {
     /// [`GatherInto`] for the layout; [`crate::gather::Gatherer::gather_into`] checks the sizes).
     fn dest(&mut self) -> GatherInto<'_>;
 
-    /// The slot's memory as the compact batch of [`crate::CompactInto`] (tail columns as one row
-    /// per slice, the flags as spans), for a slot laid out that way; None (the default) for the
-    /// full batch of [`StagingSlot::dest`].
-    fn compact_dest(&mut self) -> Option<CompactInto<'_>> {
+    /// Per gathered column, whether the slot holds it as one row per slice (a derived
+    /// `next_observation`, see [`crate::Gatherer::gather_into_with_tails`]); None (the default)
+    /// for none. Asked once, of the first slot: every slot has the same layout.
+    fn tails(&self) -> Option<Vec<bool>> {
         None
     }
 }
@@ -138,6 +138,7 @@ impl StagedLoader {
             free_for: Mutex::new(((0..n as u64).map(first_for).collect(), false)),
             changed: Condvar::new(),
         });
+        let tails = slots[0].tails();
         let slots: Arc<Vec<Mutex<Box<dyn StagingSlot>>>> =
             Arc::new(slots.into_iter().map(Mutex::new).collect());
         let slice_len = sampler.slice_len() as usize;
@@ -148,7 +149,7 @@ impl StagedLoader {
             end,
             "staged-loader",
             |lane| {
-                let (gate, slots) = (gate.clone(), slots.clone());
+                let (gate, slots, tails) = (gate.clone(), slots.clone(), tails.clone());
                 let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
                     planner.plan(k, lane);
@@ -159,8 +160,10 @@ impl StagedLoader {
                     let mut memory = slots[slot].lock().unwrap_or_else(|e| e.into_inner());
                     let plan = planner.current();
                     let gatherer = planner.gatherer();
-                    match memory.compact_dest() {
-                        Some(d) => gatherer.gather_compact(plan, slice_len, d)?,
+                    match &tails {
+                        Some(t) => {
+                            gatherer.gather_into_with_tails(plan, slice_len, memory.dest(), t)?
+                        }
                         None => gatherer.gather_into(plan, slice_len, memory.dest())?,
                     }
                     Ok(StagedBatch {

@@ -5,15 +5,25 @@
 
 use tch::{Kind, Tensor};
 
-use super::layout::Layout;
+use super::layout::{Layout, Slot};
 use super::{TensorBatch, widen};
 use crate::error::Result;
 use crate::format::col;
 use crate::gather::CompactInto;
 
+/// The batch of `slot`: views of its tensors ([`Slot::view`]), or for a compact slot the full
+/// batch expanded where the slot lies (new tensors, besides the columns shipped whole).
+pub(crate) fn batch(slot: &Slot, layout: &Layout) -> Result<TensorBatch> {
+    if layout.compact {
+        expand(layout, &slot.columns, &slot.flags, &slot.meta)
+    } else {
+        slot.view(layout)
+    }
+}
+
 /// The full batch of a compact slot's tensors: `columns` in layout order (tail columns `[B,
 /// ...]`), `spans` `Int [B, 3]`, `meta` `Int64 [2, B]`, all on one device.
-pub(crate) fn expand(
+fn expand(
     layout: &Layout,
     columns: &[Tensor],
     spans: &Tensor,

@@ -300,12 +300,9 @@ impl Slot {
         Ok(())
     }
 
-    /// A batch of views of the slot's tensors (sharing their memory); a compact slot's batch
-    /// expanded where the slot lies (new tensors, besides the columns shipped whole).
+    /// A batch of views of the slot's tensors (sharing their memory). A compact slot's batch is
+    /// [`super::compact::batch`].
     pub(crate) fn view(&self, layout: &Layout) -> Result<TensorBatch> {
-        if layout.compact {
-            return super::compact::expand(layout, &self.columns, &self.flags, &self.meta);
-        }
         let flag = |i: i64| self.flags.f_select(0, i);
         Ok(TensorBatch {
             columns: layout

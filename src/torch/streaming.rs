@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Device;
 
+use super::compact;
 use super::events::CopyDone;
 use super::layout::{Layout, Slot};
 use super::options::Transform;
@@ -62,7 +63,7 @@ impl StreamWorker {
             self.planner.current(),
             &self.layout,
         )?;
-        let mut batch = slot.view(&self.layout)?;
+        let mut batch = compact::batch(&slot, &self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
         }
@@ -113,7 +114,7 @@ impl StreamWorker {
             None
         };
         let mut out = match on {
-            Some(on) => on.view(&self.layout)?,
+            Some(on) => compact::batch(&on, &self.layout)?,
             None => self.copy_each(i)?,
         };
         if self.cast != FloatCast::None {
@@ -132,7 +133,7 @@ impl StreamWorker {
     /// it to the device tensor by tensor.
     fn copy_each(&mut self, i: usize) -> Result<TensorBatch> {
         let slot = &self.slots[i];
-        let mut host = slot.view(&self.layout)?;
+        let mut host = compact::batch(slot, &self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut host)?;
         }

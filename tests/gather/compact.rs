@@ -317,3 +317,68 @@ fn compact_destinations_are_checked() {
         .unwrap_err();
     assert!(err.to_string().contains("next_observation"), "{err}");
 }
+
+/// `gather_into_with_tails` (the Python ring's layout): the flag planes as `gather_into` writes
+/// them, next_observation as one row per slice, derived as `CompactInto` documents; a column that
+/// is not a derived next_observation cannot be a tail.
+#[test]
+fn planes_with_tails_derive_to_the_full_gather() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = vectors(dir.path(), "derived", false);
+    let cols = [col::OBSERVATION, col::NEXT_OBSERVATION];
+    let g = Gatherer::try_new(&snap, &cols).unwrap();
+    let step = g.step_bytes()[0];
+    let built = SamplerSpec::uniform(6, 12)
+        .with_policy(BoundaryPolicy::Span { left: 2, right: 3 })
+        .with_seed(5)
+        .build(&snap)
+        .unwrap();
+    let mut plan = vec![];
+    for k in 0..6 {
+        built.sampler.plan(k, &mut plan);
+        let mut full = Batch::default();
+        g.gather(&plan, &mut full).unwrap();
+        let (b, l) = (plan.len(), full.slice_len);
+        let (mut obs, mut tail) = (vec![0u8; b * l * step], vec![0u8; b * step]);
+        let mut planes = vec![vec![0u8; b * l]; 6];
+        let (mut ids, mut starts) = (vec![0u64; b], vec![0i64; b]);
+        let mut it = planes.iter_mut();
+        let flags = std::array::from_fn(|_| it.next().unwrap().as_mut_slice());
+        let dest = trajstore::GatherInto {
+            columns: vec![&mut obs, &mut tail],
+            flags,
+            episode_id: &mut ids,
+            start_step: &mut starts,
+        };
+        g.gather_into_with_tails(&plan, l, dest, &[false, true])
+            .unwrap();
+        assert_eq!(obs, full.columns[0].data.as_slice());
+        assert_eq!(planes[0], full.mask);
+        assert_eq!(planes[5], full.slice_end);
+        let mut next = vec![0u8; b * l * step];
+        for at in 0..b * l {
+            let dst = &mut next[at * step..(at + 1) * step];
+            if planes[5][at] == 1 {
+                dst.copy_from_slice(&tail[at / l * step..(at / l + 1) * step]);
+            } else if planes[0][at] == 1 {
+                dst.copy_from_slice(&obs[(at + 1) * step..(at + 2) * step]);
+            }
+        }
+        assert!(next == full.columns[1].data.as_slice(), "batch {k}");
+    }
+    let (mut o, mut t) = (vec![0u8; 1 << 12], vec![0u8; 1 << 12]);
+    let mut planes = vec![vec![0u8; 64]; 6];
+    let (mut ids, mut starts) = (vec![0u64; 8], vec![0i64; 8]);
+    let mut it = planes.iter_mut();
+    let flags = std::array::from_fn(|_| it.next().unwrap().as_mut_slice());
+    let dest = trajstore::GatherInto {
+        columns: vec![&mut o, &mut t],
+        flags,
+        episode_id: &mut ids,
+        start_step: &mut starts,
+    };
+    let err = g
+        .gather_into_with_tails(&plan[..1], 6, dest, &[true, true])
+        .unwrap_err();
+    assert!(err.to_string().contains("tails"), "{err}");
+}

@@ -9,6 +9,7 @@ use clap::Args;
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::json;
 
+use super::bench_torch::*;
 use super::sample::{slice_sampler, slice_spec};
 use super::*;
 use crate::open::*;
@@ -48,14 +49,14 @@ Examples:
 #[command(after_long_help = AFTER_HELP)]
 pub(crate) struct BenchArgs {
     #[command(flatten)]
-    s: SliceArgs,
+    pub(crate) s: SliceArgs,
     /// Timed iterations (after as many warm-up ones), 1 to 10000000.
     #[arg(
         long,
         default_value_t = 200,
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000)
     )]
-    iters: usize,
+    pub(crate) iters: usize,
     /// Loader workers for the loader measurement (1 to 1024).
     #[arg(
         long,
@@ -63,7 +64,7 @@ pub(crate) struct BenchArgs {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
             .range(1..=trajstore::loader::MAX_WORKERS as u64)
     )]
-    workers: usize,
+    pub(crate) workers: usize,
     /// How pages that are not in memory are read: `auto` asks the kernel for all the pages of
     /// a batch at once (and loader workers for their next batch's) while gathers take major page
     /// faults, and stops once the pages are found in memory; `always`; `never` (each page is
@@ -88,10 +89,10 @@ pub(crate) struct BenchArgs {
     device: Option<String>,
     /// With --device: upload the columns to the device once and sample there (GPU-resident mode).
     #[arg(long, requires = "device")]
-    resident: bool,
+    pub(crate) resident: bool,
     /// Device memory the resident columns may take.
     #[arg(long, default_value = "8GiB", value_parser = parse_size, requires = "resident")]
-    resident_budget: u64,
+    pub(crate) resident_budget: u64,
     /// With --device: measure the device loader only (no CPU phases; what the GPU check uses
     /// for batches too large to time on the CPU). JSON: {"transitions", ..., "torch": {...}}.
     #[arg(long, requires = "device")]
@@ -103,7 +104,7 @@ pub(crate) struct BenchArgs {
     /// With --device: cast floating columns on the device (none, bf16, f16).
     #[cfg(feature = "torch")]
     #[arg(long, default_value = "none", requires = "device")]
-    cast: trajstore::torch::FloatCast,
+    pub(crate) cast: trajstore::torch::FloatCast,
 }
 
 fn positive_secs(s: &str) -> std::result::Result<f64, String> {
@@ -702,88 +703,6 @@ fn print_io_floor(f: &serde_json::Value, loader_bps: f64) {
     );
 }
 
-/// The torch loader's figures for `bench --device`.
-#[cfg(feature = "torch")]
-pub(crate) fn torch_bench(
-    a: &BenchArgs,
-    device: &str,
-    source: &trajstore::BatchSource,
-    batch_bytes: usize,
-    start: u64,
-) -> Result<serde_json::Value> {
-    use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
-    let dev = parse_device(device).map_err(one_line)?;
-    let cast = a.cast;
-    let iters = a.iters as u64;
-    let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
-        trajstore::LoaderOptions::default()
-            .with_workers(a.workers)
-            .with_start(start)
-            .with_max_batches(2 * iters),
-    );
-    if a.resident {
-        opts = opts.with_resident(a.resident_budget);
-    }
-    let sync = || {
-        if let tch::Device::Cuda(n) = dev {
-            tch::Cuda::synchronize(n as i64);
-        }
-    };
-    let t = Instant::now();
-    let mut loader = TorchLoader::new(source, opts).map_err(one_line)?;
-    let setup_s = t.elapsed().as_secs_f64();
-    // Warm-up: the first half of the batches (allocations, staging slots, kernels).
-    for _ in 0..iters {
-        let b = loader
-            .next_batch()
-            .expect("bounded stream")
-            .map_err(one_line)?;
-        loader.recycle(b);
-    }
-    sync();
-    let t = Instant::now();
-    let mut n = 0u64;
-    while let Some(b) = loader.next_batch() {
-        let b = b.map_err(one_line)?;
-        loader.recycle(b);
-        n += 1;
-    }
-    sync();
-    let secs = t.elapsed().as_secs_f64();
-    let transfer = loader.transfer_bytes();
-    drop(loader);
-    let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
-    let gbps = n as f64 * batch_bytes as f64 / secs / 1e9;
-    // The anchor: a pinned copy of what one batch's copy carries (the compact batch), and of the
-    // full batch's bytes.
-    let pinned = |bytes: usize| -> Result<f64> {
-        Ok(trajstore::torch::pinned_copy_bandwidth(bytes, dev, 200).map_err(one_line)? / 1e9)
-    };
-    let (baseline, full_baseline) = match (dev, transfer) {
-        (tch::Device::Cuda(_), Some(t)) if !a.resident => {
-            (Some(pinned(t as usize)?), Some(pinned(batch_bytes)?))
-        }
-        _ => (None, None),
-    };
-    // Batches per second a back-to-back pinned copy of one batch's transfer allows.
-    let copy_bps = baseline.zip(transfer).map(|(g, t)| g * 1e9 / t as f64);
-    Ok(json!({
-        "device": device,
-        "resident": a.resident,
-        "cast": a.cast.to_string(),
-        "setup_s": setup_s,
-        "batches": n,
-        "batches_per_s": n as f64 / secs,
-        "transitions_per_s": n as f64 * steps / secs,
-        "gb_per_s": gbps,
-        "transfer_bytes_per_batch": transfer,
-        "pinned_copy_gb_per_s": baseline,
-        "pinned_copy_full_batch_gb_per_s": full_baseline,
-        "pinned_copy_batches_per_s": copy_bps,
-        "over_pinned_copy": copy_bps.map(|c| n as f64 / secs / c),
-    }))
-}
-
 /// Samples and gathers the compact batch ([`trajstore::CompactInto`]) of `batches` into host
 /// buffers allocated once: its bytes and the median time per batch in µs.
 fn compact_gather(
@@ -820,46 +739,4 @@ fn compact_gather(
         us.push(t.elapsed().as_secs_f64() * 1e6);
     }
     Ok((bytes, median(&mut us)))
-}
-
-#[cfg(not(feature = "torch"))]
-pub(crate) const NO_TORCH: &str =
-    "--device needs the torch loader: rebuild with `--features torch` (see README, GPU loading)";
-
-#[cfg(not(feature = "torch"))]
-pub(crate) fn torch_bench(
-    _a: &BenchArgs,
-    _device: &str,
-    _source: &trajstore::BatchSource,
-    _batch_bytes: usize,
-    _start: u64,
-) -> Result<serde_json::Value> {
-    anyhow::bail!(NO_TORCH)
-}
-
-pub(crate) fn print_torch_bench(t: &serde_json::Value) {
-    let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
-    outln!(
-        "torch loader ({}{})  {:>10.0} batches/s, {} transitions/s, {:.2} GB/s (setup {:.2} s)",
-        t["device"].as_str().unwrap_or("?"),
-        if t["resident"].as_bool() == Some(true) {
-            ", resident"
-        } else {
-            ""
-        },
-        f("batches_per_s"),
-        HumanCount(f("transitions_per_s") as u64),
-        f("gb_per_s"),
-        f("setup_s")
-    );
-    if t["pinned_copy_gb_per_s"].is_number() {
-        outln!(
-            "pinned H2D copy        {:>10.2} GB/s of the {} each batch's copy carries: {:.0} \
-             batches/s; the loader delivers {:.0}% of it",
-            f("pinned_copy_gb_per_s"),
-            HumanBytes(f("transfer_bytes_per_batch") as u64),
-            f("pinned_copy_batches_per_s"),
-            100.0 * f("over_pinned_copy")
-        );
-    }
 }

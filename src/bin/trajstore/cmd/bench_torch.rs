@@ -1,0 +1,138 @@
+//! `bench --device`: the torch loader's figures (feature `torch`), and the message of a build
+//! without it.
+
+#[cfg(feature = "torch")]
+use std::time::Instant;
+
+use anyhow::Result;
+use indicatif::{HumanBytes, HumanCount};
+#[cfg(feature = "torch")]
+use serde_json::json;
+
+use super::bench::BenchArgs;
+#[cfg(feature = "torch")]
+use crate::output::*;
+
+/// The torch loader's figures for `bench --device`.
+#[cfg(feature = "torch")]
+pub(crate) fn torch_bench(
+    a: &BenchArgs,
+    device: &str,
+    source: &trajstore::BatchSource,
+    batch_bytes: usize,
+    start: u64,
+) -> Result<serde_json::Value> {
+    use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
+    let dev = parse_device(device).map_err(one_line)?;
+    let cast = a.cast;
+    let iters = a.iters as u64;
+    let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
+        trajstore::LoaderOptions::default()
+            .with_workers(a.workers)
+            .with_start(start)
+            .with_max_batches(2 * iters),
+    );
+    if a.resident {
+        opts = opts.with_resident(a.resident_budget);
+    }
+    let sync = || {
+        if let tch::Device::Cuda(n) = dev {
+            tch::Cuda::synchronize(n as i64);
+        }
+    };
+    let t = Instant::now();
+    let mut loader = TorchLoader::new(source, opts).map_err(one_line)?;
+    let setup_s = t.elapsed().as_secs_f64();
+    // Warm-up: the first half of the batches (allocations, staging slots, kernels).
+    for _ in 0..iters {
+        let b = loader
+            .next_batch()
+            .expect("bounded stream")
+            .map_err(one_line)?;
+        loader.recycle(b);
+    }
+    sync();
+    let t = Instant::now();
+    let mut n = 0u64;
+    while let Some(b) = loader.next_batch() {
+        let b = b.map_err(one_line)?;
+        loader.recycle(b);
+        n += 1;
+    }
+    sync();
+    let secs = t.elapsed().as_secs_f64();
+    let transfer = loader.transfer_bytes();
+    drop(loader);
+    let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
+    let gbps = n as f64 * batch_bytes as f64 / secs / 1e9;
+    // The anchor: a pinned copy of what one batch's copy carries (the compact batch), and of the
+    // full batch's bytes.
+    let pinned = |bytes: usize| -> Result<f64> {
+        Ok(trajstore::torch::pinned_copy_bandwidth(bytes, dev, 200).map_err(one_line)? / 1e9)
+    };
+    let (baseline, full_baseline) = match (dev, transfer) {
+        (tch::Device::Cuda(_), Some(t)) if !a.resident => {
+            (Some(pinned(t as usize)?), Some(pinned(batch_bytes)?))
+        }
+        _ => (None, None),
+    };
+    // Batches per second a back-to-back pinned copy of one batch's transfer allows.
+    let copy_bps = baseline.zip(transfer).map(|(g, t)| g * 1e9 / t as f64);
+    Ok(json!({
+        "device": device,
+        "resident": a.resident,
+        "cast": a.cast.to_string(),
+        "setup_s": setup_s,
+        "batches": n,
+        "batches_per_s": n as f64 / secs,
+        "transitions_per_s": n as f64 * steps / secs,
+        "gb_per_s": gbps,
+        "transfer_bytes_per_batch": transfer,
+        "pinned_copy_gb_per_s": baseline,
+        "pinned_copy_full_batch_gb_per_s": full_baseline,
+        "pinned_copy_batches_per_s": copy_bps,
+        "over_pinned_copy": copy_bps.map(|c| n as f64 / secs / c),
+    }))
+}
+
+#[cfg(not(feature = "torch"))]
+pub(crate) const NO_TORCH: &str =
+    "--device needs the torch loader: rebuild with `--features torch` (see README, GPU loading)";
+
+#[cfg(not(feature = "torch"))]
+pub(crate) fn torch_bench(
+    _a: &BenchArgs,
+    _device: &str,
+    _source: &trajstore::BatchSource,
+    _batch_bytes: usize,
+    _start: u64,
+) -> Result<serde_json::Value> {
+    anyhow::bail!(NO_TORCH)
+}
+
+pub(crate) fn print_torch_bench(t: &serde_json::Value) {
+    let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
+    outln!(
+        "torch loader ({}{})  {:>10.0} batches/s, {} transitions/s, {:.2} GB/s (setup {:.2} s)",
+        t["device"].as_str().unwrap_or("?"),
+        if t["resident"].as_bool() == Some(true) {
+            ", resident"
+        } else {
+            ""
+        },
+        f("batches_per_s"),
+        HumanCount(f("transitions_per_s") as u64),
+        f("gb_per_s"),
+        f("setup_s")
+    );
+    if t["pinned_copy_gb_per_s"].is_number() {
+        outln!(
+            "pinned H2D copy        {:>10.2} GB/s of the {} each batch's copy carries: {:.0} \
+             batches/s; the loader delivers {:.0}% of it",
+            f("pinned_copy_gb_per_s"),
+            HumanBytes(f("transfer_bytes_per_batch") as u64),
+            f("pinned_copy_batches_per_s"),
+            100.0 * f("over_pinned_copy")
+        );
+    }
+}
