@@ -483,6 +483,30 @@ def section_python_checks(run: Run, a, ds_path: str) -> None:
     run.check(f"Python: no staging slot overwritten in flight ({n} batches, 4 workers x 2 slots, GPU checksums)",
               len(got) == len(want) == n and not torn, f"{len(torn)} differ; first {torn[:5]}; {n / dt:.0f} batches/s")
 
+    # Batches kept on the device (never copied out) while the device ring goes round, the GPU
+    # busy; with next_observation crossing as one row per slice and derived on the device.
+    import trajstore._cuda as ring
+
+    saved = ring._TAIL_MIN_BYTES
+    ring._TAIL_MIN_BYTES = 0
+    try:
+        held, views = [], []
+        hkw = dict(slice_len=L, num_slices=B, columns=COLUMNS, seed=23, max_batches=40, policy="span:3:5")
+        for i, b in enumerate(ds.loader(device="cuda", workers=4, staging_slots=2, **hkw)):
+            acc = acc @ load / 2048.0
+            if i % 2:
+                held.append(b)
+            else:
+                views.append(b["next_observation"][:, 1:])
+        cpu_h = list(ds.loader(device="cpu", workers=2, **hkw))
+    finally:
+        ring._TAIL_MIN_BYTES = saved
+    ok_held = all(all(torch.equal(g[k].cpu(), c[k]) for k in c) for g, c in zip(held, cpu_h[1::2]))
+    ok_views = all(torch.equal(v.cpu(), c["next_observation"][:, 1:]) for v, c in zip(views, cpu_h[0::2]))
+    run.check("Python: held batches and views are never overwritten; next_observation derived on the device "
+              "(40 batches, span policy, 2 slots)", len(held) == 20 and ok_held and ok_views,
+              f"held equal: {ok_held}, views equal: {ok_views}")
+
 
 def pinned_anchor(torch):
     """GB/s of back-to-back pinned host-to-device copies of nbytes (the issue's anchor)."""
