@@ -91,15 +91,7 @@ impl Gatherer {
         slice_len: usize,
         dest: GatherInto<'_>,
     ) -> Result<()> {
-        let GatherInto {
-            columns,
-            flags,
-            episode_id,
-            start_step,
-        } = dest;
-        let tails = vec![false; self.columns.len()];
-        let dest = (columns, FlagsInto::Planes(flags), episode_id, start_step);
-        self.gather_any(plan, slice_len, dest, &tails)
+        self.gather_planes(plan, slice_len, dest, &self.tails.none)
     }
 
     /// [`Gatherer::gather_into`] with the columns `tails` marks (some of
@@ -115,7 +107,7 @@ impl Gatherer {
         tails: &[bool],
     ) -> Result<()> {
         let can = self.tail_columns();
-        if tails.len() != can.len() || tails.iter().zip(&can).any(|(&t, &c)| t && !c) {
+        if tails.len() != can.len() || tails.iter().zip(can).any(|(&t, &c)| t && !c) {
             return Err(Error::argument(
                 "tails",
                 format!(
@@ -124,6 +116,17 @@ impl Gatherer {
                 ),
             ));
         }
+        self.gather_planes(plan, slice_len, dest, tails)
+    }
+
+    /// A gather with flag planes and `tails`, checked by the caller.
+    fn gather_planes(
+        &self,
+        plan: &[SliceRef],
+        slice_len: usize,
+        dest: GatherInto<'_>,
+        tails: &[bool],
+    ) -> Result<()> {
         let GatherInto {
             columns,
             flags,
@@ -155,41 +158,15 @@ impl Gatherer {
                 format!("{slice_len} steps per slice: a compact batch's spans hold an i32"),
             ));
         }
-        let tails = self.tail_columns();
         let dest = (columns, FlagsInto::Spans(spans), episode_id, start_step);
-        self.gather_any(plan, slice_len, dest, &tails)
+        self.gather_any(plan, slice_len, dest, &self.tails.derived)
     }
 
     /// Per gathered column, whether [`Gatherer::gather_compact`] writes it as one row per slice:
     /// a `next_observation` derived from the observation rows (not a stored column), with the
     /// observation gathered too. On a mix, only where every part derives it.
-    pub fn tail_columns(&self) -> Vec<bool> {
-        if let Some(m) = &self.mix {
-            let mut all = vec![true; self.columns.len()];
-            for part in m.parts() {
-                for (t, p) in all.iter_mut().zip(part.tail_columns()) {
-                    *t &= p;
-                }
-            }
-            return all;
-        }
-        let has_obs = |frames: bool| {
-            self.columns.iter().any(|c| {
-                c.name == col::OBSERVATION
-                    && match &c.source {
-                        ColumnSource::Frames(f) => frames && !f.next,
-                        _ => !frames,
-                    }
-            })
-        };
-        self.columns
-            .iter()
-            .map(|c| match &c.source {
-                ColumnSource::DerivedNext { .. } => has_obs(false),
-                ColumnSource::Frames(f) => f.next && has_obs(true),
-                _ => false,
-            })
-            .collect()
+    pub fn tail_columns(&self) -> &[bool] {
+        &self.tails.derived
     }
 
     /// [`Gatherer::gather_into`] and [`Gatherer::gather_compact`]: `tails` marks the columns
@@ -299,5 +276,56 @@ impl Gatherer {
         };
         self.after_gather();
         r
+    }
+}
+
+/// Which columns a gatherer can write as one row per slice, computed once (gathers allocate
+/// nothing), and the all-false list of a full gather.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Tails {
+    pub(super) derived: Vec<bool>,
+    pub(super) none: Vec<bool>,
+}
+
+impl Tails {
+    /// Of a plain gatherer's columns: a `next_observation` derived from the observation rows
+    /// (not a stored column), with the observation gathered too.
+    pub(super) fn of_columns(columns: &[GatherColumn]) -> Self {
+        let has_obs = |frames: bool| {
+            columns.iter().any(|c| {
+                c.name == col::OBSERVATION
+                    && match &c.source {
+                        ColumnSource::Frames(f) => frames && !f.next,
+                        _ => !frames,
+                    }
+            })
+        };
+        let derived = columns
+            .iter()
+            .map(|c| match &c.source {
+                ColumnSource::DerivedNext { .. } => has_obs(false),
+                ColumnSource::Frames(f) => f.next && has_obs(true),
+                _ => false,
+            })
+            .collect();
+        Self {
+            derived,
+            none: vec![false; columns.len()],
+        }
+    }
+
+    /// Of a mix: where every part can.
+    pub(super) fn of_parts(parts: &[Arc<Gatherer>]) -> Self {
+        let n = parts.first().map_or(0, |p| p.columns.len());
+        let mut derived = vec![true; n];
+        for part in parts {
+            for (t, &p) in derived.iter_mut().zip(part.tail_columns()) {
+                *t &= p;
+            }
+        }
+        Self {
+            derived,
+            none: vec![false; n],
+        }
     }
 }

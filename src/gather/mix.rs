@@ -111,6 +111,7 @@ impl Gatherer {
             .collect();
         Ok(Gatherer {
             snap: first.snap.clone(),
+            tails: super::into::Tails::of_parts(&parts),
             columns,
             episode_flags: vec![],
             segment_first_episode: vec![],

@@ -68,6 +68,8 @@ pub struct Gatherer {
     ra: readahead::ReadAheadState,
     /// The parts of a mix ([`Gatherer::mixed`]), which do all its gathering.
     mix: Option<Box<mix::Mix>>,
+    /// The columns [`Gatherer::gather_compact`] writes as one row per slice.
+    tails: into::Tails,
 }
 
 pub(crate) fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
@@ -239,6 +241,7 @@ impl Gatherer {
         }
         Ok(Self {
             snap: snap.clone(),
+            tails: into::Tails::of_columns(&plans),
             columns: plans,
             episode_flags,
             segment_first_episode,

@@ -274,7 +274,7 @@ impl BatchSource {
     /// loaders gather full batches.
     pub fn tail_columns(&self) -> Vec<bool> {
         match &self.0 {
-            Src::Local(f) => f.first().gatherer.tail_columns(),
+            Src::Local(f) => f.first().gatherer.tail_columns().to_vec(),
             #[cfg(feature = "remote")]
             Src::Streamed(p) => vec![false; p.columns.len()],
         }

@@ -59,7 +59,7 @@ impl Layout {
     /// The same batch with slots that hold the compact batch of `gatherer`.
     pub(crate) fn compact(mut self, gatherer: &Gatherer) -> Self {
         self.compact = true;
-        self.tails = gatherer.tail_columns();
+        self.tails = gatherer.tail_columns().to_vec();
         self
     }
 

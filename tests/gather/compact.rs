@@ -20,7 +20,7 @@ pub(crate) fn assert_compact_equals_full(g: &Gatherer, plan: &[SliceRef], what: 
     g.gather(plan, &mut full).unwrap();
     // `gather` pads to the plan's longest slice; the compact gather is given the same L.
     let (b, l) = (plan.len(), full.slice_len);
-    let tails = g.tail_columns();
+    let tails = g.tail_columns().to_vec();
     let steps: Vec<usize> = g.step_bytes();
     let mut cols: Vec<Vec<u8>> = steps
         .iter()
@@ -159,7 +159,7 @@ fn compact_vectors_expand_to_the_full_gather_under_every_policy() {
             &[col::NEXT_OBSERVATION, col::REWARD],
         ] {
             let g = Gatherer::try_new(snap, cols).unwrap();
-            let tails = g.tail_columns();
+            let tails = g.tail_columns().to_vec();
             let next = cols
                 .iter()
                 .position(|&c| c == col::NEXT_OBSERVATION)

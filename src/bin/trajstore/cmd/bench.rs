@@ -711,7 +711,7 @@ fn compact_gather(
     (b, l): (usize, usize),
     batches: std::ops::Range<u64>,
 ) -> Result<(usize, f64)> {
-    let tails = gatherer.tail_columns();
+    let tails = gatherer.tail_columns().to_vec();
     let mut columns: Vec<Vec<u8>> = gatherer
         .step_bytes()
         .iter()
