@@ -68,7 +68,7 @@ impl StreamWorker {
             f(&mut batch)?;
         }
         if let Some(d) = self.pin
-            && (self.transform.is_some() || self.layout.widens())
+            && (self.transform.is_some() || self.layout.widens() || self.layout.compact)
         {
             batch = repin(batch, d)?;
         }
