@@ -19,7 +19,7 @@ pub struct GatherInto<'a> {
 }
 
 /// Caller-owned destinations of [`Gatherer::gather_compact`]: a batch in fewer bytes, for a
-/// device that expands it ([`crate::torch`] and the Python package do, on the GPU). Each column
+/// device that expands it (the `torch` module's CUDA loader does, feature `torch`). Each column
 /// is `[B, L, ...]` as in [`GatherInto`], except the columns [`Gatherer::tail_columns`] marks (a
 /// `next_observation` derived from the gathered observation): those hold `[B, ...]`, the
 /// `next_observation` of each slice's last valid step only (zero for an empty slice), since at

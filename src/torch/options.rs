@@ -13,7 +13,7 @@ use crate::loader::LoaderOptions;
 /// returns is pinned again before the copy, so pinned transfers survive every transform.
 pub type Transform = Arc<dyn Fn(&mut TensorBatch) -> Result<()> + Send + Sync>;
 
-/// Options of a [`TorchLoader`].
+/// Options of a [`TorchLoader`](super::TorchLoader).
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct TorchLoaderOptions {
