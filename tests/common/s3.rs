@@ -18,34 +18,58 @@ pub struct S3Server {
     pub port: u16,
 }
 
+/// Ports of the servers this process runs: two tests starting servers at once must not be given
+/// the same free port (the second server would fail to bind, and its readiness check would be
+/// answered by the first, which goes away with its test).
+static PORTS: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
 impl S3Server {
     pub fn start() -> Option<Self> {
         let py = super::python_with("moto.server", "the moto S3 server")?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(py)
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto.server");
-        let server = S3Server { child, port };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while server.http("GET", "/", &[]).is_err() {
-            assert!(Instant::now() < deadline, "moto.server did not start");
-            std::thread::sleep(Duration::from_millis(100));
+        loop {
+            let port = {
+                let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+                let port = loop {
+                    let p = TcpListener::bind("127.0.0.1:0")
+                        .unwrap()
+                        .local_addr()
+                        .unwrap()
+                        .port();
+                    if !ports.contains(&p) {
+                        break p;
+                    }
+                };
+                ports.push(port);
+                port
+            };
+            let child = Command::new(&py)
+                .args([
+                    "-m",
+                    "moto.server",
+                    "-H",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start moto.server");
+            let mut server = S3Server { child, port };
+            // Ready when the port answers while our server runs; a server that exited could not
+            // bind the port (something else took it since): start another on a new one.
+            loop {
+                assert!(Instant::now() < deadline, "moto.server did not start");
+                if server.child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                if server.http("GET", "/", &[]).is_ok() {
+                    return Some(server);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
-        Some(server)
     }
 
     pub fn endpoint(&self) -> String {
@@ -168,5 +192,9 @@ impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        PORTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&p| p != self.port);
     }
 }
