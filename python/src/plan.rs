@@ -415,9 +415,9 @@ impl Plan {
             .map(|c| (c.name.clone(), c.dtype.name(), c.shape.clone()))
             .collect()
     }
-    /// Per column of `columns()`, whether a compact staging slot holds it as one row per
-    /// slice (a `next_observation` derived from the gathered observation), expanded on the
-    /// device.
+    /// Per column of `columns()`, whether a staging slot may hold it as one row per slice (a
+    /// `next_observation` derived from the gathered observation; `SlotLoader(tails=...)`),
+    /// derived on the device.
     fn tail_columns(&self) -> Vec<bool> {
         self.source.tail_columns()
     }

@@ -87,7 +87,7 @@ def _pieces(torch: Any, plan: _native.Plan, tails: Optional[List[bool]]) -> List
     at = 0
     for name, dtype, shape, tail in specs:
         at = (at + _ALIGN - 1) // _ALIGN * _ALIGN
-        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        n = math.prod(shape) * dtype.itemsize
         pieces.append(_Piece(name, at, n, dtype, shape, tail))
         at += n
     return pieces
@@ -99,7 +99,7 @@ def _tails(torch: Any, plan: _native.Plan) -> Optional[List[bool]]:
     b, l = plan.num_slices, plan.slice_len  # noqa: E741
     out = []
     for (_, dtype, shape), can in zip(plan.columns(), plan.tail_columns()):
-        step = math.prod(shape) * torch.empty((), dtype=_torch_dtype(torch, dtype)).element_size()
+        step = math.prod(shape) * _torch_dtype(torch, dtype).itemsize
         out.append(can and b * (l - 1) * step >= _TAIL_MIN_BYTES)
     return out if any(out) else None
 
