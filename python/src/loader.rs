@@ -413,4 +413,11 @@ impl SlotLoader {
     fn close(&self, py: Python<'_>) {
         py.detach(|| release(self.pid, &self.loader));
     }
+
+    /// What a streaming loader downloaded and holds (`trajstore::StreamStats` as JSON); None
+    /// for a loader of local datasets, or once closed.
+    fn stream_stats(&self) -> Option<String> {
+        let g = self.loader.lock().unwrap_or_else(|e| e.into_inner());
+        serde_json::to_string(&g.as_ref()?.stream_stats()?).ok()
+    }
 }

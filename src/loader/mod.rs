@@ -174,7 +174,7 @@ impl BatchSource {
     }
 
     #[cfg(feature = "remote")]
-    fn streamed(&self) -> Option<&StreamPlan> {
+    pub(crate) fn streamed(&self) -> Option<&StreamPlan> {
         match &self.0 {
             Src::Streamed(p) => Some(p),
             Src::Local(_) => None,
@@ -270,13 +270,13 @@ impl BatchSource {
     }
 
     /// Per column of [`BatchSource::columns`], whether a compact batch holds it as one row per
-    /// slice ([`crate::Gatherer::tail_columns`]); all false for a streamed source, whose
-    /// loaders gather full batches.
+    /// slice ([`crate::Gatherer::tail_columns`]; for a stream, what every window's gatherer
+    /// gives).
     pub fn tail_columns(&self) -> Vec<bool> {
         match &self.0 {
             Src::Local(f) => f.first().gatherer.tail_columns().to_vec(),
             #[cfg(feature = "remote")]
-            Src::Streamed(p) => vec![false; p.columns.len()],
+            Src::Streamed(p) => stream::tail_columns(p.stream.catalog(), &p.columns),
         }
     }
 

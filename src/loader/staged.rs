@@ -73,43 +73,25 @@ impl Gate {
     }
 }
 
-/// Yields [`StagedBatch`]es in order, each gathered into one of the caller's slots, which the
-/// caller hands back with [`StagedLoader::release`] once it no longer reads the slot.
-///
-/// Same sampling, sharding and determinism as [`super::Loader`] (batch `k` of rank `r` is the
-/// sampler's batch [`super::global_batch`], whatever the number of workers).
-pub struct StagedLoader {
-    pipeline: Pipeline<Result<StagedBatch>>,
-    gate: Arc<Gate>,
-    slots: usize,
-    feed: Arc<Feed>,
-    /// The end of this loader's batches (None: endless).
-    end: Option<u64>,
+/// The caller's slots and the gate that hands them to batches in order, shared by a staged
+/// loader's workers (of local datasets or of a stream).
+pub(crate) struct Ring {
+    gate: Gate,
+    slots: Vec<Mutex<Box<dyn StagingSlot>>>,
+    /// Asked once, of the first slot.
+    tails: Option<Vec<bool>>,
+    slice_len: usize,
 }
 
-impl std::fmt::Debug for StagedLoader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StagedLoader")
-            .field("next", &self.pipeline.next)
-            .field("slots", &self.slots)
-            .finish()
-    }
-}
-
-impl StagedLoader {
-    /// Starts the workers over `source`'s batches (see [`LoaderOptions`] for which), gathering
-    /// into `slots` (at least 2).
-    ///
-    /// Errors with [`Error::InvalidArgument`] as [`super::Loader::new`] does, and about `slots`
-    /// when there are fewer than two or they do not fit in memory together.
-    pub fn new(
-        source: &super::BatchSource,
-        opts: LoaderOptions,
+impl Ring {
+    /// A ring of `slots` (at least two, fitting in memory together with `batch_bytes` each)
+    /// whose first batch is `start`.
+    fn new(
         slots: Vec<Box<dyn StagingSlot>>,
+        start: u64,
+        batch_bytes: u64,
+        slice_len: usize,
     ) -> Result<Self> {
-        let super::Run { feed, start, end } = source.run(&opts)?;
-        let first = feed.first();
-        let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
         let n = slots.len();
         if n < 2 {
             return Err(Error::argument(
@@ -117,11 +99,6 @@ impl StagedLoader {
                 format!("{n} staging slot(s): a staged loader needs at least 2"),
             ));
         }
-        let batch_bytes =
-            gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
-        // The workers hold no batch of their own (the worker count is still bounded); the
-        // caller's slots are the batches in flight.
-        check_in_flight(0, &opts)?;
         crate::sample::check_memory(
             "slots",
             &format!(
@@ -134,97 +111,47 @@ impl StagedLoader {
             let n = n as u64;
             start + (s + n - start % n) % n
         };
-        let gate = Arc::new(Gate {
-            free_for: Mutex::new(((0..n as u64).map(first_for).collect(), false)),
-            changed: Condvar::new(),
-        });
-        let tails = slots[0].tails();
-        let slots: Arc<Vec<Mutex<Box<dyn StagingSlot>>>> =
-            Arc::new(slots.into_iter().map(Mutex::new).collect());
-        let slice_len = sampler.slice_len() as usize;
-        let pipeline = Pipeline::start(
-            opts.workers,
-            opts.prefetch,
-            start,
-            end,
-            "staged-loader",
-            |lane| {
-                let (gate, slots, tails) = (gate.clone(), slots.clone(), tails.clone());
-                let mut planner = WorkerPlans::new(feed.clone());
-                move |k: u64| {
-                    planner.plan(k, lane);
-                    if !gate.wait_for(k) {
-                        return Err(Error::invalid_argument("the staged loader was stopped"));
-                    }
-                    let slot = (k % slots.len() as u64) as usize;
-                    let mut memory = slots[slot].lock().unwrap_or_else(|e| e.into_inner());
-                    let plan = planner.current();
-                    let gatherer = planner.gatherer();
-                    match &tails {
-                        Some(t) => {
-                            gatherer.gather_into_with_tails(plan, slice_len, memory.dest(), t)?
-                        }
-                        None => gatherer.gather_into(plan, slice_len, memory.dest())?,
-                    }
-                    Ok(StagedBatch {
-                        number: k,
-                        slot,
-                        num_slices: plan.len(),
-                    })
-                }
-            },
-        )?;
-        feed.consumed(start);
         Ok(Self {
-            pipeline,
-            gate,
-            slots: n,
-            feed,
-            end,
+            gate: Gate {
+                free_for: Mutex::new(((0..n as u64).map(first_for).collect(), false)),
+                changed: Condvar::new(),
+            },
+            tails: slots[0].tails(),
+            slots: slots.into_iter().map(Mutex::new).collect(),
+            slice_len,
         })
     }
 
-    /// Where this loader is (see [`super::Loader::state`]).
-    pub fn state(&self) -> LoaderState {
-        let next = self.pipeline.position();
-        let mut s = self.feed.state(next, true);
-        s.iteration_end = self.end.filter(|&e| e > next);
-        s
+    /// Gathers batch `k` (`plan`, by `gatherer`) into its slot once batch `k - slots` is
+    /// released.
+    pub(crate) fn fill(
+        &self,
+        k: u64,
+        gatherer: &crate::gather::Gatherer,
+        plan: &[crate::index::SliceRef],
+    ) -> Result<StagedBatch> {
+        if !self.gate.wait_for(k) {
+            return Err(Error::invalid_argument("the staged loader was stopped"));
+        }
+        let slot = (k % self.slots.len() as u64) as usize;
+        let mut memory = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
+        match &self.tails {
+            Some(t) => gatherer.gather_into_with_tails(plan, self.slice_len, memory.dest(), t)?,
+            None => gatherer.gather_into(plan, self.slice_len, memory.dest())?,
+        }
+        Ok(StagedBatch {
+            number: k,
+            slot,
+            num_slices: plan.len(),
+        })
     }
 
-    /// The source of this loader's batches (versions, priorities, following: see
-    /// [`super::BatchSource`]).
-    pub fn source(&self) -> super::BatchSource {
-        super::BatchSource(super::Src::Local(self.feed.clone()))
-    }
-
-    /// The next batch, blocking until it is gathered; `None` at the end. Errors when the slots do
-    /// not fit the batches (see [`crate::gather::Gatherer::gather_into`]).
-    ///
-    /// The caller must have released every batch up to `number - slots` before asking for batch
-    /// `number`, or this waits forever (a worker waits for the slot).
-    pub fn next_batch(&mut self) -> Option<Result<StagedBatch>> {
-        let b = self.pipeline.next_item();
-        self.feed.consumed(self.pipeline.position());
-        b
-    }
-
-    /// The number of the batch [`StagedLoader::next_batch`] returns next.
-    pub fn position(&self) -> u64 {
-        self.pipeline.position()
-    }
-
-    /// The number of slots.
-    pub fn slots(&self) -> usize {
-        self.slots
-    }
-
-    /// Hands batch `number`'s slot back: batch `number + slots` may be gathered into it.
-    /// Releasing a batch twice, or one not yet returned, is an [`Error::InvalidArgument`].
-    pub fn release(&self, number: u64) -> Result<()> {
+    /// Hands batch `number`'s slot back (the consumer is at `position`).
+    fn release(&self, number: u64, position: u64) -> Result<()> {
         let mut g = self.gate.lock();
-        let s = (number % self.slots as u64) as usize;
-        if number >= self.pipeline.position() || g.0[s] != number {
+        let n = self.slots.len() as u64;
+        let s = (number % n) as usize;
+        if number >= position || g.0[s] != number {
             return Err(Error::argument(
                 "number",
                 format!(
@@ -233,16 +160,208 @@ impl StagedLoader {
                 ),
             ));
         }
-        g.0[s] = number + self.slots as u64;
+        g.0[s] = number + n;
         drop(g);
         self.gate.changed.notify_all();
         Ok(())
     }
 }
 
+/// Yields [`StagedBatch`]es in order, each gathered into one of the caller's slots, which the
+/// caller hands back with [`StagedLoader::release`] once it no longer reads the slot.
+///
+/// Same sampling, sharding and determinism as [`super::Loader`] (batch `k` of rank `r` is the
+/// sampler's batch [`super::global_batch`], whatever the number of workers), or, over a
+/// streamed source, as [`super::StreamLoader`] (the same batches, through the same cache).
+pub struct StagedLoader {
+    inner: Inner,
+    ring: Arc<Ring>,
+}
+
+enum Inner {
+    Local {
+        pipeline: Pipeline<Result<StagedBatch>>,
+        feed: Arc<Feed>,
+        /// The end of this loader's batches (None: endless).
+        end: Option<u64>,
+    },
+    #[cfg(feature = "remote")]
+    Stream(super::stream::Runs<StagedBatch>),
+}
+
+impl std::fmt::Debug for StagedLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedLoader")
+            .field("next", &self.position())
+            .field("slots", &self.slots())
+            .finish()
+    }
+}
+
+impl StagedLoader {
+    /// Starts the workers over `source`'s batches (see [`LoaderOptions`] for which), gathering
+    /// into `slots` (at least 2). A streamed source's batches are those of
+    /// [`super::StreamLoader::new`] with the same options.
+    ///
+    /// Errors with [`Error::InvalidArgument`] as [`super::Loader::new`] (or
+    /// [`super::StreamLoader::new`]) does, and about `slots` when there are fewer than two or
+    /// they do not fit in memory together.
+    pub fn new(
+        source: &super::BatchSource,
+        opts: LoaderOptions,
+        slots: Vec<Box<dyn StagingSlot>>,
+    ) -> Result<Self> {
+        #[cfg(feature = "remote")]
+        if source.is_streamed() {
+            return Self::streamed(source, opts, slots);
+        }
+        let super::Run { feed, start, end } = source.run(&opts)?;
+        let first = feed.first();
+        let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
+        let batch_bytes =
+            gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
+        // The workers hold no batch of their own (the worker count is still bounded); the
+        // caller's slots are the batches in flight.
+        check_in_flight(0, &opts)?;
+        let ring = Arc::new(Ring::new(
+            slots,
+            start,
+            batch_bytes,
+            sampler.slice_len() as usize,
+        )?);
+        let pipeline = Pipeline::start(
+            opts.workers,
+            opts.prefetch,
+            start,
+            end,
+            "staged-loader",
+            |lane| {
+                let ring = ring.clone();
+                let mut planner = WorkerPlans::new(feed.clone());
+                move |k: u64| {
+                    planner.plan(k, lane);
+                    ring.fill(k, planner.gatherer(), planner.current())
+                }
+            },
+        )?;
+        feed.consumed(start);
+        Ok(Self {
+            inner: Inner::Local {
+                pipeline,
+                feed,
+                end,
+            },
+            ring,
+        })
+    }
+
+    #[cfg(feature = "remote")]
+    fn streamed(
+        source: &super::BatchSource,
+        opts: LoaderOptions,
+        slots: Vec<Box<dyn StagingSlot>>,
+    ) -> Result<Self> {
+        let (batch_bytes, l) = super::stream::batch_bytes(source)?;
+        let start = opts.start.unwrap_or(0);
+        let ring = Arc::new(Ring::new(slots, start, batch_bytes, l)?);
+        let sink = {
+            let ring = ring.clone();
+            Arc::new(move || {
+                let ring = ring.clone();
+                Box::new(
+                    move |k: u64, g: &crate::gather::Gatherer, plan: &[crate::index::SliceRef]| {
+                        ring.fill(k, g, plan)
+                    },
+                ) as super::stream::Produce<StagedBatch>
+            })
+        };
+        let runs = super::stream::Runs::new(source, opts, sink)?;
+        Ok(Self {
+            inner: Inner::Stream(runs),
+            ring,
+        })
+    }
+
+    /// Where this loader is (see [`super::Loader::state`]); an error for a streamed source (a
+    /// streaming loader starts at a batch number: [`LoaderOptions::with_start`]).
+    pub fn state(&self) -> Result<LoaderState> {
+        match &self.inner {
+            Inner::Local {
+                pipeline,
+                feed,
+                end,
+            } => {
+                let next = pipeline.position();
+                let mut s = feed.state(next, true);
+                s.iteration_end = end.filter(|&e| e > next);
+                Ok(s)
+            }
+            #[cfg(feature = "remote")]
+            Inner::Stream(r) => r.source().state(r.position()),
+        }
+    }
+
+    /// The source of this loader's batches (versions, priorities, following: see
+    /// [`super::BatchSource`]).
+    pub fn source(&self) -> super::BatchSource {
+        match &self.inner {
+            Inner::Local { feed, .. } => super::BatchSource(super::Src::Local(feed.clone())),
+            #[cfg(feature = "remote")]
+            Inner::Stream(r) => r.source().clone(),
+        }
+    }
+
+    /// The next batch, blocking until it is gathered; `None` at the end. Errors when the slots do
+    /// not fit the batches (see [`crate::gather::Gatherer::gather_into`]), and for a stream
+    /// when a download fails (naming the object).
+    ///
+    /// The caller must have released every batch up to `number - slots` before asking for batch
+    /// `number`, or this waits forever (a worker waits for the slot).
+    pub fn next_batch(&mut self) -> Option<Result<StagedBatch>> {
+        match &mut self.inner {
+            Inner::Local { pipeline, feed, .. } => {
+                let b = pipeline.next_item();
+                feed.consumed(pipeline.position());
+                b
+            }
+            #[cfg(feature = "remote")]
+            Inner::Stream(r) => r.next_batch(),
+        }
+    }
+
+    /// The number of the batch [`StagedLoader::next_batch`] returns next.
+    pub fn position(&self) -> u64 {
+        match &self.inner {
+            Inner::Local { pipeline, .. } => pipeline.position(),
+            #[cfg(feature = "remote")]
+            Inner::Stream(r) => r.position(),
+        }
+    }
+
+    /// The number of slots.
+    pub fn slots(&self) -> usize {
+        self.ring.slots.len()
+    }
+
+    /// What a streaming loader downloaded and held so far (None for local datasets).
+    #[cfg(feature = "remote")]
+    pub fn stream_stats(&self) -> Option<super::StreamStats> {
+        match &self.inner {
+            Inner::Stream(r) => Some(r.stats()),
+            Inner::Local { .. } => None,
+        }
+    }
+
+    /// Hands batch `number`'s slot back: batch `number + slots` may be gathered into it.
+    /// Releasing a batch twice, or one not yet returned, is an [`Error::InvalidArgument`].
+    pub fn release(&self, number: u64) -> Result<()> {
+        self.ring.release(number, self.position())
+    }
+}
+
 impl Drop for StagedLoader {
     fn drop(&mut self) {
         // Wake workers waiting for a slot before the pipeline joins them.
-        self.gate.stop();
+        self.ring.gate.stop();
     }
 }

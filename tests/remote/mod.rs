@@ -3,4 +3,5 @@
 mod frames;
 mod memory;
 mod s3;
+mod staged;
 mod stream;

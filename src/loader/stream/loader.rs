@@ -4,7 +4,8 @@
 //! from the batch where it begins) or on the same one.
 
 use super::{
-    BatchSource, Cursor, LoaderOptions, Recycler, Run, StreamFollow, StreamPlan, StreamStats, mix,
+    BatchSource, Cursor, LoaderOptions, Recycler, Run, Sink, StreamFollow, StreamPlan, StreamStats,
+    batch_sink, mix,
 };
 use crate::error::{Error, Result};
 use crate::gather::Batch;
@@ -28,18 +29,8 @@ use crate::remote::Stream;
 /// is known). A look that fails (the store unreachable) keeps the version and is retried at the
 /// next boundary ([`StreamLoader::follow_failures`]).
 pub struct StreamLoader {
-    run: Option<Run>,
-    source: BatchSource,
-    opts: LoaderOptions,
-    /// One past the last batch (`max_batches`), if any.
-    end: Option<u64>,
+    runs: Runs<Batch>,
     pool: Recycler,
-    refreshes: u64,
-    failures: u64,
-    /// What the runs before the current one downloaded and held.
-    before: StreamStats,
-    /// The batch where the current run's version began (its batch 0).
-    base: u64,
 }
 
 impl std::fmt::Debug for StreamLoader {
@@ -56,6 +47,83 @@ impl StreamLoader {
     /// `max_batches`); epoch sampling stops at the end of the epoch it starts in. Errors with
     /// [`Error::InvalidArgument`] for a source of local datasets (use `Loader::new`).
     pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
+        let pool = Recycler::default();
+        let runs = Runs::new(source, opts, batch_sink(pool.clone()))?;
+        Ok(Self { runs, pool })
+    }
+
+    /// The next batch, blocking until it is ready; `None` at the end.
+    pub fn next_batch(&mut self) -> Option<Result<Batch>> {
+        self.runs.next_batch()
+    }
+
+    /// The number of the batch [`StreamLoader::next_batch`] returns next.
+    pub fn position(&self) -> u64 {
+        self.runs.position()
+    }
+
+    /// Hands a consumed batch back so a worker reuses its buffers.
+    pub fn recycle(&self, batch: Batch) {
+        self.pool.recycle(batch);
+    }
+
+    /// A handle that hands batches back from anywhere (e.g. when the last view of a batch
+    /// exported to Python is freed).
+    pub fn recycler(&self) -> Recycler {
+        self.pool.clone()
+    }
+
+    /// What the loader downloaded and held so far (all its runs, when it followed new
+    /// versions; `cache_bytes` and `cache_limit` are the current run's).
+    pub fn stats(&self) -> StreamStats {
+        self.runs.stats()
+    }
+
+    /// Newer versions this loader moved to.
+    pub fn follow_refreshes(&self) -> u64 {
+        self.runs.refreshes
+    }
+
+    /// Looks for a newer version that failed (and were retried at the next round boundary).
+    pub fn follow_failures(&self) -> u64 {
+        self.runs.failures
+    }
+
+    /// The episode ids of the segments that the loader's batch `k` (of the current version) is
+    /// drawn from: its window.
+    pub fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
+        self.runs.window_episodes(k)
+    }
+}
+
+impl Iterator for StreamLoader {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Result<Batch>> {
+        self.next_batch()
+    }
+}
+
+/// The batches of a streamed source made by a [`Sink`], one [`Run`] per version: what every
+/// loader of a stream runs ([`StreamLoader`], [`super::super::StagedLoader`], the `torch`
+/// loader).
+pub(crate) struct Runs<T: Send + 'static> {
+    run: Option<Run<T>>,
+    source: BatchSource,
+    opts: LoaderOptions,
+    /// One past the last batch (`max_batches`), if any.
+    end: Option<u64>,
+    sink: Sink<T>,
+    pub(crate) refreshes: u64,
+    pub(crate) failures: u64,
+    /// What the runs before the current one downloaded and held.
+    before: StreamStats,
+    /// The batch where the current run's version began (its batch 0).
+    base: u64,
+}
+
+impl<T: Send + 'static> Runs<T> {
+    /// Starts the batches of a streamed `source` (see [`StreamLoader::new`]), made by `sink`.
+    pub(crate) fn new(source: &BatchSource, opts: LoaderOptions, sink: Sink<T>) -> Result<Self> {
         let plan = plan_of(source)?;
         let start = opts.start.unwrap_or(0);
         let end = opts.max_batches.map(|n| start.saturating_add(n));
@@ -64,7 +132,7 @@ impl StreamLoader {
             source: source.clone(),
             opts,
             end,
-            pool: Recycler::default(),
+            sink,
             refreshes: 0,
             failures: 0,
             before: StreamStats::default(),
@@ -105,22 +173,22 @@ impl StreamLoader {
     }
 
     /// A run of `cursor`'s version from the loader's batch `start`.
-    fn start_run(&self, plan: &StreamPlan, cursor: &Cursor, start: u64) -> Result<Run> {
+    fn start_run(&self, plan: &StreamPlan, cursor: &Cursor, start: u64) -> Result<Run<T>> {
         let mut o = self.opts.clone();
         o.start = Some(start - cursor.base);
         o.max_batches = self.end.map(|e| e.saturating_sub(start));
         Run::start(
             plan,
-            &cursor.stream,
+            (&cursor.stream, cursor.base),
             seed_at(plan.sampler.seed, cursor.base),
             o,
             plan.follow.is_some(),
-            self.pool.clone(),
+            &self.sink,
         )
     }
 
     /// The next batch, blocking until it is ready; `None` at the end.
-    pub fn next_batch(&mut self) -> Option<Result<Batch>> {
+    pub(crate) fn next_batch(&mut self) -> Option<Result<T>> {
         loop {
             let run = self.run.as_mut()?;
             if let Some(item) = run.next_batch() {
@@ -129,7 +197,7 @@ impl StreamLoader {
             // The run ended: at `max_batches`, at an epoch's end, or (following) at a round's.
             let source = self.source.clone();
             let plan = plan_of(&source).ok()?;
-            let position = StreamLoader::position(self);
+            let position = self.position();
             // Following by the caller: it decides the next round's version.
             if plan.follow != Some(StreamFollow::Look)
                 || self.end.is_some_and(|e| position >= e)
@@ -188,57 +256,32 @@ impl StreamLoader {
         }
     }
 
-    /// The number of the batch [`StreamLoader::next_batch`] returns next.
-    pub fn position(&self) -> u64 {
+    /// The number of the batch [`Runs::next_batch`] returns next.
+    pub(crate) fn position(&self) -> u64 {
         self.run
             .as_ref()
             .map_or(self.base, |r| self.base + r.position())
     }
 
-    /// Hands a consumed batch back so a worker reuses its buffers.
-    pub fn recycle(&self, batch: Batch) {
-        self.pool.recycle(batch);
-    }
-
-    /// A handle that hands batches back from anywhere (e.g. when the last view of a batch
-    /// exported to Python is freed).
-    pub fn recycler(&self) -> Recycler {
-        self.pool.clone()
-    }
-
-    /// What the loader downloaded and held so far (all its runs, when it followed new
-    /// versions; `cache_bytes` and `cache_limit` are the current run's).
-    pub fn stats(&self) -> StreamStats {
+    /// What the runs downloaded and held so far (see [`StreamLoader::stats`]).
+    pub(crate) fn stats(&self) -> StreamStats {
         match &self.run {
             Some(run) => self.before.clone().plus(&run.stats()),
             None => self.before.clone(),
         }
     }
 
-    /// Newer versions this loader moved to.
-    pub fn follow_refreshes(&self) -> u64 {
-        self.refreshes
-    }
-
-    /// Looks for a newer version that failed (and were retried at the next round boundary).
-    pub fn follow_failures(&self) -> u64 {
-        self.failures
-    }
-
-    /// The episode ids of the segments that the loader's batch `k` (of the current version) is
-    /// drawn from: its window.
-    pub fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
+    /// See [`StreamLoader::window_episodes`].
+    pub(crate) fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
         self.run
             .as_ref()
             .map(|r| r.window_episodes(k.saturating_sub(self.base)))
             .unwrap_or_default()
     }
-}
 
-impl Iterator for StreamLoader {
-    type Item = Result<Batch>;
-    fn next(&mut self) -> Option<Result<Batch>> {
-        self.next_batch()
+    /// The source of these batches.
+    pub(crate) fn source(&self) -> &BatchSource {
+        &self.source
     }
 }
 

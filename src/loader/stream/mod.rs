@@ -79,6 +79,7 @@ mod loader;
 mod schedule;
 mod subset;
 
+pub(crate) use loader::Runs;
 pub use loader::StreamLoader;
 
 use cache::{Cache, CachedFile, Pins};
@@ -256,29 +257,50 @@ struct Shared {
     windows_opened: AtomicU64,
 }
 
+/// What a streaming loader's workers make of each planned batch: per worker, a function of the
+/// loader's batch number (the version's batch plus its base), the window's gatherer and the
+/// batch's plan. A host [`Batch`] for a [`StreamLoader`]; a filled staging slot for a
+/// [`super::StagedLoader`]; a device batch for the `torch` loader.
+pub(crate) type Sink<T> = Arc<dyn Fn() -> Produce<T> + Send + Sync>;
+
+/// One worker's half of a [`Sink`].
+pub(crate) type Produce<T> = Box<dyn FnMut(u64, &Gatherer, &[SliceRef]) -> Result<T> + Send>;
+
+/// The sink of a [`StreamLoader`]: gathers into a batch of `pool` (or a new one).
+pub(crate) fn batch_sink(pool: Recycler) -> Sink<Batch> {
+    Arc::new(move || {
+        let pool = pool.clone();
+        Box::new(move |_k: u64, gatherer: &Gatherer, plan: &[SliceRef]| {
+            let mut batch = pool.take();
+            gatherer.gather(plan, &mut batch)?;
+            Ok(batch)
+        })
+    })
+}
+
 /// The batches of one version of a stream, numbered from 0 (see the module docs): the workers,
 /// the prefetcher and the cache of a [`StreamLoader`] until it moves to a newer version.
 /// Dropping it stops its workers and prefetcher; downloads in flight are resumed by the next
 /// run over the same rank's cache.
-pub(crate) struct Run {
-    pipeline: Pipeline<Result<Batch>>,
+pub(crate) struct Run<T: Send + 'static> {
+    pipeline: Pipeline<Result<T>>,
     shared: Arc<Shared>,
     prefetcher: Option<JoinHandle<()>>,
 }
 
-impl Run {
-    /// Starts the batches of `stream` (a version of `plan`'s dataset), sampled with `seed`,
-    /// from its batch `opts.start` (default 0), handing batches back to `pool`. It ends at
-    /// `max_batches`, at the end of the epoch it starts in (epoch sampling), or with
-    /// `round_end`, at the end of the round it starts in (a following loader then looks for a
-    /// newer version); else never.
+impl<T: Send + 'static> Run<T> {
+    /// Starts the batches of `stream` (a version of `plan`'s dataset, begun at the loader's
+    /// batch `base`), sampled with `seed`, from its batch `opts.start` (default 0), made by
+    /// `sink`. It ends at `max_batches`, at the end of the epoch it starts in (epoch sampling),
+    /// or with `round_end`, at the end of the round it starts in (a following loader then looks
+    /// for a newer version); else never.
     pub(crate) fn start(
         plan: &StreamPlan,
-        stream: &Stream,
+        (stream, base): (&Stream, u64),
         seed: u64,
         opts: LoaderOptions,
         round_end: bool,
-        pool: Recycler,
+        sink: &Sink<T>,
     ) -> Result<Self> {
         let mut slice = plan.sampler.clone();
         slice.seed = seed;
@@ -414,16 +436,15 @@ impl Run {
         };
         let pipeline =
             Pipeline::start(opts.workers, opts.prefetch, start, end, "stream", |_lane| {
-                let (shared, pool) = (shared.clone(), pool.clone());
+                let shared = shared.clone();
+                let mut produce = sink();
                 let mut plan: Vec<SliceRef> = Vec::new();
-                move |k: u64| -> Result<Batch> {
+                move |k: u64| -> Result<T> {
                     let (w, local) = shared.schedule.locate(k);
                     let view = shared.view(&w)?;
                     let number = if shared.schedule.is_whole() { k } else { local };
                     view.sampler.plan(number, &mut plan);
-                    let mut batch = pool.take();
-                    view.gatherer.gather(&plan, &mut batch)?;
-                    Ok(batch)
+                    produce(base + k, &view.gatherer, &plan)
                 }
             })?;
         Ok(Self {
@@ -434,7 +455,7 @@ impl Run {
     }
 
     /// The next batch, blocking until it is ready; `None` at the end.
-    pub(crate) fn next_batch(&mut self) -> Option<Result<Batch>> {
+    pub(crate) fn next_batch(&mut self) -> Option<Result<T>> {
         let item = self.pipeline.next_item()?;
         let pos = self.pipeline.position();
         *self
@@ -499,7 +520,7 @@ impl Run {
     }
 }
 
-impl Drop for Run {
+impl<T: Send + 'static> Drop for Run<T> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Relaxed);
         self.shared.moved.notify_all();
@@ -653,6 +674,34 @@ pub(crate) fn describe_columns(
         });
     }
     Ok(out)
+}
+
+/// Bytes of one full batch of a streamed `source`, and its slice length.
+pub(crate) fn batch_bytes(source: &BatchSource) -> Result<(u64, usize)> {
+    let p = source.streamed().ok_or_else(|| {
+        Error::argument("source", "this source's datasets are local, not streamed")
+    })?;
+    let cols: Vec<&str> = p.columns.iter().map(String::as_str).collect();
+    let step = step_bytes(p.stream.catalog(), &cols, p.frame_stack)?;
+    let (b, l) = (p.sampler.num_slices, p.sampler.slice_len as usize);
+    Ok((step.saturating_mul((b * l) as u64), l))
+}
+
+/// Per gathered column of a stream, whether every window's gatherer can write it as one row
+/// per slice ([`Gatherer::tail_columns`]): a `next_observation` the version does not store,
+/// derived from the observation, which is gathered too.
+pub(crate) fn tail_columns(catalog: &Catalog, columns: &[String]) -> Vec<bool> {
+    use crate::format::col::{NEXT_OBSERVATION, OBSERVATION};
+    let derived = catalog
+        .schema()
+        .arrow_schema()
+        .field_with_name(NEXT_OBSERVATION)
+        .is_err()
+        && columns.iter().any(|c| c == OBSERVATION);
+    columns
+        .iter()
+        .map(|c| derived && c == NEXT_OBSERVATION)
+        .collect()
 }
 
 /// Keeps the windows of the batches workers may make next, and the window after them, pinned
