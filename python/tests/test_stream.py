@@ -186,6 +186,41 @@ def test_a_small_cache_stays_under_its_limit_and_a_restart_continues_exactly(s3:
         other.load_state_dict(state)
 
 
+def test_the_cuda_staging_ring_streams_the_host_loaders_batches(s3: Dict[str, str], tmp_path: Any, monkeypatch: Any) -> None:
+    """A stream on CUDA runs the local loader's staging ring (workers gather into the pinned
+    slots, one copy per batch; a derived next_observation crosses as one row per slice): here on
+    CPU through the ring's test hook, against the host loader of the same stream."""
+    pytest.importorskip("torch")
+    import trajstore._cuda
+
+    probe = trajstore.open(s3["url"], cache_limit="1GiB", cache_dir=tmp_path / "probe")
+    limit = probe.transition_bytes // 4
+    columns = ["observation", "action", "reward", "next_observation"]
+    kw: Dict[str, Any] = dict(slice_len=8, num_slices=64, seed=5, workers=2, max_batches=64, columns=columns)
+    host = trajstore.open(s3["url"], cache_limit=limit, cache_dir=tmp_path / "host", reuse=0.2)
+    want = list(host.loader(**kw))
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
+    ds = trajstore.open(s3["url"], cache_limit=limit, cache_dir=tmp_path / "ring", reuse=0.2)
+    loader = ds.loader(**kw)
+    assert loader._staged_on_cpu
+    assert loader._plan.tail_columns() == [c == "next_observation" for c in columns]
+    got, peak = [], 0
+    for b in loader:
+        got.append(b)
+        peak = max(peak, loader.stream_stats()["cache_bytes"])
+    # Tails shipped: the host slot holds next_observation as one row per slice.
+    assert tuple(loader._slots[0]["next_observation"].shape)[:1] == (64,)
+    assert len(got) == len(want) == 64
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert sorted(g.keys()) == sorted(w.keys())
+        for name in w:
+            assert g[name].shape == w[name].shape and g[name].dtype == w[name].dtype, name
+            assert bool((g[name] == w[name]).all()), (k, name)
+    stats = loader.stream_stats()
+    assert 0 < peak <= limit and stats["files_evicted"] > 0, stats
+
+
 def test_a_subset_by_sql_downloads_only_the_segments_that_hold_it(s3: Dict[str, str], tmp_path: Any) -> None:
     local = trajstore.open(s3["local"])
     q = "SELECT episode_id FROM episodes WHERE episode_id % 50 = 7 AND length >= 8"
@@ -488,11 +523,16 @@ dist.destroy_process_group()
 """
 
 
-def test_torchrun_ranks_follow_a_stream_together(s3: Dict[str, str], tmp_path: Any) -> None:
+@pytest.mark.parametrize("ring", [False, True], ids=["host", "staged-ring"])
+def test_torchrun_ranks_follow_a_stream_together(s3: Dict[str, str], tmp_path: Any, monkeypatch: Any, ring: bool) -> None:
+    """With ``ring``, the ranks' loaders run the CUDA path's staging ring (on CPU, through the
+    test hook), whose native loader is replaced at every round boundary."""
     pytest.importorskip("torch.distributed")
+    if ring:
+        monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
     local = make_demo(tmp_path / "grow2.trajstore", "--transitions", "20000", "--mean-episode-len", "100",
                       "--seed", "8", "--segment-size", "100KB")
-    url = "s3://streams/grow2"
+    url = f"s3://streams/grow2-{'ring' if ring else 'host'}"
     subprocess.run([_bin(), "push", local, url], check=True, capture_output=True)
     first_new = trajstore.open(local).num_episodes
     script = tmp_path / "follow_rank.py"

@@ -196,7 +196,18 @@ class CudaRing:
     _source_host: Any
     _source_dev: Any
 
+    _active: Any
+
     def _sources(self) -> Any:
+        raise NotImplementedError
+
+    def _round_boundary(self) -> bool:
+        raise NotImplementedError
+
+    def _agree_on_version(self) -> None:
+        raise NotImplementedError
+
+    def _start(self, start: int, rest: bool = False) -> Any:
         raise NotImplementedError
 
     def _weights(self, batch: Batch) -> None:
@@ -257,7 +268,16 @@ class CudaRing:
             self._release_done(native, pos - R)
             got = native.next()
             if got is None:
-                return
+                if not self._round_boundary():
+                    return
+                # A round boundary of a stream the ranks follow together: the slots go back,
+                # the ranks agree on the next round's version, and a new native loader writes
+                # the same slots.
+                self._drain()
+                native.close()
+                self._agree_on_version()
+                native = self._stream_native = self._active = self._start(self._position, rest=True)
+                continue
             k, slot, nb = got
             if self._transform is None:
                 batch = self._ring_batch(k, slot, nb)

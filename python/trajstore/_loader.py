@@ -138,13 +138,6 @@ class Loader(CudaRing):
         # The options of the native plan (`sampler`, `workers`, `prefetch`, ...).
         self._options = s.native
         self._cuda = s.cuda
-        # A stream's batches are gathered into host buffers (no staging ring) and copied to the
-        # device after the transform.
-        self._to_device = None
-        if self._stream is not None and s.cuda and not s.staged_on_cpu:
-            self._to_device, self._cuda = s.device, False
-        elif self._stream is not None:
-            self._cuda = False
         self._staged_on_cpu = s.staged_on_cpu
         self._staging = s.staging
         self._position = 0
@@ -513,9 +506,6 @@ class Loader(CudaRing):
             out = self._transform(batch)
             if out is not None:
                 batch = out if isinstance(out, Batch) else Batch(batch.index, out)
-        if self._to_device is not None:
-            for k, v in batch.items():
-                batch[k] = v.to(self._to_device)
         if self._cast is not None:
             for k, v in batch.items():
                 if v.is_floating_point():
@@ -531,8 +521,7 @@ class Loader(CudaRing):
         while True:
             got = native.next()
             if got is None:
-                ended = self._iter_end is not None and self._position >= self._iter_end
-                if not self._follow_by_ranks or ended or self._options["sampler"] == "epoch":
+                if not self._round_boundary():
                     return
                 # A round boundary of a stream the ranks follow together: every rank is here at
                 # the same batch; they agree on the next round's version, then go on.
@@ -548,6 +537,13 @@ class Loader(CudaRing):
             batch = self._finish_host(batch)
             self._position = k + 1
             yield batch
+
+    def _round_boundary(self) -> bool:
+        """Whether a native loader that ended stopped at a round boundary of a stream the ranks
+        follow together (the iteration goes on with the version they agree on), not at the
+        iteration's end."""
+        ended = self._iter_end is not None and self._position >= self._iter_end
+        return self._follow_by_ranks and not ended and self._options["sampler"] != "epoch"
 
     def _sources(self) -> Any:
         """The ``source`` of every batch of a mix (made once: the parts' slices have fixed
