@@ -865,3 +865,71 @@ fn compact_batches_expand_to_the_gather_under_every_policy() {
         }
     }
 }
+
+/// A dataset in a `file://` store, streamed through a cache that holds a few of its segments:
+/// the torch loader gives the streaming loader's batches (windows rotating through the cache),
+/// compact (derived `next_observation` as tails, expanded) or not; what a stream cannot do is
+/// refused.
+#[cfg(feature = "remote")]
+#[test]
+fn a_stream_through_a_small_cache_gives_the_stream_loaders_batches_as_tensors() {
+    use trajstore::StreamLoader;
+    use trajstore::remote::{Remote, Stream, StreamOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let url = format!("file://{}", dir.path().join("store/d").display());
+    let ds = trajstore::Dataset::open(dir.path().join("d")).unwrap();
+    Remote::open(&url, Default::default())
+        .unwrap()
+        .push(&ds)
+        .unwrap();
+    let segments = &snap.manifest().segments;
+    let largest = segments.iter().map(|s| s.bytes).max().unwrap();
+    let total: u64 = segments.iter().map(|s| s.bytes).sum();
+    let limit = 3 * largest + largest / 2;
+    assert!(limit < total, "the cache holds part of the version");
+    let source = |cache: &str| {
+        let mut o = StreamOptions::new(limit);
+        o.cache_dir = Some(dir.path().join(cache));
+        o.reuse = 1.0;
+        let stream = Stream::open(&url, o).unwrap();
+        let spec = LoaderSpec::streamed(stream, uniform(BoundaryPolicy::Pad, 5), &COLUMNS);
+        BatchSource::open(spec).unwrap()
+    };
+    let batches = 40;
+    let mut plain = StreamLoader::new(
+        &source("plain"),
+        LoaderOptions::default().with_max_batches(batches),
+    )
+    .unwrap();
+    let want: Vec<Batch> = plain.by_ref().map(Result::unwrap).collect();
+    assert_eq!(want.len() as u64, batches);
+    assert!(plain.stats().windows_opened >= 3, "{:?}", plain.stats());
+    for compact in [false, true] {
+        let src = source(if compact { "compact" } else { "full" });
+        assert_eq!(
+            src.tail_columns(),
+            COLUMNS.map(|c| c == "next_observation").to_vec()
+        );
+        let opts = cpu(3, batches).with_compact(compact);
+        let mut l = TorchLoader::new(&src, opts).unwrap();
+        assert_eq!(l.transfer_bytes(), None, "no copy on CPU");
+        let mut k = 0;
+        while let Some(t) = l.next_batch() {
+            let t = t.unwrap();
+            assert_equals_gather(&t, &want[k], &format!("compact={compact} batch {k}"));
+            l.recycle(t);
+            k += 1;
+        }
+        assert_eq!(k as u64, batches);
+        let e = l.state().unwrap_err();
+        assert!(e.to_string().contains("with_start"), "{e}");
+    }
+    let e = TorchLoader::new(
+        &source("resident"),
+        TorchLoaderOptions::new(Device::Cpu).with_resident(1 << 30),
+    )
+    .err()
+    .expect("resident mode over a stream is refused");
+    assert!(e.to_string().contains("pull the dataset"), "{e}");
+}

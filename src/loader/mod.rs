@@ -17,8 +17,6 @@ pub mod stream;
 
 pub(crate) use feed::Feed;
 pub use feed::FollowStats;
-#[cfg(feature = "torch")]
-pub(crate) use pipeline::Lane;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, check_rank, loader_end};
 #[cfg(feature = "remote")]

@@ -29,37 +29,45 @@ pub(crate) struct Layout {
 
 impl Layout {
     pub(crate) fn new(gatherer: &Gatherer, b: usize, l: usize) -> Result<Self> {
-        let columns = gatherer
-            .columns()
-            .map(|(name, dt, shape)| {
-                let mut full = vec![b as i64, l as i64];
-                full.extend(shape.iter().map(|&d| d as i64));
-                let kind = storage_kind(dt).map_err(|_| {
-                    Error::argument(
-                        "gatherer",
-                        format!(
-                            "column `{name}` of type {dt} has no torch dtype; gather without it"
-                        ),
-                    )
-                })?;
-                Ok((name.to_string(), kind, full))
-            })
-            .collect::<Result<_>>()?;
-        let types = gatherer.columns().map(|(_, dt, _)| dt.clone()).collect();
+        Self::of_columns(gatherer.columns(), b, l)
+    }
+
+    /// The layout of batches of `columns` (name, element type, per-step shape), as a
+    /// [`Gatherer`] or a streamed [`crate::BatchSource`] describes them.
+    pub(crate) fn of_columns<'a>(
+        columns: impl ExactSizeIterator<Item = (&'a str, &'a DataType, &'a [usize])>,
+        b: usize,
+        l: usize,
+    ) -> Result<Self> {
+        let mut out = Vec::with_capacity(columns.len());
+        let mut types = Vec::with_capacity(columns.len());
+        for (name, dt, shape) in columns {
+            let mut full = vec![b as i64, l as i64];
+            full.extend(shape.iter().map(|&d| d as i64));
+            let kind = storage_kind(dt).map_err(|_| {
+                Error::argument(
+                    "gatherer",
+                    format!("column `{name}` of type {dt} has no torch dtype; gather without it"),
+                )
+            })?;
+            out.push((name.to_string(), kind, full));
+            types.push(dt.clone());
+        }
         Ok(Self {
             b,
             l,
-            columns,
+            tails: vec![false; out.len()],
+            columns: out,
             types,
             compact: false,
-            tails: vec![false; gatherer.columns().len()],
         })
     }
 
-    /// The same batch with slots that hold the compact batch of `gatherer`.
-    pub(crate) fn compact(mut self, gatherer: &Gatherer) -> Self {
+    /// The same batch with slots that hold the compact batch, `tails` saying which columns
+    /// are one row per slice ([`Gatherer::tail_columns`]).
+    pub(crate) fn compact(mut self, tails: &[bool]) -> Self {
         self.compact = true;
-        self.tails = gatherer.tail_columns().to_vec();
+        self.tails = tails.to_vec();
         self
     }
 

@@ -31,19 +31,45 @@ use crate::loader::{Feed, Pipeline, Run, WorkerPlans, check_in_flight};
 pub struct TorchLoader {
     inner: Inner,
     device: Device,
-    feed: Arc<Feed>,
+    /// The local datasets' feed (None over a stream).
+    feed: Option<Arc<Feed>>,
     /// The end of this loader's batches (None: endless).
     end: Option<u64>,
 }
 
 pub(crate) enum Inner {
     Streaming {
-        pipeline: Pipeline<Result<TensorBatch>>,
+        batches: Batches,
         pool: Arc<Mutex<Vec<TensorBatch>>>,
         /// Bytes of one batch's host-to-device copy (the packed slot; 0 on CPU).
         transfer: u64,
     },
     Resident(Box<Resident>),
+}
+
+/// The workers of the streaming mode: over local datasets, or over a stream's windows.
+pub(crate) enum Batches {
+    Local(Pipeline<Result<TensorBatch>>),
+    #[cfg(feature = "remote")]
+    Stream(crate::loader::stream::Runs<TensorBatch>),
+}
+
+impl Batches {
+    fn next_item(&mut self) -> Option<Result<TensorBatch>> {
+        match self {
+            Batches::Local(p) => p.next_item(),
+            #[cfg(feature = "remote")]
+            Batches::Stream(r) => r.next_batch(),
+        }
+    }
+
+    fn position(&self) -> u64 {
+        match self {
+            Batches::Local(p) => p.position(),
+            #[cfg(feature = "remote")]
+            Batches::Stream(r) => r.position(),
+        }
+    }
 }
 
 impl std::fmt::Debug for TorchLoader {
@@ -65,18 +91,74 @@ impl TorchLoader {
     /// Starts a loader of `source`'s batches (see [`crate::loader::LoaderOptions`] for which)
     /// on `opts.device`. Checks the device first (a CUDA device on a machine without one is an
     /// error); on CPU no CUDA function is called. In resident mode (a fixed single dataset
-    /// only) this uploads the columns (O(dataset) once).
+    /// only) this uploads the columns (O(dataset) once). A streamed source
+    /// ([`crate::LoaderSpec::streamed`]) gives the batches of [`crate::StreamLoader::new`] with
+    /// the same options, through the same cache, in the streaming mode.
     pub fn new(source: &crate::loader::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
+        check_options(&opts)?;
+        #[cfg(feature = "remote")]
+        if source.is_streamed() {
+            return Self::streamed(source, opts);
+        }
         let run = source.run(&opts.loader)?;
         Self::from_run(run, opts)
     }
 
-    /// Where this loader is (see [`crate::loader::Loader::state`]).
-    pub fn state(&self) -> crate::loader::LoaderState {
+    /// Where this loader is (see [`crate::loader::Loader::state`]); an error over a stream (a
+    /// streaming loader restarts at a batch number: [`crate::LoaderOptions::with_start`]).
+    pub fn state(&self) -> Result<crate::loader::LoaderState> {
         let next = self.position();
-        let mut s = self.feed.state(next, true);
+        let feed = self.feed.as_ref().ok_or_else(|| {
+            Error::argument(
+                "source",
+                "a loader of a stream has no state: restart it at its position \
+                 (LoaderOptions::with_start)",
+            )
+        })?;
+        let mut s = feed.state(next, true);
         s.iteration_end = self.end.filter(|&e| e > next);
-        s
+        Ok(s)
+    }
+
+    /// The streaming mode over a stream's windows.
+    #[cfg(feature = "remote")]
+    fn streamed(source: &crate::loader::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
+        if opts.resident_budget.is_some() {
+            return Err(Error::argument(
+                "resident_budget",
+                "resident mode uploads a local dataset's columns once; a stream's windows \
+                 rotate through its cache: pull the dataset to use it resident",
+            ));
+        }
+        let (b, l) = crate::loader::stream::batch_shape(source)?;
+        let columns = source.columns()?;
+        let layout = Layout::of_columns(
+            columns
+                .iter()
+                .map(|(n, dt, shape)| (n.as_str(), dt, shape.as_slice())),
+            b,
+            l,
+        )?;
+        let (layout, transfer) = finish_layout(layout, &opts, &source.tail_columns());
+        let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
+        let sink: crate::loader::stream::Sink<TensorBatch> = {
+            let (pool, opts) = (pool.clone(), opts.clone());
+            Arc::new(move || {
+                let mut worker = stream_worker(&layout, &opts, &pool);
+                Box::new(move |_k, gatherer, plan| worker.produce(gatherer, plan))
+            })
+        };
+        let runs = crate::loader::stream::Runs::new(source, opts.loader.clone(), sink)?;
+        Ok(Self {
+            inner: Inner::Streaming {
+                batches: Batches::Stream(runs),
+                pool,
+                transfer,
+            },
+            device: opts.device,
+            feed: None,
+            end: opts.loader.max_batches,
+        })
     }
 
     fn from_run(run: Run, opts: TorchLoaderOptions) -> Result<Self> {
@@ -84,16 +166,6 @@ impl TorchLoader {
         let first = feed.first();
         let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
         let device = opts.device;
-        check_device(device)?;
-        if opts.pin_output && device == Device::Cpu {
-            // Pinning needs CUDA: say so clearly instead of failing inside libtorch.
-            check_device(Device::Cuda(0)).map_err(|_| {
-                Error::argument(
-                    "pin_output",
-                    "pinned output needs CUDA, and libtorch sees no CUDA device",
-                )
-            })?;
-        }
         // Host batches in flight (workers, prefetch queue, the one handed out) must fit memory:
         // checked before any thread starts or anything is allocated.
         let batch_bytes =
@@ -117,17 +189,11 @@ impl TorchLoader {
             return Ok(Self {
                 inner: Inner::Resident(Box::new(resident)),
                 device,
-                feed,
+                feed: Some(feed),
                 end,
             });
         }
-        let compact =
-            opts.compact.unwrap_or(matches!(device, Device::Cuda(_))) && opts.transform.is_none();
-        let layout = if compact {
-            layout.compact(&gatherer)
-        } else {
-            layout
-        };
+        let (layout, transfer) = finish_layout(layout, &opts, gatherer.tail_columns());
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let lo = &opts.loader;
         let pipeline = Pipeline::start(
@@ -137,40 +203,23 @@ impl TorchLoader {
             end,
             "torch-loader",
             |lane| {
-                let mut worker = StreamWorker {
-                    layout: layout.clone(),
-                    device,
-                    pin: match device {
-                        Device::Cuda(_) => Some(device),
-                        _ if opts.pin_output => Some(Device::Cuda(0)),
-                        _ => None,
-                    },
-                    cast: opts.cast,
-                    transform: opts.transform.clone(),
-                    pool: pool.clone(),
-                    planner: WorkerPlans::new(feed.clone()),
-                    slots: Vec::new(),
-                    max_slots: opts.staging_slots.max(2),
-                    next_slot: 0,
-                    pending: Vec::new(),
-                    done: Vec::new(),
-                };
-                move |k: u64| worker.produce(k, lane)
+                let mut worker = stream_worker(&layout, &opts, &pool);
+                let mut planner = WorkerPlans::new(feed.clone());
+                move |k: u64| {
+                    planner.plan(k, lane);
+                    worker.produce(planner.gatherer(), planner.current())
+                }
             },
         )?;
         feed.consumed(start);
-        let transfer = match device {
-            Device::Cuda(_) => layout.packed_bytes(),
-            _ => 0,
-        };
         Ok(Self {
             inner: Inner::Streaming {
-                pipeline,
+                batches: Batches::Local(pipeline),
                 pool,
                 transfer,
             },
             device,
-            feed,
+            feed: Some(feed),
             end,
         })
     }
@@ -180,17 +229,19 @@ impl TorchLoader {
     /// happened in.
     pub fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
         let b = match &mut self.inner {
-            Inner::Streaming { pipeline, .. } => pipeline.next_item(),
+            Inner::Streaming { batches, .. } => batches.next_item(),
             Inner::Resident(r) => r.next_batch(),
         };
-        self.feed.consumed(TorchLoader::position(self));
+        if let Some(feed) = &self.feed {
+            feed.consumed(TorchLoader::position(self));
+        }
         b
     }
 
     /// The number of the batch [`TorchLoader::next_batch`] returns next.
     pub fn position(&self) -> u64 {
         match &self.inner {
-            Inner::Streaming { pipeline, .. } => pipeline.position(),
+            Inner::Streaming { batches, .. } => batches.position(),
             Inner::Resident(r) => r.position(),
         }
     }
@@ -229,6 +280,67 @@ impl TorchLoader {
                 pool.push(batch);
             }
         }
+    }
+}
+
+/// Checks the device (a CUDA device on a machine without one is an error) and that pinned
+/// output has CUDA, before anything starts.
+fn check_options(opts: &TorchLoaderOptions) -> Result<()> {
+    check_device(opts.device)?;
+    if opts.pin_output && opts.device == Device::Cpu {
+        // Pinning needs CUDA: say so clearly instead of failing inside libtorch.
+        check_device(Device::Cuda(0)).map_err(|_| {
+            Error::argument(
+                "pin_output",
+                "pinned output needs CUDA, and libtorch sees no CUDA device",
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The slots' layout for `opts` (compact by default on CUDA without a transform, `tails` the
+/// columns it holds as one row per slice), and the bytes of one batch's copy to CUDA (0 on
+/// CPU).
+fn finish_layout(layout: Layout, opts: &TorchLoaderOptions, tails: &[bool]) -> (Layout, u64) {
+    let compact = opts
+        .compact
+        .unwrap_or(matches!(opts.device, Device::Cuda(_)))
+        && opts.transform.is_none();
+    let layout = if compact {
+        layout.compact(tails)
+    } else {
+        layout
+    };
+    let transfer = match opts.device {
+        Device::Cuda(_) => layout.packed_bytes(),
+        _ => 0,
+    };
+    (layout, transfer)
+}
+
+/// One worker of the streaming mode (its staging slots are allocated on first use).
+fn stream_worker(
+    layout: &Layout,
+    opts: &TorchLoaderOptions,
+    pool: &Arc<Mutex<Vec<TensorBatch>>>,
+) -> StreamWorker {
+    StreamWorker {
+        layout: layout.clone(),
+        device: opts.device,
+        pin: match opts.device {
+            Device::Cuda(_) => Some(opts.device),
+            _ if opts.pin_output => Some(Device::Cuda(0)),
+            _ => None,
+        },
+        cast: opts.cast,
+        transform: opts.transform.clone(),
+        pool: pool.clone(),
+        slots: Vec::new(),
+        max_slots: opts.staging_slots.max(2),
+        next_slot: 0,
+        pending: Vec::new(),
+        done: Vec::new(),
     }
 }
 

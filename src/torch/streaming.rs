@@ -11,7 +11,8 @@ use super::layout::{Layout, Slot};
 use super::options::Transform;
 use super::{FloatCast, TensorBatch};
 use crate::error::{Error, Result};
-use crate::loader::{Lane, WorkerPlans};
+use crate::gather::Gatherer;
+use crate::index::SliceRef;
 
 pub(crate) struct StreamWorker {
     pub(crate) layout: Layout,
@@ -21,7 +22,6 @@ pub(crate) struct StreamWorker {
     pub(crate) cast: FloatCast,
     pub(crate) transform: Option<Transform>,
     pub(crate) pool: Arc<Mutex<Vec<TensorBatch>>>,
-    pub(crate) planner: WorkerPlans,
     /// The ring of pinned staging slots (CUDA).
     pub(crate) slots: Vec<Slot>,
     pub(crate) max_slots: usize,
@@ -33,9 +33,10 @@ pub(crate) struct StreamWorker {
 }
 
 impl StreamWorker {
-    pub(crate) fn produce(&mut self, k: u64, lane: Lane) -> Result<TensorBatch> {
-        self.planner.plan(k, lane);
-        let n = self.planner.current().len();
+    /// Gathers `plan` (made by a loader's worker, or a stream's for its window) with
+    /// `gatherer` into a batch on the target device.
+    pub(crate) fn produce(&mut self, gatherer: &Gatherer, plan: &[SliceRef]) -> Result<TensorBatch> {
+        let n = plan.len();
         if n > self.layout.b {
             return Err(Error::argument(
                 "sampler",
@@ -46,23 +47,19 @@ impl StreamWorker {
             ));
         }
         match self.device {
-            Device::Cuda(index) => self.produce_cuda(index),
-            _ => self.produce_host(),
+            Device::Cuda(index) => self.produce_cuda(index, gatherer, plan),
+            _ => self.produce_host(gatherer, plan),
         }
     }
 
     /// CPU target: gather into the batch's own tensors (recycled or new).
-    fn produce_host(&mut self) -> Result<TensorBatch> {
+    fn produce_host(&mut self, gatherer: &Gatherer, plan: &[SliceRef]) -> Result<TensorBatch> {
         let recycled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut slot = match recycled.and_then(|b| Slot::reclaim(b, &self.layout)) {
             Some(s) => s,
             None => Slot::alloc(&self.layout, self.pin)?,
         };
-        slot.fill(
-            self.planner.gatherer(),
-            self.planner.current(),
-            &self.layout,
-        )?;
+        slot.fill(gatherer, plan, &self.layout)?;
         let mut batch = compact::batch(&slot, &self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
@@ -80,7 +77,12 @@ impl StreamWorker {
     }
 
     /// CUDA target: gather into the next pinned slot, transform, copy without blocking.
-    fn produce_cuda(&mut self, index: usize) -> Result<TensorBatch> {
+    fn produce_cuda(
+        &mut self,
+        index: usize,
+        gatherer: &Gatherer,
+        plan: &[SliceRef],
+    ) -> Result<TensorBatch> {
         let i = self.next_slot;
         self.next_slot = (i + 1) % self.max_slots;
         if i == self.slots.len() {
@@ -100,11 +102,7 @@ impl StreamWorker {
             }
         }
         let slot = &mut self.slots[i];
-        slot.fill(
-            self.planner.gatherer(),
-            self.planner.current(),
-            &self.layout,
-        )?;
+        slot.fill(gatherer, plan, &self.layout)?;
         // Without a transform or a widened column (a compact slot widens on the device), the
         // whole slot in one copy (one allocation on the device), handed out as views of it or
         // expanded from it there.

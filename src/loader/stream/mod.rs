@@ -678,13 +678,23 @@ pub(crate) fn describe_columns(
 
 /// Bytes of one full batch of a streamed `source`, and its slice length.
 pub(crate) fn batch_bytes(source: &BatchSource) -> Result<(u64, usize)> {
-    let p = source.streamed().ok_or_else(|| {
-        Error::argument("source", "this source's datasets are local, not streamed")
-    })?;
+    let p = streamed_plan(source)?;
     let cols: Vec<&str> = p.columns.iter().map(String::as_str).collect();
     let step = step_bytes(p.stream.catalog(), &cols, p.frame_stack)?;
-    let (b, l) = (p.sampler.num_slices, p.sampler.slice_len as usize);
+    let (b, l) = batch_shape(source)?;
     Ok((step.saturating_mul((b * l) as u64), l))
+}
+
+/// Slices per batch and steps per slice of a streamed `source`.
+pub(crate) fn batch_shape(source: &BatchSource) -> Result<(usize, usize)> {
+    let p = streamed_plan(source)?;
+    Ok((p.sampler.num_slices, p.sampler.slice_len as usize))
+}
+
+fn streamed_plan(source: &BatchSource) -> Result<&StreamPlan> {
+    source.streamed().ok_or_else(|| {
+        Error::argument("source", "this source's datasets are local, not streamed")
+    })
 }
 
 /// Per gathered column of a stream, whether every window's gatherer can write it as one row
