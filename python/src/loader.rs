@@ -38,7 +38,7 @@ impl Drop for BatchOwner {
 /// The loader behind a `BatchLoader`: of local datasets, or of a stream through its cache.
 enum Inner {
     Local(Loader),
-    Stream(StreamLoader),
+    Stream(Box<StreamLoader>),
 }
 
 impl Inner {
@@ -118,7 +118,7 @@ impl BatchLoader {
         let loader = py
             .detach(|| {
                 if p.source.is_streamed() {
-                    StreamLoader::new(&p.source, opts).map(Inner::Stream)
+                    StreamLoader::new(&p.source, opts).map(|s| Inner::Stream(Box::new(s)))
                 } else {
                     Loader::new(&p.source, opts).map(Inner::Local)
                 }

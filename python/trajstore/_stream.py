@@ -66,7 +66,8 @@ class StreamedSnapshot(Described):
 
     def loader(self, **loader_args: Unpack[LoaderArgs]) -> Loader:
         """Batches sampled through the cache, with the keyword arguments and the batch layout of
-        :meth:`trajstore.Snapshot.loader` (its defaults: ``slice_len=64, num_slices=256``; CPU or CUDA; ``frame_stack``;
+        :meth:`trajstore.Snapshot.loader` (its defaults: ``slice_len=64, num_slices=256``; CPU, or
+        CUDA through the same pinned staging ring as a local dataset's; ``frame_stack``;
         ``rank="auto"`` takes ``torch.distributed``'s rank and world size, or ``RANK`` and
         ``WORLD_SIZE``). Samplers, as the batches are drawn:
 

@@ -186,7 +186,7 @@ enum Inner {
         end: Option<u64>,
     },
     #[cfg(feature = "remote")]
-    Stream(super::stream::Runs<StagedBatch>),
+    Stream(Box<super::stream::Runs<StagedBatch>>),
 }
 
 impl std::fmt::Debug for StagedLoader {
@@ -277,7 +277,7 @@ impl StagedLoader {
         };
         let runs = super::stream::Runs::new(source, opts, sink)?;
         Ok(Self {
-            inner: Inner::Stream(runs),
+            inner: Inner::Stream(Box::new(runs)),
             ring,
         })
     }

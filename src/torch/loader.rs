@@ -51,7 +51,7 @@ pub(crate) enum Inner {
 pub(crate) enum Batches {
     Local(Pipeline<Result<TensorBatch>>),
     #[cfg(feature = "remote")]
-    Stream(crate::loader::stream::Runs<TensorBatch>),
+    Stream(Box<crate::loader::stream::Runs<TensorBatch>>),
 }
 
 impl Batches {
@@ -151,7 +151,7 @@ impl TorchLoader {
         let runs = crate::loader::stream::Runs::new(source, opts.loader.clone(), sink)?;
         Ok(Self {
             inner: Inner::Streaming {
-                batches: Batches::Stream(runs),
+                batches: Batches::Stream(Box::new(runs)),
                 pool,
                 transfer,
             },

@@ -35,7 +35,11 @@ pub(crate) struct StreamWorker {
 impl StreamWorker {
     /// Gathers `plan` (made by a loader's worker, or a stream's for its window) with
     /// `gatherer` into a batch on the target device.
-    pub(crate) fn produce(&mut self, gatherer: &Gatherer, plan: &[SliceRef]) -> Result<TensorBatch> {
+    pub(crate) fn produce(
+        &mut self,
+        gatherer: &Gatherer,
+        plan: &[SliceRef],
+    ) -> Result<TensorBatch> {
         let n = plan.len();
         if n > self.layout.b {
             return Err(Error::argument(

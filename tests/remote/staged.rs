@@ -56,7 +56,10 @@ impl StagingSlot for Slot {
 
 /// `n` slots for [`COLUMNS`] (`f32` observations of [`OBS`], `f32` reward), with
 /// `next_observation` as one row per slice when `tails`.
-fn slots(n: usize, tails: bool) -> (Vec<Box<dyn StagingSlot>>, Vec<Arc<Mutex<Memory>>>) {
+/// Slots for the loader, and the test's handles on their memory.
+type Slots = (Vec<Box<dyn StagingSlot>>, Vec<Arc<Mutex<Memory>>>);
+
+fn slots(n: usize, tails: bool) -> Slots {
     let next_rows = if tails { B } else { B * L };
     let mems: Vec<_> = (0..n)
         .map(|_| {

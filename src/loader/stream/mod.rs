@@ -692,9 +692,9 @@ pub(crate) fn batch_shape(source: &BatchSource) -> Result<(usize, usize)> {
 }
 
 fn streamed_plan(source: &BatchSource) -> Result<&StreamPlan> {
-    source.streamed().ok_or_else(|| {
-        Error::argument("source", "this source's datasets are local, not streamed")
-    })
+    source
+        .streamed()
+        .ok_or_else(|| Error::argument("source", "this source's datasets are local, not streamed"))
 }
 
 /// Per gathered column of a stream, whether every window's gatherer can write it as one row
