@@ -929,7 +929,6 @@ fn a_stream_through_a_small_cache_gives_the_stream_loaders_batches_as_tensors() 
         &source("resident"),
         TorchLoaderOptions::new(Device::Cpu).with_resident(1 << 30),
     )
-    .err()
-    .expect("resident mode over a stream is refused");
+    .expect_err("resident mode over a stream is refused");
     assert!(e.to_string().contains("pull the dataset"), "{e}");
 }

@@ -45,14 +45,14 @@ impl Inner {
     fn position(&self) -> u64 {
         match self {
             Inner::Local(l) => l.position(),
-            Inner::Stream(s) => s.position(),
+            Inner::Stream(s) => StreamLoader::position(s),
         }
     }
 
     fn next_batch(&mut self) -> Option<trajstore::Result<Batch>> {
         match self {
             Inner::Local(l) => l.next_batch().map(Ok),
-            Inner::Stream(s) => s.next_batch(),
+            Inner::Stream(s) => StreamLoader::next_batch(s),
         }
     }
 }
