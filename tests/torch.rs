@@ -332,15 +332,20 @@ fn resident_sampling_equals_streaming() {
             let s = sampler(&snap, policy, 8);
             let g = Gatherer::try_new(&snap, &COLUMNS).unwrap();
             let need = resident_bytes(&g, FloatCast::None).unwrap();
-            let opts = cpu(1, 5).with_resident(need);
-            let mut l = loader(&snap, uniform(policy, 8), &COLUMNS, opts);
-            assert!(l.is_resident());
-            for k in 0..5 {
-                let t = l.next_batch().unwrap().unwrap();
-                let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
-                assert_equals_gather(&t, &b, &format!("resident {policy:?} #{k}"));
+            // The workers plan the batches (and write their parameters) in any order: the
+            // batches are the streaming plan's, whatever their number.
+            for workers in [1, 3] {
+                let opts = cpu(workers, 9).with_resident(need);
+                let mut l = loader(&snap, uniform(policy, 8), &COLUMNS, opts);
+                assert!(l.is_resident());
+                for k in 0..9 {
+                    let t = l.next_batch().unwrap().unwrap();
+                    let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+                    let what = format!("resident {policy:?} {workers} workers #{k}");
+                    assert_equals_gather(&t, &b, &what);
+                }
+                assert!(l.next_batch().is_none());
             }
-            assert!(l.next_batch().is_none());
         }
     }
 }

@@ -9,6 +9,7 @@ use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
 use super::layout::Layout;
+use crate::loader::Pipeline;
 use super::options::TorchLoaderOptions;
 use super::{FloatCast, TensorBatch, storage_kind, widen};
 use crate::error::{Error, Result};
@@ -73,24 +74,33 @@ fn resident_uploads(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>>
 }
 
 pub(crate) struct Resident {
-    sampler: Arc<dyn Sampler>,
     layout: Layout,
     device: Device,
-    rank: u64,
-    world: u64,
-    per_epoch: Option<u64>,
-    end: Option<u64>,
-    next: u64,
+    /// The loader's workers: each plans its batches and writes their per-slice parameters
+    /// into a host tensor (pinned on CUDA), in batch order.
+    params: Pipeline<Result<Tensor>>,
     /// Per requested column: its device tensor, whether it is the derived next observation,
     /// and its Arrow element type.
     columns: Vec<(String, Tensor, bool, DataType)>,
+    /// Transitions uploaded (the final observations follow them).
+    transitions: i64,
+    /// `[1, L]` step offsets on the device.
+    offsets: Tensor,
+}
+
+/// What a worker needs to plan a batch and write its parameters.
+struct Planner {
+    sampler: Arc<dyn Sampler>,
     snap: Snapshot,
     /// Per episode position: bit 0 terminated, bit 1 truncated.
     episode_flags: Vec<u8>,
-    /// `[1, L]` step offsets on the device.
-    offsets: Tensor,
-    plan: Vec<SliceRef>,
-    params: Vec<i64>,
+    rank: u64,
+    world: u64,
+    per_epoch: Option<u64>,
+    b: usize,
+    l: usize,
+    /// Where the parameters are pinned (None: pageable host memory, on CPU).
+    pin: Option<Device>,
 }
 
 /// Rows of the per-slice parameter tensor.
@@ -193,110 +203,49 @@ impl Resident {
                 (name.to_string(), t, derived, dt.clone())
             })
             .collect();
-        let episode_flags = gatherer.episode_flags().to_vec();
         let offsets = Tensor::f_arange(layout.l as i64, (Kind::Int64, device))?.f_view([1, -1])?;
-        Ok(Self {
+        let planner = Arc::new(Planner {
             per_epoch: sampler.batches_per_epoch(),
             sampler,
-            layout,
-            device,
+            episode_flags: gatherer.episode_flags().to_vec(),
             rank,
             world,
-            end,
-            next: start,
+            b: layout.b,
+            l: layout.l,
+            pin: matches!(device, Device::Cuda(_)).then_some(device),
+            snap: snap.clone(),
+        });
+        let lo = &opts.loader;
+        let params = Pipeline::start(lo.workers, lo.prefetch, start, end, "resident", |_| {
+            let planner = planner.clone();
+            let mut plan = Vec::new();
+            move |k: u64| planner.params(k, &mut plan)
+        })?;
+        Ok(Self {
+            layout,
+            device,
+            params,
             columns,
-            snap,
-            episode_flags,
+            transitions: snap.num_transitions() as i64,
             offsets,
-            plan: Vec::new(),
-            params: Vec::new(),
         })
     }
 
     pub(crate) fn position(&self) -> u64 {
-        self.next
+        self.params.position()
     }
 
     pub(crate) fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
-        if self.end.is_some_and(|e| self.next >= e) {
-            return None;
-        }
-        let k = self.next;
-        self.next += 1;
-        Some(self.batch(k))
+        let host = self.params.next_item()?;
+        Some(host.and_then(|p| self.batch(&p)))
     }
 
-    fn batch(&mut self, k: u64) -> Result<TensorBatch> {
-        self.sampler.plan(
-            crate::loader::global_batch(k, self.rank, self.world, self.per_epoch),
-            &mut self.plan,
-        );
+    /// The batch of the parameters `host` (`[P_ROWS, B]`), gathered on the device.
+    fn batch(&self, host: &Tensor) -> Result<TensorBatch> {
         let (b, l) = (self.layout.b, self.layout.l);
-        if self.plan.len() > b {
-            return Err(Error::argument(
-                "sampler",
-                format!(
-                    "the sampler planned {} slices for a batch of {b}",
-                    self.plan.len()
-                ),
-            ));
-        }
-        // Per slice: start step, episode's first row, length, flags, position, id, last valid
-        // position in the slice. Slices past the plan (a short last batch) are padding.
-        self.params.clear();
-        self.params.resize(P_ROWS * b, 0);
-        let episodes = self.snap.episodes();
-        for i in 0..b {
-            let p = |row: usize| row * b + i;
-            match self.plan.get(i) {
-                Some(s) => {
-                    if s.episode as usize >= episodes.len() {
-                        return Err(Error::argument(
-                            "sampler",
-                            format!(
-                                "the sampler planned episode position {}, but the snapshot has \
-                                 {} episodes",
-                                s.episode,
-                                episodes.len()
-                            ),
-                        ));
-                    }
-                    let loc = episodes.get(s.episode as usize);
-                    let len = loc.length as i64;
-                    let lo = s.start.max(0);
-                    let hi = (s.start + l as i64).min(len).max(lo);
-                    if (s.len as usize) < l && s.start + (s.len as i64) < len {
-                        // The device gather masks by episode bounds only.
-                        return Err(Error::argument(
-                            "sampler",
-                            format!(
-                                "resident mode gathers slices of {l} steps or to the end of their \
-                                 episode; the sampler planned {} steps from step {} of a \
-                                 {len}-step episode",
-                                s.len, s.start
-                            ),
-                        ));
-                    }
-                    self.params[p(P_START)] = s.start;
-                    self.params[p(P_EP_START)] = loc.start as i64;
-                    self.params[p(P_LEN)] = len;
-                    self.params[p(P_FLAGS)] = self.episode_flags[s.episode as usize] as i64;
-                    self.params[p(P_EP_POS)] = s.episode as i64;
-                    self.params[p(P_EP_ID)] = loc.episode_id as i64;
-                    self.params[p(P_LAST)] = if hi > lo { hi - 1 - s.start } else { -1 };
-                }
-                None => {
-                    self.params[p(P_START)] = -1;
-                    self.params[p(P_EP_ID)] = -1;
-                    self.params[p(P_LAST)] = -1;
-                }
-            }
-        }
-        // A few KiB from pageable memory: the copy is staged by the driver without waiting for
-        // the device.
-        let params = Tensor::f_from_slice(&self.params)?
-            .f_view([P_ROWS as i64, b as i64])?
-            .f_to_device_(self.device, Kind::Int64, true, false)?;
+        // From pinned memory on CUDA (the caching host allocator keeps the block until the copy
+        // is done), without waiting; on CPU the workers' tensor itself.
+        let params = host.f_to_device_(self.device, Kind::Int64, true, false)?;
         let row =
             |r: usize| -> Result<Tensor> { Ok(params.f_select(0, r as i64)?.f_view([-1, 1])?) };
         let start = row(P_START)?;
@@ -309,7 +258,7 @@ impl Resident {
             .f_add(&step.f_clamp_min(0)?.f_minimum(&last)?)?
             .f_clamp_min(0)?
             .f_view([-1])?;
-        let n = self.snap.num_transitions() as i64;
+        let n = self.transitions;
         let mut next_rows: Option<Tensor> = None;
         let not_mask = mask.f_logical_not()?;
         let (bi, li) = (b as i64, l as i64);
@@ -361,6 +310,80 @@ impl Resident {
             meta_base: None,
             base_columns: Vec::new(),
         })
+    }
+}
+
+impl Planner {
+    /// Plans batch `k` (into `plan`) and writes its parameters: per slice, start step,
+    /// episode's first row, length, flags, position, id, and last valid position in the slice;
+    /// slices past the plan (a short last batch) are padding. `[P_ROWS, B]` `int64`, pinned
+    /// on CUDA.
+    fn params(&self, k: u64, plan: &mut Vec<SliceRef>) -> Result<Tensor> {
+        let (b, l) = (self.b, self.l);
+        self.sampler.plan(
+            crate::loader::global_batch(k, self.rank, self.world, self.per_epoch),
+            plan,
+        );
+        if plan.len() > b {
+            return Err(Error::argument(
+                "sampler",
+                format!("the sampler planned {} slices for a batch of {b}", plan.len()),
+            ));
+        }
+        let mut t = Tensor::f_empty([P_ROWS as i64, b as i64], (Kind::Int64, Device::Cpu))?;
+        if let Some(d) = self.pin {
+            t = t.f_pin_memory(d)?;
+        }
+        // SAFETY: `t` is a contiguous CPU int64 tensor of P_ROWS * b elements that only this
+        // function refers to until it returns it.
+        let params =
+            unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut i64, P_ROWS * b) };
+        params.fill(0);
+        let episodes = self.snap.episodes();
+        for i in 0..b {
+            let p = |row: usize| row * b + i;
+            let Some(s) = plan.get(i) else {
+                params[p(P_START)] = -1;
+                params[p(P_EP_ID)] = -1;
+                params[p(P_LAST)] = -1;
+                continue;
+            };
+            if s.episode as usize >= episodes.len() {
+                return Err(Error::argument(
+                    "sampler",
+                    format!(
+                        "the sampler planned episode position {}, but the snapshot has {} \
+                         episodes",
+                        s.episode,
+                        episodes.len()
+                    ),
+                ));
+            }
+            let loc = episodes.get(s.episode as usize);
+            let len = loc.length as i64;
+            let lo = s.start.max(0);
+            let hi = (s.start + l as i64).min(len).max(lo);
+            if (s.len as usize) < l && s.start + (s.len as i64) < len {
+                // The device gather masks by episode bounds only.
+                return Err(Error::argument(
+                    "sampler",
+                    format!(
+                        "resident mode gathers slices of {l} steps or to the end of their \
+                         episode; the sampler planned {} steps from step {} of a {len}-step \
+                         episode",
+                        s.len, s.start
+                    ),
+                ));
+            }
+            params[p(P_START)] = s.start;
+            params[p(P_EP_START)] = loc.start as i64;
+            params[p(P_LEN)] = len;
+            params[p(P_FLAGS)] = self.episode_flags[s.episode as usize] as i64;
+            params[p(P_EP_POS)] = s.episode as i64;
+            params[p(P_EP_ID)] = loc.episode_id as i64;
+            params[p(P_LAST)] = if hi > lo { hi - 1 - s.start } else { -1 };
+        }
+        Ok(t)
     }
 }
 
