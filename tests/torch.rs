@@ -357,7 +357,8 @@ fn resident_budget_too_small_is_a_clear_error() {
     let g = Arc::new(Gatherer::try_new(&snap, &["observation", "next_observation"]).unwrap());
     let need = resident_bytes(&g, FloatCast::None).unwrap();
     // observation once, plus one final observation per episode for the derived next one.
-    let rows = snap.num_transitions() + snap.num_episodes();
+    // Every transition, one final observation per episode, and one row of zeros.
+    let rows = snap.num_transitions() + snap.num_episodes() + 1;
     assert_eq!(need, rows * 5 * 4);
     assert_eq!(resident_bytes(&g, FloatCast::Half).unwrap(), rows * 5 * 2);
     let s = source(

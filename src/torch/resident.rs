@@ -1,6 +1,9 @@
 //! GPU-resident mode: the gathered columns are uploaded to the device once (chunked, through
 //! pinned memory on CUDA) and every batch is gathered there with `index_select`, from a few
-//! integers per slice computed on the host.
+//! integers per slice that the loader's workers compute ahead (pinned on CUDA): one copy, one
+//! `index_select` per column, and about a dozen small element-wise kernels that expand the
+//! per-slice integers along the slice (rows, mask, flags). Invalid positions read a row of
+//! zeros that every uploaded tensor starts with, so no column is masked after its gather.
 
 use std::sync::Arc;
 
@@ -9,13 +12,13 @@ use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
 use super::layout::Layout;
-use crate::loader::Pipeline;
 use super::options::TorchLoaderOptions;
 use super::{FloatCast, TensorBatch, storage_kind, widen};
 use crate::error::{Error, Result};
 use crate::format::col;
 use crate::gather::{Gatherer, values_from_row0};
 use crate::index::SliceRef;
+use crate::loader::Pipeline;
 use crate::sample::Sampler;
 use crate::store::Snapshot;
 
@@ -23,8 +26,8 @@ use crate::store::Snapshot;
 const CHUNK_BYTES: usize = 64 << 20;
 
 /// Device memory a resident upload of `gatherer`'s columns takes with `cast`: every requested
-/// column over all transitions, plus one final observation per episode when `next_observation`
-/// is derived. What [`TorchLoaderOptions::with_resident`]'s budget is compared with.
+/// column over all transitions and one row of zeros, plus one final observation per episode
+/// when `next_observation` is derived. What [`TorchLoaderOptions::with_resident`]'s budget is compared with.
 pub fn resident_bytes(gatherer: &Gatherer, cast: FloatCast) -> Result<u64> {
     Ok(resident_uploads(gatherer, cast)?
         .iter()
@@ -67,7 +70,7 @@ fn resident_uploads(gatherer: &Gatherer, cast: FloatCast) -> Result<Vec<Upload>>
     }
     for u in &mut uploads {
         let width: i64 = u.shape.iter().product::<i64>().max(1);
-        let rows = n + if u.with_finals { e } else { 0 };
+        let rows = 1 + n + if u.with_finals { e } else { 0 };
         u.bytes = rows * width as u64 * u.kind.elt_size_in_bytes() as u64;
     }
     Ok(uploads)
@@ -82,8 +85,6 @@ pub(crate) struct Resident {
     /// Per requested column: its device tensor, whether it is the derived next observation,
     /// and its Arrow element type.
     columns: Vec<(String, Tensor, bool, DataType)>,
-    /// Transitions uploaded (the final observations follow them).
-    transitions: i64,
     /// `[1, L]` step offsets on the device.
     offsets: Tensor,
 }
@@ -103,15 +104,28 @@ struct Planner {
     pin: Option<Device>,
 }
 
-/// Rows of the per-slice parameter tensor.
-const P_START: usize = 0;
-const P_EP_START: usize = 1;
-const P_LEN: usize = 2;
-const P_FLAGS: usize = 3;
-const P_EP_POS: usize = 4;
-const P_EP_ID: usize = 5;
-const P_LAST: usize = 6;
-const P_ROWS: usize = 7;
+/// Rows of the per-slice parameter tensor, in slice positions `pos` (`0..L`) where a row is
+/// about steps: the first row gathered (`row0 + pos` is the row of position `pos`), the valid
+/// positions `lo..hi`, the positions of the episode's first and last steps (maybe outside
+/// `0..L`), the row of its final observation, its end flags, its id, the slice's start step and
+/// its last valid position (`slice_end`). Everything that is per slice is computed here by the
+/// workers, so that the device only expands it along `L`.
+const P_ROW0: usize = 0;
+const P_LO: usize = 1;
+const P_HI: usize = 2;
+const P_FIRST: usize = 3;
+const P_LAST_STEP: usize = 4;
+const P_FINAL: usize = 5;
+const P_TERMINATED: usize = 6;
+const P_TRUNCATED: usize = 7;
+const P_EP_ID: usize = 8;
+const P_START: usize = 9;
+const P_SLICE_END: usize = 10;
+const P_ROWS: usize = 11;
+
+/// Every uploaded tensor's row 0 is zeros (what invalid positions read); the transitions
+/// follow from row 1, then the final observations.
+const ZERO_ROW: i64 = 0;
 
 impl Resident {
     pub(crate) fn new(
@@ -226,7 +240,6 @@ impl Resident {
             device,
             params,
             columns,
-            transitions: snap.num_transitions() as i64,
             offsets,
         })
     }
@@ -242,60 +255,49 @@ impl Resident {
 
     /// The batch of the parameters `host` (`[P_ROWS, B]`), gathered on the device.
     fn batch(&self, host: &Tensor) -> Result<TensorBatch> {
-        let (b, l) = (self.layout.b, self.layout.l);
+        let (b, l) = (self.layout.b as i64, self.layout.l as i64);
         // From pinned memory on CUDA (the caching host allocator keeps the block until the copy
         // is done), without waiting; on CPU the workers' tensor itself.
         let params = host.f_to_device_(self.device, Kind::Int64, true, false)?;
         let row =
             |r: usize| -> Result<Tensor> { Ok(params.f_select(0, r as i64)?.f_view([-1, 1])?) };
-        let start = row(P_START)?;
-        let len = row(P_LEN)?;
-        let ep_start = row(P_EP_START)?;
-        let step = start.f_add(&self.offsets)?; // [B, L]
-        let mask = step.f_ge(0)?.f_logical_and(&step.f_lt_tensor(&len)?)?;
-        let last = len.f_sub_scalar(1)?;
-        let rows = ep_start
-            .f_add(&step.f_clamp_min(0)?.f_minimum(&last)?)?
-            .f_clamp_min(0)?
-            .f_view([-1])?;
-        let n = self.transitions;
+        let pos = &self.offsets; // [1, L]
+        // Invalid positions read the zero row each uploaded tensor ends with: no mask fill.
+        let mask = pos
+            .f_ge_tensor(&row(P_LO)?)?
+            .f_logical_and(&pos.f_lt_tensor(&row(P_HI)?)?)?;
+        let inner = row(P_ROW0)?.f_add(pos)?; // [B, L]
+        let rows = inner.f_where_scalarother(&mask, ZERO_ROW)?.f_view([-1])?;
+        let last_step = row(P_LAST_STEP)?;
         let mut next_rows: Option<Tensor> = None;
-        let not_mask = mask.f_logical_not()?;
-        let (bi, li) = (b as i64, l as i64);
         let mut columns = Vec::with_capacity(self.columns.len());
         for (name, data, derived, dt) in &self.columns {
             let idx = if *derived {
                 if next_rows.is_none() {
                     // o_{t+1}: the next row inside the episode, else the episode's final
-                    // observation (appended after the N transitions).
-                    let inner = ep_start.f_add(&step)?.f_add_scalar(1)?;
-                    let finals = row(P_EP_POS)?.f_add_scalar(n)?.f_expand([bi, li], false)?;
-                    let r = inner
-                        .f_where_self(&step.f_lt_tensor(&last)?, &finals)?
-                        .f_clamp(0, data.size()[0] - 1)?
+                    // observation (after the N transitions).
+                    let next = inner
+                        .f_add_scalar(1)?
+                        .f_where_self(&pos.f_lt_tensor(&last_step)?, &row(P_FINAL)?)?
+                        .f_where_scalarother(&mask, ZERO_ROW)?
                         .f_view([-1])?;
-                    next_rows = Some(r);
+                    next_rows = Some(next);
                 }
                 next_rows.as_ref().expect("set above")
             } else {
                 &rows
             };
-            let mut shape = vec![bi, li];
+            let mut shape = vec![b, l];
             shape.extend(&data.size()[1..]);
-            let mut mshape = vec![bi, li];
-            mshape.extend(std::iter::repeat_n(1, data.size().len() - 1));
-            let out = data
-                .f_index_select(0, idx)?
-                .f_view(shape.as_slice())?
-                .f_masked_fill(&not_mask.f_view(mshape.as_slice())?, 0)?;
+            let out = data.f_index_select(0, idx)?.f_view(shape.as_slice())?;
             columns.push((name.clone(), widen(out, dt)?));
         }
-        let flags = row(P_FLAGS)?;
-        let is_first = step.f_eq(0)?.f_logical_and(&mask)?;
-        let is_last = step.f_eq_tensor(&last)?.f_logical_and(&mask)?;
-        let terminated = is_last.f_logical_and(&flags.f_bitwise_and(1)?.f_ne(0)?)?;
-        let truncated = is_last.f_logical_and(&flags.f_bitwise_and(2)?.f_ne(0)?)?;
-        let slice_end = self.offsets.f_eq_tensor(&row(P_LAST)?)?;
+        // An episode's first and last steps are valid wherever they fall in the slice.
+        let is_first = pos.f_eq_tensor(&row(P_FIRST)?)?;
+        let is_last = pos.f_eq_tensor(&last_step)?;
+        let terminated = is_last.f_logical_and(&row(P_TERMINATED)?)?;
+        let truncated = is_last.f_logical_and(&row(P_TRUNCATED)?)?;
+        let slice_end = pos.f_eq_tensor(&row(P_SLICE_END)?)?;
         Ok(TensorBatch {
             columns,
             mask,
@@ -327,7 +329,10 @@ impl Planner {
         if plan.len() > b {
             return Err(Error::argument(
                 "sampler",
-                format!("the sampler planned {} slices for a batch of {b}", plan.len()),
+                format!(
+                    "the sampler planned {} slices for a batch of {b}",
+                    plan.len()
+                ),
             ));
         }
         let mut t = Tensor::f_empty([P_ROWS as i64, b as i64], (Kind::Int64, Device::Cpu))?;
@@ -340,12 +345,14 @@ impl Planner {
             unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut i64, P_ROWS * b) };
         params.fill(0);
         let episodes = self.snap.episodes();
+        let n = self.snap.num_transitions() as i64;
         for i in 0..b {
             let p = |row: usize| row * b + i;
             let Some(s) = plan.get(i) else {
-                params[p(P_START)] = -1;
-                params[p(P_EP_ID)] = -1;
-                params[p(P_LAST)] = -1;
+                // Padding: no valid position, no first or last step (positions are >= 0).
+                for r in [P_FIRST, P_LAST_STEP, P_EP_ID, P_START, P_SLICE_END] {
+                    params[p(r)] = -1;
+                }
                 continue;
             };
             if s.episode as usize >= episodes.len() {
@@ -361,8 +368,8 @@ impl Planner {
             }
             let loc = episodes.get(s.episode as usize);
             let len = loc.length as i64;
-            let lo = s.start.max(0);
-            let hi = (s.start + l as i64).min(len).max(lo);
+            let lo = (-s.start).clamp(0, l as i64);
+            let hi = (len - s.start).clamp(lo, l as i64);
             if (s.len as usize) < l && s.start + (s.len as i64) < len {
                 // The device gather masks by episode bounds only.
                 return Err(Error::argument(
@@ -375,13 +382,18 @@ impl Planner {
                     ),
                 ));
             }
-            params[p(P_START)] = s.start;
-            params[p(P_EP_START)] = loc.start as i64;
-            params[p(P_LEN)] = len;
-            params[p(P_FLAGS)] = self.episode_flags[s.episode as usize] as i64;
-            params[p(P_EP_POS)] = s.episode as i64;
+            let flags = self.episode_flags[s.episode as usize] as i64;
+            params[p(P_ROW0)] = 1 + loc.start as i64 + s.start;
+            params[p(P_LO)] = lo;
+            params[p(P_HI)] = hi;
+            params[p(P_FIRST)] = -s.start;
+            params[p(P_LAST_STEP)] = len - 1 - s.start;
+            params[p(P_FINAL)] = 1 + n + s.episode as i64;
+            params[p(P_TERMINATED)] = flags & 1;
+            params[p(P_TRUNCATED)] = (flags >> 1) & 1;
             params[p(P_EP_ID)] = loc.episode_id as i64;
-            params[p(P_LAST)] = if hi > lo { hi - 1 - s.start } else { -1 };
+            params[p(P_START)] = s.start;
+            params[p(P_SLICE_END)] = if hi > lo { hi - 1 } else { -1 };
         }
         Ok(t)
     }
@@ -392,10 +404,11 @@ impl Planner {
 fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     let n = snap.num_transitions() as i64;
     let e = snap.num_episodes() as i64;
-    let rows = n + if u.with_finals { e } else { 0 };
+    let rows = 1 + n + if u.with_finals { e } else { 0 };
     let mut full = vec![rows];
     full.extend(&u.shape);
     let dst = Tensor::f_empty(full.as_slice(), (u.kind, device))?;
+    dst.f_narrow(0, ZERO_ROW, 1)?.f_zero_()?;
     let field = snap
         .schema()
         .arrow_schema()
@@ -415,7 +428,7 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     if let Device::Cuda(_) = device {
         chunk = chunk.f_pin_memory(device)?;
     }
-    let mut row = 0i64;
+    let mut row = ZERO_ROW + 1;
     // Copies `bytes` (whole steps) into the chunk and from there into rows `row..` of `dst`.
     let put = |bytes: &[u8], row: &mut i64| -> Result<()> {
         // Segments are mapped for random access: ask for this column's pages in large reads.
