@@ -107,6 +107,8 @@ enum Src {
     Local(Arc<Feed>),
     #[cfg(feature = "remote")]
     Streamed(Arc<StreamPlan>),
+    #[cfg(feature = "remote")]
+    StreamMix(Arc<stream::mixed::StreamMix>),
 }
 
 impl std::fmt::Debug for BatchSource {
@@ -129,11 +131,12 @@ impl BatchSource {
         #[cfg(feature = "remote")]
         let mut spec = spec;
         #[cfg(feature = "remote")]
-        if let Some((stream, sampler)) = spec.streamed.take() {
+        if !spec.streamed.is_empty() {
             if !spec.parts.is_empty() {
                 return Err(crate::Error::argument(
                     "parts",
-                    "a streamed source reads one dataset: it cannot be mixed with others yet",
+                    "a streamed source cannot be mixed with local datasets: mix streams with \
+                     streams (LoaderSpec::stream_part), or pull the streamed ones",
                 ));
             }
             if spec.resume.is_some() {
@@ -143,16 +146,37 @@ impl BatchSource {
                      to continue from (LoaderOptions::with_start)",
                 ));
             }
-            let plan = StreamPlan::new(
-                stream,
-                sampler,
-                spec.columns,
-                (
-                    (spec.rank, spec.world_size),
-                    spec.frame_stack,
-                    spec.stream_follow,
-                ),
-            )?;
+            let streams = std::mem::take(&mut spec.streamed);
+            let mixed = streams.len() > 1;
+            let first_slices = spec.num_slices.unwrap_or(streams[0].1.num_slices);
+            let weights: Vec<f64> = streams.iter().map(|s| s.2).collect();
+            let counts = if mixed {
+                crate::sample::mix_counts(&weights, first_slices)?
+            } else {
+                vec![first_slices]
+            };
+            let mut plans = Vec::with_capacity(streams.len());
+            for ((stream, mut sampler, _), n) in streams.into_iter().zip(counts) {
+                if mixed {
+                    // A part with no slice is never sampled; its plan still checks its columns.
+                    sampler.num_slices = n.max(1);
+                }
+                plans.push(StreamPlan::new(
+                    stream,
+                    sampler,
+                    spec.columns.clone(),
+                    (
+                        (spec.rank, spec.world_size),
+                        spec.frame_stack,
+                        spec.stream_follow,
+                    ),
+                )?);
+            }
+            if mixed {
+                let mix = stream::mixed::StreamMix::new(plans, &weights, first_slices)?;
+                return Ok(Self(Src::StreamMix(Arc::new(mix))));
+            }
+            let plan = plans.pop().expect("one stream");
             return Ok(Self(Src::Streamed(Arc::new(plan))));
         }
         Ok(Self(Src::Local(Feed::open(spec)?)))
@@ -163,11 +187,18 @@ impl BatchSource {
         match &self.0 {
             Src::Local(f) => Ok(f),
             #[cfg(feature = "remote")]
-            Src::Streamed(_) => Err(crate::Error::argument(
+            Src::Streamed(_) | Src::StreamMix(_) => Err(crate::Error::argument(
                 "source",
-                "this source streams a dataset from object storage: read it with \
-                 StreamLoader::new",
+                "this source streams from object storage: read it with StreamLoader::new",
             )),
+        }
+    }
+
+    #[cfg(feature = "remote")]
+    pub(crate) fn stream_mix(&self) -> Option<&Arc<stream::mixed::StreamMix>> {
+        match &self.0 {
+            Src::StreamMix(m) => Some(m),
+            _ => None,
         }
     }
 
@@ -175,7 +206,7 @@ impl BatchSource {
     pub(crate) fn streamed(&self) -> Option<&StreamPlan> {
         match &self.0 {
             Src::Streamed(p) => Some(p),
-            Src::Local(_) => None,
+            Src::Local(_) | Src::StreamMix(_) => None,
         }
     }
 
@@ -224,6 +255,8 @@ impl BatchSource {
             Src::Local(f) => f.rank_world(),
             #[cfg(feature = "remote")]
             Src::Streamed(p) => p.rank_world,
+            #[cfg(feature = "remote")]
+            Src::StreamMix(m) => m.parts[0].rank_world,
         }
     }
 
@@ -233,6 +266,12 @@ impl BatchSource {
             Src::Local(f) => f.versions(k),
             #[cfg(feature = "remote")]
             Src::Streamed(p) => vec![p.stream.catalog().version()],
+            #[cfg(feature = "remote")]
+            Src::StreamMix(m) => m
+                .parts
+                .iter()
+                .map(|p| p.stream.catalog().version())
+                .collect(),
         }
     }
 
@@ -245,7 +284,7 @@ impl BatchSource {
         match &self.0 {
             Src::Local(f) => f.prioritized(k).get(part).cloned().flatten(),
             #[cfg(feature = "remote")]
-            Src::Streamed(_) => None,
+            Src::Streamed(_) | Src::StreamMix(_) => None,
         }
     }
 
@@ -264,6 +303,8 @@ impl BatchSource {
                 let cols: Vec<&str> = p.columns.iter().map(String::as_str).collect();
                 stream::describe_columns(p.stream.catalog(), &cols, p.frame_stack)
             }
+            #[cfg(feature = "remote")]
+            Src::StreamMix(m) => Ok(m.columns.clone()),
         }
     }
 
@@ -275,6 +316,8 @@ impl BatchSource {
             Src::Local(f) => f.first().gatherer.tail_columns().to_vec(),
             #[cfg(feature = "remote")]
             Src::Streamed(p) => stream::tail_columns(p.stream.catalog(), &p.columns),
+            #[cfg(feature = "remote")]
+            Src::StreamMix(m) => m.tail_columns(),
         }
     }
 
@@ -284,7 +327,7 @@ impl BatchSource {
         match &self.0 {
             Src::Local(_) => false,
             #[cfg(feature = "remote")]
-            Src::Streamed(_) => true,
+            Src::Streamed(_) | Src::StreamMix(_) => true,
         }
     }
 
@@ -334,6 +377,8 @@ impl BatchSource {
             }
             #[cfg(feature = "remote")]
             Src::Streamed(p) => vec![0; p.sampler.num_slices],
+            #[cfg(feature = "remote")]
+            Src::StreamMix(m) => m.slice_sources(),
         }
     }
 

@@ -140,7 +140,7 @@ pub struct LoaderSpec {
     pub(crate) resume: Option<Arc<LoaderState>>,
     pub(crate) frame_stack: Option<FrameStack>,
     #[cfg(feature = "remote")]
-    pub(crate) streamed: Option<(Stream, SamplerSpec)>,
+    pub(crate) streamed: Vec<(Stream, SamplerSpec, f64)>,
     /// Whether and how a streamed dataset's loaders move to its newer versions.
     #[cfg(feature = "remote")]
     pub(crate) stream_follow: Option<StreamFollow>,
@@ -158,7 +158,7 @@ impl Default for LoaderSpec {
             resume: None,
             frame_stack: None,
             #[cfg(feature = "remote")]
-            streamed: None,
+            streamed: Vec::new(),
             #[cfg(feature = "remote")]
             stream_follow: None,
         }
@@ -183,9 +183,20 @@ impl LoaderSpec {
     #[cfg(feature = "remote")]
     pub fn streamed(stream: Stream, sampler: SamplerSpec, columns: &[&str]) -> Self {
         Self {
-            streamed: Some((stream, sampler)),
+            streamed: vec![(stream, sampler, 1.0)],
             ..Self::new(columns)
         }
+    }
+    /// Adds a dataset in object storage with its share `weight` of every batch: a mix of
+    /// streams ([`LoaderSpec::streamed`] first, with weight 1), each read through its own
+    /// bounded cache and sampled by its own `sampler` (uniform; its `num_slices` is set to the
+    /// part's share, from [`LoaderSpec::with_num_slices`] or the first sampler's). Batch `k`
+    /// holds each stream's batch `k` of its share, in part order, as a mix of local datasets
+    /// does; no following.
+    #[cfg(feature = "remote")]
+    pub fn stream_part(mut self, stream: Stream, sampler: SamplerSpec, weight: f64) -> Self {
+        self.streamed.push((stream, sampler, weight));
+        self
     }
     /// Adds a dataset with its share `weight` of every batch.
     pub fn part(mut self, snapshot: Snapshot, sampler: SamplerSpec, weight: f64) -> Self {
@@ -202,7 +213,7 @@ impl LoaderSpec {
     /// every round (see [`super::StreamLoader`]); `f`'s period is not used.
     pub fn follow(mut self, f: Follow) -> Self {
         #[cfg(feature = "remote")]
-        if self.streamed.is_some() {
+        if !self.streamed.is_empty() {
             self.stream_follow = Some(StreamFollow::Look);
         }
         if let Some(p) = self.parts.last_mut() {
@@ -218,7 +229,7 @@ impl LoaderSpec {
     /// round's version; [`LoaderSpec::follow`] is for one rank.
     #[cfg(feature = "remote")]
     pub fn follow_by_caller(mut self) -> Self {
-        if self.streamed.is_some() {
+        if !self.streamed.is_empty() {
             self.stream_follow = Some(StreamFollow::Caller);
         }
         self

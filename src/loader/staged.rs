@@ -41,7 +41,7 @@ pub struct StagedBatch {
 }
 
 #[derive(Debug)]
-struct Gate {
+pub(crate) struct Gate {
     /// Per slot: the only batch number allowed to fill it next.
     free_for: Mutex<(Vec<u64>, bool)>,
     changed: Condvar,
@@ -53,7 +53,7 @@ impl Gate {
     }
 
     /// Blocks until batch `k` may fill its slot; `false` if the loader stopped meanwhile.
-    fn wait_for(&self, k: u64) -> bool {
+    pub(crate) fn wait_for(&self, k: u64) -> bool {
         let mut g = self.lock();
         loop {
             if g.1 {
@@ -67,27 +67,37 @@ impl Gate {
         }
     }
 
-    fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.lock().1 = true;
         self.changed.notify_all();
     }
 }
 
-/// The caller's slots and the gate that hands them to batches in order, shared by a staged
-/// loader's workers (of local datasets or of a stream).
-pub(crate) struct Ring {
-    gate: Gate,
-    slots: Vec<Mutex<Box<dyn StagingSlot>>>,
-    /// Asked once, of the first slot.
-    tails: Option<Vec<bool>>,
-    slice_len: usize,
+impl<S: StagingSlot + ?Sized> StagingSlot for Box<S> {
+    fn dest(&mut self) -> GatherInto<'_> {
+        (**self).dest()
+    }
+
+    fn tails(&self) -> Option<Vec<bool>> {
+        (**self).tails()
+    }
 }
 
-impl Ring {
+/// The caller's slots and the gate that hands them to batches in order, shared by a staged
+/// loader's workers (of local datasets or of streams).
+pub(crate) struct Ring<S: StagingSlot + ?Sized = dyn StagingSlot> {
+    pub(crate) gate: Gate,
+    pub(crate) slots: Vec<Mutex<Box<S>>>,
+    /// Asked once, of the first slot.
+    pub(crate) tails: Option<Vec<bool>>,
+    pub(crate) slice_len: usize,
+}
+
+impl<S: StagingSlot + ?Sized> Ring<S> {
     /// A ring of `slots` (at least two, fitting in memory together with `batch_bytes` each)
     /// whose first batch is `start`.
-    fn new(
-        slots: Vec<Box<dyn StagingSlot>>,
+    pub(crate) fn new(
+        slots: Vec<Box<S>>,
         start: u64,
         batch_bytes: u64,
         slice_len: usize,
@@ -147,7 +157,7 @@ impl Ring {
     }
 
     /// Hands batch `number`'s slot back (the consumer is at `position`).
-    fn release(&self, number: u64, position: u64) -> Result<()> {
+    pub(crate) fn release(&self, number: u64, position: u64) -> Result<()> {
         let mut g = self.gate.lock();
         let n = self.slots.len() as u64;
         let s = (number % n) as usize;
@@ -187,6 +197,12 @@ enum Inner {
     },
     #[cfg(feature = "remote")]
     Stream(Box<super::stream::Runs<StagedBatch>>),
+    /// A mix of streams, assembled in the caller's slots.
+    #[cfg(feature = "remote")]
+    StreamMix(
+        Box<super::stream::mixed::MixStream<dyn StagingSlot>>,
+        super::BatchSource,
+    ),
 }
 
 impl std::fmt::Debug for StagedLoader {
@@ -262,6 +278,13 @@ impl StagedLoader {
         slots: Vec<Box<dyn StagingSlot>>,
     ) -> Result<Self> {
         let (batch_bytes, l) = super::stream::batch_bytes(source)?;
+        if let Some(mix) = source.stream_mix() {
+            let runs = super::stream::mixed::MixStream::new(mix, opts, slots, batch_bytes)?;
+            return Ok(Self {
+                ring: runs.mix.ring.clone(),
+                inner: Inner::StreamMix(Box::new(runs), source.clone()),
+            });
+        }
         let start = opts.start.unwrap_or(0);
         let ring = Arc::new(Ring::new(slots, start, batch_bytes, l)?);
         let sink = {
@@ -298,6 +321,8 @@ impl StagedLoader {
             }
             #[cfg(feature = "remote")]
             Inner::Stream(r) => r.source().state(r.position()),
+            #[cfg(feature = "remote")]
+            Inner::StreamMix(_, source) => source.state(0),
         }
     }
 
@@ -308,6 +333,8 @@ impl StagedLoader {
             Inner::Local { feed, .. } => super::BatchSource(super::Src::Local(feed.clone())),
             #[cfg(feature = "remote")]
             Inner::Stream(r) => r.source().clone(),
+            #[cfg(feature = "remote")]
+            Inner::StreamMix(_, source) => source.clone(),
         }
     }
 
@@ -326,6 +353,8 @@ impl StagedLoader {
             }
             #[cfg(feature = "remote")]
             Inner::Stream(r) => r.next_batch(),
+            #[cfg(feature = "remote")]
+            Inner::StreamMix(r, _) => r.next_batch(),
         }
     }
 
@@ -335,6 +364,8 @@ impl StagedLoader {
             Inner::Local { pipeline, .. } => pipeline.position(),
             #[cfg(feature = "remote")]
             Inner::Stream(r) => r.position(),
+            #[cfg(feature = "remote")]
+            Inner::StreamMix(r, _) => r.position(),
         }
     }
 
@@ -348,6 +379,7 @@ impl StagedLoader {
     pub fn stream_stats(&self) -> Option<super::StreamStats> {
         match &self.inner {
             Inner::Stream(r) => Some(r.stats()),
+            Inner::StreamMix(r, _) => Some(r.stats()),
             Inner::Local { .. } => None,
         }
     }

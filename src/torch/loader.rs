@@ -123,6 +123,13 @@ impl TorchLoader {
     /// The streaming mode over a stream's windows.
     #[cfg(feature = "remote")]
     fn streamed(source: &crate::loader::BatchSource, opts: TorchLoaderOptions) -> Result<Self> {
+        if source.stream_mix().is_some() {
+            return Err(Error::argument(
+                "source",
+                "the torch loader reads one stream; read a mix of streams with StreamLoader or \
+                 StagedLoader (from Python, trajstore.mix of streamed datasets runs on CUDA)",
+            ));
+        }
         if opts.resident_budget.is_some() {
             return Err(Error::argument(
                 "resident_budget",

@@ -408,7 +408,7 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
     let mut full = vec![rows];
     full.extend(&u.shape);
     let dst = Tensor::f_empty(full.as_slice(), (u.kind, device))?;
-    dst.f_narrow(0, ZERO_ROW, 1)?.f_zero_()?;
+    let _ = dst.f_narrow(0, ZERO_ROW, 1)?.f_zero_()?;
     let field = snap
         .schema()
         .arrow_schema()

@@ -5,3 +5,4 @@ mod memory;
 mod s3;
 mod staged;
 mod stream;
+mod stream_mix;

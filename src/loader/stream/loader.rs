@@ -3,6 +3,9 @@
 //! newer version in the store, and starts the next run there: on the newer version (numbered
 //! from the batch where it begins) or on the same one.
 
+use std::sync::Arc;
+
+use super::mixed::{BatchSlot, MixStream, StreamMix, shaped};
 use super::{
     BatchSource, Cursor, LoaderOptions, Recycler, Run, Sink, StreamFollow, StreamPlan, StreamStats,
     batch_sink, mix,
@@ -29,8 +32,17 @@ use crate::remote::Stream;
 /// is known). A look that fails (the store unreachable) keeps the version and is retried at the
 /// next boundary ([`StreamLoader::follow_failures`]).
 pub struct StreamLoader {
-    runs: Runs<Batch>,
+    inner: Inner,
     pool: Recycler,
+}
+
+enum Inner {
+    One(Box<Runs<Batch>>),
+    /// A mix of streams, assembled in host batches.
+    Mix {
+        runs: Box<MixStream<BatchSlot>>,
+        mix: Arc<StreamMix>,
+    },
 }
 
 impl std::fmt::Debug for StreamLoader {
@@ -44,22 +56,62 @@ impl std::fmt::Debug for StreamLoader {
 impl StreamLoader {
     /// Starts a loader of a streamed `source` ([`super::super::LoaderSpec::streamed`]) for its
     /// rank, from the rank's batch `opts.start` (default 0). Uniform sampling is endless (or
-    /// `max_batches`); epoch sampling stops at the end of the epoch it starts in. Errors with
-    /// [`Error::InvalidArgument`] for a source of local datasets (use `Loader::new`).
+    /// `max_batches`); epoch sampling stops at the end of the epoch it starts in. A mix of
+    /// streams ([`super::super::LoaderSpec::stream_part`]) runs each stream with `opts`'
+    /// workers and prefetch, and assembles every batch in place (in a ring of `workers +
+    /// prefetch` batches). Errors with [`Error::InvalidArgument`] for a source of local datasets
+    /// (use `Loader::new`).
     pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
         let pool = Recycler::default();
+        if let Some(mix) = source.stream_mix() {
+            let (bytes, _) = super::batch_bytes(source)?;
+            let n = (opts.workers.max(1) + opts.prefetch.max(1)).max(2);
+            let slots = (0..n)
+                .map(|_| Box::new(BatchSlot(shaped(mix, Batch::default()))))
+                .collect();
+            let runs = MixStream::new(mix, opts, slots, bytes)?;
+            return Ok(Self {
+                inner: Inner::Mix {
+                    runs: Box::new(runs),
+                    mix: mix.clone(),
+                },
+                pool,
+            });
+        }
         let runs = Runs::new(source, opts, batch_sink(pool.clone()))?;
-        Ok(Self { runs, pool })
+        Ok(Self {
+            inner: Inner::One(Box::new(runs)),
+            pool,
+        })
     }
 
     /// The next batch, blocking until it is ready; `None` at the end.
     pub fn next_batch(&mut self) -> Option<Result<Batch>> {
-        self.runs.next_batch()
+        match &mut self.inner {
+            Inner::One(r) => r.next_batch(),
+            Inner::Mix { runs, mix } => Some(runs.next_batch()?.and_then(|got| {
+                // Take the assembled batch out of its slot (a recycled one takes its place),
+                // and hand the slot back.
+                let fresh = shaped(mix, self.pool.take());
+                let ring = &runs.mix.ring;
+                let batch = {
+                    let mut slot = ring.slots[got.slot]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    std::mem::replace(&mut slot.0, fresh)
+                };
+                ring.release(got.number, runs.position())?;
+                Ok(batch)
+            })),
+        }
     }
 
     /// The number of the batch [`StreamLoader::next_batch`] returns next.
     pub fn position(&self) -> u64 {
-        self.runs.position()
+        match &self.inner {
+            Inner::One(r) => r.position(),
+            Inner::Mix { runs, .. } => runs.position(),
+        }
     }
 
     /// Hands a consumed batch back so a worker reuses its buffers.
@@ -74,25 +126,38 @@ impl StreamLoader {
     }
 
     /// What the loader downloaded and held so far (all its runs, when it followed new
-    /// versions; `cache_bytes` and `cache_limit` are the current run's).
+    /// versions; `cache_bytes` and `cache_limit` are the current run's; for a mix, every
+    /// stream's together).
     pub fn stats(&self) -> StreamStats {
-        self.runs.stats()
+        match &self.inner {
+            Inner::One(r) => r.stats(),
+            Inner::Mix { runs, .. } => runs.stats(),
+        }
     }
 
     /// Newer versions this loader moved to.
     pub fn follow_refreshes(&self) -> u64 {
-        self.runs.refreshes
+        match &self.inner {
+            Inner::One(r) => r.refreshes,
+            Inner::Mix { .. } => 0,
+        }
     }
 
     /// Looks for a newer version that failed (and were retried at the next round boundary).
     pub fn follow_failures(&self) -> u64 {
-        self.runs.failures
+        match &self.inner {
+            Inner::One(r) => r.failures,
+            Inner::Mix { .. } => 0,
+        }
     }
 
     /// The episode ids of the segments that the loader's batch `k` (of the current version) is
-    /// drawn from: its window.
+    /// drawn from: its window (for a mix, every stream's, in part order).
     pub fn window_episodes(&self, k: u64) -> Vec<std::ops::Range<u64>> {
-        self.runs.window_episodes(k)
+        match &self.inner {
+            Inner::One(r) => r.window_episodes(k),
+            Inner::Mix { runs, .. } => runs.window_episodes(k),
+        }
     }
 }
 

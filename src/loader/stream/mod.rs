@@ -76,6 +76,7 @@ use crate::store::{Catalog, Snapshot};
 
 mod cache;
 mod loader;
+pub(crate) mod mixed;
 mod schedule;
 mod subset;
 
@@ -676,17 +677,24 @@ pub(crate) fn describe_columns(
     Ok(out)
 }
 
-/// Bytes of one full batch of a streamed `source`, and its slice length.
+/// Bytes of one full batch of a streamed `source` (one stream or a mix), and its slice length.
 pub(crate) fn batch_bytes(source: &BatchSource) -> Result<(u64, usize)> {
-    let p = streamed_plan(source)?;
-    let cols: Vec<&str> = p.columns.iter().map(String::as_str).collect();
-    let step = step_bytes(p.stream.catalog(), &cols, p.frame_stack)?;
+    let step: u64 = source
+        .columns()?
+        .iter()
+        .map(|(_, dt, shape)| {
+            shape.iter().product::<usize>() as u64 * crate::schema::value_bytes(dt).ceil() as u64
+        })
+        .sum();
     let (b, l) = batch_shape(source)?;
     Ok((step.saturating_mul((b * l) as u64), l))
 }
 
-/// Slices per batch and steps per slice of a streamed `source`.
+/// Slices per batch and steps per slice of a streamed `source` (one stream or a mix).
 pub(crate) fn batch_shape(source: &BatchSource) -> Result<(usize, usize)> {
+    if let Some(m) = source.stream_mix() {
+        return Ok((m.num_slices(), m.slice_len()));
+    }
     let p = streamed_plan(source)?;
     Ok((p.sampler.num_slices, p.sampler.slice_len as usize))
 }
