@@ -327,16 +327,18 @@ impl Plan {
             .py()
     }
 
-    /// A plan that streams `stream` (a dataset in object storage, `open_stream`) through its
-    /// bounded cache: `options` as for `Plan(...)` ([`LoaderArgs`]); the sampler is uniform
-    /// or epoch (an episode subset, by ids or SQL, with uniform only), and there is one dataset;
-    /// with `follow`, loaders move to newer versions at round boundaries (by themselves, one
-    /// rank; or `by_caller`, stopping at every round boundary for the caller to set the version).
+    /// A plan that streams `streams` (datasets in object storage, `open_stream`, each with its
+    /// weight) through their bounded caches: `options` as for `Plan(...)` ([`LoaderArgs`]); the
+    /// sampler is uniform or epoch (an episode subset, by ids or SQL, with uniform only). With
+    /// one stream and `follow`, loaders move to newer versions at round boundaries (by
+    /// themselves, one rank; or `by_caller`, stopping at every round boundary for the caller to
+    /// set the version). Several streams are a mix: each gives its share of every batch, sampled
+    /// uniformly with the seed `seed + i` (a SQL subset answered by each; no following).
     #[staticmethod]
-    #[pyo3(signature = (stream, options, follow=false, by_caller=false))]
+    #[pyo3(signature = (streams, options, follow=false, by_caller=false))]
     fn streamed(
         py: Python<'_>,
-        stream: Py<crate::stream::PyStream>,
+        streams: Vec<(Py<crate::stream::PyStream>, f64)>,
         options: &Bound<'_, PyDict>,
         follow: bool,
         by_caller: bool,
@@ -345,29 +347,47 @@ impl Plan {
         let opts = LoaderOptions::default()
             .with_workers(a.workers)
             .with_prefetch(a.prefetch);
-        let stream = stream.get().stream.clone();
-        let spec = SamplerSpec::new(a.sampler, a.slice_len, a.num_slices)
-            .with_seed(a.seed)
-            .with_policy(a.policy)
-            .with_weighting(a.weighting)
-            .with_alpha(a.alpha)
-            .with_drop_last(a.drop_last);
+        if streams.is_empty() {
+            return Err(crate::errors::argument("streams", "no stream to read"));
+        }
+        if streams.len() > 1 && a.episode_ids.is_some() {
+            return Err(crate::errors::argument(
+                "episodes",
+                "episode ids in a mix of streams: give a SQL query (each stream answers it)",
+            ));
+        }
+        let streams: Vec<(trajstore::remote::Stream, f64)> = streams
+            .iter()
+            .map(|(s, w)| (s.get().stream.clone(), *w))
+            .collect();
         let frame_stack = a.frame_stack()?;
         let (slice_len, num_slices) = (a.slice_len as usize, a.num_slices);
+        let parts = streams.len();
         py.detach(move || -> trajstore::Result<Self> {
-            // A subset by ids, or by a SQL query over the catalog (and ranged reads of
-            // `transitions`): the stream downloads only the segments that hold its episodes.
-            let ids = match (a.episode_ids, a.episodes_sql) {
-                (Some(ids), _) => Some(ids),
-                (None, Some(q)) => Some(trajstore::sql::StreamSql::episodes_where(&stream, &q)?),
-                (None, None) => None,
-            };
-            let spec = match ids {
-                Some(ids) => spec.with_episode_ids(ids),
-                None => spec,
-            };
             let names: Vec<&str> = a.columns.iter().map(String::as_str).collect();
-            let mut l = LoaderSpec::streamed(stream, spec, &names).with_rank(a.rank, a.world_size);
+            let mut l = LoaderSpec::new(&names)
+                .with_rank(a.rank, a.world_size)
+                .with_num_slices(num_slices);
+            for (i, (stream, weight)) in streams.into_iter().enumerate() {
+                let spec = SamplerSpec::new(a.sampler, a.slice_len, a.num_slices)
+                    .with_seed(a.seed.wrapping_add(i as u64))
+                    .with_policy(a.policy)
+                    .with_weighting(a.weighting)
+                    .with_alpha(a.alpha)
+                    .with_drop_last(a.drop_last);
+                // A subset by ids, or by a SQL query over the catalog (and ranged reads of
+                // `transitions`): the stream downloads only the segments that hold its episodes.
+                let ids = match (&a.episode_ids, &a.episodes_sql) {
+                    (Some(ids), _) => Some(ids.clone()),
+                    (None, Some(q)) => Some(trajstore::sql::StreamSql::episodes_where(&stream, q)?),
+                    (None, None) => None,
+                };
+                let spec = match ids {
+                    Some(ids) => spec.with_episode_ids(ids),
+                    None => spec,
+                };
+                l = l.stream_part(stream, spec, weight);
+            }
             if follow && by_caller {
                 l = l.follow_by_caller();
             } else if follow {
@@ -383,7 +403,7 @@ impl Plan {
                 num_slices,
                 slice_len,
                 per_epoch: None,
-                parts: 1,
+                parts,
                 source,
             })
         })

@@ -221,6 +221,69 @@ def test_the_cuda_staging_ring_streams_the_host_loaders_batches(s3: Dict[str, st
     assert 0 < peak <= limit and stats["files_evicted"] > 0, stats
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["host", "staged-ring"])
+def test_a_mix_of_streams_holds_each_streams_batches_in_its_slices(
+    s3: Dict[str, str], tmp_path: Any, monkeypatch: Any, ring: bool
+) -> None:
+    """``trajstore.mix`` of two streams, each through a quarter cache: every batch holds each
+    stream's own batch of its share (seed ``seed + i``), on the host and through the CUDA
+    path's staging ring (its CPU hook; next_observation as tails); a restart from
+    ``state_dict`` continues exactly; a mix of a stream and a local dataset is refused."""
+    torch = pytest.importorskip("torch")
+    import trajstore._cuda
+
+    local_b = make_demo(tmp_path / "b.trajstore", "--transitions", "20000", "--mean-episode-len", "100",
+                        "--seed", "9", "--segment-size", "100KB")
+    url_b = f"s3://streams/mix-b-{ring}"
+    subprocess.run([_bin(), "push", local_b, url_b], check=True, capture_output=True)
+
+    def opened(tag: str) -> List[Any]:
+        out = []
+        for i, url in enumerate((s3["url"], url_b)):
+            probe = trajstore.open(url, cache_limit="1GiB", cache_dir=tmp_path / f"probe{i}")
+            out.append(trajstore.open(url, cache_limit=probe.transition_bytes // 4,
+                                      cache_dir=tmp_path / f"{tag}{i}", reuse=0.2))
+        return out
+
+    columns = ["observation", "action", "reward", "next_observation"]
+    kw: Dict[str, Any] = dict(slice_len=8, seed=5, workers=2, max_batches=40, columns=columns)
+    a, b = opened("alone")
+    want_a = list(a.loader(num_slices=32, **kw))
+    want_b = list(b.loader(num_slices=16, **{**kw, "seed": 6}))
+    if ring:
+        monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+        monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
+    a, b = opened("mix")
+    loader = trajstore.mix([a, b], weights=[2, 1], num_slices=48, **kw)
+    assert loader._staged_on_cpu == ring
+    got, state = [], None
+    for k, batch in enumerate(loader):
+        got.append(batch)
+        if k == 19:
+            state = loader.state_dict()
+    assert len(got) == 40
+    assert got[0]["source"].tolist() == [0] * 32 + [1] * 16
+    for k, batch in enumerate(got):
+        for name, w in want_a[k].items():
+            both = torch.cat([w, want_b[k][name]])
+            assert batch[name].shape == both.shape and bool((batch[name] == both).all()), (k, name)
+    stats = loader.stream_stats()
+    assert len(stats["cache_dirs"]) == 2 and stats["windows_opened"] >= 4, stats
+    assert 0 < stats["cache_bytes"] <= stats["cache_limit"], stats
+    del loader
+    gc.collect()
+    assert state is not None and state["next_batch"] == 20 and len(state["mix"]) == 2
+    a, b = opened("mix")
+    again = trajstore.mix([a, b], weights=[2, 1], num_slices=48, **kw)
+    again.load_state_dict(json.loads(json.dumps(state)))
+    rest = [_ids(x) for x in again]
+    assert rest == [_ids(x) for x in got[20:]]
+    # A state of another mix is refused, naming what differs.
+    other = trajstore.mix(opened("other"), weights=[1, 1], num_slices=48, **kw)
+    with pytest.raises(trajstore.InvalidArgumentError, match="mix"):
+        other.load_state_dict(state)
+
+
 def test_a_subset_by_sql_downloads_only_the_segments_that_hold_it(s3: Dict[str, str], tmp_path: Any) -> None:
     local = trajstore.open(s3["local"])
     q = "SELECT episode_id FROM episodes WHERE episode_id % 50 = 7 AND length >= 8"
@@ -249,8 +312,14 @@ def test_what_a_stream_cannot_do_is_refused_with_the_reason(s3: Dict[str, str], 
         ds.loader(sampler="prioritized")
     with pytest.raises(trajstore.InvalidArgumentError, match="cache_limit"):
         trajstore.open(s3["url"], cache_limit="lots", cache_dir=tmp_path)
-    with pytest.raises(trajstore.InvalidArgumentError, match="streamed dataset cannot be mixed"):
+    with pytest.raises(trajstore.InvalidArgumentError, match="not both"):
         trajstore.mix([ds, trajstore.open(s3["local"])])
+    # A mix of streams samples uniform, and does not follow.
+    other = trajstore.open(s3["url"], cache_limit="64MiB", cache_dir=tmp_path / "o")
+    with pytest.raises(trajstore.InvalidArgumentError, match="samples uniform"):
+        trajstore.mix([ds, other], sampler="epoch")
+    with pytest.raises(trajstore.InvalidArgumentError, match="follow"):
+        trajstore.mix([ds, other], follow=True)
 
 
 RANK_SCRIPT = r"""

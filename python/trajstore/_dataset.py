@@ -61,7 +61,10 @@ def mix(
         for batch in loader:              # 128 offline slices, then 128 online slices
             ...
 
-    - ``datasets``: :class:`Snapshot` objects (or paths, opened at their newest version).
+    - ``datasets``: :class:`Snapshot` objects (or paths, opened at their newest version), or
+      :class:`StreamedSnapshot` objects (``trajstore.open(url, cache_limit=...)``), each
+      streamed through its own cache: batches are assembled in place from each stream's
+      share, on CPU or CUDA (the staging ring); the sampler is ``uniform``, nothing follows.
       The gathered columns (default: those every dataset has) must have the same type and
       per-step shape in each.
     - ``weights``: one per dataset (default: equal).
@@ -75,12 +78,13 @@ def mix(
 
     if isinstance(datasets, (str, bytes)) or not isinstance(datasets, Sequence):
         raise TypeError("datasets must be a list of trajstore.Snapshot (or paths)")
-    if any(isinstance(d, StreamedSnapshot) for d in datasets):
+    streamed = [isinstance(d, StreamedSnapshot) for d in datasets]
+    if any(streamed) and not all(streamed):
         raise _invalid(
-            "a mix reads local (or mirrored) datasets: a streamed dataset cannot be mixed yet "
-            "(open it without cache_limit to mirror it)"
+            "a mix reads local (or mirrored) datasets, or streamed ones, not both: open every "
+            "dataset with cache_limit to stream them all, or without it to mirror them"
         )
-    ds = [d if isinstance(d, Snapshot) else open(d) for d in datasets]
+    ds: List[Any] = [d if isinstance(d, (Snapshot, StreamedSnapshot)) else open(d) for d in datasets]
     if not ds:
         raise _invalid("a mix needs at least one dataset")
     n = len(ds)

@@ -122,6 +122,7 @@ class Loader(CudaRing):
         self._stream: Optional[StreamedSnapshot] = dataset if isinstance(dataset, StreamedSnapshot) else None
         # trajstore.mix: (datasets, weights, follow per dataset).
         datasets: List[Any] = [dataset] if mix is None else list(mix[0])
+        self._mix_weights: List[float] = [1.0] if mix is None else [float(w) for w in mix[1]]
         self._dataset = datasets[0]
         self._datasets = datasets
         self._mix = mix is not None
@@ -148,18 +149,19 @@ class Loader(CudaRing):
         self._pid = os.getpid()
         self._recent: Deque[Tuple[int, List[int], List[int]]] = collections.deque(maxlen=256)
         # Samplers and gatherers: every bad argument fails here.
-        self._stream_follow = self._stream is not None and follow not in (None, False)
+        follows = [follow] if mix is None else list(mix[2])
+        self._stream_follow = self._stream is not None and any(f not in (None, False) for f in follows)
         # Several ranks following a stream agree on every round's version through
         # torch.distributed (rank 0 looks, a broadcast tells the others): see _agree_on_version.
         self._follow_by_ranks = self._stream_follow and self._world > 1
         if self._follow_by_ranks:
             _distributed_for_follow(self._world)
         self._follow_refreshes = 0
-        self._plan = (
-            _native.Plan.streamed(self._stream._n, self._options, self._stream_follow, self._follow_by_ranks)
-            if self._stream is not None
-            else _native.Plan(self._parts, self._options)
-        )
+        if self._stream is not None:
+            streams = [(d._n, w) for d, w in zip(datasets, self._mix_weights)]
+            self._plan = _native.Plan.streamed(streams, self._options, self._stream_follow, self._follow_by_ranks)
+        else:
+            self._plan = _native.Plan(self._parts, self._options)
         self._names = [c[0] for c in self._plan.columns()]
         keys = FLAGS + PER_SLICE + ("weight",) + (("source",) if self._mix else ())
         reserved = sorted(set(self._names) & set(keys))
@@ -325,6 +327,9 @@ class Loader(CudaRing):
         }
         out.update({k: o[k] for k in keys})  # type: ignore[literal-required]
         out["frame_stack"] = o["frame_stack"]
+        if self._mix:
+            # A mix of streams: every stream's URL, version, weight and reuse.
+            out["mix"] = [[d.uri, d.version, w, d.reuse] for d, w in zip(self._datasets, self._mix_weights)]
         cursor = self._plan.stream_cursor()
         if self._stream_follow and cursor is not None:
             # Following: the version read now, and the batch where it began.
@@ -373,7 +378,8 @@ class Loader(CudaRing):
 
     def stream_stats(self) -> Dict[str, Any]:
         """What a streaming loader downloaded and holds (``{}`` for local datasets): this
-        rank's ``cache_dir`` and its size on disk now (``cache_bytes``, every file, downloads in
+        rank's ``cache_dir`` (``cache_dirs``: one per stream of a mix, whose figures are the
+        streams' together) and its size on disk now (``cache_bytes``, every file, downloads in
         progress included), ``cache_limit`` (the rank's share of the node's
         ``node_cache_limit``), and from the running native loader (this iteration's, or the last
         one's): ``files_downloaded``, ``bytes_downloaded``, ``bytes_resumed`` (partial downloads
@@ -388,20 +394,23 @@ class Loader(CudaRing):
             if text is not None:
                 native = json.loads(text)
                 break
-        root = os.path.join(self._stream.path, "_stream", f"rank-{self._rank}")
+        streams = self._datasets if self._mix else [self._stream]
+        roots = [os.path.join(d.path, "_stream", f"rank-{self._rank}") for d in streams]
         used = 0
-        for d, _, files in os.walk(root):
-            for f in files:
-                try:
-                    used += os.path.getsize(os.path.join(d, f))
-                except OSError:
-                    pass
+        for root in roots:
+            for d, _, files in os.walk(root):
+                for f in files:
+                    try:
+                        used += os.path.getsize(os.path.join(d, f))
+                    except OSError:
+                        pass
         return {
             **native,
-            "cache_dir": root,
+            "cache_dir": roots[0],
+            "cache_dirs": roots,
             "cache_bytes": used,
-            "cache_limit": self._stream.rank_cache_limit,
-            "node_cache_limit": self._stream.cache_limit,
+            "cache_limit": sum(d.rank_cache_limit for d in streams),
+            "node_cache_limit": sum(d.cache_limit for d in streams),
         }
 
     def _check_process(self) -> None:

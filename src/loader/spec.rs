@@ -188,7 +188,8 @@ impl LoaderSpec {
         }
     }
     /// Adds a dataset in object storage with its share `weight` of every batch: a mix of
-    /// streams ([`LoaderSpec::streamed`] first, with weight 1), each read through its own
+    /// streams (after [`LoaderSpec::streamed`], whose weight is 1, or from
+    /// [`LoaderSpec::new`]), each read through its own
     /// bounded cache and sampled by its own `sampler` (uniform; its `num_slices` is set to the
     /// part's share, from [`LoaderSpec::with_num_slices`] or the first sampler's). Batch `k`
     /// holds each stream's batch `k` of its share, in part order, as a mix of local datasets
