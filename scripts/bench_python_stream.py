@@ -17,6 +17,10 @@ a second copy, which measures the cache without an HTTP server's costs), then, i
    quarters of the dataset, so a quarter per rank) run one epoch at once; the bytes they
    downloaded together, against the dataset's transition bytes.
 
+With ``--mix``, also **a mix of two streams** of the version (``trajstore.mix``, weights 1:1,
+each stream through its own quarter cache at ``reuse`` 4): half of every batch from each,
+assembled in place, against the single quarter-cached stream.
+
 5. with ``--lance-python``, Lance (``scripts/peer_lance_stream.py``): the same transitions written
    as a Lance dataset to the same server, batches of the same shape read with ``take``.
 6. with ``--mosaic-python``, Mosaic Streaming (``scripts/peer_mosaic_stream.py``): the same
@@ -101,7 +105,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--store", choices=["s3", "file"], default="s3")
     ap.add_argument("--moto-python", default=os.environ.get("TRAJSTORE_PYTHON", sys.executable))
-    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--ranks", default="1,2,4", help="world sizes to run on one node ('' for none)")
+    ap.add_argument("--mix", action="store_true", help="also a mix of two quarter-cached streams")
     ap.add_argument("--lance-python", default=None,
                     help="a Python with pylance: also run scripts/peer_lance_stream.py on the same server")
     ap.add_argument("--mosaic-python", default=None,
@@ -193,8 +198,24 @@ def main() -> None:
             out[name]["vs_local"] = out[name]["batches_per_s"] / local_mean
         for name in ("quarter_reuse4", "quarter_reuse16"):
             out[name]["vs_whole_warm"] = out[name]["batches_per_s"] / out["whole_warm"]["batches_per_s"]
+        if a.mix:
+            # The version twice, each copy through its own quarter cache: every batch takes half
+            # its slices from each stream (the same bytes per batch as one quarter stream).
+            parts = []
+            for i in range(2):
+                cache = os.path.join(work, f"cache-mix{i}")
+                shutil.rmtree(cache, ignore_errors=True)
+                parts.append(trajstore.open(url, cache_limit=limit, cache_dir=cache, reuse=4.0))
+            loader = trajstore.mix(parts, weights=[1, 1], **kw)
+            r = rate(loader, a.warmup, a.batches)
+            s = loader.stream_stats()
+            r.update({k: s[k] for k in ("bytes_downloaded", "peak_cache_bytes", "windows_opened", "wait_seconds")})
+            r["vs_local"] = r["batches_per_s"] / local_mean
+            r["vs_quarter_reuse4"] = r["batches_per_s"] / out["quarter_reuse4"]["batches_per_s"]
+            out["quarter_mix2"] = r
+            del loader
         ranks: List[Dict[str, Any]] = []
-        for w in [int(x) for x in a.ranks.split(",")]:
+        for w in [int(x) for x in a.ranks.split(",") if x]:
             root = os.path.join(work, f"ranks{w}")
             shutil.rmtree(root, ignore_errors=True)
             t = time.perf_counter()
