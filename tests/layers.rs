@@ -61,9 +61,14 @@ const FOLDERS: &[(&str, &[&str])] = &[
     ),
     (
         "loader",
-        &["state", "spec", "feed", "pipeline", "staged", "stream"],
+        &[
+            "state", "spec", "feed", "pipeline", "ring", "stream", "staged",
+        ],
     ),
-    ("loader/stream", &["schedule", "cache", "subset", "loader"]),
+    (
+        "loader/stream",
+        &["schedule", "cache", "subset", "runs", "mixed", "loader"],
+    ),
     ("remote", &["mirror", "push", "pull", "stream"]),
     (
         "sample",

@@ -191,14 +191,7 @@ impl BatchLoader {
             debug_assert_eq!(c.data.len(), (b * l) as usize * meta.step_bytes);
             views.push((c.data.as_mut_ptr(), shape, meta.dtype));
         }
-        for plane in [
-            &mut batch.mask,
-            &mut batch.is_first,
-            &mut batch.is_last,
-            &mut batch.terminated,
-            &mut batch.truncated,
-            &mut batch.slice_end,
-        ] {
+        for plane in batch.flag_planes_mut() {
             views.push((plane.as_mut_ptr(), vec![b, l], DlType::BOOL));
         }
         views.push((

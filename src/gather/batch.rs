@@ -73,6 +73,19 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The six per-step flag planes, in the order a [`super::GatherInto`] takes them: mask,
+    /// is_first, is_last, terminated, truncated, slice_end.
+    pub fn flag_planes_mut(&mut self) -> [&mut Vec<u8>; 6] {
+        [
+            &mut self.mask,
+            &mut self.is_first,
+            &mut self.is_last,
+            &mut self.terminated,
+            &mut self.truncated,
+            &mut self.slice_end,
+        ]
+    }
+
     /// The column named `name`.
     pub fn column(&self, name: &str) -> Option<&BatchColumn> {
         self.columns.iter().find(|c| c.name == name)

@@ -9,6 +9,7 @@ use crate::sample::Sampler;
 
 mod feed;
 mod pipeline;
+pub(crate) mod ring;
 mod spec;
 mod staged;
 mod state;
@@ -19,10 +20,11 @@ pub(crate) use feed::Feed;
 pub use feed::FollowStats;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, check_rank, loader_end};
+pub use ring::{StagedBatch, StagingSlot};
 #[cfg(feature = "remote")]
 pub use spec::StreamFollow;
 pub use spec::{Follow, LoaderSpec, MAX_FOLLOW_PERIOD, PartSpec};
-pub use staged::{StagedBatch, StagedLoader, StagingSlot};
+pub use staged::StagedLoader;
 pub use state::{
     DATASET_ID_PROPERTY, LoaderState, MAX_BATCH_NUMBER, PartState, STATE_FORMAT, STATE_VERSION,
     SamplerState,

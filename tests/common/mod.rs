@@ -4,6 +4,7 @@
 #[cfg(feature = "remote")]
 pub mod s3;
 pub mod sampling;
+pub mod staging;
 
 use std::borrow::Borrow;
 use std::path::Path;

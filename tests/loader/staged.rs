@@ -3,14 +3,15 @@
 //! whatever the number of workers and slots, slots go by batch number and are reused only after
 //! release, release is checked, and dropping a loader whose workers wait for slots returns.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::TestData;
+use crate::common::staging::{self, Memory, Slots};
 use trajstore::format::col;
 use trajstore::{
-    Batch, BatchSource, BoundaryPolicy, Error, GatherInto, Gatherer, LoaderOptions, LoaderSpec,
-    Sampler, SamplerSpec, SliceSampler, Snapshot, StagedLoader, StagingSlot,
+    Batch, BatchSource, BoundaryPolicy, Error, Gatherer, LoaderOptions, LoaderSpec, Sampler,
+    SamplerSpec, SliceSampler, Snapshot, StagedLoader,
 };
 
 const COLUMNS: [&str; 3] = [col::OBSERVATION, col::REWARD, col::ACTION];
@@ -45,55 +46,10 @@ fn source(snap: &Snapshot) -> BatchSource {
     BatchSource::open(LoaderSpec::single(snap.clone(), sampler_spec(), &COLUMNS)).unwrap()
 }
 
-/// One slot's memory, shared with the test so that it can read a batch between `next_batch` and
-/// `release`.
-#[derive(Default)]
-struct Memory {
-    columns: Vec<Vec<u8>>,
-    flags: [Vec<u8>; 6],
-    ids: Vec<u64>,
-    starts: Vec<i64>,
-}
-
-struct Slot(Arc<Mutex<Memory>>);
-
-impl StagingSlot for Slot {
-    fn dest(&mut self) -> GatherInto<'_> {
-        let m: *mut Memory = &mut *self.0.lock().unwrap();
-        // SAFETY: the `Memory` lives in the `Arc` this slot holds, at least as long as the borrow
-        // of `self`. The lock above only hands out the pointer: exclusion comes from the staged
-        // loader's protocol (a slot is written by one worker at a time, and only while the test,
-        // which reads it between `next_batch` and `release`, holds none of it), which is what
-        // this test checks.
-        let m = unsafe { &mut *m };
-        GatherInto {
-            columns: m.columns.iter_mut().map(|c| c.as_mut_slice()).collect(),
-            flags: m.flags.each_mut().map(|f| f.as_mut_slice()),
-            episode_id: &mut m.ids,
-            start_step: &mut m.starts,
-        }
-    }
-}
-
-/// Slots for the loader, and the test's handles on their memory.
-type Slots = (Vec<Box<dyn StagingSlot>>, Vec<Arc<Mutex<Memory>>>);
-
+/// [`B`] × [`L`] slots for `g`'s columns.
 fn slots(g: &Gatherer, n: usize) -> Slots {
-    let mems: Vec<_> = (0..n)
-        .map(|_| {
-            Arc::new(Mutex::new(Memory {
-                columns: g.step_bytes().iter().map(|s| vec![0; B * L * s]).collect(),
-                flags: std::array::from_fn(|_| vec![0; B * L]),
-                ids: vec![0; B],
-                starts: vec![0; B],
-            }))
-        })
-        .collect();
-    let boxed = mems
-        .iter()
-        .map(|m| Box::new(Slot(m.clone())) as Box<dyn StagingSlot>)
-        .collect();
-    (boxed, mems)
+    let bytes: Vec<usize> = g.step_bytes().iter().map(|s| B * L * s).collect();
+    staging::slots(n, &bytes, (B, L), None)
 }
 
 /// What a batch holds, from a slot (its first `n` slices) or from a `Batch`.
@@ -232,16 +188,7 @@ fn too_few_or_too_small_slots_are_errors() {
         "{e}"
     );
     // Slots too small for the batch: the gather's size check, as an error of that batch.
-    let small: Vec<Box<dyn StagingSlot>> = (0..2)
-        .map(|_| {
-            Box::new(Slot(Arc::new(Mutex::new(Memory {
-                columns: vec![vec![0; 8]; COLUMNS.len()],
-                flags: std::array::from_fn(|_| vec![0; B * L]),
-                ids: vec![0; B],
-                starts: vec![0; B],
-            })))) as Box<dyn StagingSlot>
-        })
-        .collect();
+    let (small, _) = staging::slots(2, &[8; COLUMNS.len()], (B, L), None);
     let mut loader =
         StagedLoader::new(&source, LoaderOptions::default().with_max_batches(1), small).unwrap();
     let e = loader.next_batch().unwrap().unwrap_err();

@@ -8,14 +8,13 @@
 #![cfg(feature = "remote")]
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use crate::common::TestData;
 use crate::common::s3::S3Server;
+use crate::common::staging::{self, Slots};
 use trajstore::remote::{Stream, StreamOptions};
 use trajstore::{
-    Batch, BatchSource, GatherInto, LoaderOptions, LoaderSpec, SamplerSpec, StagedLoader,
-    StagingSlot, StreamLoader,
+    Batch, BatchSource, LoaderOptions, LoaderSpec, SamplerSpec, StagedLoader, StreamLoader,
 };
 
 const COLUMNS: [&str; 3] = ["observation", "next_observation", "reward"];
@@ -23,64 +22,12 @@ const OBS: usize = 8;
 const B: usize = 16;
 const L: usize = 32;
 
-/// One slot's memory, read by the test between `next_batch` and `release`.
-#[derive(Default)]
-struct Memory {
-    columns: Vec<Vec<u8>>,
-    flags: [Vec<u8>; 6],
-    ids: Vec<u64>,
-    starts: Vec<i64>,
-}
-
-struct Slot(Arc<Mutex<Memory>>, Option<Vec<bool>>);
-
-impl StagingSlot for Slot {
-    fn dest(&mut self) -> GatherInto<'_> {
-        let m: *mut Memory = &mut *self.0.lock().unwrap();
-        // SAFETY: the `Memory` lives in the `Arc` this slot holds, at least as long as the borrow
-        // of `self`; exclusion comes from the staged loader's protocol (a slot is written by one
-        // worker at a time, only while the test holds none of it), which this test checks.
-        let m = unsafe { &mut *m };
-        GatherInto {
-            columns: m.columns.iter_mut().map(|c| c.as_mut_slice()).collect(),
-            flags: m.flags.each_mut().map(|f| f.as_mut_slice()),
-            episode_id: &mut m.ids,
-            start_step: &mut m.starts,
-        }
-    }
-
-    fn tails(&self) -> Option<Vec<bool>> {
-        self.1.clone()
-    }
-}
-
 /// `n` slots for [`COLUMNS`] (`f32` observations of [`OBS`], `f32` reward), with
 /// `next_observation` as one row per slice when `tails`.
-/// Slots for the loader, and the test's handles on their memory.
-type Slots = (Vec<Box<dyn StagingSlot>>, Vec<Arc<Mutex<Memory>>>);
-
 fn slots(n: usize, tails: bool) -> Slots {
     let next_rows = if tails { B } else { B * L };
-    let mems: Vec<_> = (0..n)
-        .map(|_| {
-            Arc::new(Mutex::new(Memory {
-                columns: vec![
-                    vec![0; B * L * OBS * 4],
-                    vec![0; next_rows * OBS * 4],
-                    vec![0; B * L * 4],
-                ],
-                flags: std::array::from_fn(|_| vec![0; B * L]),
-                ids: vec![0; B],
-                starts: vec![0; B],
-            }))
-        })
-        .collect();
-    let t = tails.then(|| vec![false, true, false]);
-    let boxed = mems
-        .iter()
-        .map(|m| Box::new(Slot(m.clone(), t.clone())) as Box<dyn StagingSlot>)
-        .collect();
-    (boxed, mems)
+    let bytes = [B * L * OBS * 4, next_rows * OBS * 4, B * L * 4];
+    staging::slots(n, &bytes, (B, L), tails.then(|| vec![false, true, false]))
 }
 
 /// 24,000 transitions in 64 KiB segments (about 20), pushed to `bucket`; a stream of it with a

@@ -7,13 +7,13 @@
 #![cfg(feature = "remote")]
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use crate::common::TestData;
+use crate::common::staging::{self, Slots};
 use trajstore::remote::{Remote, Stream, StreamOptions};
 use trajstore::{
-    Batch, BatchSource, GatherInto, LoaderOptions, LoaderSpec, SamplerKind, SamplerSpec,
-    StagedLoader, StagingSlot, StreamLoader,
+    Batch, BatchSource, LoaderOptions, LoaderSpec, SamplerKind, SamplerSpec, StagedLoader,
+    StreamLoader,
 };
 
 const COLUMNS: [&str; 3] = ["observation", "next_observation", "reward"];
@@ -242,56 +242,9 @@ fn what_a_mix_of_streams_cannot_do_is_refused() {
     assert!(e.to_string().contains("same types"), "{e}");
 }
 
-/// One slot's memory, read by the test between `next_batch` and `release`.
-#[derive(Default)]
-struct Memory {
-    columns: Vec<Vec<u8>>,
-    flags: [Vec<u8>; 6],
-    ids: Vec<u64>,
-    starts: Vec<i64>,
-}
-
-struct Slot(Arc<Mutex<Memory>>);
-
-impl StagingSlot for Slot {
-    fn dest(&mut self) -> GatherInto<'_> {
-        let m: *mut Memory = &mut *self.0.lock().unwrap();
-        // SAFETY: the `Memory` lives in the `Arc` this slot holds, at least as long as the borrow
-        // of `self`; exclusion comes from the staged loader's protocol (the parts write
-        // disjoint slices of a slot while the test holds none of it), which this test checks.
-        let m = unsafe { &mut *m };
-        GatherInto {
-            columns: m.columns.iter_mut().map(|c| c.as_mut_slice()).collect(),
-            flags: m.flags.each_mut().map(|f| f.as_mut_slice()),
-            episode_id: &mut m.ids,
-            start_step: &mut m.starts,
-        }
-    }
-
-    fn tails(&self) -> Option<Vec<bool>> {
-        Some(vec![false, true, false])
-    }
-}
-
-/// Slots for the loader, and the test's handles on their memory.
-type Slots = (Vec<Box<dyn StagingSlot>>, Vec<Arc<Mutex<Memory>>>);
-
 /// `n` slots of [`B`] slices: 8-float observations, next_observation as one row per slice, an
 /// f32 reward.
 fn slots(n: usize) -> Slots {
-    let mems: Vec<_> = (0..n)
-        .map(|_| {
-            Arc::new(Mutex::new(Memory {
-                columns: vec![vec![0; B * L * 32], vec![0; B * 32], vec![0; B * L * 4]],
-                flags: std::array::from_fn(|_| vec![0; B * L]),
-                ids: vec![0; B],
-                starts: vec![0; B],
-            }))
-        })
-        .collect();
-    let boxed = mems
-        .iter()
-        .map(|m| Box::new(Slot(m.clone())) as Box<dyn StagingSlot>)
-        .collect();
-    (boxed, mems)
+    let bytes = [B * L * 32, B * 32, B * L * 4];
+    staging::slots(n, &bytes, (B, L), Some(vec![false, true, false]))
 }

@@ -7,11 +7,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{Runs, Sink, StreamPlan, StreamStats};
+use super::runs::Runs;
+use super::{Sink, StreamPlan, StreamStats};
 use crate::error::{Error, Result};
 use crate::gather::{Batch, BatchColumn, GatherInto, Gatherer};
 use crate::index::SliceRef;
-use crate::loader::staged::{Ring, StagedBatch, StagingSlot};
+use crate::loader::ring::{Ring, StagedBatch, StagingSlot};
 use crate::loader::{BatchSource, LoaderOptions, Src};
 
 /// What a mixed streamed [`BatchSource`] holds: one plan per stream, the slices of every batch
@@ -314,7 +315,8 @@ impl<S: StagingSlot + ?Sized + 'static> MixStream<S> {
         self.next
     }
 
-    /// What every part downloaded and held (sums; the highest peak).
+    /// What every part downloaded and held: sums (the peaks too, a bound on the parts' peak
+    /// together).
     pub(crate) fn stats(&self) -> StreamStats {
         self.parts.iter().fold(StreamStats::default(), |a, p| {
             let s = p.stats();
@@ -398,14 +400,7 @@ pub(crate) fn shaped(mix: &StreamMix, mut batch: Batch) -> Batch {
         let n = b * l * c.step_bytes();
         c.data.resize(n, 0);
     }
-    for v in [
-        &mut batch.mask,
-        &mut batch.is_first,
-        &mut batch.is_last,
-        &mut batch.terminated,
-        &mut batch.truncated,
-        &mut batch.slice_end,
-    ] {
+    for v in batch.flag_planes_mut() {
         v.resize(b * l, 0);
     }
     batch.episode_id.resize(b, 0);

@@ -77,11 +77,12 @@ use crate::store::{Catalog, Snapshot};
 mod cache;
 mod loader;
 pub(crate) mod mixed;
+mod runs;
 mod schedule;
 mod subset;
 
-pub(crate) use loader::Runs;
 pub use loader::StreamLoader;
+pub(crate) use runs::Runs;
 
 use cache::{Cache, CachedFile, Pins};
 use schedule::StreamSampling;
