@@ -57,7 +57,7 @@ impl StagedLoader {
     /// into `slots` (at least 2). A streamed source's batches are those of
     /// [`super::StreamLoader::new`] with the same options.
     ///
-    /// Errors with [`Error::InvalidArgument`] as [`super::Loader::new`] (or
+    /// Errors with [`crate::Error::InvalidArgument`] as [`super::Loader::new`] (or
     /// [`super::StreamLoader::new`]) does, and about `slots` when there are fewer than two or
     /// they do not fit in memory together.
     pub fn new(
@@ -223,7 +223,7 @@ impl StagedLoader {
     }
 
     /// Hands batch `number`'s slot back: batch `number + slots` may be gathered into it.
-    /// Releasing a batch twice, or one not yet returned, is an [`Error::InvalidArgument`].
+    /// Releasing a batch twice, or one not yet returned, is an [`crate::Error::InvalidArgument`].
     pub fn release(&self, number: u64) -> Result<()> {
         self.ring.release(number, self.position())
     }

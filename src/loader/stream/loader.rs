@@ -9,7 +9,7 @@ use super::{BatchSource, LoaderOptions, Recycler, StreamStats, batch_sink};
 use crate::error::Result;
 use crate::gather::Batch;
 
-/// Yields the batches of a [`Stream`] in order (see the module docs), as `Result`s: a download
+/// Yields the batches of a [`crate::remote::Stream`] in order (see the module docs), as `Result`s: a download
 /// that fails (a damaged or missing object, a store that cannot be reached) is an error naming
 /// the object, at the batch that needed it. Dropping the loader stops its workers and
 /// prefetcher and lets the downloads in flight finish; a process that dies leaves them partial,
@@ -54,7 +54,7 @@ impl StreamLoader {
     /// `max_batches`); epoch sampling stops at the end of the epoch it starts in. A mix of
     /// streams ([`super::super::LoaderSpec::stream_part`]) runs each stream with `opts`'
     /// workers and prefetch, and assembles every batch in place (in a ring of `workers +
-    /// prefetch` batches). Errors with [`Error::InvalidArgument`] for a source of local datasets
+    /// prefetch` batches). Errors with [`crate::Error::InvalidArgument`] for a source of local datasets
     /// (use `Loader::new`).
     pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
         let pool = Recycler::default();
