@@ -195,7 +195,7 @@ class CudaRing:
     _stream_native: Optional[_native.SlotLoader]
     _source_host: Any
     _source_dev: Any
-
+    # The native loader of the iteration in progress.
     _active: Any
 
     def _sources(self) -> Any:

@@ -380,7 +380,7 @@ impl BatchSource {
             #[cfg(feature = "remote")]
             Src::Streamed(p) => vec![0; p.sampler.num_slices],
             #[cfg(feature = "remote")]
-            Src::StreamMix(m) => m.slice_sources(),
+            Src::StreamMix(m) => m.sources.clone(),
         }
     }
 

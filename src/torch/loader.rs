@@ -164,7 +164,8 @@ impl TorchLoader {
             },
             device: opts.device,
             feed: None,
-            end: opts.loader.max_batches,
+            // Only a local loader's state needs it.
+            end: None,
         })
     }
 

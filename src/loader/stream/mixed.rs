@@ -21,6 +21,8 @@ pub(crate) struct StreamMix {
     pub(crate) parts: Vec<Arc<StreamPlan>>,
     pub(crate) counts: Vec<usize>,
     pub(crate) columns: Vec<(String, arrow::datatypes::DataType, Vec<usize>)>,
+    /// The part of each slice position of every batch.
+    pub(crate) sources: Vec<u16>,
 }
 
 impl StreamMix {
@@ -64,10 +66,16 @@ impl StreamMix {
                 Some(_) => {}
             }
         }
+        let sources = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &n)| std::iter::repeat_n(i as u16, n))
+            .collect();
         Ok(Self {
             parts: parts.into_iter().map(Arc::new).collect(),
             counts,
             columns: columns.unwrap_or_default(),
+            sources,
         })
     }
 
@@ -79,15 +87,6 @@ impl StreamMix {
         self.parts
             .first()
             .map_or(0, |p| p.sampler.slice_len as usize)
-    }
-
-    /// The part of each slice position of every batch.
-    pub(crate) fn slice_sources(&self) -> Vec<u16> {
-        self.counts
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &n)| std::iter::repeat_n(i as u16, n))
-            .collect()
     }
 
     /// Per column, whether every part's windows can write it as one row per slice.
@@ -103,22 +102,11 @@ impl StreamMix {
         }
         out
     }
-
-    /// Bytes of one step of the batch's columns.
-    fn step_bytes(&self) -> Vec<usize> {
-        self.columns
-            .iter()
-            .map(|(_, dt, shape)| {
-                shape.iter().product::<usize>() * crate::schema::value_bytes(dt).ceil() as usize
-            })
-            .collect()
-    }
 }
 
 /// The raw destinations (address, bytes) of the batch being assembled in one slot: taken once
 /// per batch (from [`StagingSlot::dest`]), so that the parts can write their disjoint slices
 /// concurrently.
-#[derive(Clone)]
 struct Regions {
     columns: Vec<(usize, usize)>,
     flags: [(usize, usize); 6],
@@ -162,11 +150,14 @@ unsafe fn part_of<'a, T>((p, n): (usize, usize), at: usize, len: usize) -> Resul
     Ok(unsafe { std::slice::from_raw_parts_mut((p as *mut T).add(at), len) })
 }
 
+/// The number of the batch a slot is assembling, and that slot's destinations.
+type Assembling = (u64, Arc<Regions>);
+
 /// The ring a mix's parts assemble batches in.
 pub(crate) struct MixRing<S: StagingSlot + ?Sized> {
     pub(crate) ring: Arc<Ring<S>>,
     /// Per slot: the batch being assembled in it and its destinations.
-    regions: Vec<Mutex<Option<(u64, Regions)>>>,
+    regions: Vec<Mutex<Option<Assembling>>>,
     /// Per column: its bytes per slice in a slot (one row for a tail column, else `L`).
     per_slice: Vec<usize>,
 }
@@ -186,7 +177,7 @@ impl<S: StagingSlot + ?Sized> MixRing<S> {
                 Some((held, regions)) if *held == k => regions.clone(),
                 _ => {
                     let mut memory = ring.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
-                    let regions = Regions::of(memory.dest());
+                    let regions = Arc::new(Regions::of(memory.dest()));
                     *r = Some((k, regions.clone()));
                     regions
                 }
@@ -249,8 +240,7 @@ impl<S: StagingSlot + ?Sized + 'static> MixStream<S> {
             .clone()
             .unwrap_or_else(|| vec![false; mix.columns.len()]);
         let l = mix.slice_len();
-        let per_slice = mix
-            .step_bytes()
+        let per_slice = super::column_step_bytes(&mix.columns)
             .iter()
             .zip(&tails)
             .map(|(&s, &t)| if t { s } else { s * l })
@@ -405,6 +395,7 @@ pub(crate) fn shaped(mix: &StreamMix, mut batch: Batch) -> Batch {
     }
     batch.episode_id.resize(b, 0);
     batch.start_step.resize(b, 0);
-    batch.source = mix.slice_sources();
+    // Into the batch's own memory: no allocation for a recycled batch.
+    batch.source.clone_from(&mix.sources);
     batch
 }

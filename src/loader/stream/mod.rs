@@ -626,12 +626,24 @@ impl Shared {
 /// Bytes of one step of `columns` as gathered (checking that they exist: `next_observation` may
 /// be derived; a frame column is its decoded frames, `stack` of them).
 fn step_bytes(catalog: &Catalog, columns: &[&str], stack: Option<FrameStack>) -> Result<u64> {
-    Ok(describe_columns(catalog, columns, stack)?
+    Ok(
+        column_step_bytes(&describe_columns(catalog, columns, stack)?)
+            .iter()
+            .sum::<usize>() as u64,
+    )
+}
+
+/// Per column of a description ([`describe_columns`], [`BatchSource::columns`]): the bytes one
+/// step of it takes in a batch.
+pub(crate) fn column_step_bytes(
+    columns: &[(String, arrow::datatypes::DataType, Vec<usize>)],
+) -> Vec<usize> {
+    columns
         .iter()
         .map(|(_, dt, shape)| {
-            shape.iter().product::<usize>() as u64 * crate::schema::value_bytes(dt).ceil() as u64
+            shape.iter().product::<usize>() * crate::schema::value_bytes(dt).ceil() as usize
         })
-        .sum())
+        .collect()
 }
 
 /// Name, element type and per-step shape of each gathered column of a stream, from its
@@ -680,13 +692,7 @@ pub(crate) fn describe_columns(
 
 /// Bytes of one full batch of a streamed `source` (one stream or a mix), and its slice length.
 pub(crate) fn batch_bytes(source: &BatchSource) -> Result<(u64, usize)> {
-    let step: u64 = source
-        .columns()?
-        .iter()
-        .map(|(_, dt, shape)| {
-            shape.iter().product::<usize>() as u64 * crate::schema::value_bytes(dt).ceil() as u64
-        })
-        .sum();
+    let step = column_step_bytes(&source.columns()?).iter().sum::<usize>() as u64;
     let (b, l) = batch_shape(source)?;
     Ok((step.saturating_mul((b * l) as u64), l))
 }
