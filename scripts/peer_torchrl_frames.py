@@ -23,7 +23,6 @@ import argparse
 import gc
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -37,15 +36,19 @@ from torchrl.data.replay_buffers.samplers import SliceSampler
 import torch
 
 
-def load(npz: str, tile: int) -> tuple[np.ndarray, np.ndarray]:
+def load(npz: str) -> tuple[np.ndarray, np.ndarray]:
     d = np.load(npz)
-    frames, episode = d["frames"], d["episode"].astype(np.int64)
-    if tile > 1:
-        # Tiled copies are new episodes (ids shifted), as bench_frames.sh ingests them.
-        span = int(episode.max()) + 1
-        episode = np.concatenate([episode + i * span for i in range(tile)])
-        frames = np.concatenate([frames] * tile)
-    return frames, episode
+    return d["frames"], d["episode"].astype(np.int64)
+
+
+def tiles(frames: np.ndarray, episode: np.ndarray, tile: int, chunk: int):
+    """Yields (frames, episode ids) chunks of `tile` copies of the frames, one after another;
+    the copies are new episodes (ids shifted), as bench_frames.sh ingests them. Never more than
+    one chunk is copied at a time: the tiled frames may be larger than RAM."""
+    span = int(episode.max()) + 1
+    for i in range(tile):
+        for j in range(0, frames.shape[0], chunk):
+            yield frames[j : j + chunk], episode[j : j + chunk] + i * span
 
 
 def drop_caches() -> None:
@@ -83,31 +86,28 @@ def main() -> None:
     p.add_argument("--cgroup", help="a memory cgroup (v1) directory to join once the storage is written "
                                     "(with --cold: 32 x (4-stack) only, read through that cgroup's memory)")
     a = p.parse_args()
-    frames, episode = load(a.npz, a.tile)
-    n = frames.shape[0]
+    frames, episode = load(a.npz)
+    n = frames.shape[0] * a.tile
     shapes = [("32x(4-stack)", 32, 4), ("256x64x(4-stack)", 256, 67)]
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         t = time.perf_counter()
-        storage = LazyMemmapStorage(n, scratch_dir=tmp + "/scratch")
+        # With --cold the storage is written where rb.dumps puts it, so that saving it (below)
+        # writes only metadata, not a second copy of frames that may be larger than RAM.
+        storage = LazyMemmapStorage(n, scratch_dir=tmp + ("/dump/storage" if a.cold else "/scratch"))
         rb = ReplayBuffer(storage=storage)
-        chunk = 100_000
-        for i in range(0, n, chunk):
-            td = TensorDict(
-                {"obs": torch.from_numpy(frames[i : i + chunk]), "episode": torch.from_numpy(episode[i : i + chunk])},
-                batch_size=[min(chunk, n - i)],
-            )
-            rb.extend(td)
+        for f, e in tiles(frames, episode, a.tile, 100_000):
+            rb.extend(TensorDict({"obs": torch.from_numpy(f), "episode": torch.from_numpy(e)}, batch_size=[len(f)]))
         load_s = time.perf_counter() - t
         cache = "warm"
         if a.cold:
             # A memmap that this process wrote stays mapped, and mapped pages survive
-            # drop_caches: save it (rb.dumps) and map the files afresh, untouched (TorchRL maps
-            # rather than copies when the new storage's scratch_dir is the saved storage).
+            # drop_caches: save it (rb.dumps, in place: the storage already lies in the dump's
+            # storage/ directory) and map the files afresh, untouched (TorchRL maps rather than
+            # copies when the new storage's scratch_dir is the saved storage).
             del frames
             rb.dumps(tmp + "/dump")
             del rb, storage
             gc.collect()
-            shutil.rmtree(tmp + "/scratch")
             storage = LazyMemmapStorage(n, scratch_dir=tmp + "/dump/storage")
             rb = ReplayBuffer(storage=storage)
             rb.loads(tmp + "/dump")
@@ -134,7 +134,7 @@ def main() -> None:
         # it fails in `_finalize_index`), so the slices are drawn by the same SliceSampler over
         # the memmap storage's prefix and the compressed storage is read at those indices:
         # sampling + `get` (decompression of each frame) + stacking.
-        m = min(n, a.compressed_frames)
+        m = min(frames.shape[0], a.compressed_frames)
         t = time.perf_counter()
         cs = CompressedListStorage(max_size=m)
         rbc = ReplayBuffer(storage=cs)
