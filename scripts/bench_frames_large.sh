@@ -29,7 +29,7 @@ py="${PEER_PYTHON:-$HOME/.cache/trajstore-torch/bin/python}"
 factor="${SIZE_FACTOR:-1.05}"
 iters="${ITERS:-200}"
 game="$(basename "$npz" .npz)"
-mem=$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)
+mem=$(awk '/MemTotal/ {printf "%d", $2 * 1024}' /proc/meminfo)
 mkdir -p "$work"
 out="$work/large.jsonl"
 phases="${PHASES:-ingest bench torchrl}"
@@ -37,8 +37,10 @@ has() { case " $phases " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 emit() { echo "$1" >> "$out"; echo "$1"; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 ingest() {  # INPUT DATASET CODEC
-    "$bin" ingest "$1" "$2" --observation-col frames --episode-col episode --terminated-col terminated \
-        --truncated-col truncated --drop-cols final_frame --frame-codec "$3" --json
+    # Episodes from the flags (each copy's last row is truncated): the copies repeat the source's
+    # episode ids, which an --episode-col ingest refuses (an id must not reappear).
+    "$bin" ingest "$1" "$2" --observation-col frames --terminated-col terminated \
+        --truncated-col truncated --drop-cols final_frame,episode --frame-codec "$3" --json
 }
 # Copies needed for factor x MemTotal, given the bytes of one copy.
 copies() { awk -v m="$mem" -v f="$factor" -v b="$1" 'BEGIN { c = int(m * f / b) + 1; print (c < 1 ? 1 : c) }'; }
@@ -76,7 +78,7 @@ for codec in zstd-dict none; do
     n=$(copies "$one")
     more "$ds" "$codec" "$n" > /dev/null
     sync
-    emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"copies\":$n,\"mem_total_bytes\":$mem,\"dataset_bytes\":$(du -sb "$ds" | cut -f1),\"ingest_s\":$(( $(date +%s) - t0 )),\"info\":$("$bin" info "$ds" --json)}"
+    emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"copies\":$n,\"mem_total_bytes\":$mem,\"dataset_bytes\":$(du -sb "$ds" | cut -f1),\"ingest_s\":$(( $(date +%s) - t0 )),\"info\":$("$bin" info "$ds" --json | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)))')}"
 done
 for codec in zstd-dict none; do
     has bench || break

@@ -214,6 +214,41 @@ pub(crate) fn decode_unit(
     Ok(out)
 }
 
+/// Bytes of decoded input rows one batch holds at most, whatever [`IngestOptions::batch_rows`]
+/// says. A unit is [`UNIT_BATCHES`] batches and a window of units is decoded ahead, so that 64Ki
+/// rows of 84x84 frames (7 KB each) would be 1.8 GB per unit and about 6.6 GB resident (measured
+/// on a 1M-frame `.npz`), and a camera's 224x224x3 rows 39 GB per unit. 16 MiB keeps a unit at
+/// 64 MiB and batches under glibc's largest mmap threshold (32 MiB), so that their memory is
+/// reused instead of mapped and faulted in afresh for every batch.
+pub(crate) const MAX_BATCH_BYTES: u64 = 16 << 20;
+
+/// `batch_rows`, lowered where rows of the projected columns of `schema` (their fixed widths;
+/// variable-size columns count 8 bytes) would make a batch of more than [`MAX_BATCH_BYTES`].
+pub(crate) fn capped_batch_rows(
+    schema: &arrow::datatypes::Schema,
+    projection: &[usize],
+    batch_rows: usize,
+) -> usize {
+    fn width(t: &arrow::datatypes::DataType) -> u64 {
+        use arrow::datatypes::DataType;
+        match t {
+            DataType::FixedSizeList(f, n) => (*n).max(0) as u64 * width(f.data_type()),
+            DataType::FixedSizeBinary(n) => (*n).max(0) as u64,
+            DataType::Boolean => 1,
+            t => t.primitive_width().unwrap_or(8) as u64,
+        }
+    }
+    let row: u64 = projection
+        .iter()
+        .filter_map(|&i| schema.fields().get(i))
+        .map(|f| width(f.data_type()))
+        .sum();
+    let cap = (MAX_BATCH_BYTES / row.max(1)).max(1);
+    batch_rows
+        .max(1)
+        .min(usize::try_from(cap).unwrap_or(usize::MAX))
+}
+
 /// Decodes units (in parallel windows where the source allows) on a producer thread and
 /// assembles episodes in order on this one. Returns (rows, episodes).
 pub(crate) fn stream(
@@ -223,7 +258,7 @@ pub(crate) fn stream(
     writer: &mut DatasetWriter,
     extra: Option<&mut dyn EpisodeColumns>,
 ) -> Result<(u64, u64)> {
-    let batch_rows = opts.batch_rows;
+    let batch_rows = capped_batch_rows(&source.schema(), &mapping.projection, opts.batch_rows);
     let units = source.units(batch_rows);
     let total = units.last().map_or(0, |&(_, base, rows)| base + rows);
     let pb = &opts.progress;
@@ -284,4 +319,47 @@ pub(crate) fn stream(
     pb.finish(result.is_ok());
     result?;
     Ok((asm.transitions(), asm.episodes))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::{MAX_BATCH_BYTES, capped_batch_rows};
+
+    fn list(item: DataType, n: i32) -> DataType {
+        DataType::FixedSizeList(Arc::new(Field::new("item", item, false)), n)
+    }
+
+    #[test]
+    fn batches_of_image_rows_are_capped_by_bytes_and_vector_rows_are_not() {
+        let frame = list(list(DataType::UInt8, 84), 84);
+        let schema = Schema::new(vec![
+            Field::new("frames", frame, false),
+            Field::new("action", DataType::Int64, false),
+            Field::new("reward", DataType::Float32, false),
+            Field::new("terminated", DataType::Boolean, false),
+            Field::new("obs", list(DataType::Float32, 17), false),
+        ]);
+        // A frame row: 7,056 + 8 + 4 + 1 bytes.
+        let rows = capped_batch_rows(&schema, &[0, 1, 2, 3], 64 * 1024);
+        assert_eq!(rows as u64, MAX_BATCH_BYTES / 7_069);
+        assert!(rows as u64 * 7_069 <= MAX_BATCH_BYTES);
+        // D4RL-sized rows keep the requested batch; the frame column not projected is not counted.
+        assert_eq!(
+            capped_batch_rows(&schema, &[1, 2, 3, 4], 64 * 1024),
+            64 * 1024
+        );
+        assert_eq!(capped_batch_rows(&schema, &[1, 2, 3, 4], 100), 100);
+        // A row larger than the cap is still read, one per batch.
+        let huge = Schema::new(vec![Field::new(
+            "x",
+            list(DataType::UInt8, 32 << 20),
+            false,
+        )]);
+        assert_eq!(capped_batch_rows(&huge, &[0], 64 * 1024), 1);
+        assert_eq!(capped_batch_rows(&schema, &[0], 0), 1);
+    }
 }
