@@ -89,7 +89,9 @@ for codec in zstd-dict none; do
         --columns observation,action,reward --slice-len 64 --num-slices 256 --frame-stack 4 --iters $((iters / 10)))}"
 done
 has torchrl || exit 0
-raw_copies=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['copies'])" "$(grep '"codec":"none","copies"' "$out" | tail -n 1)")
+raw_copies=$(python3 -c "import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print([r['copies'] for r in rows if r.get('codec') == 'none' and 'copies' in r][-1])" "$out")
 [ "${KEEP:-0}" = 1 ] || rm -rf "$work/$game-none"
 if "$py" -c "import torchrl" 2>/dev/null; then
     "$py" "$(dirname "$0")/peer_torchrl_frames.py" "$npz" --tile "$raw_copies" --iters 20 --tmp "$work" --cold 2>/dev/null \

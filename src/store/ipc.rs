@@ -254,6 +254,11 @@ pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc
     // passed along keeps alive for as long as any buffer sliced from it exists.
     let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
     let mut batches = Vec::with_capacity(blocks.len());
+    // Decoding validates every offset of variable-size columns (frame columns: 8 bytes per
+    // frame). On a cold file those offsets are asked for whole first, so that they arrive in
+    // large reads, not one 4 KiB fault at a time through the random-access map (209M frames:
+    // 1.7 GB of offsets read in 6.4 s that way).
+    let offsets = cold.then(|| offsets_buffers(&schema)).flatten();
     for (i, &(off, meta_len, body_len)) in blocks.iter().enumerate() {
         let body = map.slice_with_length(off + meta_len, body_len);
         batches.push(decode_block(
@@ -262,6 +267,7 @@ pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc
             &read(off, meta_len)?,
             &body,
             &schema,
+            offsets.as_deref(),
         )?);
     }
     let f = MappedIpc {
@@ -457,12 +463,15 @@ pub(crate) fn record_batch_header<'a>(
 /// bytes) and `body`, after checking that the message is a V5 record batch of the body's length,
 /// uncompressed, whose buffers lie inside the body (so that decoding never indexes out of
 /// bounds); buffers must be aligned. A bad one is [`Error::Corrupt`].
+/// `read_ahead`: indices of buffers (of the message's list) to ask the kernel for before
+/// decoding ([`offsets_buffers`]).
 fn decode_block(
     path: &Path,
     i: usize,
     header: &[u8],
     body: &Buffer,
     schema: &SchemaRef,
+    read_ahead: Option<&[usize]>,
 ) -> Result<RecordBatch> {
     let what = format!("record batch {i}");
     let corrupt = |reason: String| Error::corrupt(path, format!("{what}: {reason}"));
@@ -476,6 +485,9 @@ fn decode_block(
                 "buffer {j} ({bo}+{bl}) lies outside the message body ({body_len})"
             )));
         }
+        if read_ahead.is_some_and(|r| r.contains(&j)) {
+            will_need(&body.as_slice()[bo as usize..(bo + bl) as usize]);
+        }
     }
     let none = HashMap::new();
     crate::guard::quietly(|| {
@@ -485,6 +497,44 @@ fn decode_block(
     })
     .map_err(|_| corrupt("undecodable message".into()))?
     .map_err(|e| corrupt(e.to_string()))
+}
+
+/// Indices, in a record batch message's list of buffers, of the offsets of `schema`'s
+/// variable-size binary and string columns: the buffers that decoding reads end to end to
+/// validate them. `None` where the schema holds a type this does not lay out (a union, a
+/// dictionary, ...): then nothing is read ahead. Only a hint: a wrong index reads the wrong range.
+fn offsets_buffers(schema: &Schema) -> Option<Vec<usize>> {
+    use arrow::datatypes::DataType;
+    // IPC lists a field's buffers depth first: its validity bitmap, then its own buffers, then
+    // its children's.
+    fn walk(t: &DataType, at: &mut usize, out: &mut Vec<usize>) -> Option<()> {
+        *at += 1;
+        match t {
+            DataType::Binary | DataType::LargeBinary | DataType::Utf8 | DataType::LargeUtf8 => {
+                out.push(*at);
+                *at += 2;
+            }
+            DataType::FixedSizeList(f, _) => walk(f.data_type(), at, out)?,
+            DataType::List(f) | DataType::LargeList(f) => {
+                *at += 1;
+                walk(f.data_type(), at, out)?;
+            }
+            DataType::Struct(fields) => {
+                for f in fields {
+                    walk(f.data_type(), at, out)?;
+                }
+            }
+            DataType::Boolean | DataType::FixedSizeBinary(_) => *at += 1,
+            t if t.is_primitive() => *at += 1,
+            _ => return None,
+        }
+        Some(())
+    }
+    let (mut at, mut out) = (0, vec![]);
+    for f in schema.fields() {
+        walk(f.data_type(), &mut at, &mut out)?;
+    }
+    Some(out)
 }
 
 /// `madvise(WILLNEED)` of the pages holding `bytes`, which must lie in one mapping. A hint:
@@ -547,6 +597,71 @@ mod tests {
         w.write(&batch).unwrap();
         w.write(&batch.slice(0, 3)).unwrap();
         w.finish().unwrap()
+    }
+
+    #[test]
+    fn offsets_buffers_are_the_offsets_of_variable_size_columns_in_the_ipc_message() {
+        use arrow::array::{
+            BooleanArray, FixedSizeListArray, LargeBinaryArray, StringArray, UInt32Array,
+        };
+        use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext};
+        let rows = 5;
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        let s = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::UInt64, false),
+            Field::new("flag", DataType::Boolean, false),
+            Field::new("frames", DataType::LargeBinary, false),
+            Field::new("obs", DataType::FixedSizeList(item.clone(), 3), false),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("step", DataType::UInt32, false),
+        ]));
+        let bytes: Vec<Vec<u8>> = (0..rows).map(|i| vec![i as u8; i + 1]).collect();
+        let batch = RecordBatch::try_new(
+            s.clone(),
+            vec![
+                Arc::new(UInt64Array::from_iter_values(0..rows as u64)),
+                Arc::new(BooleanArray::from(vec![true; rows])),
+                Arc::new(LargeBinaryArray::from_iter_values(bytes.iter())),
+                Arc::new(FixedSizeListArray::new(
+                    item,
+                    3,
+                    Arc::new(Float32Array::from_iter_values(
+                        (0..rows * 3).map(|i| i as f32),
+                    )),
+                    None,
+                )),
+                Arc::new(StringArray::from(vec![Some("ab"); rows])),
+                Arc::new(UInt32Array::from_iter_values(0..rows as u32)),
+            ],
+        )
+        .unwrap();
+        let (_, encoded) = IpcDataGenerator::default()
+            .encode(
+                &batch,
+                &mut DictionaryTracker::new(false),
+                &IpcWriteOptions::default(),
+                &mut IpcWriteContext::default(),
+            )
+            .unwrap();
+        let message = arrow::ipc::root_as_message(&encoded.ipc_message).unwrap();
+        let buffers: Vec<_> = message
+            .header_as_record_batch()
+            .unwrap()
+            .buffers()
+            .unwrap()
+            .iter()
+            .map(|b| b.length() as usize)
+            .collect();
+        let got = offsets_buffers(&s).unwrap();
+        // validity + values (id), validity + values (flag), validity + offsets + values (frames),
+        // validity (list) + validity + values (item), validity + offsets + values (name), step.
+        assert_eq!(got, vec![5, 11]);
+        assert_eq!(buffers.len(), 15);
+        // IPC pads buffers to 8 bytes: the offsets are (rows + 1) 8-byte and 4-byte integers.
+        assert_eq!(buffers[5], (rows + 1) * 8);
+        assert_eq!(buffers[11], ((rows + 1) * 4).next_multiple_of(8));
+        let union = Schema::new(vec![Field::new("x", DataType::Null, true)]);
+        assert_eq!(offsets_buffers(&union), None);
     }
 
     #[test]
