@@ -15,7 +15,8 @@
 #   2. WORKDIR/GAME-none: the raw layout (7,056 B per frame), RAW copies (default: enough for
 #      SIZE_FACTOR x MemTotal);
 #   3. cold (`sync; drop_caches`) `trajstore bench` of both: 32 x (4-stack) with --io-floor, and
-#      256 x 64 x (4-stack); peak RSS of each run (with /usr/bin/time);
+#      256 x 64 x (4-stack) (ITERS/2 batches: fewer would time mostly the loader filling its first
+#      462 MB buffers); peak RSS of each run (with /usr/bin/time);
 #   4. the raw layout removed (KEEP=1 keeps it), then TorchRL's LazyMemmapStorage + SliceSampler
 #      on RAW copies, written once and mapped afresh, cold (scripts/peer_torchrl_frames.py --cold).
 # PHASES (default "ingest bench torchrl") runs only some of steps 1-2, 3 and 4 (e.g. the ingest
@@ -86,7 +87,7 @@ for codec in zstd-dict none; do
     emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":1,\"num_slices\":32,\"cache\":\"cold, larger than RAM\",\"run\":$(cold_bench "$ds" \
         --io-floor --columns observation,action,reward --slice-len 1 --num-slices 32 --frame-stack 4 --iters "$iters")}"
     emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":64,\"num_slices\":256,\"cache\":\"cold, larger than RAM\",\"run\":$(cold_bench "$ds" \
-        --columns observation,action,reward --slice-len 64 --num-slices 256 --frame-stack 4 --iters $((iters / 10)))}"
+        --columns observation,action,reward --slice-len 64 --num-slices 256 --frame-stack 4 --iters $((iters / 2)))}"
 done
 has torchrl || exit 0
 raw_copies=$(python3 -c "import json, sys
