@@ -113,7 +113,8 @@ pub struct IngestOptions {
     pub next_observation_col: Option<String>,
     /// Columns to ignore.
     pub drop_cols: Vec<String>,
-    /// Rows per decoded record batch (default 64Ki).
+    /// Rows per decoded record batch (default 64Ki; array inputs read fewer where that would be
+    /// more than 16 MiB of rows, e.g. of image frames).
     pub batch_rows: usize,
     /// How image observations are stored: `uint8` observations of shape `[H, W]` or `[H, W, C]`
     /// (`C <= 4`, `H, W >= 8`) become a frame column of this codec (default `zstd-dict`; see
@@ -549,8 +550,8 @@ impl EpisodeColumns for NoCameras {
 ///
 /// Cost: one pass over the input; memory is bounded by a window of
 /// [`rayon::current_num_threads`] decoded units (Parquet row groups, or 4 × `batch_rows` rows of
-/// NumPy arrays), the longest episode and the writer's batch buffer
-/// ([`WriterOptions::batch_bytes`]).
+/// NumPy arrays, fewer where rows are large: a batch holds at most 16 MiB of image rows), the
+/// longest episode and the writer's batch buffer ([`WriterOptions::batch_bytes`]).
 pub fn ingest(
     input: &Path,
     format: InputFormat,
