@@ -30,7 +30,7 @@ py="${PEER_PYTHON:-$HOME/.cache/trajstore-torch/bin/python}"
 factor="${SIZE_FACTOR:-1.05}"
 iters="${ITERS:-200}"
 game="$(basename "$npz" .npz)"
-mem=$(awk '/MemTotal/ {printf "%d", $2 * 1024}' /proc/meminfo)
+mem=$(awk '/MemTotal/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
 mkdir -p "$work"
 out="$work/large.jsonl"
 phases="${PHASES:-ingest bench torchrl}"
