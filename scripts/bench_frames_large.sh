@@ -12,13 +12,13 @@
 #   1. WORKDIR/GAME-zstd-dict: one copy ingested, its size on disk measured, then enough copies
 #      for SIZE_FACTOR (default 1.05) x MemTotal ingested in one more `ingest` (a directory of
 #      links to GAME.npz, read as shards: every copy is new episodes); `info --json`;
-#   2. WORKDIR/GAME-none: the raw layout (7,056 B per frame), RAW copies (default: enough for
-#      SIZE_FACTOR x MemTotal);
+#   2. WORKDIR/GAME-none: the raw layout (7,056 B per frame), sized the same way;
 #   3. cold (`sync; drop_caches`) `trajstore bench` of both: 32 x (4-stack) with --io-floor, and
 #      256 x 64 x (4-stack) (ITERS/2 batches: fewer would time mostly the loader filling its first
 #      462 MB buffers); peak RSS of each run (with /usr/bin/time);
 #   4. the raw layout removed (KEEP=1 keeps it), then TorchRL's LazyMemmapStorage + SliceSampler
-#      on RAW copies, written once and mapped afresh, cold (scripts/peer_torchrl_frames.py --cold).
+#      on as many copies as the raw layout, written once and mapped afresh, cold
+#      (scripts/peer_torchrl_frames.py --cold).
 # PHASES (default "ingest bench torchrl") runs only some of steps 1-2, 3 and 4 (e.g. the ingest
 # while the machine is busy, the cold runs once it is quiet).
 # Results: WORKDIR/large.jsonl (one JSON object per line, appended), and the lines on stdout.

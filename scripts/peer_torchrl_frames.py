@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 
 import numpy as np
 from tensordict import TensorDict
@@ -41,7 +42,7 @@ def load(npz: str) -> tuple[np.ndarray, np.ndarray]:
     return d["frames"], d["episode"].astype(np.int64)
 
 
-def tiles(frames: np.ndarray, episode: np.ndarray, tile: int, chunk: int):
+def tiles(frames: np.ndarray, episode: np.ndarray, tile: int, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yields (frames, episode ids) chunks of `tile` copies of the frames, one after another;
     the copies are new episodes (ids shifted), as bench_frames.sh ingests them. Never more than
     one chunk is copied at a time: the tiled frames may be larger than RAM."""
