@@ -31,6 +31,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
         "ingest",
         &[
             "image",
+            "target",
             "source",
             "conventions",
             "unstack",

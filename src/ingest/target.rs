@@ -1,0 +1,81 @@
+//! The dataset an ingest writes to, and its removal when an ingest that created it fails before
+//! its first commit.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::schema::TransitionSchema;
+use crate::store::Dataset;
+use crate::store::writer::WriterOptions;
+
+/// The dataset an ingest writes to: opened, or created (and then removed again if the ingest
+/// fails before committing anything).
+pub(crate) struct Target {
+    pub(crate) ds: Dataset,
+    path: PathBuf,
+    pub(crate) created: bool,
+    existed: bool,
+}
+
+impl Target {
+    pub(crate) fn open(dataset: &Path, schema: &TransitionSchema) -> Result<Self> {
+        let existed = dataset.exists();
+        let fresh = !existed || is_empty_dir(dataset)?;
+        let (ds, created) = if fresh {
+            // A failed create removes only what it wrote itself, under the dataset's lock.
+            (Dataset::create(dataset, schema)?, true)
+        } else {
+            if !dataset.is_dir() {
+                return Err(Error::argument(
+                    "dataset",
+                    format!(
+                        "{} exists and is not a dataset directory",
+                        dataset.display()
+                    ),
+                ));
+            }
+            (Dataset::open(dataset)?, false)
+        };
+        Ok(Target {
+            ds,
+            path: dataset.to_path_buf(),
+            created,
+            existed,
+        })
+    }
+
+    /// Removes the dataset if this ingest created it.
+    pub(crate) fn discard(&self) {
+        if self.created {
+            remove_created(&self.path, self.existed);
+        }
+    }
+}
+
+/// Removes a dataset this ingest created and never committed to, under its lock (waited for as
+/// a writer does: a child another thread spawned holds a dropped writer's lock until it execs),
+/// only while it holds nothing but its empty version 1. Best effort: the ingest's error stands.
+fn remove_created(dataset: &Path, existed_empty: bool) {
+    let wait = WriterOptions::default().lock_wait;
+    let Ok(lock) = crate::store::writer::lock_dataset(dataset, wait) else {
+        return;
+    };
+    let untouched = crate::store::manifest::list_versions(dataset).is_ok_and(|v| v == [1])
+        && crate::store::manifest::read(dataset, 1).is_ok_and(|m| m.segments.is_empty());
+    if !untouched {
+        return;
+    }
+    let _ = std::fs::remove_dir_all(dataset);
+    if existed_empty {
+        let _ = std::fs::create_dir(dataset);
+    }
+    drop(lock);
+}
+
+fn is_empty_dir(path: &Path) -> Result<bool> {
+    if !path.is_dir() {
+        return Ok(false);
+    }
+    let mut entries = std::fs::read_dir(path).map_err(|e| Error::io(path, e))?;
+    Ok(entries.next().is_none())
+}
