@@ -109,6 +109,8 @@ struct DlManagedTensor {
 struct Managed {
     tensor: DlManagedTensor,
     shape: Vec<i64>,
+    /// Strides in elements; empty for a compact row-major view.
+    strides: Vec<i64>,
     _owner: Arc<dyn Any + Send + Sync>,
 }
 
@@ -145,6 +147,9 @@ pub struct Buffer {
     /// Address of the first element (kept as an integer: the owner keeps it valid).
     ptr: usize,
     shape: Vec<i64>,
+    /// Strides in elements, where the view is not compact row-major (a frame window's stacks,
+    /// which overlap); None for compact.
+    strides: Option<Vec<i64>>,
     dtype: DlType,
 }
 
@@ -164,8 +169,20 @@ impl Buffer {
             owner,
             ptr: ptr as usize,
             shape,
+            strides: None,
             dtype,
         }
+    }
+
+    /// The view with `strides` (in elements, one per axis) instead of compact row-major ones.
+    ///
+    /// # Safety
+    /// Every element the shape and strides address must lie in the memory [`Buffer::new`] was
+    /// given.
+    pub(crate) unsafe fn with_strides(mut self, strides: Vec<i64>) -> Self {
+        debug_assert_eq!(strides.len(), self.shape.len());
+        self.strides = Some(strides);
+        self
     }
 
     /// A `[n]` `int64` buffer owning `values` (ids below 2^63 read the same as `uint64`).
@@ -190,7 +207,7 @@ impl Buffer {
                     ndim: self.shape.len() as i32,
                     dtype: self.dtype,
                     shape: std::ptr::null_mut(),
-                    // Compact row-major.
+                    // Compact row-major unless set below.
                     strides: std::ptr::null_mut(),
                     byte_offset: 0,
                 },
@@ -198,9 +215,13 @@ impl Buffer {
                 deleter: Some(delete_managed),
             },
             shape: self.shape.clone(),
+            strides: self.strides.clone().unwrap_or_default(),
             _owner: self.owner.clone(),
         });
         managed.tensor.dl_tensor.shape = managed.shape.as_mut_ptr();
+        if self.strides.is_some() {
+            managed.tensor.dl_tensor.strides = managed.strides.as_mut_ptr();
+        }
         let raw = Box::into_raw(managed);
         // SAFETY: `raw` is a valid `Managed` whose first field is the `DLManagedTensor` the
         // capsule points to; `capsule_destructor` frees it unless a consumer took ownership.
@@ -261,7 +282,13 @@ impl Buffer {
         self.shape.clone()
     }
 
-    /// Bytes viewed.
+    /// Strides in elements, or None for a compact row-major view.
+    #[getter]
+    fn strides(&self) -> Option<Vec<i64>> {
+        self.strides.clone()
+    }
+
+    /// Bytes viewed (of a frame window's overlapping stacks, as if written out).
     #[getter]
     fn nbytes(&self) -> usize {
         self.shape.iter().map(|&d| d as usize).product::<usize>() * self.dtype.bytes()

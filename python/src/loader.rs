@@ -184,25 +184,45 @@ impl BatchLoader {
         let (b, l) = (batch.num_slices as i64, batch.slice_len as i64);
         // Raw pointers first (from `&mut`), then the batch moves into its owner; its heap buffers
         // do not move with it.
-        let mut views: Vec<(*mut u8, Vec<i64>, DlType)> = Vec::new();
+        let mut views: Vec<(*mut u8, Vec<i64>, DlType, Option<Vec<i64>>)> = Vec::new();
         for (c, meta) in batch.columns.iter_mut().zip(&self.plan.get().columns) {
             let mut shape = vec![b, l];
             shape.extend(&meta.shape);
-            debug_assert_eq!(c.data.len(), (b * l) as usize * meta.step_bytes);
-            views.push((c.data.as_mut_ptr(), shape, meta.dtype));
+            debug_assert_eq!(c.data.len(), b as usize * c.slice_bytes(l as usize));
+            // A frame window ([B, L + K - 1, ...frame], bytes): the [B, L, K, ...frame] stacks
+            // are a view whose step and frame axes both advance one frame.
+            let strides = (c.lead > 0).then(|| {
+                let frame = c.row_bytes() as i64;
+                let mut strides = vec![(l + c.lead as i64) * frame, frame, frame];
+                let mut inner: Vec<i64> = meta.shape[1..]
+                    .iter()
+                    .rev()
+                    .scan(1i64, |acc, &d| {
+                        let s = *acc;
+                        *acc *= d;
+                        Some(s)
+                    })
+                    .collect();
+                inner.reverse();
+                strides.extend(inner);
+                strides
+            });
+            views.push((c.data.as_mut_ptr(), shape, meta.dtype, strides));
         }
         for plane in batch.flag_planes_mut() {
-            views.push((plane.as_mut_ptr(), vec![b, l], DlType::BOOL));
+            views.push((plane.as_mut_ptr(), vec![b, l], DlType::BOOL, None));
         }
         views.push((
             batch.episode_id.as_mut_ptr() as *mut u8,
             vec![b],
             DlType::I64,
+            None,
         ));
         views.push((
             batch.start_step.as_mut_ptr() as *mut u8,
             vec![b],
             DlType::I64,
+            None,
         ));
         let owner: Arc<dyn Any + Send + Sync> = Arc::new(BatchOwner {
             batch: Some(batch),
@@ -211,10 +231,18 @@ impl BatchLoader {
         let buffers = views
             .into_iter()
             // SAFETY: each pointer addresses a buffer of the batch that `owner` holds, sized by
-            // the gather to `B * L * step` (columns), `B * L` (flag bytes, 0 or 1, valid bools) or
-            // `B` (ids, starts); nothing touches the batch again until `owner` is dropped, which
-            // happens after the last exported tensor is freed.
-            .map(|(p, shape, dt)| unsafe { Buffer::new(owner.clone(), p, shape, dt) })
+            // the gather to `B * L * step` (columns; a frame window's `B * (L + K - 1) * frame`,
+            // whose strided view's last element is at `(B - 1) * (L + K - 1) * frame + (L - 1) *
+            // frame + (K - 1) * frame + frame - 1`, inside it), `B * L` (flag bytes, 0 or 1,
+            // valid bools) or `B` (ids, starts); nothing touches the batch again until `owner`
+            // is dropped, which happens after the last exported tensor is freed.
+            .map(|(p, shape, dt, strides)| unsafe {
+                let buf = Buffer::new(owner.clone(), p, shape, dt);
+                match strides {
+                    Some(s) => buf.with_strides(s),
+                    None => buf,
+                }
+            })
             .collect();
         Ok(Some((k, b as usize, buffers)))
     }

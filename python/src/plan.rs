@@ -59,17 +59,20 @@ struct LoaderArgs {
     #[pyo3(from_py_with = parsed::<StackPad>)]
     frame_pad: StackPad,
     frame_channels_last: bool,
+    frame_window: bool,
 }
 
 impl LoaderArgs {
-    /// The `frame_stack`, `frame_pad` and `frame_channels_last` options as a [`FrameStack`].
+    /// The `frame_stack`, `frame_pad`, `frame_channels_last` and `frame_window` options as a
+    /// [`FrameStack`].
     fn frame_stack(&self) -> PyResult<Option<FrameStack>> {
         self.frame_stack
             .map(|k| {
                 Ok(FrameStack::new(k)
                     .py()?
                     .with_pad(self.frame_pad)
-                    .with_channels_last(self.frame_channels_last))
+                    .with_channels_last(self.frame_channels_last)
+                    .with_window(self.frame_window))
             })
             .transpose()
     }

@@ -105,6 +105,45 @@ def test_frame_stacks_equal_the_raw_frames(frames_path, pad, policy):
     assert seen == 5
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("policy", ["strict", "pad", "span:2:3"])
+def test_frame_windows_are_strided_views_of_the_same_stacks(frames_path, backend, policy):
+    """frame_window=True: [B, L, K, H, W] views over each slice's L + K - 1 frames, equal to the
+    raw frames' stacks at every valid step, the step and frame axes both one frame apart."""
+    if backend == "torch":
+        if os.environ.get("TRAJSTORE_NO_TORCH") == "1":
+            pytest.skip("needs torch")
+        pytest.importorskip("torch")
+    path, obs = frames_path
+    ds = trajstore.open(path)
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+    k, l, b = 4, 5, 16
+    loader = ds.loader(
+        slice_len=l, num_slices=b, columns=["observation", "next_observation"], policy=policy,
+        frame_stack=k, frame_window=True, backend=backend, max_batches=4, seed=13,
+    )
+    seen = 0
+    for batch in loader:
+        got = {n: np.asarray(t) for n, t in batch.items()}
+        o = got["observation"]
+        assert o.shape == (b, l, k, H, W) and o.dtype == np.uint8
+        frame = H * W
+        # Bytes: the window's rows are one frame apart for the step axis and the stack axis alike.
+        assert o.strides == ((l + k - 1) * frame, frame, frame, W, 1)
+        ids = got["episode_id"] - ds.first_episode_id
+        want, want_next = reference(obs, starts, ids, got["start_step"], l, k, "repeat")
+        mask = got["mask"].astype(bool)
+        np.testing.assert_array_equal(o[mask], want[mask])
+        np.testing.assert_array_equal(got["next_observation"][mask], want_next[mask])
+        seen += 1
+    assert seen == 4
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame_stack"):
+        ds.loader(slice_len=2, num_slices=4, frame_window=True, backend="numpy")
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame_window"):
+        ds.loader(slice_len=2, num_slices=4, frame_stack=4, frame_window=True,
+                  frame_channels_last=True, backend="numpy")
+
+
 @pytest.mark.skipif(os.environ.get("TRAJSTORE_NO_TORCH") == "1", reason="needs torch")
 @pytest.mark.parametrize("policy", ["strict", "pad", "span:2:3"])
 @pytest.mark.parametrize("channels_last", [False, True])

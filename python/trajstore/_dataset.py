@@ -311,6 +311,7 @@ class Snapshot(Described):
         frame_stack: Optional[int] = None,
         frame_pad: FramePad = "repeat",
         frame_channels_last: bool = False,
+        frame_window: bool = False,
         follow: Follow = None,
     ) -> Loader:
         """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,

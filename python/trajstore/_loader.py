@@ -87,6 +87,14 @@ class Loader(CudaRing):
     - ``frame_channels_last``: stacks along the last axis, ``[B, L, H, W, K]`` (as dopamine and
       Stable-Baselines3 give them; ``[B, L, H, W, K*C]`` for color frames, each frame's
       channels together, oldest first) instead of ``[B, L, K, H, W]``.
+    - ``frame_window``: with ``frame_stack=K``, each slice's ``L + K - 1`` frames are gathered
+      once and the ``[B, L, K, H, W]`` stacks are a strided view of them (step ``j``'s stack is
+      frames ``j .. j + K`` of its slice, so consecutive steps' stacks share memory, as TorchRL's
+      ``unfold`` view): a quarter of the bytes to gather and to copy at ``K = 4``. The view is
+      read-only in spirit (writing one stack writes its neighbours); ``.contiguous()`` writes
+      the stacks out. A padded step's stack may hold its neighbours' frames: use the mask. CPU
+      batches only (``device="cpu"``, no ``staging_slots``); not with ``frame_channels_last``
+      (``permute`` the view) or streamed datasets.
     - ``follow``: sample a dataset that a collector keeps committing to: ``True`` (look for a
       newer version every second), a number of seconds, or ``{"every": seconds,
       "every_batches": n}`` (whichever comes first). A newer version is mapped in the

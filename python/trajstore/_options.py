@@ -236,11 +236,16 @@ def settle(datasets: Sequence[Snapshot], args: LoaderArgs, follow: Follow, mix: 
         "frame_stack": args["frame_stack"],
         "frame_pad": args["frame_pad"],
         "frame_channels_last": args["frame_channels_last"],
+        "frame_window": args["frame_window"],
         "episodes_sql": episodes_sql,
     }
     if args["frame_channels_last"] and args["frame_stack"] is None:
         raise InvalidArgumentError(
             "frame_channels_last=True stacks frames along the last axis: give frame_stack=K too"
+        )
+    if args["frame_window"] and args["frame_stack"] is None:
+        raise InvalidArgumentError(
+            "frame_window=True gathers the frames of each slice's stacks once: give frame_stack=K too"
         )
     per_iteration = args["max_batches"]
     if per_iteration is not None and per_iteration < 1:

@@ -101,6 +101,7 @@ class LoaderArgs(TypedDict, total=False):
     frame_stack: Optional[int]
     frame_pad: FramePad
     frame_channels_last: bool
+    frame_window: bool
 
 
 # --- what the native Plan takes (python/src/plan.rs: every key given, no defaults there) -------
@@ -128,6 +129,7 @@ class PlanOptions(TypedDict):
     frame_stack: Optional[int]
     frame_pad: FramePad
     frame_channels_last: bool
+    frame_window: bool
 
 
 class PartOptions(TypedDict):

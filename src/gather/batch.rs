@@ -26,7 +26,12 @@ pub struct BatchColumn {
     pub shape: Vec<usize>,
     /// Values per step (product of `shape`).
     pub width: usize,
-    /// The bytes; padded steps are zero.
+    /// Rows before each slice's step 0: `K - 1` for a frame column gathered as a window
+    /// ([`crate::FrameStack::window`]), 0 for every other column. A window holds `[B, L + lead,
+    /// ...frame]`, one frame per row, and step `j`'s `[K, ...frame]` stack (`shape`) is rows `j
+    /// ..= j + lead` of its slice ([`Batch::step`]).
+    pub lead: usize,
+    /// The bytes; padded steps are zero (in a window, rows no valid step's stack holds).
     pub data: MutableBuffer,
 }
 
@@ -34,6 +39,14 @@ impl BatchColumn {
     /// Bytes of one step.
     pub fn step_bytes(&self) -> usize {
         self.width * elem_size(&self.data_type)
+    }
+    /// Bytes of one row of `data`: a step, or one frame of a window.
+    pub fn row_bytes(&self) -> usize {
+        self.step_bytes() / (self.lead + 1)
+    }
+    /// Bytes of one slice of `slice_len` steps in `data`.
+    pub fn slice_bytes(&self, slice_len: usize) -> usize {
+        (slice_len + self.lead) * self.row_bytes()
     }
     /// The data as `&[T]` (`T` must match `data_type`).
     pub fn values<T: arrow::datatypes::ArrowNativeType>(&self) -> &[T] {
@@ -90,6 +103,21 @@ impl Batch {
     pub fn column(&self, name: &str) -> Option<&BatchColumn> {
         self.columns.iter().find(|c| c.name == name)
     }
+
+    /// The bytes of step `step` of slice `slice` in column `column` (`[...shape]`, row-major),
+    /// also for a frame window, where consecutive steps' stacks share frames.
+    ///
+    /// # Panics
+    /// If `column`, `slice` or `step` is out of range.
+    pub fn step(&self, column: usize, slice: usize, step: usize) -> &[u8] {
+        let c = &self.columns[column];
+        assert!(
+            slice < self.num_slices && step < self.slice_len,
+            "step out of range"
+        );
+        let at = slice * c.slice_bytes(self.slice_len) + step * c.row_bytes();
+        &c.data.as_slice()[at..at + c.step_bytes()]
+    }
     /// Total valid transitions.
     pub fn valid_steps(&self) -> usize {
         self.mask.iter().map(|&m| m as usize).sum()
@@ -103,7 +131,7 @@ impl Batch {
     /// `slice` (u64), `episode_id`, `step`, then `source` (u16, the part of a mix) only when a
     /// slice came from a part other than part 0 (so never for a plain gatherer, always for a mix
     /// whose later parts have slices), the columns (fixed-size lists for vector steps), and the
-    /// flags as `u8`. Costs one copy of the data.
+    /// flags as `u8`. Costs one copy of the data (a frame window's stacks are written out).
     pub fn to_record_batch(&self) -> Result<RecordBatch> {
         let (b, l) = (self.num_slices, self.slice_len);
         let n = b * l;
@@ -144,16 +172,26 @@ impl Batch {
             fields.push(Field::new(name, DataType::UInt16, false));
             arrays.push(array);
         }
-        for c in &self.columns {
+        let mut stacks = Vec::new();
+        for (j, c) in self.columns.iter().enumerate() {
+            // A window's stacks, written out: a row per step.
+            let data = if c.lead == 0 {
+                c.data.as_slice()
+            } else {
+                stacks.clear();
+                stacks.reserve(n * c.step_bytes());
+                for i in 0..n {
+                    stacks.extend_from_slice(self.step(j, i / l, i % l));
+                }
+                &stacks[..]
+            };
             let values: ArrayRef = if c.data_type == DataType::Boolean {
-                Arc::new(BooleanArray::from_iter(
-                    c.data.as_slice().iter().map(|&x| Some(x != 0)),
-                ))
+                Arc::new(BooleanArray::from_iter(data.iter().map(|&x| Some(x != 0))))
             } else {
                 make_array(
                     ArrayData::builder(c.data_type.clone())
                         .len(n * c.width)
-                        .add_buffer(Buffer::from_slice_ref(c.data.as_slice()))
+                        .add_buffer(Buffer::from_slice_ref(data))
                         .build()?,
                 )
             };

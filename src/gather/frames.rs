@@ -14,6 +14,15 @@
 //! replay buffer give them): the stacks are built as above in a worker's scratch buffer and
 //! interleaved into the batch.
 //!
+//! With [`FrameStack::window`] the stacks are not written out: a slice's frame column holds its
+//! window, the `L + K - 1` frames its `L` steps' stacks are made of, `[L + K - 1, H, W]`, and step
+//! `j`'s stack is rows `j .. j + K` of it (contiguous `[K, H, W]`; a strided view
+//! `[L, K, H, W]` over the window for tensors). A batch then holds `(L + K - 1) / (L K)` of the
+//! bytes of the written-out stacks (a quarter at `K = 4` and long slices), and the gather writes
+//! that much less. Rows no valid step's stack holds (the padding of a short or overhanging slice)
+//! are zeros, so a padded step's stack may hold frames of the valid steps next to it: its mask is
+//! what says it is padding.
+//!
 //! Each distinct frame of a slice is decoded once, into the first place it appears in the
 //! destination (its "canonical" slot); every other slot that holds it is a copy of that slot
 //! (7 KB `memcpy`s are far cheaper than decoding again). When the same gather also produces the
@@ -72,6 +81,9 @@ pub struct FrameStack {
     pub pad: StackPad,
     /// `[H, W, K]` (`[H, W, K·C]` for color frames) per step instead of `[K, H, W]`.
     pub channels_last: bool,
+    /// Each slice's window of `L + K - 1` frames instead of `L` written-out stacks (see the
+    /// module's documentation and [`crate::gather::BatchColumn::window`]).
+    pub window: bool,
 }
 
 impl FrameStack {
@@ -87,7 +99,17 @@ impl FrameStack {
             frames,
             pad: StackPad::Repeat,
             channels_last: false,
+            window: false,
         })
+    }
+    /// Gathers each slice's window of frames (`[L + K - 1, H, W]`), of which step `j`'s stack
+    /// is rows `j .. j + K`, instead of writing out `L` stacks of `K` frames: a quarter of the
+    /// bytes at `K = 4`. Stack-first only: a window with [`FrameStack::channels_last`] is an
+    /// [`Error::InvalidArgument`] when a gatherer is made (a tensor's channels-last stacks are a
+    /// `permute` of the window's view).
+    pub fn with_window(mut self, window: bool) -> Self {
+        self.window = window;
+        self
     }
     /// Sets the padding before an episode's first frame.
     pub fn with_pad(mut self, pad: StackPad) -> Self {
@@ -124,6 +146,8 @@ pub(crate) struct FrameSource {
     stack: usize,
     pad: StackPad,
     channels_last: bool,
+    /// Windows (`[L + K - 1, ...frame]` per slice) instead of stacks.
+    pub(crate) window: bool,
     decoders: Mutex<Vec<Worker>>,
 }
 
@@ -143,6 +167,7 @@ impl std::fmt::Debug for FrameSource {
             .field("stack", &self.stack)
             .field("pad", &self.pad)
             .field("channels_last", &self.channels_last)
+            .field("window", &self.window)
             .finish()
     }
 }
@@ -177,13 +202,22 @@ impl FrameSource {
             frames: 1,
             pad: StackPad::Repeat,
             channels_last: false,
+            window: false,
         });
+        if stack.window && stack.channels_last && stack.frames > 1 {
+            return Err(Error::argument(
+                "frame_window",
+                "a frame window gives stack-first views ([K, H, W] per step); for channels-last \
+                 stacks permute the view, or gather written-out stacks without the window",
+            ));
+        }
         Ok(Self {
             column,
             next,
             stack: stack.frames,
             pad: stack.pad,
             channels_last: stack.channels_last && stack.frames > 1,
+            window: stack.window && stack.frames > 1,
             decoders: Mutex::new(vec![first]),
         })
     }
@@ -308,6 +342,97 @@ impl FrameSource {
                 )?;
                 for (from, to) in scratch.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
                     interleave(from, to, k, c);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frames before each slice's step 0 in its window: `K - 1` for a window, else 0.
+    pub(crate) fn lead(&self) -> usize {
+        if self.window { self.stack - 1 } else { 0 }
+    }
+
+    /// Writes one slice's window into `dst` (`rows` frames, `rows = L + K - 1`): row `p` holds
+    /// frame `start + shift - (K - 1) + p` of the episode (`shift` 1 for `next_observation`),
+    /// where `start` is the slice's first step (negative where it overhangs the episode's
+    /// start). Only the rows that the stacks of the valid steps `a .. b` hold are written; the
+    /// others are zeros. `obs`, for `next_observation` only: the observation's window of the
+    /// same slice, whose row `p + 1` is this window's row `p`. Errors as [`FrameSource::fill`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fill_window(
+        &self,
+        seg: &Segment,
+        row0: u64,
+        table_row: usize,
+        (a, b, len): (usize, usize, usize),
+        start: i64,
+        dst: &mut [u8],
+        obs: Option<&[u8]>,
+    ) -> Result<()> {
+        self.window_frames(seg, row0, table_row, (a, b, len), start, dst, obs)
+            .map_err(|e| {
+                let e = e.in_input(&seg.entry().path);
+                match seg.episode_table().ids().get(table_row) {
+                    Some(&id) => e.in_episode(id as i64),
+                    None => e,
+                }
+            })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn window_frames(
+        &self,
+        seg: &Segment,
+        row0: u64,
+        table_row: usize,
+        (a, b, len): (usize, usize, usize),
+        start: i64,
+        dst: &mut [u8],
+        obs: Option<&[u8]>,
+    ) -> Result<()> {
+        let (f, k) = (self.frame_len(), self.stack);
+        let rows = dst.len() / f;
+        debug_assert_eq!(dst.len(), rows * f);
+        if b <= a {
+            dst.fill(0);
+            return Ok(());
+        }
+        let shift = self.next as i64;
+        let u0 = start + shift - (k as i64 - 1);
+        // Frames lo ..= hi are held by the valid steps' stacks: rows p_lo ..= p_hi.
+        let (lo, hi) = (a as i64 + shift - (k as i64 - 1), b as i64 - 1 + shift);
+        let (p_lo, p_hi) = ((lo - u0) as usize, (hi - u0) as usize);
+        debug_assert!(p_hi < rows);
+        dst[..p_lo * f].fill(0);
+        dst[(p_hi + 1) * f..].fill(0);
+        let mut worker = self.decoder()?;
+        let dec = &mut worker.decoder.as_mut().expect("taken").decoder;
+        let row = |p: usize| p * f..(p + 1) * f;
+        if let Some(o) = obs.filter(|_| self.next) {
+            // Rows of frames before `b` are the observation window's, one row later.
+            dst[p_lo * f..p_hi * f].copy_from_slice(&o[(p_lo + 1) * f..(p_hi + 1) * f]);
+            return self.decode_frame(seg, row0, table_row, len, b, &mut dst[row(p_hi)], dec);
+        }
+        // Stored frames, decoded from one run; then the frame after the last step, then padding.
+        let (s_lo, s_hi) = (lo.max(0) as usize, (hi as usize).min(len.saturating_sub(1)));
+        if s_hi >= s_lo {
+            let run = seg.frames(self.name(), row0 + s_lo as u64, s_hi - s_lo + 1)?;
+            for u in s_lo..=s_hi {
+                let p = (u as i64 - u0) as usize;
+                dec.decode_into(run.frame(u - s_lo)?, &mut dst[row(p)])?;
+            }
+        }
+        if hi as usize >= len {
+            let p = (len as i64 - u0) as usize;
+            self.decode_frame(seg, row0, table_row, len, len, &mut dst[row(p)], dec)?;
+        }
+        if lo < 0 {
+            let p0 = (-u0) as usize; // the row of frame 0, written above
+            for p in p_lo..p0 {
+                match self.pad {
+                    StackPad::Repeat => dst.copy_within(row(p0), p * f),
+                    StackPad::Zeros => dst[row(p)].fill(0),
                 }
             }
         }

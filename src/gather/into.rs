@@ -7,7 +7,8 @@ use super::*;
 #[derive(Debug)]
 pub struct GatherInto<'a> {
     /// One buffer per gathered column, in [`Gatherer::columns`] order, each at least
-    /// `B * L * step_bytes` long (`[B, L, ...]` row-major; padded steps are zeroed).
+    /// `B * L * step_bytes` long (`[B, L, ...]` row-major; padded steps are zeroed), or `B * (L
+    /// + K - 1) * frame` for a frame window ([`Gatherer::column_bytes`] says each).
     pub columns: Vec<&'a mut [u8]>,
     /// `[B, L]` planes, one byte per step: mask, is_first, is_last, terminated, truncated,
     /// slice_end (as the fields of [`Batch`]).
@@ -180,7 +181,12 @@ impl Gatherer {
     ) -> Result<()> {
         if let Some(m) = &self.mix {
             let dest = (columns, flags, episode_id, start_step);
-            return m.gather_any(plan, slice_len, dest, &self.step_bytes(), tails);
+            let layout: Vec<(usize, usize)> = self
+                .columns
+                .iter()
+                .map(|c| (c.row_bytes(), c.lead))
+                .collect();
+            return m.gather_any(plan, slice_len, dest, &layout, tails);
         }
         let (b, l) = (plan.len(), slice_len);
         self.check_slices(plan, l)?;
@@ -202,8 +208,10 @@ impl Gatherer {
             )
         })?;
         for ((c, d), &tail) in self.columns.iter().zip(&columns).zip(tails) {
-            let rows = if tail { b } else { steps };
-            let need = rows.checked_mul(c.width * elem_size(&c.data_type));
+            let need = match tail {
+                true => b.checked_mul(c.step_bytes()),
+                false => c.slice_bytes(l).and_then(|s| s.checked_mul(b)),
+            };
             if need.is_none_or(|need| d.len() < need) {
                 return Err(Error::argument(
                     "dest",
@@ -243,7 +251,10 @@ impl Gatherer {
             .columns
             .iter()
             .zip(tails)
-            .map(|(c, &t)| if t { b } else { b * l } * c.width * elem_size(&c.data_type))
+            .map(|(c, &t)| match t {
+                true => b * c.step_bytes(),
+                false => b * (l + c.lead) * c.row_bytes(),
+            })
             .sum();
         self.before_gather(plan);
         let work = |(i, s): (usize, &SliceRef)| {
@@ -253,7 +264,8 @@ impl Gatherer {
                 self.prefetch(next);
             }
             // SAFETY: slice `i` writes only bytes `[i * L * step, (i + 1) * L * step)` of each
-            // column (`[i * step, (i + 1) * step)` of a tail column), `[i * L, (i + 1) * L)` of
+            // column (`[i * step, (i + 1) * step)` of a tail column, `[i * R * frame, (i + 1) *
+            // R * frame)` of a window of `R = L + K - 1` rows), `[i * L, (i + 1) * L)` of
             // each flag plane (elements `3i .. 3i + 3` of the spans) and element `i` of the
             // per-slice vectors; the destinations were checked above to hold all B slices and are
             // exclusively borrowed for this call.
@@ -304,7 +316,7 @@ impl Tails {
             .iter()
             .map(|c| match &c.source {
                 ColumnSource::DerivedNext { .. } => has_obs(false),
-                ColumnSource::Frames(f) => f.next && has_obs(true),
+                ColumnSource::Frames(f) => f.next && !f.window && has_obs(true),
                 _ => false,
             })
             .collect();

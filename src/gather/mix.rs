@@ -83,6 +83,19 @@ impl Gatherer {
                 }
             }
         }
+        for (i, part) in parts.iter().enumerate().skip(1) {
+            if part.leads() != first.leads() {
+                return Err(Error::argument(
+                    "parts",
+                    format!(
+                        "part 0 gathers frame windows {:?} and part {i} {:?} (rows before step \
+                         0 per column): the parts of a mix must stack frames alike",
+                        first.leads(),
+                        part.leads()
+                    ),
+                ));
+            }
+        }
         let mut offsets = Vec::with_capacity(parts.len() + 1);
         offsets.push(0usize);
         for &c in counts {
@@ -105,6 +118,7 @@ impl Gatherer {
                 data_type: c.data_type.clone(),
                 shape: c.shape.clone(),
                 width: c.width,
+                lead: c.lead,
                 // Never read: every gather of a mix goes to its parts.
                 source: ColumnSource::Stored(vec![]),
             })
@@ -219,24 +233,25 @@ impl Mix {
 
     /// [`Gatherer::gather_into`] and [`Gatherer::gather_compact`] of a mix: the plan and
     /// destinations checked whole, then each part gathers its range of slices into its range of
-    /// every destination (`tails`: the mix's tail columns, one row per slice).
+    /// every destination (`tails`: the mix's tail columns, one row per slice; `layout`: each
+    /// column's bytes per row and rows before each slice's step 0, see [`Gatherer::leads`]).
     pub(super) fn gather_any(
         &self,
         plan: &[SliceRef],
         l: usize,
         (mut columns, flags, mut episode_id, mut start_step): Dest<'_>,
-        step_bytes: &[usize],
+        layout: &[(usize, usize)],
         tails: &[bool],
     ) -> Result<()> {
         self.check_plan(plan, l)?;
         let b = plan.len();
-        if columns.len() != step_bytes.len() {
+        if columns.len() != layout.len() {
             return Err(Error::argument(
                 "dest",
                 format!(
                     "{} destination columns for {} gathered columns",
                     columns.len(),
-                    step_bytes.len()
+                    layout.len()
                 ),
             ));
         }
@@ -246,12 +261,16 @@ impl Mix {
                 format!("{b} slices of {l} steps overflow a count of steps"),
             )
         })?;
-        let rows = |tail: bool| if tail { b } else { steps };
+        // Bytes of `n` slices of a column: one row each for a tail, else `l + lead` rows.
+        let bytes = |n: usize, (row, lead): (usize, usize), tail: bool| match tail {
+            true => n.checked_mul(row),
+            false => n.checked_mul(l.checked_add(lead)?)?.checked_mul(row),
+        };
         let short = columns
             .iter()
-            .zip(step_bytes)
+            .zip(layout)
             .zip(tails)
-            .any(|((d, &s), &t)| rows(t).checked_mul(s).is_none_or(|need| d.len() < need));
+            .any(|((d, &r), &t)| bytes(b, r, t).is_none_or(|need| d.len() < need));
         let flags_short = match &flags {
             FlagsInto::Planes(p) => p.iter().any(|f| f.len() < steps),
             FlagsInto::Spans(s) => s.len() / 3 < b,
@@ -272,9 +291,9 @@ impl Mix {
             let n = range.len();
             let part_columns = columns
                 .iter_mut()
-                .zip(step_bytes)
+                .zip(layout)
                 .zip(tails)
-                .map(|((c, &s), &t)| cut(c, if t { n } else { n * l } * s))
+                .map(|((c, &r), &t)| cut(c, bytes(n, r, t).expect("checked for all b slices")))
                 .collect();
             let part_flags = match &mut flags {
                 FlagsInto::Planes(p) => FlagsInto::Planes(p.each_mut().map(|f| cut(f, n * l))),

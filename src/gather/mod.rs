@@ -51,7 +51,27 @@ struct GatherColumn {
     data_type: DataType,
     shape: Vec<usize>,
     width: usize,
+    /// Rows before each slice's step 0: `K - 1` for a frame window, else 0.
+    lead: usize,
     source: ColumnSource,
+}
+
+impl GatherColumn {
+    /// Bytes of one step (`[K, H, W]` for a frame stack, written out or not).
+    fn step_bytes(&self) -> usize {
+        self.width * elem_size(&self.data_type)
+    }
+    /// Bytes of one row of the destination: a step, or one frame of a window.
+    fn row_bytes(&self) -> usize {
+        match self.lead {
+            0 => self.step_bytes(),
+            lead => self.step_bytes() / (lead + 1),
+        }
+    }
+    /// Bytes of one slice of `l` steps in the destination, `None` on overflow.
+    fn slice_bytes(&self, l: usize) -> Option<usize> {
+        l.checked_add(self.lead)?.checked_mul(self.row_bytes())
+    }
 }
 
 /// Gathers plans from one snapshot. Build once per snapshot and column set (O(segments ×
@@ -129,6 +149,7 @@ impl Gatherer {
                     data_type: DataType::UInt8,
                     width: shape.iter().product(),
                     shape,
+                    lead: source.lead(),
                     source: ColumnSource::Frames(Box::new(source)),
                 });
                 continue;
@@ -212,6 +233,7 @@ impl Gatherer {
                 data_type,
                 shape,
                 width,
+                lead: 0,
                 source,
             });
         }
@@ -295,12 +317,13 @@ impl Gatherer {
                     data_type: c.data_type.clone(),
                     shape: c.shape.clone(),
                     width: c.width,
+                    lead: c.lead,
                     data: MutableBuffer::new(0),
                 })
                 .collect();
         }
         for c in &mut out.columns {
-            c.data.resize(b * l * c.step_bytes(), 0);
+            c.data.resize(b * c.slice_bytes(l), 0);
         }
         let mut flags = [
             &mut out.mask,
@@ -354,12 +377,33 @@ impl Gatherer {
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Bytes of one step of each gathered column, in [`Gatherer::columns`] order.
+    /// Bytes of one step of each gathered column, in [`Gatherer::columns`] order (of a stack
+    /// of frames, `K` frames, also where a frame window holds it).
     pub fn step_bytes(&self) -> Vec<usize> {
+        self.columns.iter().map(GatherColumn::step_bytes).collect()
+    }
+
+    /// Per gathered column, in [`Gatherer::columns`] order, the rows before each slice's step 0:
+    /// `K - 1` for a frame column gathered as a window ([`FrameStack::window`]), whose
+    /// destination holds `[B, L + K - 1, ...frame]`, and 0 for every other column (`[B, L,
+    /// ...step]`).
+    pub fn leads(&self) -> Vec<usize> {
+        self.columns.iter().map(|c| c.lead).collect()
+    }
+
+    /// Bytes of each gathered column's destination for a batch of `num_slices` slices of
+    /// `slice_len` steps, in [`Gatherer::columns`] order: `B * L * step` bytes, or `B * (L + K -
+    /// 1) * frame` for a frame window. `None` where a count overflows.
+    pub fn column_bytes(&self, num_slices: usize, slice_len: usize) -> Vec<Option<usize>> {
         self.columns
             .iter()
-            .map(|c| c.width * elem_size(&c.data_type))
+            .map(|c| c.slice_bytes(slice_len)?.checked_mul(num_slices))
             .collect()
+    }
+
+    /// Whether a frame column is gathered as a window ([`FrameStack::window`]).
+    pub fn has_windows(&self) -> bool {
+        self.columns.iter().any(|c| c.lead > 0)
     }
 
     /// The checks of a plan on a plain gatherer (see [`Gatherer::check_plan`]).
@@ -580,6 +624,14 @@ impl Gatherer {
                     }
                     continue;
                 }
+                if c.lead > 0 {
+                    // A frame window: written whole below (zeros for an empty slice).
+                    if n == 0 {
+                        let rows = (l + c.lead) * c.row_bytes();
+                        std::slice::from_raw_parts_mut(d.0.add(i * rows), rows).fill(0);
+                    }
+                    continue;
+                }
                 let out = std::slice::from_raw_parts_mut(d.0.add(i * l * step), l * step);
                 out[..off * step].fill(0);
                 out[(off + n) * step..].fill(0);
@@ -634,6 +686,17 @@ impl Gatherer {
                         })
                 };
                 for (j, step, fs, d) in frames(false).chain(frames(true)) {
+                    if fs.window {
+                        let rows = (l + fs.lead()) * fs.frame_len();
+                        let out = std::slice::from_raw_parts_mut(d.0.add(i * rows), rows);
+                        let obs_window = obs.filter(|_| fs.next).map(|o| {
+                            let p = dst[o].0.add(i * rows);
+                            std::slice::from_raw_parts(p as *const u8, rows)
+                        });
+                        let (seg_row, start) = (loc.segment_row, s.start);
+                        fs.fill_window(seg, seg_row, table_row, steps, start, out, obs_window)?;
+                        continue;
+                    }
                     let from_obs = |from: usize, rows: usize| {
                         obs.filter(|_| fs.next).map(|o| {
                             let p = dst[o].0.add((i * l + from) * step);

@@ -29,6 +29,13 @@ pub(crate) struct Layout {
 
 impl Layout {
     pub(crate) fn new(gatherer: &Gatherer, b: usize, l: usize) -> Result<Self> {
+        if gatherer.has_windows() {
+            return Err(Error::argument(
+                "frame_window",
+                "the torch loader's tensors hold written-out frame stacks: a frame window is \
+                 gathered by Loader (host batches; from Python, device=\"cpu\") only",
+            ));
+        }
         Self::of_columns(gatherer.columns(), b, l)
     }
 

@@ -203,6 +203,174 @@ fn frame_stacks_and_next_observations_equal_the_raw_frames_under_every_policy() 
     }
 }
 
+/// Every valid step's stack in a frame window equals the written-out stack, and the window holds
+/// `L + K - 1` frames per slice.
+fn check_window(window: &Batch, stacked: &Batch, k: usize, what: &str) {
+    let (b, l) = (stacked.num_slices, stacked.slice_len);
+    assert_eq!((window.num_slices, window.slice_len), (b, l), "{what}");
+    for (j, c) in window.columns.iter().enumerate() {
+        let full = &stacked.columns[j];
+        assert_eq!((&c.name, &c.shape), (&full.name, &full.shape), "{what}");
+        let lead = if c.data_type == DataType::UInt8 && c.shape.len() >= 3 {
+            k - 1
+        } else {
+            0
+        };
+        assert_eq!(c.lead, lead, "{what}: {}", c.name);
+        assert_eq!(
+            c.data.len(),
+            b * (l + lead) * full.step_bytes() / (lead + 1),
+            "{what}"
+        );
+        for i in 0..b {
+            for t in (0..l).filter(|&t| stacked.mask[i * l + t] == 1) {
+                assert!(
+                    window.step(j, i, t) == stacked.step(j, i, t),
+                    "{what}: {} of slice {i}, step {t}",
+                    c.name
+                );
+            }
+        }
+    }
+    assert_eq!(window.mask, stacked.mask, "{what}");
+}
+
+#[test]
+fn a_frame_window_holds_every_valid_steps_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    for codec in [FrameCodec::ZstdDict, FrameCodec::None] {
+        let (snap, _) = write(dir.path(), codec);
+        for policy in ["strict", "pad", "span:3:2"] {
+            let policy: BoundaryPolicy = policy.parse().unwrap();
+            for (k, pad) in [
+                (4, StackPad::Repeat),
+                (4, StackPad::Zeros),
+                (2, StackPad::Repeat),
+            ] {
+                let stack = FrameStack::new(k).unwrap().with_pad(pad);
+                for cols in [
+                    ["observation", "next_observation", "action"],
+                    ["next_observation", "action", "observation"],
+                    ["next_observation", "action", "reward"],
+                ] {
+                    let g = Gatherer::with_frame_stack(&snap, &cols, Some(stack)).unwrap();
+                    let w = Gatherer::with_frame_stack(&snap, &cols, Some(stack.with_window(true)))
+                        .unwrap();
+                    assert!(w.has_windows() && !g.has_windows());
+                    let sampler = SamplerSpec::uniform(5, 48).with_policy(policy).with_seed(5);
+                    let Ok(built) = sampler.build(&snap) else {
+                        continue;
+                    };
+                    let (mut plan, mut a, mut b) = (vec![], Batch::default(), Batch::default());
+                    for n in 0..4 {
+                        built.sampler.plan(n, &mut plan);
+                        g.gather(&plan, &mut a).unwrap();
+                        w.gather(&plan, &mut b).unwrap();
+                        let what = format!("{codec} {policy:?} K={k} {pad} {cols:?} batch {n}");
+                        check_window(&b, &a, k, &what);
+                        // Arrow rows write the window's stacks out: the same record batch.
+                        let (ra, rb) = (a.to_record_batch().unwrap(), b.to_record_batch().unwrap());
+                        assert_eq!(ra.schema(), rb.schema(), "{what}");
+                        let valid = |r: &RecordBatch| {
+                            let m = r.column_by_name("mask").unwrap().to_data();
+                            let keep: Vec<bool> =
+                                m.buffers()[0].as_slice().iter().map(|&x| x == 1).collect();
+                            arrow::compute::filter_record_batch(r, &keep.into()).unwrap()
+                        };
+                        assert_eq!(valid(&ra), valid(&rb), "{what}");
+                    }
+                }
+            }
+        }
+        // Whole episodes, one per slice: every first and last step.
+        let stack = FrameStack::new(4).unwrap();
+        let cols = ["observation", "next_observation"];
+        let g = Gatherer::with_frame_stack(&snap, &cols, Some(stack)).unwrap();
+        let w = Gatherer::with_frame_stack(&snap, &cols, Some(stack.with_window(true))).unwrap();
+        let plan: Vec<SliceRef> = (0..LENGTHS.len())
+            .map(|e| SliceRef {
+                episode: e as u32,
+                start: 0,
+                len: LENGTHS[e] as u32,
+            })
+            .collect();
+        let (mut a, mut b) = (Batch::default(), Batch::default());
+        g.gather(&plan, &mut a).unwrap();
+        w.gather(&plan, &mut b).unwrap();
+        check_window(&b, &a, 4, &format!("{codec} whole episodes"));
+        // The columns' bytes a destination of gather_into needs: a window is L + K - 1 frames.
+        let l = *LENGTHS.iter().max().unwrap();
+        assert_eq!(
+            w.column_bytes(6, l),
+            vec![Some(6 * (l + 3) * F), Some(6 * (l + 3) * F)]
+        );
+        assert_eq!(w.leads(), vec![3, 3]);
+    }
+    // Stack-first only; and loaders that hold written-out stacks refuse a window by name.
+    let (snap, _) = write(dir.path(), FrameCodec::Zstd);
+    let last = FrameStack::new(4)
+        .unwrap()
+        .with_channels_last(true)
+        .with_window(true);
+    match Gatherer::with_frame_stack(&snap, &["observation"], Some(last)) {
+        Err(Error::InvalidArgument {
+            argument: Some(a), ..
+        }) => assert_eq!(a, "frame_window"),
+        other => panic!("expected an error about frame_window, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_loader_gives_frame_windows_and_a_mix_of_windows_gathers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, _) = write(dir.path(), FrameCodec::ZstdDict);
+    let stack = FrameStack::new(4).unwrap().with_pad(StackPad::Zeros);
+    let sampler = SamplerSpec::uniform(6, 16)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(9);
+    let cols = ["observation", "next_observation", "action"];
+    let spec = LoaderSpec::single(snap.clone(), sampler.clone(), &cols)
+        .with_frame_stack(stack.with_window(true));
+    let source = BatchSource::open(spec).unwrap();
+    let mut loader = Loader::new(
+        &source,
+        LoaderOptions::default().with_workers(2).with_max_batches(4),
+    )
+    .unwrap();
+    let g = Gatherer::with_frame_stack(&snap, &cols, Some(stack)).unwrap();
+    let built = sampler.build(&snap).unwrap();
+    let (mut plan, mut full, mut n) = (vec![], Batch::default(), 0);
+    while let Some(batch) = loader.next_batch() {
+        built.sampler.plan(n, &mut plan);
+        g.gather(&plan, &mut full).unwrap();
+        check_window(&batch, &full, 4, &format!("loader batch {n}"));
+        n += 1;
+    }
+    assert_eq!(n, 4);
+    // A staged loader (the CUDA loaders' pinned slots) holds written-out stacks: refused by name.
+    let (slots, _) = crate::common::staging::slots(2, &[1 << 20; 3], (16, 6), None);
+    match trajstore::StagedLoader::new(&source, LoaderOptions::default(), slots) {
+        Err(Error::InvalidArgument {
+            argument: Some(a), ..
+        }) => assert_eq!(a, "frame_window"),
+        Err(e) => panic!("expected an error about frame_window, got {e}"),
+        Ok(_) => panic!("a staged loader took a frame window"),
+    }
+    // A mix of two windowed parts: each slice's window from its own part.
+    let part =
+        Arc::new(Gatherer::with_frame_stack(&snap, &cols, Some(stack.with_window(true))).unwrap());
+    let mix = Gatherer::mixed(vec![part.clone(), part], &[8, 8]).unwrap();
+    let (mut a, mut b) = (Batch::default(), Batch::default());
+    mix.gather(&plan, &mut a).unwrap();
+    g.gather(&plan, &mut b).unwrap();
+    check_window(&a, &b, 4, "a mix of windows");
+    // ... and a mix of a window and written-out stacks is refused.
+    let stacked = Arc::new(Gatherer::with_frame_stack(&snap, &cols, Some(stack)).unwrap());
+    let windowed =
+        Arc::new(Gatherer::with_frame_stack(&snap, &cols, Some(stack.with_window(true))).unwrap());
+    assert!(Gatherer::mixed(vec![stacked, windowed], &[8, 8]).is_err());
+}
+
 #[test]
 fn channels_last_stacks_are_the_stack_first_stacks_with_the_frame_axis_last() {
     let dir = tempfile::tempdir().unwrap();

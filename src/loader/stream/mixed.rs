@@ -382,6 +382,8 @@ pub(crate) fn shaped(mix: &StreamMix, mut batch: Batch) -> Batch {
                 data_type: dt.clone(),
                 shape: shape.clone(),
                 width: shape.iter().product(),
+                // Streams gather written-out stacks (a frame window is refused).
+                lead: 0,
                 data: arrow::buffer::MutableBuffer::new(0),
             })
             .collect();

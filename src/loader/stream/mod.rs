@@ -191,6 +191,13 @@ impl StreamPlan {
             ));
         }
         sampler.check_subset()?;
+        if frame_stack.is_some_and(|st| st.window && st.frames > 1) {
+            return Err(Error::argument(
+                "frame_window",
+                "a stream's batches hold written-out frame stacks: a frame window is gathered \
+                 from local datasets (Loader, Gatherer) only",
+            ));
+        }
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
         step_bytes(stream.catalog(), &cols, frame_stack)?;
         Ok(Self {

@@ -712,11 +712,16 @@ fn compact_gather(
     batches: std::ops::Range<u64>,
 ) -> Result<(usize, f64)> {
     let tails = gatherer.tail_columns().to_vec();
+    let full = gatherer.column_bytes(b, l);
     let mut columns: Vec<Vec<u8>> = gatherer
         .step_bytes()
         .iter()
         .zip(&tails)
-        .map(|(&s, &t)| vec![0u8; if t { b } else { b * l } * s])
+        .zip(full)
+        .map(|((&s, &t), full)| match t {
+            true => vec![0u8; b * s],
+            false => vec![0u8; full.expect("the batch's size was checked")],
+        })
         .collect();
     let (mut spans, mut ids, mut starts) = (vec![0i32; 3 * b], vec![0u64; b], vec![0i64; b]);
     let bytes = columns.iter().map(Vec::len).sum::<usize>() + b * (12 + 16);

@@ -116,6 +116,11 @@ pub(crate) struct SliceArgs {
     /// them; [H, W, K*C] for color frames) instead of [K, H, W].
     #[arg(long, requires = "frame_stack")]
     channels_last: bool,
+    /// Gather each slice's window of L+K-1 frames, [L+K-1, H, W], of which step j's stack is
+    /// frames j..j+K, instead of L written-out stacks: a quarter of the bytes at K=4 (TorchRL's
+    /// unfold view; a tensor's [L, K, H, W] stacks are a strided view of it). Stack-first only.
+    #[arg(long, requires = "frame_stack", conflicts_with = "channels_last")]
+    frame_window: bool,
 }
 
 impl SliceArgs {
@@ -125,7 +130,8 @@ impl SliceArgs {
             Some(k) => Some(
                 trajstore::FrameStack::new(k as usize)?
                     .with_pad(self.frame_pad)
-                    .with_channels_last(self.channels_last),
+                    .with_channels_last(self.channels_last)
+                    .with_window(self.frame_window),
             ),
             None => None,
         })

@@ -67,6 +67,7 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
         frame_stack: None,
         frame_pad: trajstore::StackPad::Repeat,
         channels_last: false,
+        frame_window: false,
     };
     let sampler = slice_sampler(snap, &args)?;
     let gatherer = args.gatherer(snap)?;
