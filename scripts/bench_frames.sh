@@ -15,6 +15,8 @@
 #   - batches/s of 32 x (4-stack) and 256 x 64 x (4-stack), warm and cold (page cache dropped
 #     before the run: needs root), for both layouts, with `trajstore bench` (its `loader`
 #     figure: workers sampling and decoding ahead);
+#   - 256 x 64 x (4-stack) as frame windows (--frame-window: each slice's 67 frames once, the
+#     stacks a view; TorchRL's unfold view is its peer), warm and cold;
 #   - channels-last stacks ([H, W, K], --channels-last) of 32 x (4-stack), warm;
 #   - TorchRL (PEER_PYTHON with torchrl): LazyMemmapStorage + SliceSampler on the same frames,
 #     warm and cold, and CompressedListStorage (scripts/peer_torchrl_frames.py);
@@ -77,6 +79,14 @@ for npz in "$@"; do
                 emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":$len,\"num_slices\":$slices,\"cache\":\"$cache\",\"bench\":$r}"
             done
         done
+    done
+    # 256 x 64 as frame windows (each slice's 67 frames once, the stacks a view: TorchRL's unfold
+    # view is the peer), warm and cold.
+    for cache in warm cold; do
+        if [ "$cache" = cold ]; then drop; prefault=""; else prefault="--prefault"; fi
+        r="$("$bin" bench "$work/$game-zstd-dict" $prefault --columns observation,action,reward \
+            --slice-len 64 --num-slices 256 --frame-stack 4 --frame-window --iters "$((iters / 10))" --json)"
+        emit "{\"game\":\"$game\",\"codec\":\"zstd-dict\",\"slice_len\":64,\"num_slices\":256,\"cache\":\"$cache\",\"frame_window\":true,\"bench\":$r}"
     done
     r="$("$bin" bench "$work/$game-zstd-dict" --prefault --columns observation,action,reward \
         --slice-len 1 --num-slices 32 --frame-stack 4 --channels-last --iters "$iters" --json)"

@@ -15,7 +15,8 @@
 #   2. WORKDIR/GAME-none: the raw layout (7,056 B per frame), sized the same way;
 #   3. cold (`sync; drop_caches`) `trajstore bench` of both: 32 x (4-stack) with --io-floor, and
 #      256 x 64 x (4-stack) (ITERS/2 batches: fewer would time mostly the loader filling its first
-#      462 MB buffers); peak RSS of each run (with /usr/bin/time);
+#      462 MB buffers), and 256 x 64 again as frame windows (--frame-window: 67 frames per slice,
+#      the stacks a view, as TorchRL's unfold view); peak RSS of each run (with /usr/bin/time);
 #   4. the raw layout removed (KEEP=1 keeps it), then TorchRL's LazyMemmapStorage + SliceSampler
 #      on as many copies as the raw layout, written once and mapped afresh, cold
 #      (scripts/peer_torchrl_frames.py --cold).
@@ -88,6 +89,9 @@ for codec in zstd-dict none; do
         --io-floor --columns observation,action,reward --slice-len 1 --num-slices 32 --frame-stack 4 --iters "$iters")}"
     emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":64,\"num_slices\":256,\"cache\":\"cold, larger than RAM\",\"run\":$(cold_bench "$ds" \
         --columns observation,action,reward --slice-len 64 --num-slices 256 --frame-stack 4 --iters $((iters / 2)))}"
+    # The same as frame windows (each slice's 67 frames once; TorchRL's unfold view is the peer).
+    if [ "$codec" = zstd-dict ]; then emit "{\"game\":\"$game\",\"codec\":\"$codec\",\"slice_len\":64,\"num_slices\":256,\"frame_window\":true,\"cache\":\"cold, larger than RAM\",\"run\":$(cold_bench "$ds" \
+        --columns observation,action,reward --slice-len 64 --num-slices 256 --frame-stack 4 --frame-window --iters $((iters / 2)))}"; fi
 done
 has torchrl || exit 0
 raw_copies=$(python3 -c "import json, sys
