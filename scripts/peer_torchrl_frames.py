@@ -86,6 +86,8 @@ def main() -> None:
     p.add_argument("--tmp", help="where the memmap storage is written (default: the system's temporary directory)")
     p.add_argument("--cgroup", help="a memory cgroup (v1) directory to join once the storage is written "
                                     "(with --cold: 32 x (4-stack) only, read through that cgroup's memory)")
+    p.add_argument("--both-shapes", action="store_true",
+                   help="with --cgroup: 256 x 64 x (4-stack) as well (slow: a few seconds a batch)")
     a = p.parse_args()
     frames, episode = load(a.npz)
     n = frames.shape[0] * a.tile
@@ -115,7 +117,7 @@ def main() -> None:
             if a.cgroup:
                 with open(f"{a.cgroup}/cgroup.procs", "w") as f:
                     f.write(f"{os.getpid()}\n")
-                shapes = shapes[:1]
+                shapes = shapes if a.both_shapes else shapes[:1]
             cache = "cold" + (" (memory cgroup)" if a.cgroup else "")
         for name, slices, length in shapes:
             if a.cold:

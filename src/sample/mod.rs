@@ -171,8 +171,10 @@ pub const MAX_BATCH_BYTES_ENV: &str = "TRAJSTORE_MAX_BATCH_BYTES";
 
 /// The largest batch, in bytes, that samplers, [`crate::Gatherer::gather`] and
 /// [`crate::Loader`] accept: half of the memory this process may use (the smaller of the
-/// machine's `MemTotal` in `/proc/meminfo` and a cgroup v2 `memory.max`), or 64 GiB where
-/// neither can be read; [`MAX_BATCH_BYTES_ENV`] overrides it. Read once per process.
+/// machine's `MemTotal` in `/proc/meminfo` and the memory limit of the process's own cgroup, v2
+/// `memory.max` or v1 `memory.limit_in_bytes`, as a container, Slurm job or systemd unit sets
+/// it), or 64 GiB where neither can be read; [`MAX_BATCH_BYTES_ENV`] overrides it. Read once per
+/// process.
 ///
 /// A batch's bytes are `num_slices × slice_len × (bytes per step of the gathered columns + 6
 /// flag bytes)` plus 32 bytes per slice (its plan entry, episode id and start step); a request
@@ -199,10 +201,11 @@ fn batch_limit() -> (u64, &'static str) {
                 kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
             })
             .map(|kb| kb.saturating_mul(1024));
-        let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup")
             .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let half = "half of this machine's memory; TRAJSTORE_MAX_BATCH_BYTES sets another";
+            .and_then(|c| cgroup_limit(&c, std::path::Path::new("/sys/fs/cgroup")));
+        let half = "half of the memory of this machine or its cgroup; TRAJSTORE_MAX_BATCH_BYTES \
+                    sets another";
         match (mem_total, cgroup) {
             (Some(a), Some(b)) => (a.min(b) / 2, half),
             (Some(a), None) | (None, Some(a)) => (a / 2, half),
@@ -212,6 +215,41 @@ fn batch_limit() -> (u64, &'static str) {
             ),
         }
     })
+}
+
+/// The memory limit of the cgroup `proc_self_cgroup` (the text of `/proc/self/cgroup`) names,
+/// under the cgroup filesystem mounted at `root`: v2's `memory.max` (line `0::/path`) or v1's
+/// `memory.limit_in_bytes` (line `N:memory:/path`, or a line naming `memory` among others),
+/// the smaller where both are set. None where neither sets one (`max`, or v1's "unlimited",
+/// which is near 2^63).
+fn cgroup_limit(proc_self_cgroup: &str, root: &std::path::Path) -> Option<u64> {
+    let read = |path: std::path::PathBuf| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&v| v < 1 << 62)
+    };
+    let mut limit: Option<u64> = None;
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let path = path.trim_start_matches('/');
+        let found = if controllers.is_empty() {
+            read(root.join(path).join("memory.max"))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            read(root.join("memory").join(path).join("memory.limit_in_bytes"))
+        } else {
+            None
+        };
+        limit = match (limit, found) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    limit
 }
 
 /// Flag bytes per step of a gathered batch (mask, is_first, is_last, terminated, truncated,
@@ -409,5 +447,28 @@ mod tests {
         }
         assert!(AliasTable::new(None, &[]).is_err());
         assert!(AliasTable::new(None, &[0.0, 0.0]).is_err());
+    }
+
+    #[test]
+    fn the_batch_limit_reads_the_process_cgroup_v1_and_v2() {
+        let root = tempfile::tempdir().unwrap();
+        let put = |path: &str, v: &str| {
+            let p = root.path().join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, v).unwrap();
+        };
+        put("job/memory.max", "4294967296\n");
+        put("memory/slurm/job_7/memory.limit_in_bytes", "2147483648\n");
+        put("memory/free/memory.limit_in_bytes", "9223372036854771712\n");
+        put("open/memory.max", "max\n");
+        let at = |text: &str| cgroup_limit(text, root.path());
+        assert_eq!(at("0::/job\n"), Some(4 << 30));
+        assert_eq!(at("4:memory:/slurm/job_7\n1:cpu,cpuacct:/\n"), Some(2 << 30));
+        assert_eq!(at("3:cpuacct,memory:/slurm/job_7\n"), Some(2 << 30));
+        // Both hierarchies (a hybrid host): the smaller.
+        assert_eq!(at("4:memory:/slurm/job_7\n0::/job\n"), Some(2 << 30));
+        // Unlimited, unknown, or no memory controller: no limit.
+        assert_eq!(at("4:memory:/free\n0::/open\n"), None);
+        assert_eq!(at("0::/not/there\n2:cpu:/x\ngarbage\n"), None);
     }
 }

@@ -78,7 +78,8 @@ pub(crate) struct SliceArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     slice_len: u32,
     /// Slices per batch (at least 1). A batch (slices x steps x bytes per step of the columns)
-    /// must fit in half of this machine's memory (TRAJSTORE_MAX_BATCH_BYTES sets another limit).
+    /// must fit in half of the memory of this machine or its cgroup (TRAJSTORE_MAX_BATCH_BYTES
+    /// sets another limit).
     #[arg(long, default_value_t = 256, value_parser = at_least_one)]
     num_slices: usize,
     /// strict (windows inside episodes), pad (may run past the end, masked) or span:LEFT:RIGHT.
