@@ -463,7 +463,10 @@ mod tests {
         put("open/memory.max", "max\n");
         let at = |text: &str| cgroup_limit(text, root.path());
         assert_eq!(at("0::/job\n"), Some(4 << 30));
-        assert_eq!(at("4:memory:/slurm/job_7\n1:cpu,cpuacct:/\n"), Some(2 << 30));
+        assert_eq!(
+            at("4:memory:/slurm/job_7\n1:cpu,cpuacct:/\n"),
+            Some(2 << 30)
+        );
         assert_eq!(at("3:cpuacct,memory:/slurm/job_7\n"), Some(2 << 30));
         // Both hierarchies (a hybrid host): the smaller.
         assert_eq!(at("4:memory:/slurm/job_7\n0::/job\n"), Some(2 << 30));
