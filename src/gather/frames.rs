@@ -279,13 +279,7 @@ impl FrameSource {
         obs: Option<&[u8]>,
     ) -> Result<()> {
         self.fill_frames(seg, row0, table_row, steps, dst, obs)
-            .map_err(|e| {
-                let e = e.in_input(&seg.entry().path);
-                match seg.episode_table().ids().get(table_row) {
-                    Some(&id) => e.in_episode(id as i64),
-                    None => e,
-                }
-            })
+            .map_err(|e| located(e, seg, table_row))
     }
 
     fn fill_frames(
@@ -371,13 +365,7 @@ impl FrameSource {
         obs: Option<&[u8]>,
     ) -> Result<()> {
         self.window_frames(seg, row0, table_row, (a, b, len), start, dst, obs)
-            .map_err(|e| {
-                let e = e.in_input(&seg.entry().path);
-                match seg.episode_table().ids().get(table_row) {
-                    Some(&id) => e.in_episode(id as i64),
-                    None => e,
-                }
-            })
+            .map_err(|e| located(e, seg, table_row))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -554,6 +542,16 @@ impl FrameSource {
             .then(|| seg.frames(self.name(), row0 + lo as u64, hi - lo).ok())
             .flatten()
             .map(|r| r.bytes())
+    }
+}
+
+/// `e` naming the segment file (relative to the dataset) and the episode at `table_row` of the
+/// segment's episode table.
+fn located(e: Error, seg: &Segment, table_row: usize) -> Error {
+    let e = e.in_input(&seg.entry().path);
+    match seg.episode_table().ids().get(table_row) {
+        Some(&id) => e.in_episode(id as i64),
+        None => e,
     }
 }
 
