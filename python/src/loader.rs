@@ -184,7 +184,7 @@ impl BatchLoader {
         let (b, l) = (batch.num_slices as i64, batch.slice_len as i64);
         // Raw pointers first (from `&mut`), then the batch moves into its owner; its heap buffers
         // do not move with it.
-        let mut views: Vec<(*mut u8, Vec<i64>, DlType, Option<Vec<i64>>)> = Vec::new();
+        let mut views: Vec<View> = Vec::new();
         for (c, meta) in batch.columns.iter_mut().zip(&self.plan.get().columns) {
             let mut shape = vec![b, l];
             shape.extend(&meta.shape);
@@ -247,6 +247,10 @@ impl BatchLoader {
         Ok(Some((k, b as usize, buffers)))
     }
 }
+
+/// One exported tensor of a batch: address, shape, element type, and strides in elements where
+/// it is not compact row-major (a frame window's overlapping stacks).
+type View = (*mut u8, Vec<i64>, DlType, Option<Vec<i64>>);
 
 /// Caller-owned destinations of one batch: raw addresses and byte lengths, kept valid by the
 /// Python objects the `SlotLoader` holds.
