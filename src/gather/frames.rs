@@ -82,7 +82,7 @@ pub struct FrameStack {
     /// `[H, W, K]` (`[H, W, K·C]` for color frames) per step instead of `[K, H, W]`.
     pub channels_last: bool,
     /// Each slice's window of `L + K - 1` frames instead of `L` written-out stacks (see the
-    /// module's documentation and [`crate::gather::BatchColumn::window`]).
+    /// module's documentation and [`crate::gather::BatchColumn::lead`]).
     pub window: bool,
 }
 
