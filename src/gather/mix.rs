@@ -82,8 +82,6 @@ impl Gatherer {
                     ));
                 }
             }
-        }
-        for (i, part) in parts.iter().enumerate().skip(1) {
             if part.leads() != first.leads() {
                 return Err(Error::argument(
                     "parts",

@@ -63,10 +63,7 @@ impl GatherColumn {
     }
     /// Bytes of one row of the destination: a step, or one frame of a window.
     fn row_bytes(&self) -> usize {
-        match self.lead {
-            0 => self.step_bytes(),
-            lead => self.step_bytes() / (lead + 1),
-        }
+        self.step_bytes() / (self.lead + 1)
     }
     /// Bytes of one slice of `l` steps in the destination, `None` on overflow.
     fn slice_bytes(&self, l: usize) -> Option<usize> {
@@ -627,8 +624,8 @@ impl Gatherer {
                 if c.lead > 0 {
                     // A frame window: written whole below (zeros for an empty slice).
                     if n == 0 {
-                        let rows = (l + c.lead) * c.row_bytes();
-                        std::slice::from_raw_parts_mut(d.0.add(i * rows), rows).fill(0);
+                        let bytes = (l + c.lead) * c.row_bytes();
+                        std::slice::from_raw_parts_mut(d.0.add(i * bytes), bytes).fill(0);
                     }
                     continue;
                 }
@@ -687,11 +684,11 @@ impl Gatherer {
                 };
                 for (j, step, fs, d) in frames(false).chain(frames(true)) {
                     if fs.window {
-                        let rows = (l + fs.lead()) * fs.frame_len();
-                        let out = std::slice::from_raw_parts_mut(d.0.add(i * rows), rows);
+                        let bytes = (l + fs.lead()) * fs.frame_len();
+                        let out = std::slice::from_raw_parts_mut(d.0.add(i * bytes), bytes);
                         let obs_window = obs.filter(|_| fs.next).map(|o| {
-                            let p = dst[o].0.add(i * rows);
-                            std::slice::from_raw_parts(p as *const u8, rows)
+                            let p = dst[o].0.add(i * bytes);
+                            std::slice::from_raw_parts(p as *const u8, bytes)
                         });
                         let (seg_row, start) = (loc.segment_row, s.start);
                         fs.fill_window(seg, seg_row, table_row, steps, start, out, obs_window)?;

@@ -220,7 +220,9 @@ fn batch_limit() -> (u64, &'static str) {
 /// The memory limit of the cgroup `proc_self_cgroup` (the text of `/proc/self/cgroup`) names,
 /// under the cgroup filesystem mounted at `root`: v2's `memory.max` (line `0::/path`) or v1's
 /// `memory.limit_in_bytes` (line `N:memory:/path`, or a line naming `memory` among others),
-/// the smaller where both are set. None where neither sets one (`max`, or v1's "unlimited",
+/// the smaller where both are set. Where the named directory is not there (a container that
+/// mounts its own cgroup as the hierarchy's root, while `/proc/self/cgroup` names the host's
+/// path), the hierarchy root's file. None where neither sets one (`max`, or v1's "unlimited",
 /// which is near 2^63).
 fn cgroup_limit(proc_self_cgroup: &str, root: &std::path::Path) -> Option<u64> {
     let read = |path: std::path::PathBuf| {
@@ -236,14 +238,15 @@ fn cgroup_limit(proc_self_cgroup: &str, root: &std::path::Path) -> Option<u64> {
         else {
             continue;
         };
-        let path = path.trim_start_matches('/');
-        let found = if controllers.is_empty() {
-            read(root.join(path).join("memory.max"))
+        let (base, file) = if controllers.is_empty() {
+            (root.to_path_buf(), "memory.max")
         } else if controllers.split(',').any(|c| c == "memory") {
-            read(root.join("memory").join(path).join("memory.limit_in_bytes"))
+            (root.join("memory"), "memory.limit_in_bytes")
         } else {
-            None
+            continue;
         };
+        let dir = base.join(path.trim_start_matches('/'));
+        let found = read(if dir.is_dir() { dir } else { base }.join(file));
         limit = match (limit, found) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -470,8 +473,12 @@ mod tests {
         assert_eq!(at("3:cpuacct,memory:/slurm/job_7\n"), Some(2 << 30));
         // Both hierarchies (a hybrid host): the smaller.
         assert_eq!(at("4:memory:/slurm/job_7\n0::/job\n"), Some(2 << 30));
-        // Unlimited, unknown, or no memory controller: no limit.
-        assert_eq!(at("4:memory:/free\n0::/open\n"), None);
-        assert_eq!(at("0::/not/there\n2:cpu:/x\ngarbage\n"), None);
+        // Unlimited, or no memory controller: no limit.
+        assert_eq!(at("4:memory:/free\n0::/open\n2:cpu:/x\ngarbage\n"), None);
+        // A path this mount does not have (a container's own cgroup mounted as the root): the
+        // hierarchy root's limit, or none where the root sets none.
+        assert_eq!(at("0::/docker/abc\n"), None);
+        put("memory.max", "1073741824\n");
+        assert_eq!(at("0::/docker/abc\n"), Some(1 << 30));
     }
 }
