@@ -32,6 +32,9 @@ Figures, each beside an anchor measured in the same run on the same data:
 - GPU-resident sampling + gather in transitions/s against TorchRL's
   LazyTensorStorage(device="cuda") + SliceSampler;
 - an MLP training step fed by the loader: the fraction of the step time spent waiting for data;
+- pixel frames (issue 32): 4-stacks of 84x84 frames written out and as frame windows, the CPU
+  gather alone (every core) and batches/s to cuda (Rust, Python) beside a pinned copy of what a
+  batch's copy carries; the windows checked against the stacks (also on the CPU stand-in);
 - a profile of one batch's costs (issue 35): the gather alone into host memory (also without a
   GPU), one packed pinned copy of the batch's bytes against the Python loader's per-tensor copies
   (with and without an event and record_stream), and the consumer thread's time per next().
@@ -564,6 +567,96 @@ def section_python_figures(run: Run, a, ds_path: str, anchor) -> None:
                    full_batch_pinned_copy_gb_per_s=anchor(nbytes), batch_mb=nbytes / 1e6, transfer_mb=sent / 1e6)
 
 
+def section_frames(run: Run, a, work: str, anchor) -> None:
+    """Pixel frames (issues 32 and 35): a `demo --frames` dataset (84x84 uint8 frames, zstd with
+    a trained dictionary), loaded as written-out 4-stacks and as frame windows (`frame_window`:
+    each slice's L + K - 1 frames gathered once and copied once, the [B, L, K, 84, 84] stacks an
+    `unfold` view made where the batch lies).
+
+    - Checked (the CPU half too, through the staged ring's CPU stand-in, TRAJSTORE_STAGED_CPU=1):
+      the window batches of the CUDA ring equal the written-out stacks of the same seed at every
+      valid step, are views with one frame between steps, and their copy carries under a third
+      of the stacks' bytes.
+    - Figures: the CPU gather alone at 256 x 64 x (4-stack), every core (decoding bound), both
+      layouts; on a GPU, batches/s of both layouts to cuda from Rust (`bench --device cuda`) and
+      Python, each beside a pinned copy of what one batch's copy carries."""
+    import torch
+    import trajstore
+
+    bin_ = os.path.join(HERE, "trajstore")
+    ds_path = os.path.join(work, "frames.trajstore")
+    run.sh([bin_, "demo", ds_path, "--frames", "--discrete", "--act-dim", "4", "--transitions",
+            100_000 if a.quick else 1_000_000, "--json"], env=env_for(run))
+    cuda = torch.cuda.is_available()
+    ds = trajstore.open(ds_path)
+    k, l, b = 4, 16, 32  # noqa: E741
+    cols = ["observation", "next_observation", "action"]
+    kw = dict(slice_len=l, num_slices=b, columns=cols, frame_stack=k, seed=5, max_batches=20, policy="pad")
+    ref = [{n: t.clone() for n, t in batch.items()} for batch in ds.loader(device="cpu", **kw)]
+    where = dict(device="cuda") if cuda else dict(staging_slots=2)
+    old = os.environ.get("TRAJSTORE_STAGED_CPU")
+    if not cuda:
+        os.environ["TRAJSTORE_STAGED_CPU"] = "1"
+    try:
+        ring = {}
+        for window in (False, True):
+            loader = ds.loader(frame_window=window, **where, **kw)
+            got = []
+            for batch in loader:
+                got.append({n: t.cpu() for n, t in batch.items()})
+                strides = tuple(batch["observation"].stride())
+            ring[window] = (got, int(loader._packed[0].numel()), strides)
+    finally:
+        if old is None:
+            os.environ.pop("TRAJSTORE_STAGED_CPU", None)
+    frame = 84 * 84
+    (stacks, sent_stacks, _), (windows, sent_window, strides) = ring[False], ring[True]
+    same = len(windows) == len(ref) == len(stacks) == 20
+    for w, s, r in zip(windows, stacks, ref):
+        m = r["mask"].bool()
+        same &= all(torch.equal(s[n], r[n]) for n in r)
+        same &= all(torch.equal(w[n], r[n]) for n in r if n not in ("observation", "next_observation"))
+        same &= all(torch.equal(w[n][m], r[n][m]) for n in ("observation", "next_observation"))
+    on = "cuda" if cuda else "the CPU stand-in"
+    run.check(f"Python: frame windows through the staging ring ({on}) equal the written-out stacks at every valid "
+              "step, as views", same and strides == ((l + k - 1) * frame, frame, frame, 84, 1),
+              f"strides={strides}")
+    run.check("Python: a frame window's copy carries under a third of the written-out stacks' bytes",
+              sent_window * 3 < sent_stacks, f"{sent_window / 1e6:.2f} MB against {sent_stacks / 1e6:.2f} MB")
+    # The CPU gather alone, every core: what the loaders to cuda can at most deliver.
+    iters = "20" if a.quick else "100"
+    shape = ["--num-slices", B, "--slice-len", L, "--columns", "observation,action,reward", "--frame-stack", "4"]
+    workers = str(os.cpu_count() or 2)
+    for window in (False, True):
+        name = "window" if window else "stacks"
+        flag = ["--frame-window"] if window else []
+        j = json.loads(run.sh([bin_, "bench", ds_path, *shape, *flag, "--workers", workers, "--iters", iters,
+                               "--json"], env=env_for(run)).stdout)
+        run.figure(f"frames_gather_only_{name}", batches_per_s=j["loader_batches_per_s"], workers=workers,
+                   batch_mb=j["batch_bytes"] / 1e6, frames_per_s=j["loader_batches_per_s"] * B * (L + (3 if window else 0)))
+        if not cuda:
+            continue
+        j = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag, "--workers",
+                               workers, "--iters", iters, "--json"], env=env_for(run)).stdout)["torch"]
+        sent = int(j.get("transfer_bytes_per_batch") or 0)
+        copy_bps = anchor(sent) * 1e9 / sent if sent else None
+        run.figure(f"frames_rust_cuda_{name}", batches_per_s=j["batches_per_s"], transfer_mb=sent / 1e6,
+                   pinned_copy_batches_per_s=copy_bps)
+        loader = ds.loader(slice_len=L, num_slices=B, columns=["observation", "action", "reward"], frame_stack=4,
+                           frame_window=window, device="cuda", workers=int(workers), max_batches=int(iters) + 10)
+        it = iter(loader)
+        for _ in range(10):
+            next(it)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        n = sum(1 for _ in it)
+        torch.cuda.synchronize()
+        rate = n / (time.perf_counter() - t0)
+        sent = int(loader._packed[0].numel())
+        run.figure(f"frames_python_cuda_{name}", batches_per_s=rate, transfer_mb=sent / 1e6,
+                   pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent)
+
+
 def section_profile(run: Run, a, ds_path: str, anchor) -> None:
     """Where a batch's time goes (issue 35, part 6), each cost on its own at the batch's exact
     size: the gather alone into host memory (the Rust CLI's CPU loader, every worker count the
@@ -795,7 +888,8 @@ def main() -> int:
     p.add_argument("out", help="folder for results.json, summary.txt and log.txt")
     p.add_argument("--transitions", type=int, default=10_000_000, help="size of the D4RL-shaped dataset it builds")
     p.add_argument("--quick", action="store_true", help="fewer batches (a CPU machine, or a smoke run)")
-    p.add_argument("--skip", default="", help="comma-separated sections to skip (torchrl, training, figures, profile)")
+    p.add_argument("--skip", default="",
+                   help="comma-separated sections to skip (torchrl, training, figures, profile, frames)")
     a = p.parse_args()
     sys.path.insert(0, os.path.join(HERE, "python"))  # the bundle's package, for the in-process checks
     run = Run(a.out)
@@ -816,6 +910,8 @@ def main() -> int:
     run.section("Python CUDA checks", section_python_checks, a, ds)
     if "profile" not in skip:
         run.section("profile", section_profile, a, ds, anchor)
+    if "frames" not in skip:
+        run.section("pixel frames", section_frames, a, work, anchor)
     if "figures" not in skip:
         run.section("Rust figures", section_rust_figures, a, ds, anchor)
         run.section("Python figures", section_python_figures, a, ds, anchor)

@@ -8,11 +8,15 @@ per frame into one array), then stacked into the same batches as trajstore's.
   ``--frame-stack 4 --frame-pad repeat``).
 - "256 x 64 x (4-stack)": 256 windows of 64 steps inside episodes (uniform over windows), each
   read as its 67 rows (64 steps plus 3 frames of history, clamped at the episode's start) and
-  stacked into a contiguous ``[256, 64, 4, 84, 84]`` array.
+  stacked into a contiguous ``[256, 64, 4, 84, 84]`` array, and (a second figure) given as a
+  strided ``[256, 64, 4, 84, 84]`` view of the ``[256, 67, 84, 84]`` frames, the layout of
+  trajstore's ``--frame-window``.
 
 Per batch the whole of sampling, ``take``, decoding and stacking is timed. Prints one JSON line
 per batch shape. ``--cold`` drops the page cache before each shape (needs root); the Lance
-dataset is written once to ``--dir`` (reused when it exists).
+dataset is written once to ``--dir`` (reused when it exists). ``--tile N`` writes the frames N
+times over as new episodes (each frame compressed once), to make a dataset larger than a memory
+cgroup (``--cgroup``) or the machine.
 
     python scripts/peer_lance_frames.py pong.npz DICT.zdict --tile 2 --dir /tmp/pong.lance
 """
@@ -35,38 +39,37 @@ H = W = 84
 F = H * W
 
 
-class Tiled:
-    """The frames of `npz` repeated `tile` times, read only when indexed (`[...]`)."""
-
-    def __init__(self, npz: str, tile: int) -> None:
-        self.npz, self.tile = npz, tile
-
-    def __getitem__(self, _: object) -> np.ndarray:
-        frames = np.load(self.npz)["frames"]
-        return np.concatenate([frames] * self.tile) if self.tile > 1 else frames
-
-
-def load(npz: str, tile: int) -> tuple[Tiled, np.ndarray]:
-    """The frames (read when needed) and episode ids, tiled as new episodes."""
+def load(npz: str, tile: int) -> np.ndarray:
+    """The episode id of every row: the file's episodes, tiled `tile` times as new episodes."""
     episode = np.load(npz)["episode"].astype(np.int64)
     if tile > 1:
         span = int(episode.max()) + 1
         episode = np.concatenate([episode + i * span for i in range(tile)])
-    return Tiled(npz, tile), episode
+    return episode
 
 
-def write(path: str, frames: np.ndarray, episode: np.ndarray, dictionary: bytes) -> float:
-    """The frames compressed as trajstore's zstd-dict codec does, in a Lance dataset."""
+def write(path: str, npz: str, tile: int, dictionary: bytes) -> float:
+    """The frames of `npz` compressed as trajstore's zstd-dict codec does, `tile` times over as new
+    episodes, in a Lance dataset. Each frame is compressed once (a tile's bytes are the same), so
+    that a dataset larger than memory is written without holding more than one copy of the
+    frames."""
     cctx = zstandard.ZstdCompressor(level=3, dict_data=zstandard.ZstdCompressionDict(dictionary))
     t = time.perf_counter()
+    data = np.load(npz)
+    frames, base = data["frames"], data["episode"].astype(np.int64)
+    chunk = 50_000
+    blobs = [
+        pa.array([cctx.compress(f.tobytes()) for f in frames[i : i + chunk]], pa.binary())
+        for i in range(0, len(frames), chunk)
+    ]
+    del frames
+    span = int(base.max()) + 1
 
     def batches():
-        chunk = 50_000
-        for i in range(0, len(frames), chunk):
-            blobs = [cctx.compress(f.tobytes()) for f in frames[i : i + chunk]]
-            yield pa.record_batch(
-                [pa.array(episode[i : i + chunk]), pa.array(blobs, pa.binary())], names=["episode", "frame"]
-            )
+        for k in range(tile):
+            for j, col in enumerate(blobs):
+                ep = base[j * chunk : j * chunk + len(col)] + k * span
+                yield pa.record_batch([pa.array(ep), col], names=["episode", "frame"])
 
     schema = pa.schema([("episode", pa.int64()), ("frame", pa.binary())])
     lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), path, mode="overwrite")
@@ -91,16 +94,17 @@ def main() -> None:
     p.add_argument("--dir", required=True, help="where the Lance dataset is written (reused if there)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--cold", action="store_true", help="drop the page cache before each batch shape")
-    p.add_argument("--cgroup", help="a memory cgroup (v1) directory to join before sampling (with --cold: "
-                                    "32 x (4-stack) only, read through that cgroup's memory)")
+    p.add_argument("--cgroup", help="a memory cgroup (v1) directory to join before sampling, so that the "
+                                    "dataset is read through that cgroup's memory (32 x (4-stack) only, unless "
+                                    "--all-shapes: the 256 x 64 batches need 0.5 GB of the cgroup)")
+    p.add_argument("--all-shapes", action="store_true", help="with --cgroup: every batch shape")
     a = p.parse_args()
-    frames, episode = load(a.npz, a.tile)
+    episode = load(a.npz, a.tile)
     n = len(episode)
     write_s = None
     if not os.path.isdir(a.dir):
         with open(a.dictionary, "rb") as f:
-            write_s = write(a.dir, frames[...], episode, f.read())
-    del frames
+            write_s = write(a.dir, a.npz, a.tile, f.read())
     if a.cgroup:
         with open(f"{a.cgroup}/cgroup.procs", "w") as f:
             f.write(f"{os.getpid()}\n")
@@ -138,17 +142,29 @@ def main() -> None:
     windows = np.where(keep, length - 63, 0)
     cum = np.cumsum(windows)
 
-    def batch_256() -> np.ndarray:
+    def window_256() -> np.ndarray:
+        """A batch's [256, 67, H, W] frames: each window's 64 steps and 3 frames of history."""
         r = rng.integers(0, int(cum[-1]), 256)
         e = np.searchsorted(cum, r, side="right")
         start = first[e] + (r - (cum[e] - windows[e]))
         rows = np.maximum(start[:, None] + np.arange(-3, 64), first[e][:, None])  # [256, 67]
         uniq, inv = np.unique(rows, return_inverse=True)
-        per = decode(uniq)[inv]  # [256, 67, H, W]
-        return np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(per, 4, axis=1).transpose(0, 1, 4, 2, 3))
+        return decode(uniq)[inv]
 
-    shapes = [("32x(4-stack)", batch_32, a.iters), ("256x64x(4-stack)", batch_256, max(3, a.iters // 10))]
-    if a.cold and a.cgroup:
+    def view_256() -> np.ndarray:
+        """[256, 64, 4, H, W] as a strided view of the frames (trajstore's frame window)."""
+        return np.lib.stride_tricks.sliding_window_view(window_256(), 4, axis=1).transpose(0, 1, 4, 2, 3)
+
+    def batch_256() -> np.ndarray:
+        return np.ascontiguousarray(view_256())
+
+    few = max(3, a.iters // 10)
+    shapes = [
+        ("32x(4-stack)", batch_32, a.iters),
+        ("256x64x(4-stack)", batch_256, few),
+        ("256x64x(4-stack) view", view_256, few),
+    ]
+    if a.cgroup and not a.all_shapes:
         shapes = shapes[:1]
     for name, fn, iters in shapes:
         if a.cold:

@@ -344,7 +344,10 @@ impl SlotLoader {
             .columns
             .iter()
             .enumerate()
-            .map(|(j, col)| if tail(j) { b } else { b * l } * col.step_bytes)
+            .map(|(j, col)| match tail(j) {
+                true => b * col.step_bytes,
+                false => b * col.slice_bytes(l),
+            })
             .chain(std::iter::repeat_n(b * l, 6))
             .chain([b * 8, b * 8])
             .collect();

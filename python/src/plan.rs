@@ -27,6 +27,16 @@ pub(crate) struct Column {
     pub(crate) dtype: DlType,
     pub(crate) shape: Vec<i64>,
     pub(crate) step_bytes: usize,
+    /// Rows before each slice's step 0: `K - 1` for a frame window (`[B, L + K - 1,
+    /// ...frame]`), else 0.
+    pub(crate) lead: usize,
+}
+
+impl Column {
+    /// Bytes of one slice of this column in a batch of `l` steps.
+    pub(crate) fn slice_bytes(&self, l: usize) -> usize {
+        (l + self.lead) * self.step_bytes / (self.lead + 1)
+    }
 }
 
 /// The options of every part of a plan (`PlanOptions` in `python/trajstore/_types.py`): every
@@ -444,6 +454,12 @@ impl Plan {
     fn tail_columns(&self) -> Vec<bool> {
         self.source.tail_columns()
     }
+    /// Per column of `columns()`, the rows before each slice's step 0: `K - 1` for a frame
+    /// window, whose slot region holds `[B, L + K - 1, ...frame]` (the `[B, L, K, ...frame]`
+    /// stacks are a view of it), else 0.
+    fn leads(&self) -> Vec<usize> {
+        self.columns.iter().map(|c| c.lead).collect()
+    }
     #[getter]
     fn num_slices(&self) -> usize {
         self.num_slices
@@ -548,7 +564,8 @@ fn describe(source: &BatchSource) -> trajstore::Result<Vec<Column>> {
     source
         .columns()?
         .into_iter()
-        .map(|(name, dt, shape)| {
+        .zip(source.leads())
+        .map(|((name, dt, shape), lead)| {
             let dtype = DlType::of(&dt).ok_or_else(|| {
                 trajstore::Error::argument(
                     "columns",
@@ -561,6 +578,7 @@ fn describe(source: &BatchSource) -> trajstore::Result<Vec<Column>> {
                 dtype,
                 shape: shape.iter().map(|&d| d as i64).collect(),
                 step_bytes,
+                lead,
             })
         })
         .collect()

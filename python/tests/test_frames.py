@@ -180,6 +180,55 @@ def test_staged_compact_frame_stacks_equal_the_raw_frames(frames_path, monkeypat
     assert seen == 4
 
 
+@pytest.mark.skipif(os.environ.get("TRAJSTORE_NO_TORCH") == "1", reason="needs torch")
+@pytest.mark.parametrize("policy", ["strict", "pad", "span:2:3"])
+@pytest.mark.parametrize("transform", [False, True])
+def test_staged_frame_windows_cross_as_windows_and_equal_the_raw_frames(frames_path, monkeypatch, policy, transform):
+    """The CUDA ring with frame_window=True (run on CPU through TRAJSTORE_STAGED_CPU=1): each host
+    slot holds [B, L + K - 1, H, W] frames, a quarter of the stacks' bytes at K = 4 (what the one
+    copy per batch carries), and the batch's [B, L, K, H, W] stacks are views of the device
+    buffer equal to stacks of the raw frames at every valid step; through a transform too."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    path, obs = frames_path
+    ds = trajstore.open(path)
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+    k, l, b = 4, 5, 16
+    seen_by_transform = []
+
+    def keep(batch):
+        seen_by_transform.append(tuple(batch["observation"].shape))
+        return batch
+
+    loader = ds.loader(
+        slice_len=l, num_slices=b, columns=["observation", "next_observation"], policy=policy,
+        frame_stack=k, frame_window=True, max_batches=4, seed=5, staging_slots=2,
+        transform=keep if transform else None,
+    )
+    assert loader._staged_on_cpu
+    seen = 0
+    for batch in loader:
+        assert loader._plan.leads() == [k - 1, k - 1]
+        for name in ("observation", "next_observation"):
+            slot = loader._slots[0][name]
+            assert tuple(slot.shape) == (b, l + k - 1, H, W)
+        o = batch["observation"]
+        assert tuple(o.shape) == (b, l, k, H, W)
+        if not transform:
+            frame = H * W
+            # A view of the device buffer: steps and stack slots both one frame apart.
+            assert o.stride() == ((l + k - 1) * frame, frame, frame, W, 1)
+        got = {n: t.numpy() for n, t in batch.items()}
+        ids = got["episode_id"] - ds.first_episode_id
+        want, want_next = reference(obs, starts, ids, got["start_step"], l, k, "repeat")
+        mask = got["mask"].astype(bool)
+        np.testing.assert_array_equal(got["observation"][mask], want[mask])
+        np.testing.assert_array_equal(got["next_observation"][mask], want_next[mask])
+        seen += 1
+    assert seen == 4
+    assert seen_by_transform == ([(b, l, k, H, W)] * 4 if transform else [])
+
+
 def test_one_frame_per_step_without_a_stack_and_bad_stacks_are_refused(frames_path, demo_ds):
     path, _ = frames_path
     ds = trajstore.open(path)

@@ -11,6 +11,9 @@
   use counts. If something does, the buffer is left to its holder and a new one is allocated.
   The copy stream also waits for what the current stream had queued, so kernels still reading the
   old batch finish first.
+- **Frame windows** (``frame_window=True``): a slot holds each slice's ``L + K - 1`` frames once,
+  ``[B, L + K - 1, H, W]``, and the batch's ``[B, L, K, H, W]`` stacks are a view of the device
+  buffer (``_stacks``): the copy carries a quarter of the stacks' bytes at ``K = 4``, L = 64.
 - **Derived ``next_observation``.** Where one batch's derived ``next_observation`` would carry
   ``_TAIL_MIN_BYTES`` or more (frame stacks, large observations), the slot holds it as one row per
   slice (``Gatherer::gather_into_with_tails`` in the Rust crate): at every other step it is the
@@ -70,25 +73,33 @@ class _Piece(NamedTuple):
     shape: Tuple[int, ...]
     #: Whether it is a tail (one row per slice of a derived next_observation).
     tail: bool
+    #: Rows before each slice's step 0: ``K - 1`` for a frame window (held as ``[B, L + K - 1,
+    #: ...frame]`` and handed out as a ``[B, L, K, ...frame]`` view of it), else 0.
+    lead: int = 0
 
 
 def _pieces(torch: Any, plan: _native.Plan, tails: Optional[List[bool]]) -> List[_Piece]:
     """The tensors of one slot in the order the native slot loader takes their regions:
     columns, the six flag planes, then the per-slice vectors."""
     b, l = plan.num_slices, plan.slice_len  # noqa: E741
-    specs: List[Tuple[str, Any, Tuple[int, ...], bool]] = []
-    for j, (name, dtype, step_shape) in enumerate(plan.columns()):
+    specs: List[Tuple[str, Any, Tuple[int, ...], bool, int]] = []
+    for j, ((name, dtype, step_shape), lead) in enumerate(zip(plan.columns(), plan.leads())):
         tail = tails is not None and tails[j]
-        lead = (b,) if tail else (b, l)
-        specs.append((name, _torch_dtype(torch, dtype), (*lead, *step_shape), tail))
-    specs.extend((n, torch.bool, (b, l), False) for n in FLAGS)
-    specs.extend((n, torch.int64, (b,), False) for n in PER_SLICE)
+        if tail:
+            shape: Tuple[int, ...] = (b, *step_shape)
+        elif lead:
+            shape = (b, l + lead, *step_shape[1:])
+        else:
+            shape = (b, l, *step_shape)
+        specs.append((name, _torch_dtype(torch, dtype), shape, tail, lead))
+    specs.extend((n, torch.bool, (b, l), False, 0) for n in FLAGS)
+    specs.extend((n, torch.int64, (b,), False, 0) for n in PER_SLICE)
     pieces: List[_Piece] = []
     at = 0
-    for name, dtype, shape, tail in specs:
+    for name, dtype, shape, tail, lead in specs:
         at = (at + _ALIGN - 1) // _ALIGN * _ALIGN
         n = math.prod(shape) * dtype.itemsize
-        pieces.append(_Piece(name, at, n, dtype, shape, tail))
+        pieces.append(_Piece(name, at, n, dtype, shape, tail, lead))
         at += n
     return pieces
 
@@ -108,6 +119,16 @@ def _view(buf: Any, p: _Piece) -> Any:
     return buf[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape)
 
 
+def _stacks(t: Any, lead: int) -> Any:
+    """A column as handed out: ``t`` itself, or for a frame window (``t`` ``[B, L + K - 1,
+    ...frame]``, ``lead = K - 1``) the ``[B, L, K, ...frame]`` view whose step ``j`` is rows
+    ``j .. j + K`` of its slice, sharing ``t``'s memory (the stacks are never written out)."""
+    if not lead:
+        return t
+    n = t.dim()
+    return t.unfold(1, lead + 1, 1).permute(0, 1, n, *range(2, n))
+
+
 class _DeviceSlot:
     """One buffer of the device ring: a batch's packed bytes, the tensors handed out (views of
     it, made once, and each tail's derived next_observation), and what their reference counts
@@ -121,7 +142,8 @@ class _DeviceSlot:
         self.full = {
             p.name: torch.empty((p.shape[0], l, *p.shape[1:]), dtype=p.dtype, device=device) for p in pieces if p.tail
         }
-        self.out: Dict[str, Any] = {n: self.full.get(n, v) for n, v in self.views.items()}
+        leads = {p.name: p.lead for p in pieces}
+        self.out: Dict[str, Any] = {n: self.full.get(n, _stacks(v, leads[n])) for n, v in self.views.items()}
         self.derivations = _derivations(self.views, self.full)
         self._refs = self._ref_counts()
         self._uses = self._use_counts(torch)
@@ -359,7 +381,8 @@ class CudaRing:
         torch = _torch()
         names = self._names + list(FLAGS) + list(PER_SLICE)
         device, cast = self._device, self._cast
-        host = Batch(k, ((n, self._slots[slot][n][:nb]) for n in names))
+        leads = {p.name: p.lead for p in self._pieces}
+        host = Batch(k, ((n, _stacks(self._slots[slot][n], leads[n])[:nb]) for n in names))
         if self._mix:
             host["source"] = self._sources()
         self._weights(host)

@@ -92,9 +92,10 @@ class Loader(CudaRing):
       frames ``j .. j + K`` of its slice, so consecutive steps' stacks share memory, as TorchRL's
       ``unfold`` view): a quarter of the bytes to gather and to copy at ``K = 4``. The view is
       read-only in spirit (writing one stack writes its neighbours); ``.contiguous()`` writes
-      the stacks out. A padded step's stack may hold its neighbours' frames: use the mask. CPU
-      batches only (``device="cpu"``, no ``staging_slots``); not with ``frame_channels_last``
-      (``permute`` the view) or streamed datasets.
+      the stacks out. A padded step's stack may hold its neighbours' frames: use the mask. With
+      ``device="cuda"`` the staging slots hold the ``L + K - 1`` frames, one copy carries them,
+      and the view is made of the device buffer. Not with ``frame_channels_last`` (``permute``
+      the view) or streamed datasets.
     - ``follow``: sample a dataset that a collector keeps committing to: ``True`` (look for a
       newer version every second), a number of seconds, or ``{"every": seconds,
       "every_batches": n}`` (whichever comes first). A newer version is mapped in the

@@ -366,12 +366,16 @@ impl Gatherer {
         crate::sample::batch_bytes(num_slices, slice_len as u64, self.step_bytes_total(), None)
     }
 
-    /// Bytes of one step of all gathered columns together.
-    fn step_bytes_total(&self) -> u64 {
-        self.columns
-            .iter()
-            .map(|c| (c.width * elem_size(&c.data_type)) as u64)
-            .fold(0u64, u64::saturating_add)
+    /// Bytes of all gathered columns together: per step (a window's frame, not its stack),
+    /// and per slice besides its steps (the `K - 1` frames before a window's step 0).
+    fn step_bytes_total(&self) -> (u64, u64) {
+        self.columns.iter().fold((0u64, 0u64), |(step, lead), c| {
+            let row = c.row_bytes() as u64;
+            (
+                step.saturating_add(row),
+                lead.saturating_add(row.saturating_mul(c.lead as u64)),
+            )
+        })
     }
 
     /// Bytes of one step of each gathered column, in [`Gatherer::columns`] order (of a stack

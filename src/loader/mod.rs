@@ -323,6 +323,16 @@ impl BatchSource {
         }
     }
 
+    /// Per column of [`BatchSource::columns`], the rows before each slice's step 0
+    /// ([`crate::Gatherer::leads`]: `K - 1` for a frame window; a stream gathers none).
+    pub fn leads(&self) -> Vec<usize> {
+        match &self.0 {
+            Src::Local(f) => f.first().gatherer.leads(),
+            #[cfg(feature = "remote")]
+            Src::Streamed(_) | Src::StreamMix(_) => vec![0; self.tail_columns().len()],
+        }
+    }
+
     /// Whether this source streams a dataset from object storage (read it with
     /// [`StreamLoader::new`]).
     pub fn is_streamed(&self) -> bool {

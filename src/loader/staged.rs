@@ -72,13 +72,6 @@ impl StagedLoader {
         let super::Run { feed, start, end } = source.run(&opts)?;
         let first = feed.first();
         let (sampler, gatherer) = (first.sampler.clone(), first.gatherer.clone());
-        if gatherer.has_windows() {
-            return Err(crate::Error::argument(
-                "frame_window",
-                "staged loaders (the CUDA loaders' pinned slots) hold written-out frame stacks: \
-                 a frame window is gathered by Loader (host batches) only",
-            ));
-        }
         let batch_bytes =
             gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
         // The workers hold no batch of their own (the worker count is still bounded); the

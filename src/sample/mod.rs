@@ -264,20 +264,22 @@ pub(crate) const FLAG_BYTES: u64 = 6;
 pub(crate) const SLICE_BYTES: u64 = std::mem::size_of::<SliceRef>() as u64 + 16;
 
 /// The bytes of a batch of `num_slices` slices of `slice_len` steps of `step_bytes` column bytes
-/// each (see [`max_batch_bytes`]), checked against the limit. Errors name `argument` when given,
+/// each, plus `slice_extra` column bytes per slice (the rows before step 0 of frame windows),
+/// (see [`max_batch_bytes`]), checked against the limit. Errors name `argument` when given,
 /// else `num_slices` when even one-step slices would not fit, else `slice_len`.
 pub(crate) fn batch_bytes(
     num_slices: usize,
     slice_len: u64,
-    step_bytes: u64,
+    (step_bytes, slice_extra): (u64, u64),
     argument: Option<&str>,
 ) -> Result<u64> {
     let (limit, why) = batch_limit();
     let cost = |len: u64| {
-        (num_slices as u64)
-            .checked_mul(len)?
+        let slice = len
             .checked_mul(step_bytes.checked_add(FLAG_BYTES)?)?
-            .checked_add((num_slices as u64).checked_mul(SLICE_BYTES)?)
+            .checked_add(slice_extra)?
+            .checked_add(SLICE_BYTES)?;
+        (num_slices as u64).checked_mul(slice)
     };
     match cost(slice_len) {
         Some(bytes) if bytes <= limit => Ok(bytes),
@@ -318,7 +320,7 @@ pub(crate) fn check_sizes(
     if slice_len == 0 {
         return Err(Error::argument(len_arg, "must be at least 1"));
     }
-    batch_bytes(num_slices, slice_len as u64, 0, None).map_err(|e| match e {
+    batch_bytes(num_slices, slice_len as u64, (0, 0), None).map_err(|e| match e {
         Error::InvalidArgument {
             argument: Some(a),
             reason,

@@ -5,7 +5,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::layout::{Layout, Slot};
+use super::layout::{Layout, Slot, window_view};
 use super::{TensorBatch, widen};
 use crate::error::Result;
 use crate::format::col;
@@ -54,16 +54,17 @@ fn expand(
         .zip(&layout.tails)
         .position(|((name, _, _), &tail)| name == col::OBSERVATION && !tail);
     let mut out = Vec::with_capacity(columns.len());
-    for ((((name, _, shape), dt), &tail), t) in layout
+    for (((((name, _, shape), dt), &tail), t), &lead) in layout
         .columns
         .iter()
         .zip(&layout.types)
         .zip(&layout.tails)
         .zip(columns)
+        .zip(&layout.leads)
     {
         let full = match obs.filter(|_| tail) {
             Some(o) => next_observation(&columns[o], t, &mask, &slice_end, shape)?,
-            None => t.shallow_clone(),
+            None => window_view(t, lead)?,
         };
         out.push((name.clone(), widen(full, dt)?));
     }

@@ -25,18 +25,27 @@ pub(crate) struct Layout {
     /// Per column: whether a compact slot holds it as one row per slice
     /// ([`Gatherer::tail_columns`]).
     pub(crate) tails: Vec<bool>,
+    /// Per column: the rows before each slice's step 0 ([`Gatherer::leads`]): `K - 1` for a
+    /// frame window, held as `[B, L + K - 1, ...frame]` and handed out as a `[B, L, K,
+    /// ...frame]` view of it ([`window_view`]).
+    pub(crate) leads: Vec<usize>,
 }
 
 impl Layout {
     pub(crate) fn new(gatherer: &Gatherer, b: usize, l: usize) -> Result<Self> {
-        if gatherer.has_windows() {
-            return Err(Error::argument(
-                "frame_window",
-                "the torch loader's tensors hold written-out frame stacks: a frame window is \
-                 gathered by Loader (host batches; from Python, device=\"cpu\") only",
-            ));
+        let mut layout = Self::of_columns(gatherer.columns(), b, l)?;
+        layout.leads = gatherer.leads();
+        Ok(layout)
+    }
+
+    /// The shape column `i` is stored in: its full shape, or a frame window's `[B, L + K - 1,
+    /// ...frame]`.
+    pub(crate) fn storage_shape(&self, i: usize) -> Vec<i64> {
+        let shape = &self.columns[i].2;
+        match self.leads[i] {
+            0 => shape.clone(),
+            lead => [&[shape[0], shape[1] + lead as i64], &shape[3..]].concat(),
         }
-        Self::of_columns(gatherer.columns(), b, l)
     }
 
     /// The layout of batches of `columns` (name, element type, per-step shape), as a
@@ -64,6 +73,7 @@ impl Layout {
             b,
             l,
             tails: vec![false; out.len()],
+            leads: vec![0; out.len()],
             columns: out,
             types,
             compact: false,
@@ -112,20 +122,21 @@ type Piece = (i64, Vec<i64>, Kind);
 
 /// Shapes and kinds of a slot's tensors: the columns, the `[6, B, L]` flags, the `[2, B]` ids
 /// and start steps. A compact slot holds its tail columns as `[B, ...]` and the flags as `[B, 3]`
-/// `Int` spans.
+/// `Int` spans; a frame window is `[B, L + K - 1, ...frame]`.
 fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
     let (b, l) = (layout.b as i64, layout.l as i64);
     let mut specs: Vec<_> = layout
         .columns
         .iter()
         .zip(&layout.tails)
-        .map(|((_, k, shape), &tail)| {
+        .enumerate()
+        .map(|(i, ((_, k, shape), &tail))| {
             if layout.compact && tail {
                 let mut s = shape.clone();
                 s.remove(1);
                 (s, *k)
             } else {
-                (shape.clone(), *k)
+                (layout.storage_shape(i), *k)
             }
         })
         .collect();
@@ -226,8 +237,13 @@ impl Slot {
             return None;
         }
         let mut columns = Vec::with_capacity(layout.columns.len());
-        for (t, (_, kind, shape)) in batch.base_columns.into_iter().zip(&layout.columns) {
-            if !ok(&t, *kind, shape) {
+        for (i, (t, (_, kind, _))) in batch
+            .base_columns
+            .into_iter()
+            .zip(&layout.columns)
+            .enumerate()
+        {
+            if !ok(&t, *kind, &layout.storage_shape(i)) {
                 return None;
             }
             columns.push(t);
@@ -325,7 +341,10 @@ impl Slot {
                 .iter()
                 .zip(&layout.types)
                 .zip(&self.columns)
-                .map(|(((n, _, _), dt), t)| Ok((n.clone(), widen(t.shallow_clone(), dt)?)))
+                .zip(&layout.leads)
+                .map(|((((n, _, _), dt), t), &lead)| {
+                    Ok((n.clone(), widen(window_view(t, lead)?, dt)?))
+                })
                 .collect::<Result<_>>()?,
             mask: flag(0)?,
             is_first: flag(1)?,
@@ -340,4 +359,19 @@ impl Slot {
             base_columns: self.columns.iter().map(Tensor::shallow_clone).collect(),
         })
     }
+}
+
+/// Column `t` as handed out: itself, or for a frame window (`lead = K - 1`, `t` `[B, L + K - 1,
+/// ...frame]`) the `[B, L, K, ...frame]` view whose step `j` is rows `j..j + K` of its slice,
+/// sharing `t`'s memory (what `unfold` gives; the stacks are never written out).
+pub(crate) fn window_view(t: &Tensor, lead: usize) -> Result<Tensor> {
+    if lead == 0 {
+        return Ok(t.shallow_clone());
+    }
+    let n = t.dim() as i64;
+    // unfold gives [B, L, ...frame, K]: move K before the frame's dimensions.
+    let mut order = vec![0, 1, n];
+    order.extend(2..n);
+    Ok(t.f_unfold(1, lead as i64 + 1, 1)?
+        .f_permute(order.as_slice())?)
 }

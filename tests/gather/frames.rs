@@ -340,22 +340,49 @@ fn the_loader_gives_frame_windows_and_a_mix_of_windows_gathers_them() {
     let g = Gatherer::with_frame_stack(&snap, &cols, Some(stack)).unwrap();
     let built = sampler.build(&snap).unwrap();
     let (mut plan, mut full, mut n) = (vec![], Batch::default(), 0);
+    let mut windows = Vec::new();
     while let Some(batch) = loader.next_batch() {
         built.sampler.plan(n, &mut plan);
         g.gather(&plan, &mut full).unwrap();
         check_window(&batch, &full, 4, &format!("loader batch {n}"));
+        windows.push(
+            batch
+                .columns
+                .iter()
+                .map(|c| c.data.to_vec())
+                .collect::<Vec<_>>(),
+        );
         n += 1;
     }
     assert_eq!(n, 4);
-    // A staged loader (the CUDA loaders' pinned slots) holds written-out stacks: refused by name.
-    let (slots, _) = crate::common::staging::slots(2, &[1 << 20; 3], (16, 6), None);
-    match trajstore::StagedLoader::new(&source, LoaderOptions::default(), slots) {
-        Err(Error::InvalidArgument {
-            argument: Some(a), ..
-        }) => assert_eq!(a, "frame_window"),
-        Err(e) => panic!("expected an error about frame_window, got {e}"),
-        Ok(_) => panic!("a staged loader took a frame window"),
+    // A staged loader (the CUDA loaders' pinned slots) gathers the same windows into slots of
+    // `B * (L + K - 1)` frames: what one copy per batch carries to the device.
+    let w = Gatherer::with_frame_stack(&snap, &cols, Some(stack.with_window(true))).unwrap();
+    let need: Vec<usize> = w
+        .column_bytes(16, 6)
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(need[..2], [16 * (6 + 3) * F, 16 * (6 + 3) * F]);
+    // A batch's bytes (the memory checks' figure) count a window's frames once.
+    let overhead = |g: &Gatherer| {
+        let cols: usize = g.column_bytes(16, 6).into_iter().map(Option::unwrap).sum();
+        g.batch_bytes(16, 6).unwrap() - cols as u64
+    };
+    assert_eq!(overhead(&w), overhead(&g));
+    let (slots, mems) = crate::common::staging::slots(2, &need, (16, 6), None);
+    let opts = LoaderOptions::default().with_workers(2).with_max_batches(4);
+    let mut staged = trajstore::StagedLoader::new(&source, opts, slots).unwrap();
+    let mut k = 0;
+    while let Some(b) = staged.next_batch() {
+        let b = b.unwrap();
+        let m = mems[b.slot].lock().unwrap();
+        assert_eq!(m.columns, windows[k], "staged batch {k}");
+        drop(m);
+        staged.release(b.number).unwrap();
+        k += 1;
     }
+    assert_eq!(k, 4);
     // A mix of two windowed parts: each slice's window from its own part.
     let part =
         Arc::new(Gatherer::with_frame_stack(&snap, &cols, Some(stack.with_window(true))).unwrap());
@@ -641,4 +668,70 @@ fn the_torch_loader_expands_compact_frame_stacks() {
         };
         assert!(run(true) == run(false), "{stack:?}");
     }
+}
+
+/// The torch loader with frame windows: a slot holds `[B, L + K - 1, H, W]` frames (compact or
+/// not), and each batch's `[B, L, K, H, W]` stacks are a view of them (steps and stack slots one
+/// frame apart) equal to the written-out stacks at every valid step; a transform sees the view.
+#[cfg(feature = "torch")]
+#[test]
+fn the_torch_loader_hands_out_frame_windows_as_views() {
+    use trajstore::torch::{TensorBatch, TorchLoader, TorchLoaderOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let (snap, _) = write(dir.path(), FrameCodec::ZstdDict);
+    let cols = ["observation", "next_observation", "action"];
+    let (k, l, b) = (4usize, 8usize, 6usize);
+    let sampler = SamplerSpec::uniform(l as u32, b)
+        .with_policy(BoundaryPolicy::Span { left: 2, right: 3 })
+        .with_seed(4);
+    let stack = FrameStack::new(k).unwrap();
+    let source = |window: bool| {
+        let spec = LoaderSpec::single(snap.clone(), sampler.clone(), &cols)
+            .with_frame_stack(stack.with_window(window));
+        BatchSource::open(spec).unwrap()
+    };
+    let opts = |compact: bool| {
+        TorchLoaderOptions::new(tch::Device::Cpu)
+            .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(3))
+            .with_compact(compact)
+    };
+    let valid = |batch: &TensorBatch, name: &str| {
+        let mask = batch.get("mask").unwrap();
+        let t = batch.get(name).unwrap().to_kind(tch::Kind::Uint8);
+        Vec::<u8>::try_from(t.index(&[Some(mask)]).flatten(0, -1)).unwrap()
+    };
+    let stacks: Vec<TensorBatch> = TorchLoader::new(&source(false), opts(false))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for compact in [false, true] {
+        let got: Vec<TensorBatch> = TorchLoader::new(&source(true), opts(compact))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(got.len(), 3);
+        for (n, (w, s)) in got.iter().zip(&stacks).enumerate() {
+            for name in ["observation", "next_observation"] {
+                let t = w.get(name).unwrap();
+                let frame = F as i64;
+                assert_eq!(t.size(), [b as i64, l as i64, k as i64, 12, 10]);
+                let row = ((l + k - 1) as i64) * frame;
+                assert_eq!(t.stride(), [row, frame, frame, 10, 1], "{name}");
+                let what = format!("compact {compact} batch {n} {name}");
+                assert!(valid(w, name) == valid(s, name), "{what}");
+            }
+            assert!(valid(w, "action") == valid(s, "action"));
+        }
+    }
+    // A transform sees the view.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let opts = opts(false).with_transform(move |batch: &mut TensorBatch| {
+        log.lock()
+            .unwrap()
+            .push(batch.get("observation").unwrap().size());
+        Ok(())
+    });
+    assert_eq!(TorchLoader::new(&source(true), opts).unwrap().count(), 3);
+    assert_eq!(*seen.lock().unwrap(), vec![vec![6, 8, 4, 12, 10]; 3]);
 }

@@ -195,7 +195,7 @@ impl StreamPlan {
             return Err(Error::argument(
                 "frame_window",
                 "a stream's batches hold written-out frame stacks: a frame window is gathered \
-                 from local datasets (Loader, Gatherer) only",
+                 from local datasets only",
             ));
         }
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
@@ -531,7 +531,16 @@ impl<T: Send + 'static> Run<T> {
 
 impl<T: Send + 'static> Drop for Run<T> {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Relaxed);
+        // Set under the lock the prefetcher checks it under, so that the wake-up below cannot
+        // fall between its check and its wait (it would then wait forever, and the join too).
+        {
+            let _p = self
+                .shared
+                .position
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.shared.stop.store(true, Relaxed);
+        }
         self.shared.moved.notify_all();
         if let Some(h) = self.prefetcher.take() {
             let _ = h.join();
