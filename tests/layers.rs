@@ -68,7 +68,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
     ),
     (
         "loader/stream",
-        &["schedule", "cache", "subset", "runs", "mixed", "loader"],
+        &["columns", "schedule", "cache", "subset", "runs", "mixed", "loader"],
     ),
     ("remote", &["mirror", "push", "pull", "stream"]),
     (

@@ -180,6 +180,33 @@ def test_staged_compact_frame_stacks_equal_the_raw_frames(frames_path, monkeypat
     assert seen == 4
 
 
+@pytest.mark.parametrize("window", [False, True])
+def test_a_streamed_frame_dataset_gives_the_raw_frames_stacks(frames_path, tmp_path, window):
+    """A frame dataset pushed to a store (file://) and streamed: stacks, written out or as a
+    frame window's strided view, equal to the raw frames' stacks at every valid step."""
+    path, obs = frames_path
+    store = "file://" + str(tmp_path / "store")
+    trajstore.push(path, store)
+    ds = trajstore.open(store, cache_limit="1GiB", cache_dir=str(tmp_path / "cache"))
+    first = trajstore.open(path).first_episode_id
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+    k, l, b = 4, 5, 8
+    seen = 0
+    for batch in ds.loader(slice_len=l, num_slices=b, columns=["observation", "next_observation"], policy="pad",
+                           frame_stack=k, frame_window=window, backend="numpy", max_batches=4, seed=2):
+        o = batch["observation"]
+        assert o.shape == (b, l, k, H, W)
+        if window:
+            assert o.strides == ((l + k - 1) * H * W, H * W, H * W, W, 1)
+        ids = batch["episode_id"] - first
+        want, want_next = reference(obs, starts, ids, batch["start_step"], l, k, "repeat")
+        mask = batch["mask"].astype(bool)
+        np.testing.assert_array_equal(o[mask], want[mask])
+        np.testing.assert_array_equal(batch["next_observation"][mask], want_next[mask])
+        seen += 1
+    assert seen == 4
+
+
 @pytest.mark.skipif(os.environ.get("TRAJSTORE_NO_TORCH") == "1", reason="needs torch")
 @pytest.mark.parametrize("policy", ["strict", "pad", "span:2:3"])
 @pytest.mark.parametrize("transform", [False, True])

@@ -87,6 +87,11 @@ pub struct FrameStack {
 }
 
 impl FrameStack {
+    /// Frames before each slice's step 0 in a batch: `K - 1` for a window, else 0.
+    pub(crate) fn lead(&self) -> usize {
+        if self.window { self.frames - 1 } else { 0 }
+    }
+
     /// Stacks of `frames` frames (1 ..= [`MAX_FRAME_STACK`]), padded by repeating the first.
     pub fn new(frames: usize) -> Result<Self> {
         if !(1..=MAX_FRAME_STACK).contains(&frames) {

@@ -317,19 +317,22 @@ impl BatchSource {
         match &self.0 {
             Src::Local(f) => f.first().gatherer.tail_columns().to_vec(),
             #[cfg(feature = "remote")]
-            Src::Streamed(p) => stream::tail_columns(p.stream.catalog(), &p.columns),
+            Src::Streamed(p) => stream::tail_columns(p.stream.catalog(), &p.columns, p.frame_stack),
             #[cfg(feature = "remote")]
             Src::StreamMix(m) => m.tail_columns(),
         }
     }
 
     /// Per column of [`BatchSource::columns`], the rows before each slice's step 0
-    /// ([`crate::Gatherer::leads`]: `K - 1` for a frame window; a stream gathers none).
+    /// ([`crate::Gatherer::leads`]: `K - 1` for a frame window, else 0).
     pub fn leads(&self) -> Vec<usize> {
         match &self.0 {
             Src::Local(f) => f.first().gatherer.leads(),
             #[cfg(feature = "remote")]
-            Src::Streamed(_) | Src::StreamMix(_) => vec![0; self.tail_columns().len()],
+            Src::Streamed(p) => stream::leads(p.stream.catalog(), &p.columns, p.frame_stack),
+            // A mix of streams holds written-out stacks (a window is refused when it is made).
+            #[cfg(feature = "remote")]
+            Src::StreamMix(m) => vec![0; m.columns.len()],
         }
     }
 

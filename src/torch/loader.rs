@@ -137,15 +137,16 @@ impl TorchLoader {
                  rotate through its cache: pull the dataset to use it resident",
             ));
         }
-        let (b, l) = crate::loader::stream::batch_shape(source)?;
+        let (b, l) = crate::loader::stream::columns::batch_shape(source)?;
         let columns = source.columns()?;
-        let layout = Layout::of_columns(
+        let mut layout = Layout::of_columns(
             columns
                 .iter()
                 .map(|(n, dt, shape)| (n.as_str(), dt, shape.as_slice())),
             b,
             l,
         )?;
+        layout.leads = source.leads();
         let (layout, transfer) = finish_layout(layout, &opts, &source.tail_columns());
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let sink: crate::loader::stream::Sink<TensorBatch> = {

@@ -13,9 +13,10 @@ use crate::common::err_of;
 use crate::common::s3::S3Server;
 use crate::store::frames::{decode_all, frame_schema, write_episodes};
 use trajstore::frames::FrameCodec;
-use trajstore::remote::{Stream, StreamOptions};
+use trajstore::remote::{Remote, Stream, StreamOptions};
 use trajstore::{
-    BatchSource, Dataset, Error, LoaderOptions, LoaderSpec, SamplerSpec, StreamLoader,
+    Batch, BatchSource, BoundaryPolicy, Dataset, Error, FrameStack, LoaderOptions, LoaderSpec,
+    SamplerSpec, StagedLoader, StreamLoader,
 };
 
 const SHAPE: [usize; 2] = [84, 84];
@@ -186,4 +187,123 @@ fn a_damaged_dictionary_is_a_named_error_in_the_store_and_in_a_mirror() {
     let e = err_of(s3.remote(&url2).push(&ds));
     assert!(is_corrupt_naming(&e, &name), "{e:?}");
     assert!(s3.keys("damage2", "again/_versions").is_empty());
+}
+
+/// Frame stacks streamed from a store (`file://`) equal stacks of the written frames at every
+/// valid step (the first frame repeated before an episode's start, `next_observation` reaching
+/// the stored final frame), written out or as frame windows, which give the same batches for
+/// the same seed: host batches, and the staged loader's slots of `L + K - 1` frames a slice. A
+/// mix of streams assembles written-out stacks and refuses a window by name.
+#[test]
+fn a_streamed_frame_dataset_gives_frame_stacks_and_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, want) = frames_dataset(dir.path());
+    let url = format!("file://{}", dir.path().join("store").display());
+    Remote::open(&url, Default::default())
+        .unwrap()
+        .push(&ds)
+        .unwrap();
+    let stream = |cache: &str| {
+        let mut o = StreamOptions::new(1 << 30);
+        o.cache_dir = Some(dir.path().join(cache));
+        Stream::open(&url, o).unwrap()
+    };
+    let (k, l, b, f) = (4usize, 6usize, 8usize, 84 * 84);
+    let cols = ["observation", "next_observation", "action"];
+    let sampler = SamplerSpec::uniform(l as u32, b)
+        .with_policy(BoundaryPolicy::Pad)
+        .with_seed(3);
+    let spec = |window: bool, cache: &str| {
+        let stack = FrameStack::new(k).unwrap().with_window(window);
+        LoaderSpec::streamed(stream(cache), sampler.clone(), &cols).with_frame_stack(stack)
+    };
+    let opts = || LoaderOptions::default().with_workers(2).with_max_batches(5);
+    let batches = |window: bool, cache: &str| -> Vec<Batch> {
+        let source = BatchSource::open(spec(window, cache)).unwrap();
+        let lead = if window { k - 1 } else { 0 };
+        assert_eq!(source.leads(), vec![lead, lead, 0]);
+        StreamLoader::new(&source, opts())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    // Stack of step `t` (shifted by `shift` for next_observation) of episode `e`, from the
+    // written frames.
+    let expect = |e: usize, t: i64, shift: i64| -> Vec<u8> {
+        (0..k as i64)
+            .flat_map(|q| want[e][(t + shift - (k as i64 - 1 - q)).max(0) as usize].clone())
+            .collect()
+    };
+    let stacks = batches(false, "c-stacks");
+    let windows = batches(true, "c-windows");
+    assert_eq!(stacks.len(), 5);
+    assert_eq!(windows.len(), 5);
+    let mut checked = 0;
+    for (s, w) in stacks.iter().zip(&windows) {
+        assert_eq!(
+            (&s.episode_id, &s.start_step, &s.mask),
+            (&w.episode_id, &w.start_step, &w.mask)
+        );
+        assert_eq!(w.columns[0].lead, k - 1);
+        assert_eq!(
+            s.columns[2].data.as_slice(),
+            w.columns[2].data.as_slice(),
+            "action"
+        );
+        for i in 0..b {
+            let e = s.episode_id[i] as usize;
+            for j in 0..l {
+                if s.mask[i * l + j] == 0 {
+                    continue;
+                }
+                let t = s.start_step[i] + j as i64;
+                for (c, shift) in [(0, 0), (1, 1)] {
+                    let at = (i * l + j) * k * f;
+                    let written = &s.columns[c].data.as_slice()[at..at + k * f];
+                    let at = (i * (l + k - 1) + j) * f;
+                    let window = &w.columns[c].data.as_slice()[at..at + k * f];
+                    let want = expect(e, t, shift);
+                    assert!(
+                        written == &want[..],
+                        "stacks: episode {e} step {t} column {c}"
+                    );
+                    assert!(
+                        window == &want[..],
+                        "window: episode {e} step {t} column {c}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "{checked} stacks checked");
+    // The staged loader over the stream gathers the same windows into the caller's slots.
+    let need = [b * (l + k - 1) * f, b * (l + k - 1) * f, b * l * 8];
+    let (slots, mems) = crate::common::staging::slots(2, &need, (b, l), None);
+    let source = BatchSource::open(spec(true, "c-staged")).unwrap();
+    let mut staged = StagedLoader::new(&source, opts(), slots).unwrap();
+    let mut n = 0;
+    while let Some(got) = staged.next_batch() {
+        let got = got.unwrap();
+        let m = mems[got.slot].lock().unwrap();
+        for (c, col) in windows[n].columns.iter().enumerate() {
+            assert!(
+                m.columns[c] == col.data.as_slice(),
+                "staged batch {n}: {}",
+                col.name
+            );
+        }
+        drop(m);
+        staged.release(got.number).unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 5);
+    // A mix of two streams: written-out stacks only.
+    let mix = spec(true, "c-mix0").stream_part(stream("c-mix1"), sampler.clone(), 1.0);
+    match BatchSource::open(mix).and_then(|s| StreamLoader::new(&s, opts()).map(|_| ())) {
+        Err(Error::InvalidArgument {
+            argument: Some(a), ..
+        }) => assert_eq!(a, "frame_window"),
+        other => panic!("expected an error about frame_window, got {other:?}"),
+    }
 }

@@ -49,6 +49,13 @@ impl StreamMix {
                      the version to read",
                 ));
             }
+            if p.frame_stack.is_some_and(|s| s.lead() > 0) {
+                return Err(Error::argument(
+                    "frame_window",
+                    "a mix of streams assembles written-out frame stacks: a frame window is \
+                     gathered by one stream, or by a mix of local datasets",
+                ));
+            }
             let cols: Vec<&str> = p.columns.iter().map(String::as_str).collect();
             let desc = super::describe_columns(p.stream.catalog(), &cols, p.frame_stack)?;
             match &columns {
@@ -93,10 +100,11 @@ impl StreamMix {
     pub(crate) fn tail_columns(&self) -> Vec<bool> {
         let mut out = vec![true; self.columns.len()];
         for p in &self.parts {
-            for (t, c) in out
-                .iter_mut()
-                .zip(super::tail_columns(p.stream.catalog(), &p.columns))
-            {
+            for (t, c) in out.iter_mut().zip(super::tail_columns(
+                p.stream.catalog(),
+                &p.columns,
+                p.frame_stack,
+            )) {
                 *t &= c;
             }
         }

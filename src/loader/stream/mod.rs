@@ -71,18 +71,22 @@ use crate::gather::{Batch, FrameStack, Gatherer};
 use crate::index::{EpisodeIndex, SliceIndex, SliceRef};
 use crate::remote::Stream;
 use crate::sample::{EpochSampler, Sampler, SamplerKind, SamplerSpec, SliceSampler};
+use crate::store::Snapshot;
 use crate::store::manifest::Manifest;
-use crate::store::{Catalog, Snapshot};
 
 mod cache;
+pub(crate) mod columns;
 mod loader;
 pub(crate) mod mixed;
 mod runs;
 mod schedule;
 mod subset;
 
+pub(crate) use columns::{batch_bytes, column_step_bytes, describe_columns, leads, tail_columns};
 pub use loader::StreamLoader;
 pub(crate) use runs::Runs;
+
+use columns::step_bytes;
 
 use cache::{Cache, CachedFile, Pins};
 use schedule::StreamSampling;
@@ -191,13 +195,6 @@ impl StreamPlan {
             ));
         }
         sampler.check_subset()?;
-        if frame_stack.is_some_and(|st| st.window && st.frames > 1) {
-            return Err(Error::argument(
-                "frame_window",
-                "a stream's batches hold written-out frame stacks: a frame window is gathered \
-                 from local datasets only",
-            ));
-        }
         let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
         step_bytes(stream.catalog(), &cols, frame_stack)?;
         Ok(Self {
@@ -637,112 +634,6 @@ impl Shared {
         *slot = Some(view.clone());
         Ok(view)
     }
-}
-
-/// Bytes of one step of `columns` as gathered (checking that they exist: `next_observation` may
-/// be derived; a frame column is its decoded frames, `stack` of them).
-fn step_bytes(catalog: &Catalog, columns: &[&str], stack: Option<FrameStack>) -> Result<u64> {
-    Ok(
-        column_step_bytes(&describe_columns(catalog, columns, stack)?)
-            .iter()
-            .sum::<usize>() as u64,
-    )
-}
-
-/// Per column of a description ([`describe_columns`], [`BatchSource::columns`]): the bytes one
-/// step of it takes in a batch.
-pub(crate) fn column_step_bytes(
-    columns: &[(String, arrow::datatypes::DataType, Vec<usize>)],
-) -> Vec<usize> {
-    columns
-        .iter()
-        .map(|(_, dt, shape)| {
-            shape.iter().product::<usize>() * crate::schema::value_bytes(dt).ceil() as usize
-        })
-        .collect()
-}
-
-/// Name, element type and per-step shape of each gathered column of a stream, from its
-/// catalog's schema alone, as a window's [`Gatherer`] gives them: a frame column (and a
-/// `next_observation` derived from one) is `uint8` of the frame's shape, or of
-/// [`FrameStack::shape`]; a `next_observation` that is not stored has the observation's.
-pub(crate) fn describe_columns(
-    catalog: &Catalog,
-    columns: &[&str],
-    stack: Option<FrameStack>,
-) -> Result<Vec<(String, arrow::datatypes::DataType, Vec<usize>)>> {
-    let frames = catalog.schema().frame_columns();
-    let schema = catalog.schema().arrow_schema();
-    let mut out = Vec::with_capacity(columns.len());
-    for &c in columns {
-        let name = match c {
-            crate::format::col::NEXT_OBSERVATION if schema.field_with_name(c).is_err() => {
-                crate::format::col::OBSERVATION
-            }
-            other => other,
-        };
-        let f = schema.field_with_name(name).map_err(|_| {
-            Error::argument(
-                "columns",
-                format!("no column `{c}` (have: {})", crate::schema::names(schema)),
-            )
-        })?;
-        out.push(match frames.iter().find(|(n, _)| *n == name) {
-            Some((_, spec)) => (
-                c.to_string(),
-                arrow::datatypes::DataType::UInt8,
-                stack.map_or_else(|| spec.shape.clone(), |s| s.shape(&spec.shape)),
-            ),
-            None => match f.data_type() {
-                arrow::datatypes::DataType::FixedSizeList(item, _) => (
-                    c.to_string(),
-                    item.data_type().clone(),
-                    crate::schema::field_shape(f)?,
-                ),
-                dt => (c.to_string(), dt.clone(), vec![]),
-            },
-        });
-    }
-    Ok(out)
-}
-
-/// Bytes of one full batch of a streamed `source` (one stream or a mix), and its slice length.
-pub(crate) fn batch_bytes(source: &BatchSource) -> Result<(u64, usize)> {
-    let step = column_step_bytes(&source.columns()?).iter().sum::<usize>() as u64;
-    let (b, l) = batch_shape(source)?;
-    Ok((step.saturating_mul((b * l) as u64), l))
-}
-
-/// Slices per batch and steps per slice of a streamed `source` (one stream or a mix).
-pub(crate) fn batch_shape(source: &BatchSource) -> Result<(usize, usize)> {
-    if let Some(m) = source.stream_mix() {
-        return Ok((m.num_slices(), m.slice_len()));
-    }
-    let p = streamed_plan(source)?;
-    Ok((p.sampler.num_slices, p.sampler.slice_len as usize))
-}
-
-fn streamed_plan(source: &BatchSource) -> Result<&StreamPlan> {
-    source
-        .streamed()
-        .ok_or_else(|| Error::argument("source", "this source's datasets are local, not streamed"))
-}
-
-/// Per gathered column of a stream, whether every window's gatherer can write it as one row
-/// per slice ([`Gatherer::tail_columns`]): a `next_observation` the version does not store,
-/// derived from the observation, which is gathered too.
-pub(crate) fn tail_columns(catalog: &Catalog, columns: &[String]) -> Vec<bool> {
-    use crate::format::col::{NEXT_OBSERVATION, OBSERVATION};
-    let derived = catalog
-        .schema()
-        .arrow_schema()
-        .field_with_name(NEXT_OBSERVATION)
-        .is_err()
-        && columns.iter().any(|c| c == OBSERVATION);
-    columns
-        .iter()
-        .map(|c| derived && c == NEXT_OBSERVATION)
-        .collect()
 }
 
 /// Keeps the windows of the batches workers may make next, and the window after them, pinned
