@@ -68,7 +68,9 @@ const FOLDERS: &[(&str, &[&str])] = &[
     ),
     (
         "loader/stream",
-        &["columns", "schedule", "cache", "subset", "runs", "mixed", "loader"],
+        &[
+            "columns", "schedule", "cache", "subset", "runs", "mixed", "loader",
+        ],
     ),
     ("remote", &["mirror", "push", "pull", "stream"]),
     (
