@@ -222,7 +222,7 @@ impl FrameSource {
             stack: stack.frames,
             pad: stack.pad,
             channels_last: stack.channels_last && stack.frames > 1,
-            window: stack.window && stack.frames > 1,
+            window: stack.lead() > 0,
             decoders: Mutex::new(vec![first]),
         })
     }
