@@ -95,7 +95,7 @@ class Loader(CudaRing):
       the stacks out. A padded step's stack may hold its neighbours' frames: use the mask. With
       ``device="cuda"`` the staging slots hold the ``L + K - 1`` frames, one copy carries them,
       and the view is made of the device buffer. Not with ``frame_channels_last`` (``permute``
-      the view) or a mix of streamed datasets.
+      the view).
     - ``follow``: sample a dataset that a collector keeps committing to: ``True`` (look for a
       newer version every second), a number of seconds, or ``{"every": seconds,
       "every_batches": n}`` (whichever comes first). A newer version is mapped in the

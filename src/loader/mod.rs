@@ -330,9 +330,8 @@ impl BatchSource {
             Src::Local(f) => f.first().gatherer.leads(),
             #[cfg(feature = "remote")]
             Src::Streamed(p) => stream::leads(p.stream.catalog(), &p.columns, p.frame_stack),
-            // A mix of streams holds written-out stacks (a window is refused when it is made).
             #[cfg(feature = "remote")]
-            Src::StreamMix(m) => vec![0; m.columns.len()],
+            Src::StreamMix(m) => m.leads.clone(),
         }
     }
 

@@ -192,8 +192,8 @@ fn a_damaged_dictionary_is_a_named_error_in_the_store_and_in_a_mirror() {
 /// Frame stacks streamed from a store (`file://`) equal stacks of the written frames at every
 /// valid step (the first frame repeated before an episode's start, `next_observation` reaching
 /// the stored final frame), written out or as frame windows, which give the same batches for
-/// the same seed: host batches, and the staged loader's slots of `L + K - 1` frames a slice. A
-/// mix of streams assembles written-out stacks and refuses a window by name.
+/// the same seed: host batches, the staged loader's slots of `L + K - 1` frames a slice, and a
+/// mix of two streams.
 #[test]
 fn a_streamed_frame_dataset_gives_frame_stacks_and_windows() {
     let dir = tempfile::tempdir().unwrap();
@@ -234,49 +234,48 @@ fn a_streamed_frame_dataset_gives_frame_stacks_and_windows() {
             .flat_map(|q| want[e][(t + shift - (k as i64 - 1 - q)).max(0) as usize].clone())
             .collect()
     };
-    let stacks = batches(false, "c-stacks");
-    let windows = batches(true, "c-windows");
-    assert_eq!(stacks.len(), 5);
-    assert_eq!(windows.len(), 5);
-    let mut checked = 0;
-    for (s, w) in stacks.iter().zip(&windows) {
-        assert_eq!(
-            (&s.episode_id, &s.start_step, &s.mask),
-            (&w.episode_id, &w.start_step, &w.mask)
-        );
-        assert_eq!(w.columns[0].lead, k - 1);
-        assert_eq!(
-            s.columns[2].data.as_slice(),
-            w.columns[2].data.as_slice(),
-            "action"
-        );
-        for i in 0..b {
-            let e = s.episode_id[i] as usize;
-            for j in 0..l {
-                if s.mask[i * l + j] == 0 {
-                    continue;
-                }
-                let t = s.start_step[i] + j as i64;
-                for (c, shift) in [(0, 0), (1, 1)] {
-                    let at = (i * l + j) * k * f;
-                    let written = &s.columns[c].data.as_slice()[at..at + k * f];
-                    let at = (i * (l + k - 1) + j) * f;
-                    let window = &w.columns[c].data.as_slice()[at..at + k * f];
-                    let want = expect(e, t, shift);
-                    assert!(
-                        written == &want[..],
-                        "stacks: episode {e} step {t} column {c}"
-                    );
-                    assert!(
-                        window == &want[..],
-                        "window: episode {e} step {t} column {c}"
-                    );
-                    checked += 1;
+    // Every valid step's stack, written out and in the window, against the written frames.
+    let check = |stacks: &[Batch], windows: &[Batch], what: &str| {
+        assert_eq!((stacks.len(), windows.len()), (5, 5), "{what}");
+        let mut checked = 0;
+        for (s, w) in stacks.iter().zip(windows) {
+            assert_eq!(
+                (&s.episode_id, &s.start_step, &s.mask),
+                (&w.episode_id, &w.start_step, &w.mask),
+                "{what}"
+            );
+            assert_eq!(w.columns[0].lead, k - 1);
+            assert_eq!(s.columns[2].data.as_slice(), w.columns[2].data.as_slice());
+            for i in 0..s.num_slices {
+                let e = s.episode_id[i] as usize;
+                for j in 0..l {
+                    if s.mask[i * l + j] == 0 {
+                        continue;
+                    }
+                    let t = s.start_step[i] + j as i64;
+                    for (c, shift) in [(0, 0), (1, 1)] {
+                        let at = (i * l + j) * k * f;
+                        let written = &s.columns[c].data.as_slice()[at..at + k * f];
+                        let at = (i * (l + k - 1) + j) * f;
+                        let window = &w.columns[c].data.as_slice()[at..at + k * f];
+                        let want = expect(e, t, shift);
+                        assert!(
+                            written == &want[..],
+                            "{what} stacks: episode {e} step {t} column {c}"
+                        );
+                        assert!(
+                            window == &want[..],
+                            "{what} window: episode {e} step {t} column {c}"
+                        );
+                        checked += 1;
+                    }
                 }
             }
         }
-    }
-    assert!(checked > 100, "{checked} stacks checked");
+        assert!(checked > 100, "{what}: {checked} stacks checked");
+    };
+    let windows = batches(true, "c-windows");
+    check(&batches(false, "c-stacks"), &windows, "one stream");
     // The staged loader over the stream gathers the same windows into the caller's slots.
     let need = [b * (l + k - 1) * f, b * (l + k - 1) * f, b * l * 8];
     let (slots, mems) = crate::common::staging::slots(2, &need, (b, l), None);
@@ -298,12 +297,23 @@ fn a_streamed_frame_dataset_gives_frame_stacks_and_windows() {
         n += 1;
     }
     assert_eq!(n, 5);
-    // A mix of two streams: written-out stacks only.
-    let mix = spec(true, "c-mix0").stream_part(stream("c-mix1"), sampler.clone(), 1.0);
-    match BatchSource::open(mix).and_then(|s| StreamLoader::new(&s, opts()).map(|_| ())) {
-        Err(Error::InvalidArgument {
-            argument: Some(a), ..
-        }) => assert_eq!(a, "frame_window"),
-        other => panic!("expected an error about frame_window, got {other:?}"),
-    }
+    // A mix of two streams (8 + 8 slices) assembles each part's windows in its slices.
+    let mixed = |window: bool, cache: &str| -> Vec<Batch> {
+        let mix = spec(window, &format!("{cache}0")).stream_part(
+            stream(&format!("{cache}1")),
+            sampler.clone().with_seed(8),
+            1.0,
+        );
+        let source = BatchSource::open(mix).unwrap();
+        assert_eq!(source.leads()[0], if window { k - 1 } else { 0 });
+        StreamLoader::new(&source, opts())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    check(
+        &mixed(false, "m-stacks"),
+        &mixed(true, "m-windows"),
+        "a mix of streams",
+    );
 }

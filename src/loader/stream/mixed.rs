@@ -21,6 +21,9 @@ pub(crate) struct StreamMix {
     pub(crate) parts: Vec<Arc<StreamPlan>>,
     pub(crate) counts: Vec<usize>,
     pub(crate) columns: Vec<(String, arrow::datatypes::DataType, Vec<usize>)>,
+    /// Per column, the rows before each slice's step 0 (`K - 1` for a frame window), the same in
+    /// every part.
+    pub(crate) leads: Vec<usize>,
     /// The part of each slice position of every batch.
     pub(crate) sources: Vec<u16>,
 }
@@ -49,23 +52,20 @@ impl StreamMix {
                      the version to read",
                 ));
             }
-            if p.frame_stack.is_some_and(|s| s.lead() > 0) {
-                return Err(Error::argument(
-                    "frame_window",
-                    "a mix of streams assembles written-out frame stacks: a frame window is \
-                     gathered by one stream, or by a mix of local datasets",
-                ));
-            }
             let cols: Vec<&str> = p.columns.iter().map(String::as_str).collect();
-            let desc = super::describe_columns(p.stream.catalog(), &cols, p.frame_stack)?;
+            let desc = (
+                super::describe_columns(p.stream.catalog(), &cols, p.frame_stack)?,
+                super::leads(p.stream.catalog(), &p.columns, p.frame_stack),
+            );
             match &columns {
                 None => columns = Some(desc),
                 Some(first) if *first != desc => {
                     return Err(Error::argument(
                         "columns",
                         format!(
-                            "stream {i} ({}) gives the columns {desc:?}, stream 0 {first:?}: the \
-                             parts of a mix must have the same types and per-step shapes",
+                            "stream {i} ({}) gives the columns (and frame-window rows) {desc:?}, \
+                             stream 0 {first:?}: the parts of a mix must have the same types and \
+                             per-step shapes",
                             p.stream.url()
                         ),
                     ));
@@ -78,10 +78,12 @@ impl StreamMix {
             .enumerate()
             .flat_map(|(i, &n)| std::iter::repeat_n(i as u16, n))
             .collect();
+        let (columns, leads) = columns.unwrap_or_default();
         Ok(Self {
             parts: parts.into_iter().map(Arc::new).collect(),
             counts,
-            columns: columns.unwrap_or_default(),
+            columns,
+            leads,
             sources,
         })
     }
@@ -248,10 +250,12 @@ impl<S: StagingSlot + ?Sized + 'static> MixStream<S> {
             .clone()
             .unwrap_or_else(|| vec![false; mix.columns.len()]);
         let l = mix.slice_len();
+        // Per slice: one step of a tail, `L + K - 1` frames of a window, else `L` steps.
         let per_slice = super::column_step_bytes(&mix.columns)
             .iter()
             .zip(&tails)
-            .map(|(&s, &t)| if t { s } else { s * l })
+            .zip(&mix.leads)
+            .map(|((&s, &t), &lead)| if t { s } else { (l + lead) * s / (lead + 1) })
             .collect();
         let n = ring.slots.len();
         let ring = Arc::new(MixRing {
@@ -379,25 +383,27 @@ pub(crate) fn shaped(mix: &StreamMix, mut batch: Batch) -> Batch {
         && batch
             .columns
             .iter()
-            .zip(&mix.columns)
-            .all(|(c, (n, dt, shape))| c.name == *n && c.data_type == *dt && c.shape == *shape);
+            .zip(mix.columns.iter().zip(&mix.leads))
+            .all(|(c, ((n, dt, shape), &lead))| {
+                c.name == *n && c.data_type == *dt && c.shape == *shape && c.lead == lead
+            });
     if !same {
         batch.columns = mix
             .columns
             .iter()
-            .map(|(name, dt, shape)| BatchColumn {
+            .zip(&mix.leads)
+            .map(|((name, dt, shape), &lead)| BatchColumn {
                 name: name.clone(),
                 data_type: dt.clone(),
                 shape: shape.clone(),
                 width: shape.iter().product(),
-                // Streams gather written-out stacks (a frame window is refused).
-                lead: 0,
+                lead,
                 data: arrow::buffer::MutableBuffer::new(0),
             })
             .collect();
     }
     for c in &mut batch.columns {
-        let n = b * l * c.step_bytes();
+        let n = b * c.slice_bytes(l);
         c.data.resize(n, 0);
     }
     for v in batch.flag_planes_mut() {
