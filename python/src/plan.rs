@@ -35,7 +35,7 @@ pub(crate) struct Column {
 impl Column {
     /// Bytes of one slice of this column in a batch of `l` steps.
     pub(crate) fn slice_bytes(&self, l: usize) -> usize {
-        (l + self.lead) * self.step_bytes / (self.lead + 1)
+        trajstore::gather::slice_bytes(self.step_bytes, self.lead, l)
     }
 }
 

@@ -379,10 +379,9 @@ class CudaRing:
         """Batch ``k`` through the user's transform on the host, then copied tensor by tensor
         (the transform may replace any of them)."""
         torch = _torch()
-        names = self._names + list(FLAGS) + list(PER_SLICE)
         device, cast = self._device, self._cast
-        leads = {p.name: p.lead for p in self._pieces}
-        host = Batch(k, ((n, _stacks(self._slots[slot][n], leads[n])[:nb]) for n in names))
+        # The pieces are the columns, the flag planes and the per-slice vectors, in batch order.
+        host = Batch(k, ((p.name, _stacks(self._slots[slot][p.name], p.lead)[:nb]) for p in self._pieces))
         if self._mix:
             host["source"] = self._sources()
         self._weights(host)

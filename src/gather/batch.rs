@@ -35,6 +35,13 @@ pub struct BatchColumn {
     pub data: MutableBuffer,
 }
 
+/// Bytes of one slice of `slice_len` steps of a column of `step_bytes` a step with `lead` rows
+/// before step 0 ([`BatchColumn::lead`]): `L` steps, or a frame window's `L + K - 1` frames of
+/// `step_bytes / K` each.
+pub fn slice_bytes(step_bytes: usize, lead: usize, slice_len: usize) -> usize {
+    (slice_len + lead) * (step_bytes / (lead + 1))
+}
+
 impl BatchColumn {
     /// Bytes of one step.
     pub fn step_bytes(&self) -> usize {
@@ -46,7 +53,7 @@ impl BatchColumn {
     }
     /// Bytes of one slice of `slice_len` steps in `data`.
     pub fn slice_bytes(&self, slice_len: usize) -> usize {
-        (slice_len + self.lead) * self.row_bytes()
+        slice_bytes(self.step_bytes(), self.lead, slice_len)
     }
     /// The data as `&[T]` (`T` must match `data_type`).
     pub fn values<T: arrow::datatypes::ArrowNativeType>(&self) -> &[T] {

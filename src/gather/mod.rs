@@ -16,7 +16,7 @@ use crate::store::Snapshot;
 mod batch;
 mod into;
 mod readahead;
-pub use batch::{Batch, BatchColumn};
+pub use batch::{Batch, BatchColumn, slice_bytes};
 pub use into::{CompactInto, GatherInto};
 use into::{Dest, FlagPtrs, FlagsInto};
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};

@@ -53,18 +53,21 @@ pub(crate) fn leads(
         .collect()
 }
 
-/// Whether gathered column `c` of a stream comes from a frame column (a `next_observation` the
-/// version does not store comes from the observation).
-fn frame_source(catalog: &Catalog, c: &str) -> bool {
-    let schema = catalog.schema();
-    let name = match c {
-        crate::format::col::NEXT_OBSERVATION
-            if schema.arrow_schema().field_with_name(c).is_err() =>
-        {
+/// The stored column gathered column `c` comes from: itself, or the observation for a
+/// `next_observation` the version does not store.
+fn stored_source<'a>(schema: &arrow::datatypes::Schema, c: &'a str) -> &'a str {
+    match c {
+        crate::format::col::NEXT_OBSERVATION if schema.field_with_name(c).is_err() => {
             crate::format::col::OBSERVATION
         }
         other => other,
-    };
+    }
+}
+
+/// Whether gathered column `c` of a stream comes from a frame column.
+fn frame_source(catalog: &Catalog, c: &str) -> bool {
+    let schema = catalog.schema();
+    let name = stored_source(schema.arrow_schema(), c);
     schema.frame_columns().iter().any(|(n, _)| *n == name)
 }
 
@@ -81,12 +84,7 @@ pub(crate) fn describe_columns(
     let schema = catalog.schema().arrow_schema();
     let mut out = Vec::with_capacity(columns.len());
     for &c in columns {
-        let name = match c {
-            crate::format::col::NEXT_OBSERVATION if schema.field_with_name(c).is_err() => {
-                crate::format::col::OBSERVATION
-            }
-            other => other,
-        };
+        let name = stored_source(schema, c);
         let f = schema.field_with_name(name).map_err(|_| {
             Error::argument(
                 "columns",
@@ -115,11 +113,10 @@ pub(crate) fn describe_columns(
 /// Bytes of one full batch of a streamed `source` (one stream or a mix), and its slice length.
 pub(crate) fn batch_bytes(source: &BatchSource) -> Result<(u64, usize)> {
     let (b, l) = batch_shape(source)?;
-    // A frame window's slice is `L + K - 1` frames, of `K` a stack.
     let slice = column_step_bytes(&source.columns()?)
         .iter()
         .zip(source.leads())
-        .map(|(&step, lead)| (l + lead) * step / (lead + 1))
+        .map(|(&step, lead)| crate::gather::slice_bytes(step, lead, l))
         .sum::<usize>() as u64;
     Ok((slice.saturating_mul(b as u64), l))
 }

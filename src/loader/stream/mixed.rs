@@ -250,12 +250,18 @@ impl<S: StagingSlot + ?Sized + 'static> MixStream<S> {
             .clone()
             .unwrap_or_else(|| vec![false; mix.columns.len()]);
         let l = mix.slice_len();
-        // Per slice: one step of a tail, `L + K - 1` frames of a window, else `L` steps.
+        // Per slice: one step of a tail, else its slice (a frame window's `L + K - 1` frames).
         let per_slice = super::column_step_bytes(&mix.columns)
             .iter()
             .zip(&tails)
             .zip(&mix.leads)
-            .map(|((&s, &t), &lead)| if t { s } else { (l + lead) * s / (lead + 1) })
+            .map(|((&s, &t), &lead)| {
+                if t {
+                    s
+                } else {
+                    crate::gather::slice_bytes(s, lead, l)
+                }
+            })
             .collect();
         let n = ring.slots.len();
         let ring = Arc::new(MixRing {
