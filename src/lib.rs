@@ -46,7 +46,7 @@
 //! // Readers see whole committed versions.
 //! let snap = ds.snapshot()?;
 //! assert_eq!((snap.version(), snap.num_transitions(), snap.num_episodes()), (version, 4, 1));
-//! let episode = snap.episode(0).unwrap();
+//! let episode = snap.episode(0)?.expect("episode 0 was written");
 //! assert_eq!(episode.num_rows(), 4);
 //! # Ok(()) }
 //! ```

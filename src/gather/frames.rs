@@ -284,7 +284,7 @@ impl FrameSource {
         obs: Option<&[u8]>,
     ) -> Result<()> {
         self.fill_frames(seg, row0, table_row, steps, dst, obs)
-            .map_err(|e| located(e, seg, table_row))
+            .map_err(|e| located(e, seg, table_row, self.name()))
     }
 
     fn fill_frames(
@@ -370,7 +370,7 @@ impl FrameSource {
         obs: Option<&[u8]>,
     ) -> Result<()> {
         self.window_frames(seg, row0, table_row, (a, b, len), start, dst, obs)
-            .map_err(|e| located(e, seg, table_row))
+            .map_err(|e| located(e, seg, table_row, self.name()))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -550,10 +550,10 @@ impl FrameSource {
     }
 }
 
-/// `e` naming the segment file (relative to the dataset) and the episode at `table_row` of the
-/// segment's episode table.
-fn located(e: Error, seg: &Segment, table_row: usize) -> Error {
-    let e = e.in_input(&seg.entry().path);
+/// `e` naming the segment file (relative to the dataset), the frame column `column` and the
+/// episode at `table_row` of the segment's episode table.
+fn located(e: Error, seg: &Segment, table_row: usize, column: &str) -> Error {
+    let e = e.in_input(&seg.entry().path).in_column(column);
     match seg.episode_table().ids().get(table_row) {
         Some(&id) => e.in_episode(id as i64),
         None => e,

@@ -157,7 +157,7 @@ mod tests {
             if n == 0 {
                 return;
             }
-            let batch = seg.slice(loc.segment_row + from, n);
+            let batch = seg.slice(loc.segment_row + from, n).unwrap();
             let (buf, dt, width) = values_from_row0(batch.column_by_name(name).unwrap());
             pages_of(&buf.as_slice()[..n * width * elem_size(&dt)], out);
         };
@@ -266,7 +266,7 @@ mod tests {
         let g = Gatherer::try_new(&snap, &[col::IS_LAST]).unwrap();
         let loc = snap.episodes().get(5);
         let seg = &snap.segments()[loc.segment];
-        let batch = seg.slice(loc.segment_row + 2, 4);
+        let batch = seg.slice(loc.segment_row + 2, 4).unwrap();
         let bits = batch
             .column_by_name(col::IS_LAST)
             .unwrap()

@@ -435,12 +435,15 @@ async fn read_segment(
         .await
         .map_err(external)?
         .map_err(external)?;
-    let batches = table.segment_batches(segment).ok_or_else(|| {
-        DataFusionError::Internal(format!(
-            "{} version {} has no segment {segment}",
-            spec.url, spec.version
-        ))
-    })?;
+    let batches = table
+        .segment_batches(segment, spec.projection.as_ref())
+        .ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "{} version {} has no segment {segment}",
+                spec.url, spec.version
+            ))
+        })?
+        .map_err(external)?;
     let source = MemorySourceConfig::try_new(&[batches], table.schema(), spec.projection)?
         .with_limit(spec.limit);
     Ok(super::readahead::read_ahead(source.open(0, context)?))

@@ -18,6 +18,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use super::*;
 use crate::error::{Error, Result};
 use crate::format::{col, ep};
+use crate::store::segment::Segment;
 use crate::store::{Catalog, Snapshot};
 
 /// The `TableProvider` of a `transitions` table, for a type with `schema` and `rows` fields and
@@ -87,6 +88,8 @@ pub struct TransitionsTable {
     schema: SchemaRef,
     /// One entry per segment.
     segments: Vec<Vec<Part>>,
+    /// The segments themselves, whose frame offsets a scan that reads them checks first.
+    sources: Vec<Arc<Segment>>,
     /// The episode ids of each segment (`first..end`).
     episodes: Vec<(u64, u64)>,
     rows: usize,
@@ -94,7 +97,8 @@ pub struct TransitionsTable {
 
 impl TransitionsTable {
     /// The table over `snap`'s segments. O(segments + episodes); no transition is read except
-    /// the first and last `episode_id` of each slice.
+    /// the first and last `episode_id` of each slice. A frame column's offsets are checked by
+    /// the first scan that reads the column (see [`Segment::batches`]), not here.
     pub fn new(snap: &Snapshot) -> Self {
         let schema = snap.schema().arrow_schema().clone();
         let mut rows = 0;
@@ -111,7 +115,7 @@ impl TransitionsTable {
                     .unwrap_or(0);
                 let steps = (0.0, max_len.saturating_sub(1) as f64);
                 let mut parts = vec![];
-                for b in seg.batches() {
+                for b in seg.batches_unchecked() {
                     let ids = b
                         .column_by_name(col::EPISODE_ID)
                         .map(|c| c.as_primitive::<UInt64Type>().clone());
@@ -146,6 +150,7 @@ impl TransitionsTable {
         Self {
             schema,
             segments,
+            sources: snap.segments().to_vec(),
             episodes,
             rows,
         }
@@ -155,16 +160,27 @@ impl TransitionsTable {
 transitions_provider!(TransitionsTable);
 
 impl TransitionsTable {
-    /// The zero-copy slices of segment `i` (`None` past the last segment).
+    /// The zero-copy slices of segment `i` (`None` past the last segment), for a scan of the
+    /// columns `projection` (all if `None`): frame offsets it reads are checked first.
     #[cfg(feature = "ballista")]
-    pub(crate) fn segment_batches(&self, i: usize) -> Option<Vec<RecordBatch>> {
-        Some(
-            self.segments
-                .get(i)?
-                .iter()
-                .map(|p| p.batch.clone())
-                .collect(),
-        )
+    pub(crate) fn segment_batches(
+        &self,
+        i: usize,
+        projection: Option<&Vec<usize>>,
+    ) -> Option<Result<Vec<RecordBatch>>> {
+        let source = self.sources.get(i)?;
+        let reads = |c: &usize| projection.is_none_or(|p| p.contains(c));
+        if source.deferred_columns().iter().any(reads) {
+            if let Err(e) = source.batches() {
+                return Some(Err(e));
+            }
+        }
+        Some(Ok(self
+            .segments
+            .get(i)?
+            .iter()
+            .map(|p| p.batch.clone())
+            .collect()))
     }
 }
 
@@ -179,7 +195,15 @@ impl TransitionsTable {
         let mut partitions: Vec<Vec<RecordBatch>> = vec![];
         let mut episodes = vec![];
         let mut budget = limit.filter(|_| filters.is_empty());
-        'segments: for (seg, &ids) in self.segments.iter().zip(&self.episodes) {
+        let reads = |c: usize| projection.is_none_or(|p| p.contains(&c));
+        'segments: for ((seg, &ids), source) in
+            (self.segments.iter().zip(&self.episodes)).zip(&self.sources)
+        {
+            if source.deferred_columns().iter().any(|&c| reads(c)) {
+                source
+                    .batches()
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            }
             let mut batches = vec![];
             for p in seg {
                 if budget == Some(0) {

@@ -595,10 +595,13 @@ impl Snapshot {
     pub fn episodes(&self) -> &Arc<EpisodeIndex> {
         &self.index
     }
-    /// The transitions of the episode with id `id`, zero-copy.
-    pub fn episode(&self, id: u64) -> Option<RecordBatch> {
-        let loc = self.index.by_id(id)?;
-        Some(self.segments[loc.segment].slice(loc.segment_row, loc.length as usize))
+    /// The transitions of the episode with id `id`, zero-copy; `None` if there is none. Its
+    /// frame offsets are checked (a damaged one is [`crate::Error::Corrupt`]).
+    pub fn episode(&self, id: u64) -> Result<Option<RecordBatch>> {
+        let Some(loc) = self.index.by_id(id) else {
+            return Ok(None);
+        };
+        (self.segments[loc.segment].slice(loc.segment_row, loc.length as usize)).map(Some)
     }
     /// A per-episode column (`episode_return`, `terminated`, ...) over all episode tables.
     pub fn episode_column(&self, name: &str) -> Result<Vec<Arc<dyn Array>>> {

@@ -30,7 +30,7 @@ pub fn export_parquet(snap: &Snapshot, out: &Path, on_rows: impl Fn(u64)) -> Res
         let mut w = ArrowWriter::try_new(file, snap.schema().arrow_schema().clone(), Some(props))?;
         let mut rows = 0u64;
         for seg in snap.segments() {
-            for batch in seg.batches() {
+            for batch in seg.batches()? {
                 crate::store::ipc::will_need_batch(batch);
                 w.write(batch)?;
                 rows += batch.num_rows() as u64;

@@ -33,22 +33,13 @@ pub struct FrameStats {
 /// The [`FrameStats`] of each frame column of `snap`, from the columns' offsets (one read of
 /// the first and last offset of each record batch: no frame is read).
 pub fn frame_stats(snap: &Snapshot) -> Vec<FrameStats> {
-    use arrow::array::{Array, AsArray};
     snap.frame_columns()
         .iter()
         .map(|c| {
             let (mut frames, mut stored) = (0u64, 0u64);
-            for seg in snap.segments() {
-                for b in seg.batches() {
-                    if let Some(a) = b
-                        .column_by_name(&c.name)
-                        .and_then(|a| a.as_binary_opt::<i64>())
-                    {
-                        let o = a.value_offsets();
-                        frames += a.len() as u64;
-                        stored += (o[o.len() - 1] - o[0]).max(0) as u64;
-                    }
-                }
+            for (f, b) in snap.segments().iter().filter_map(|s| s.frame_totals(&c.name)) {
+                frames += f;
+                stored += b;
             }
             let per = stored as f64 / frames.max(1) as f64;
             FrameStats {

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, AsArray, RecordBatch, RecordBatchOptions};
 use arrow::buffer::Buffer;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::reader::RecordBatchDecoder;
@@ -152,6 +152,12 @@ pub struct MappedIpc {
     pub map: Buffer,
     /// The mapping itself (for `madvise`).
     pub mmap: Arc<memmap2::Mmap>,
+    /// The file's path (for errors found after open).
+    pub(crate) path: PathBuf,
+    /// Columns whose offsets [`open_ipc_deferring`] left unchecked (see [`Self::deferred`]).
+    deferred: Vec<usize>,
+    /// The outcome of [`Self::check_deferred`], once it ran.
+    checked: OnceLock<std::result::Result<(), String>>,
 }
 
 impl MappedIpc {
@@ -159,6 +165,70 @@ impl MappedIpc {
     pub fn num_rows(&self) -> u64 {
         self.batches.iter().map(|b| b.num_rows() as u64).sum()
     }
+    /// The columns (by index) whose offsets were not checked at open and have not been since:
+    /// empty for a file opened by [`open_ipc`], or once [`Self::check_deferred`] succeeded.
+    /// Their buffers' sizes and first and last offsets were checked; the offsets between them
+    /// may be out of order or outside the values, so only code that checks each offset it reads
+    /// ([`crate::frames::FrameRun`], [`check_offsets`]) may read these columns until then.
+    pub(crate) fn deferred(&self) -> &[usize] {
+        match self.checked.get() {
+            Some(Ok(())) => &[],
+            _ => &self.deferred,
+        }
+    }
+    /// Checks every offset of the deferred columns of every batch, once (later calls return the
+    /// first outcome): after it succeeds the batches are as valid as [`open_ipc`]'s. The offsets
+    /// of a cold file are asked for whole first, so that they come in large reads. A bad offset
+    /// is [`Error::Corrupt`] naming the file, the record batch and the column.
+    pub(crate) fn check_deferred(&self) -> Result<()> {
+        let outcome = self.checked.get_or_init(|| {
+            for (i, b) in self.batches.iter().enumerate() {
+                for &c in &self.deferred {
+                    if let Some(a) = b.column(c).as_binary_opt::<i64>() {
+                        will_need(a.offsets().inner().inner().as_slice());
+                    }
+                }
+                for &c in &self.deferred {
+                    let data = b.column(c).to_data();
+                    data.validate_values().map_err(|e| {
+                        let name = b.schema_ref().field(c).name().clone();
+                        format!("record batch {i}, column `{name}`: {e}")
+                    })?;
+                }
+            }
+            Ok(())
+        });
+        outcome
+            .clone()
+            .map_err(|reason| Error::corrupt(&self.path, reason))
+    }
+}
+
+/// Checks the offsets of rows `[row, row + len)` of a variable-size binary column with
+/// unchecked offsets ([`MappedIpc::deferred`]): in order, and inside its values. O(len). After
+/// it succeeds, the column sliced to those rows is a valid array. A bad offset is the reason
+/// string of an [`Error::Corrupt`].
+pub(crate) fn check_offsets(
+    array: &arrow::array::LargeBinaryArray,
+    row: usize,
+    len: usize,
+) -> std::result::Result<(), String> {
+    let offsets = array.value_offsets();
+    let Some(window) = offsets.get(row..row + len + 1) else {
+        return Err(format!("rows {row}..+{len} outside {} rows", array.len()));
+    };
+    let values = array.value_data().len() as i64;
+    let mut prev = 0;
+    for (k, &o) in window.iter().enumerate() {
+        if o < prev || o > values {
+            return Err(format!(
+                "offset {o} of row {} is out of order or outside the {values} bytes of values",
+                row + k
+            ));
+        }
+        prev = o;
+    }
+    Ok(())
 }
 
 /// Maps `path` read-only and decodes it without copying, after checking magic, footer, schema
@@ -174,6 +244,20 @@ pub fn open_ipc(path: &Path, expected: &Schema) -> Result<MappedIpc> {
 
 /// [`open_ipc`], and whether the file was cold (its tail not in the page cache).
 pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc, bool)> {
+    open_mapped(path, expected, false)
+}
+
+/// [`open_ipc`], except that the offsets of top-level `LargeBinary` columns (frame columns: 8
+/// bytes per frame, 1.7 GB at 209M frames) are not read: only their buffers' sizes and their
+/// first and last offsets are checked, so that opening costs O(record batches) whatever the
+/// number of frames. Those columns are listed by [`MappedIpc::deferred`] until
+/// [`MappedIpc::check_deferred`] checks them; a sampler reads them through
+/// [`crate::frames::FrameRun`], which checks each offset it reads.
+pub(crate) fn open_ipc_deferring(path: &Path, expected: &Schema) -> Result<MappedIpc> {
+    open_mapped(path, expected, true).map(|(f, _)| f)
+}
+
+fn open_mapped(path: &Path, expected: &Schema, defer: bool) -> Result<(MappedIpc, bool)> {
     let file = File::open(path).at(path)?;
     let len = file.metadata().at(path)?.len() as usize;
     let corrupt = |reason: String| Error::corrupt(path, reason);
@@ -254,11 +338,15 @@ pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc
     // passed along keeps alive for as long as any buffer sliced from it exists.
     let map = unsafe { Buffer::from_custom_allocation(ptr, len, mmap.clone()) };
     let mut batches = Vec::with_capacity(blocks.len());
-    // Decoding validates every offset of variable-size columns (frame columns: 8 bytes per
-    // frame). On a cold file those offsets are asked for whole first, so that they arrive in
-    // large reads, not one 4 KiB fault at a time through the random-access map (209M frames:
-    // 1.7 GB of offsets read in 6.4 s that way).
-    let offsets = cold.then(|| offsets_buffers(&schema)).flatten();
+    let deferred: Vec<usize> = (schema.fields().iter().enumerate())
+        .filter(|(_, f)| defer && *f.data_type() == arrow::datatypes::DataType::LargeBinary)
+        .map(|(i, _)| i)
+        .collect();
+    // Decoding validates every offset of the variable-size columns it does not defer. On a
+    // cold file those offsets are asked for whole first, so that they arrive in large reads,
+    // not one 4 KiB fault at a time through the random-access map (209M frames: 1.7 GB of
+    // offsets read in 6.4 s that way).
+    let offsets = cold.then(|| offsets_buffers(&schema, &deferred)).flatten();
     for (i, &(off, meta_len, body_len)) in blocks.iter().enumerate() {
         let body = map.slice_with_length(off + meta_len, body_len);
         batches.push(decode_block(
@@ -268,6 +356,7 @@ pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc
             &body,
             &schema,
             offsets.as_deref(),
+            &deferred,
         )?);
     }
     let f = MappedIpc {
@@ -276,6 +365,9 @@ pub(crate) fn open_ipc_cold(path: &Path, expected: &Schema) -> Result<(MappedIpc
         bytes: len as u64,
         map,
         mmap,
+        path: path.to_path_buf(),
+        deferred,
+        checked: OnceLock::new(),
     };
     Ok((f, cold))
 }
@@ -464,7 +556,8 @@ pub(crate) fn record_batch_header<'a>(
 /// uncompressed, whose buffers lie inside the body (so that decoding never indexes out of
 /// bounds); buffers must be aligned. A bad one is [`Error::Corrupt`].
 /// `read_ahead`: indices of buffers (of the message's list) to ask the kernel for before
-/// decoding ([`offsets_buffers`]).
+/// decoding ([`offsets_buffers`]). `deferred`: top-level variable-size binary columns whose
+/// offsets are not checked beyond their first and last ([`open_ipc_deferring`]).
 fn decode_block(
     path: &Path,
     i: usize,
@@ -472,6 +565,7 @@ fn decode_block(
     body: &Buffer,
     schema: &SchemaRef,
     read_ahead: Option<&[usize]>,
+    deferred: &[usize],
 ) -> Result<RecordBatch> {
     let what = format!("record batch {i}");
     let corrupt = |reason: String| Error::corrupt(path, format!("{what}: {reason}"));
@@ -491,9 +585,37 @@ fn decode_block(
     }
     let none = HashMap::new();
     crate::guard::quietly(|| {
-        RecordBatchDecoder::try_new(body, rb, schema.clone(), &none, &MetadataVersion::V5)?
-            .with_require_alignment(true)
-            .read_record_batch()
+        let decoder =
+            RecordBatchDecoder::try_new(body, rb, schema.clone(), &none, &MetadataVersion::V5)?
+                .with_require_alignment(true);
+        if deferred.is_empty() {
+            return decoder.read_record_batch();
+        }
+        let mut skip = arrow_data::UnsafeFlag::new();
+        // SAFETY: nothing of the unchecked batch escapes this block: it is checked below as the
+        // decoder would have checked it (the batch's columns against its schema and row count,
+        // every column's buffers, nulls and values), except the values of the `deferred`
+        // columns, whose buffer sizes and first and last offsets are checked. Those columns are
+        // then only read through code that checks each offset it reads, until
+        // `MappedIpc::check_deferred` has checked them all (see `MappedIpc::deferred`).
+        unsafe { skip.set(true) };
+        let unchecked = decoder.with_skip_validation(skip).read_record_batch()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(unchecked.num_rows()));
+        let batch = RecordBatch::try_new_with_options(
+            unchecked.schema(),
+            unchecked.columns().to_vec(),
+            &options,
+        )?;
+        for (c, column) in batch.columns().iter().enumerate() {
+            let data = column.to_data();
+            if deferred.contains(&c) {
+                data.validate()?;
+                data.validate_nulls()?;
+            } else {
+                data.validate_full()?;
+            }
+        }
+        Ok(batch)
     })
     .map_err(|_| corrupt("undecodable message".into()))?
     .map_err(|e| corrupt(e.to_string()))
@@ -503,7 +625,8 @@ fn decode_block(
 /// variable-size binary and string columns: the buffers that decoding reads end to end to
 /// validate them. `None` where the schema holds a type this does not lay out (a union, a
 /// dictionary, ...): then nothing is read ahead. Only a hint: a wrong index reads the wrong range.
-fn offsets_buffers(schema: &Schema) -> Option<Vec<usize>> {
+/// The offsets of the top-level columns `skip` are left out.
+fn offsets_buffers(schema: &Schema, skip: &[usize]) -> Option<Vec<usize>> {
     use arrow::datatypes::DataType;
     // IPC lists a field's buffers depth first: its validity bitmap, then its own buffers, then
     // its children's.
@@ -531,8 +654,12 @@ fn offsets_buffers(schema: &Schema) -> Option<Vec<usize>> {
         Some(())
     }
     let (mut at, mut out) = (0, vec![]);
-    for f in schema.fields() {
+    for (c, f) in schema.fields().iter().enumerate() {
+        let before = out.len();
         walk(f.data_type(), &mut at, &mut out)?;
+        if skip.contains(&c) {
+            out.truncate(before);
+        }
     }
     Some(out)
 }
@@ -652,7 +779,7 @@ mod tests {
             .iter()
             .map(|b| b.length() as usize)
             .collect();
-        let got = offsets_buffers(&s).unwrap();
+        let got = offsets_buffers(&s, &[]).unwrap();
         // validity + values (id), validity + values (flag), validity + offsets + values (frames),
         // validity (list) + validity + values (item), validity + offsets + values (name), step.
         assert_eq!(got, vec![5, 11]);
@@ -660,9 +787,11 @@ mod tests {
         // IPC pads buffers to 8 bytes: the offsets are (rows + 1) 8-byte and 4-byte integers.
         assert_eq!(buffers[5], (rows + 1) * 8);
         assert_eq!(buffers[11], ((rows + 1) * 4).next_multiple_of(8));
+        // A deferred column's offsets are not read ahead: column 2 holds the frames.
+        assert_eq!(offsets_buffers(&s, &[2]).unwrap(), vec![11]);
         // A type it does not lay out: no hint at all, rather than wrong indices.
         let null = Schema::new(vec![Field::new("x", DataType::Null, true)]);
-        assert_eq!(offsets_buffers(&null), None);
+        assert_eq!(offsets_buffers(&null, &[]), None);
     }
 
     #[test]

@@ -3,14 +3,14 @@
 
 use std::path::Path;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 
 use crate::error::{Error, Result};
 use crate::format::meta;
 use crate::frames::FrameRun;
 use crate::schema::TransitionSchema;
 use crate::store::episode::{EpisodeTable, check_file, open_episode_table};
-use crate::store::ipc::{MappedIpc, open_ipc, will_need};
+use crate::store::ipc::{MappedIpc, check_offsets, open_ipc_deferring, will_need};
 use crate::store::manifest::SegmentEntry;
 
 /// One mapped segment: its transition batches and its episode table.
@@ -24,14 +24,16 @@ pub struct Segment {
 
 impl Segment {
     /// Maps the segment `entry` names under `root` and opens its episode table, checking both
-    /// against the manifest entry and each other. O(record batches + episodes).
+    /// against the manifest entry and each other. O(record batches + episodes): the offsets of
+    /// frame columns (8 bytes per frame) are checked where they are read, not here (see
+    /// [`Segment::batches`]).
     pub(crate) fn open(
         root: &Path,
         entry: &SegmentEntry,
         schema: &TransitionSchema,
     ) -> Result<Self> {
         let (path, ep_path) = (root.join(&entry.path), root.join(&entry.episodes_path));
-        let file = open_ipc(&path, schema.arrow_schema())?;
+        let file = open_ipc_deferring(&path, schema.arrow_schema())?;
         check_file(
             &path,
             &file,
@@ -72,12 +74,48 @@ impl Segment {
         self.entry.rows
     }
     /// The zero-copy record batches of transitions.
-    pub fn batches(&self) -> &[RecordBatch] {
+    ///
+    /// Opening a segment does not read the offsets of its frame columns (8 bytes per frame);
+    /// the first call of this (or of [`Segment::column`] on a frame column) checks them all,
+    /// once: O(frames) the first time, a damaged offset is [`Error::Corrupt`] naming the file.
+    /// Samplers never need it: they read frames through [`Segment::frames`].
+    pub fn batches(&self) -> Result<&[RecordBatch]> {
+        self.file.check_deferred()?;
+        Ok(&self.file.batches)
+    }
+    /// The record batches as mapped, whose [`Segment::deferred_columns`] may hold unchecked
+    /// offsets: only for code that checks them ([`Segment::batches`]) before it reads those
+    /// columns, e.g. a scan that learns its projection later.
+    pub(crate) fn batches_unchecked(&self) -> &[RecordBatch] {
         &self.file.batches
     }
+    /// The columns (by index) whose offsets have not been checked yet: frame columns until
+    /// [`Segment::batches`] has run once, then none.
+    pub(crate) fn deferred_columns(&self) -> &[usize] {
+        self.file.deferred()
+    }
+    /// Frames stored in frame column `name` and their stored bytes, from the first and last
+    /// offset of each record batch (checked at open): no other offset and no frame is read.
+    /// `None` if `name` is not a frame column.
+    pub fn frame_totals(&self, name: &str) -> Option<(u64, u64)> {
+        let (mut frames, mut bytes) = (0u64, 0u64);
+        for b in &self.file.batches {
+            let a = b.column_by_name(name)?.as_binary_opt::<i64>()?;
+            let o = a.value_offsets();
+            frames += a.len() as u64;
+            bytes += (o[o.len() - 1] - o[0]).max(0) as u64;
+        }
+        Some((frames, bytes))
+    }
     /// Column `name` of every record batch of the segment, zero-copy. A column the snapshot's
-    /// schema lacks is [`Error::InvalidArgument`] (the segment's schema was checked on open).
+    /// schema lacks is [`Error::InvalidArgument`] (the segment's schema was checked on open). A
+    /// frame column's offsets are checked first, as by [`Segment::batches`].
     pub fn column(&self, name: &str) -> Result<Vec<ArrayRef>> {
+        let schema = self.file.batches.first().map(|b| b.schema());
+        let index = schema.and_then(|s| s.index_of(name).ok());
+        if index.is_some_and(|i| self.file.deferred().contains(&i)) {
+            self.file.check_deferred()?;
+        }
         self.file
             .batches
             .iter()
@@ -136,10 +174,32 @@ impl Segment {
         (b, (row - self.batch_starts[b]) as usize)
     }
     /// Rows `[row, row + len)` as a zero-copy batch. The range must lie inside one record batch,
-    /// which holds for any range inside one episode.
-    pub fn slice(&self, row: u64, len: usize) -> RecordBatch {
+    /// which holds for any range inside one episode; one that does not is
+    /// [`Error::InvalidArgument`]. The range's own frame offsets are checked (O(len)), not the
+    /// segment's: a damaged one is [`Error::Corrupt`] naming the file.
+    pub fn slice(&self, row: u64, len: usize) -> Result<RecordBatch> {
         let (b, off) = self.locate(row);
-        self.file.batches[b].slice(off, len)
+        let batch = &self.file.batches[b];
+        if off + len > batch.num_rows() {
+            return Err(Error::argument(
+                "len",
+                format!(
+                    "rows {row}..+{len} of segment {} span record batches",
+                    self.entry.id
+                ),
+            ));
+        }
+        for &c in self.file.deferred() {
+            if let Some(a) = batch.column(c).as_binary_opt::<i64>() {
+                check_offsets(a, off, len).map_err(|reason| {
+                    Error::corrupt(
+                        &self.file.path,
+                        format!("column `{}`: {reason}", batch.schema_ref().field(c).name()),
+                    )
+                })?;
+            }
+        }
+        Ok(batch.slice(off, len))
     }
     /// Asks the kernel to read ahead the mapped bytes `bytes` (a slice of this segment's
     /// transitions, e.g. a column's values), if they lie in the mapping (for data not yet in the

@@ -119,7 +119,7 @@ fn check_segment(snap: &Snapshot, seg: &Segment) -> Result<()> {
     let (ids, starts, lens, rets) = (t.ids(), t.row_starts(), t.lengths(), t.returns());
     let (term, trunc) = (t.terminated(), t.truncated());
     for i in 0..t.len() {
-        let batch = seg.slice(starts[i], lens[i] as usize);
+        let batch = seg.slice(starts[i], lens[i] as usize)?;
         let id = ids[i];
         // The segment's schema was checked when it was mapped; a missing column is still an
         // error, never a panic.

@@ -47,7 +47,7 @@ pub fn run_cli_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String)
 pub fn ends(snap: &Snapshot) -> Vec<(bool, bool)> {
     (0..snap.num_episodes())
         .map(|id| {
-            let e = snap.episode(id).unwrap();
+            let e = snap.episode(id).unwrap().unwrap();
             let last = e.num_rows() - 1;
             let flag = |n: &str| e.column_by_name(n).unwrap().as_boolean().value(last);
             (flag("terminated"), flag("truncated"))

@@ -120,7 +120,7 @@ pub fn check_gathered(snap: &Snapshot, plan: &[SliceRef], batch: &Batch) {
         let len = loc.length as i64;
         assert_eq!(batch.episode_id[i], id, "slice {i}");
         assert_eq!(batch.start_step[i], s.start, "slice {i}");
-        let source = snap.episode(id).unwrap();
+        let source = snap.episode(id).unwrap().unwrap();
         let src_reward = source
             .column_by_name(col::REWARD)
             .unwrap()

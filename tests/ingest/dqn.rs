@@ -63,7 +63,7 @@ fn summaries(ds: &Dataset) -> Vec<Summary> {
                 t.final_frame(i).is_none(),
                 "DQN Replay stores no final frame"
             );
-            let rows: RecordBatch = seg.slice(start, len as usize);
+            let rows: RecordBatch = seg.slice(start, len as usize).unwrap();
             let actions = rows
                 .column_by_name("action")
                 .unwrap()

@@ -118,7 +118,7 @@ fn v3_av1_two_cameras_store_pyavs_frames_exactly() {
         assert!(rgb_of(&yuv) == want, "{key}: conversion of PyAV's planes");
     }
     // Episode ids and timestamps are kept; step t of episode e is data row t.
-    let e1 = snap.episode(1).unwrap();
+    let e1 = snap.episode(1).unwrap().unwrap();
     let src = arrow::compute::cast(
         e1.column_by_name("source_episode").unwrap(),
         &DataType::Int64,

@@ -359,7 +359,7 @@ fn ingest_ok(input: &Path, out: &Path, opts: &IngestOptions) -> trajstore::inges
 fn contents(out: &Path) -> (Vec<arrow::array::RecordBatch>, Vec<u8>) {
     let snap = open(out);
     let eps = (0..snap.num_episodes())
-        .map(|e| snap.episode(e).unwrap())
+        .map(|e| snap.episode(e).unwrap().unwrap())
         .collect();
     let next = bytes_of(
         &gather_all(&snap, &["next_observation"]),
@@ -673,7 +673,7 @@ fn episode_files_with_one_observation_more_are_one_episode_each() {
             u8::from(!i.is_multiple_of(3)),
             "episode {i}"
         );
-        let e = snap.episode(i as u64).unwrap();
+        let e = snap.episode(i as u64).unwrap().unwrap();
         let ids = e.column_by_name("source_episode").unwrap();
         let ids = ids
             .as_any()

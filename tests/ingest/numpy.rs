@@ -65,7 +65,7 @@ fn check_d4rl(input: &Path, infos: (&str, &str)) {
     );
     check_fixture_episodes(&snap, &want);
     for (id, &(start, len, _, _)) in want.iter().enumerate() {
-        let e = snap.episode(id as u64).unwrap();
+        let e = snap.episode(id as u64).unwrap().unwrap();
         check_fixture_values(&e, start, len);
         let rows = start..start + len;
         let qpos = e.column_by_name(infos.0).unwrap().as_fixed_size_list();
@@ -180,7 +180,7 @@ fn integer_actions_stay_integers_and_gymnasium_flag_names_are_found() {
     assert!(matches!(snap.schema().action_kind(), ActionKind::Discrete));
     let mut actions: Vec<i64> = vec![];
     for id in 0..snap.num_episodes() {
-        let e = snap.episode(id).unwrap();
+        let e = snap.episode(id).unwrap().unwrap();
         actions.extend(
             e.column_by_name("action")
                 .unwrap()
@@ -377,7 +377,7 @@ fn truncated_archives_are_errors() {
 fn same_data(a: &Snapshot, b: &Snapshot) -> bool {
     a.num_episodes() == b.num_episodes()
         && (0..a.num_episodes()).all(|id| {
-            let (x, y) = (a.episode(id).unwrap(), b.episode(id).unwrap());
+            let (x, y) = (a.episode(id).unwrap().unwrap(), b.episode(id).unwrap().unwrap());
             x.schema() == y.schema()
                 && x.columns()
                     .iter()
@@ -472,7 +472,7 @@ fn an_export_ingests_back_unchanged() {
     assert_eq!(b.episodes().lengths(), a.episodes().lengths());
     assert_eq!(ends(&b), ends(&a));
     for id in 0..a.num_episodes() {
-        let (x, y) = (a.episode(id).unwrap(), b.episode(id).unwrap());
+        let (x, y) = (a.episode(id).unwrap().unwrap(), b.episode(id).unwrap().unwrap());
         for c in [
             "observation",
             "action",
@@ -533,7 +533,7 @@ fn minari_datasets_ingest_as_minari_reads_them() {
                 .collect()
         };
         for (k, want) in expected.iter().enumerate() {
-            let e = snap.episode(k as u64).unwrap();
+            let e = snap.episode(k as u64).unwrap().unwrap();
             let obs = want["observations"].as_array().unwrap();
             let steps = obs.len() - 1;
             assert_eq!(e.num_rows(), steps, "{name} episode {k}");

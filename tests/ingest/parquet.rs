@@ -194,7 +194,7 @@ fn flag_mode_round_trips_across_row_groups() {
         .values()
         .to_vec();
     for (id, &(start, len, _, _)) in expected.iter().enumerate() {
-        let e = snap.episode(id as u64).unwrap();
+        let e = snap.episode(id as u64).unwrap().unwrap();
         assert_eq!(
             fsl_values(&e, "observation"),
             all_obs[start * 3..(start + len) * 3]
@@ -291,7 +291,7 @@ fn episode_id_mode_converts_lists_and_keeps_user_columns() {
 
     let mut start = 0;
     for (id, &(source, len)) in runs.iter().enumerate() {
-        let e = snap.episode(id as u64).unwrap();
+        let e = snap.episode(id as u64).unwrap().unwrap();
         let want: Vec<f32> = obs_rows[start..start + len].concat();
         assert_eq!(fsl_values(&e, "observation"), want);
         let act = e
@@ -357,7 +357,7 @@ fn observation_cols_are_combined_and_scalar_float_action_is_continuous() {
     );
     assert_eq!(snap.episodes().lengths(), &[100, 100, 100]);
     assert_eq!(ends(&snap), vec![(true, false); 3]);
-    let e = snap.episode(1).unwrap();
+    let e = snap.episode(1).unwrap().unwrap();
     let obs = fsl_values(&e, "observation");
     assert_eq!(obs[..6], [100.1, 100.2, 100.3, 101.1, 101.2, 101.3]);
     assert_eq!(fsl_values(&e, "action")[..2], [99.0, 100.0]);
@@ -445,7 +445,7 @@ fn peer_layout_with_episode_and_flag_columns() {
     assert_eq!(ends(&snap_term), ends(&snap));
     let mut start = 0;
     for (id, &(len, ..)) in eps.iter().enumerate() {
-        let e = snap.episode(id as u64).unwrap();
+        let e = snap.episode(id as u64).unwrap().unwrap();
         assert_eq!(
             fsl_values(&e, "observation"),
             obs[start * 17..(start + len) * 17]
@@ -531,7 +531,7 @@ fn appends_to_an_existing_dataset() {
     assert_eq!((r.version, r.episodes, r.rows), (3, 5, 400));
     let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!((snap.num_episodes(), snap.num_transitions()), (10, 800));
-    let src = snap.episode(7).unwrap();
+    let src = snap.episode(7).unwrap().unwrap();
     assert_eq!(
         src.column_by_name("source_episode")
             .unwrap()
@@ -733,7 +733,7 @@ fn a_lerobot_dataset_directory_ingests_without_options() {
     let lengths: Vec<u64> = want.iter().map(|e| e.1 as u64).collect();
     assert_eq!(snap.episodes().lengths(), lengths.as_slice());
     for (id, &(start, len, _, _)) in want.iter().enumerate() {
-        let e = snap.episode(id as u64).unwrap();
+        let e = snap.episode(id as u64).unwrap().unwrap();
         check_fixture_values(&e, start, len);
         let frame = e.column_by_name("frame_index").unwrap();
         let steps = e.column_by_name("step").unwrap();
@@ -835,7 +835,7 @@ fn data_without_rewards_needs_no_reward() {
     assert_eq!(snap.num_transitions(), 700);
     for id in 0..snap.num_episodes() {
         assert!(
-            rewards(&snap.episode(id).unwrap())
+            rewards(&snap.episode(id).unwrap().unwrap())
                 .iter()
                 .all(|&x| x == 0.0)
         );
@@ -911,7 +911,7 @@ fn arrow_ipc_files_ingest_like_parquet() {
         assert_eq!(got.schema(), want.schema(), "{name}");
         assert_eq!(ends(&got), ends(&want), "{name}");
         for id in 0..want.num_episodes() {
-            assert_eq!(got.episode(id), want.episode(id), "{name}: episode {id}");
+            assert_eq!(got.episode(id).unwrap(), want.episode(id).unwrap(), "{name}: episode {id}");
         }
     }
 
@@ -943,7 +943,7 @@ fn arrow_ipc_files_ingest_like_parquet() {
     .unwrap();
     let got = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!(got.schema(), want.schema());
-    assert_eq!(got.episode(3), want.episode(3));
+    assert_eq!(got.episode(3).unwrap(), want.episode(3).unwrap());
 
     // A truncated file is a corrupt-file error naming it, and nothing is created.
     let good = std::fs::read(dir.path().join("plain.arrow")).unwrap();
@@ -991,7 +991,7 @@ fn arrow_ipc_files_ingest_like_parquet() {
     let back = Dataset::open(&back).unwrap().snapshot().unwrap();
     assert_eq!(ends(&back), ends(&want));
     for id in 0..want.num_episodes() {
-        let (a, b) = (back.episode(id).unwrap(), want.episode(id).unwrap());
+        let (a, b) = (back.episode(id).unwrap().unwrap(), want.episode(id).unwrap().unwrap());
         assert_eq!(fsl_values(&a, "observation"), fsl_values(&b, "observation"));
         assert_eq!(rewards(&a), rewards(&b), "episode {id}");
     }
@@ -1025,7 +1025,7 @@ fn arrow_ipc_files_ingest_like_parquet() {
     let got = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!(ends(&got), ends(&want));
     for id in 0..want.num_episodes() {
-        assert_eq!(got.episode(id), want.episode(id), "stream: episode {id}");
+        assert_eq!(got.episode(id).unwrap(), want.episode(id).unwrap(), "stream: episode {id}");
     }
 }
 
@@ -1100,7 +1100,7 @@ fn a_live_arrow_stream_on_stdin_commits_as_it_goes() {
     let live = committed(&out, 3);
     assert_eq!(live.num_episodes(), 3, "whole episodes only");
     for id in 0..3 {
-        assert_eq!(live.episode(id), want.episode(id));
+        assert_eq!(live.episode(id).unwrap(), want.episode(id).unwrap());
     }
     w.write(&batch.slice(390, n - 390)).unwrap();
     w.finish().unwrap();
@@ -1116,7 +1116,7 @@ fn a_live_arrow_stream_on_stdin_commits_as_it_goes() {
     let got = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!(ends(&got), ends(&want));
     for id in 0..want.num_episodes() {
-        assert_eq!(got.episode(id), want.episode(id), "episode {id}");
+        assert_eq!(got.episode(id).unwrap(), want.episode(id).unwrap(), "episode {id}");
     }
 
     // Garbage after a commit: the ingest fails, says what it kept, and keeps it.

@@ -205,7 +205,7 @@ fn robot_episodes_become_transitions_with_the_final_observation_kept() {
     for (id, steps) in eps.iter().enumerate() {
         let id = id as u64;
         let n = steps.len();
-        let e = snap.episode(id).unwrap();
+        let e = snap.episode(id).unwrap().unwrap();
         assert_eq!(e.num_rows(), n - 1, "episode {id}");
         // Flags: terminated where the last step is terminal, truncated otherwise.
         let last = &steps[n - 1];
@@ -287,7 +287,7 @@ fn atari_episodes_have_discrete_actions_and_grayscale_frames() {
     );
     assert_eq!(r.episodes, eps.len() as u64);
     for (id, steps) in eps.iter().enumerate() {
-        let e = snap.episode(id as u64).unwrap();
+        let e = snap.episode(id as u64).unwrap().unwrap();
         let actions = e
             .column_by_name("action")
             .unwrap()
@@ -325,7 +325,7 @@ fn options_pick_the_observation_split_and_tensor_storage() {
             "observation/image"
         ]
     );
-    let e = snap.episode(0).unwrap();
+    let e = snap.episode(0).unwrap().unwrap();
     assert_eq!(
         f32_rows(&e, "observation")[0],
         floats(&steps[0]["observation"]["state"])
@@ -346,7 +346,7 @@ fn options_pick_the_observation_split_and_tensor_storage() {
     let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert!(snap.frame_column("observation").is_none());
     assert_eq!(snap.schema().observation_shape(), [16, 16, 3]);
-    let e = snap.episode(0).unwrap();
+    let e = snap.episode(0).unwrap().unwrap();
     let first = &want["splits"][0]["episodes"][0]["steps"][0];
     assert_eq!(
         u8_rows(&e, "observation")[0],

@@ -58,7 +58,7 @@ fn check_dump(name: &str, lo: usize, hi: usize) {
     );
     check_fixture_episodes(&snap, &want);
     for (id, &(start, len, _, _)) in want.iter().enumerate() {
-        let e = snap.episode(id as u64).unwrap();
+        let e = snap.episode(id as u64).unwrap().unwrap();
         check_fixture_values(&e, start, len);
         // The collector's trajectory id is constant within an episode.
         let traj = e
@@ -108,7 +108,7 @@ fn episode_ids_instead_of_flags() {
             .as_slice()
     );
     for id in 0..snap.num_episodes() {
-        let e = snap.episode(id).unwrap();
+        let e = snap.episode(id).unwrap().unwrap();
         let src = e.column_by_name("source_episode").unwrap();
         assert!(
             src.as_primitive::<arrow::datatypes::Int64Type>()

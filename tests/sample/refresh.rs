@@ -179,7 +179,7 @@ fn refresh_after_retention_drops_every_old_segment_keeps_episode_ids() {
     let last = fresh.episodes().first_id() + fresh.episodes().len() as u64 - 1;
     assert_eq!(last, 23);
     assert!(
-        snap.episode(last).is_some(),
+        snap.episode(last).unwrap().is_some(),
         "the newest episode is reachable by its id"
     );
     let gatherer = Gatherer::try_new(&snap, &[col::EPISODE_ID]).unwrap();

@@ -58,7 +58,7 @@ struct Row {
 fn rows(snap: &Snapshot) -> Vec<Row> {
     let mut out = vec![];
     for seg in snap.segments() {
-        for b in seg.batches() {
+        for b in seg.batches().unwrap() {
             let ids = b
                 .column_by_name(col::EPISODE_ID)
                 .unwrap()

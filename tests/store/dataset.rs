@@ -23,7 +23,7 @@ fn check_round_trip(ds: &Dataset, written: &[(RecordBatch, EpisodeEnd)]) {
             .collect::<Vec<_>>()
     );
     for (id, (batch, end)) in written.iter().enumerate() {
-        let got = snap.episode(id as u64).unwrap();
+        let got = snap.episode(id as u64).unwrap().unwrap();
         let n = batch.num_rows();
         assert_eq!(got.num_rows(), n);
         for name in [col::OBSERVATION, col::ACTION, col::REWARD] {
@@ -152,7 +152,7 @@ fn step_api_matches_batch_api() {
     wb.commit().unwrap();
     let (sa, sb) = (a.snapshot().unwrap(), b.snapshot().unwrap());
     for id in 0..5 {
-        assert_eq!(sa.episode(id).unwrap(), sb.episode(id).unwrap());
+        assert_eq!(sa.episode(id).unwrap().unwrap(), sb.episode(id).unwrap().unwrap());
     }
     // A step with the wrong width is rejected and leaves the episode in progress untouched.
     let err = wb
@@ -265,13 +265,13 @@ fn retention_drops_oldest_segments_and_prunes_files() {
     let first = snap.episodes().first_id();
     assert!(first > 0);
     assert_eq!(first + snap.num_episodes(), 60);
-    assert_eq!(snap.episode(first).unwrap().num_rows(), 8);
+    assert_eq!(snap.episode(first).unwrap().unwrap().num_rows(), 8);
     assert_eq!(
-        snap.episode(59).unwrap().num_rows(),
+        snap.episode(59).unwrap().unwrap().num_rows(),
         8,
         "the newest episode is kept"
     );
-    assert!(snap.episode(first - 1).is_none());
+    assert!(snap.episode(first - 1).unwrap().is_none());
     // Only the newest version and its files remain.
     assert_eq!(ds.versions().unwrap().len(), 1);
     let files = std::fs::read_dir(dir.path().join("d/segments"))

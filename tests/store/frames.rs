@@ -385,3 +385,89 @@ fn the_python_decoder_of_format_md_reads_the_frames() {
         );
     }
 }
+
+/// Opening a segment does not read its frame offsets (8 bytes a frame: 1.7 GB at 209M
+/// frames); each reader checks the offsets it reads. A damaged offset in the middle of a record
+/// batch (its first and last are checked on open) therefore opens, and is then a named error
+/// from every reader of those rows, never a panic; rows away from it still read.
+#[test]
+fn a_damaged_frame_offset_is_found_where_it_is_read() {
+    use trajstore::{FrameStack, Gatherer, SliceRef, gather::Batch};
+    let dir = tempfile::tempdir().unwrap();
+    let shape = [84, 84];
+    let root = dir.path().join("f");
+    let ds = Dataset::create(&root, &frame_schema(FrameCodec::Zstd, &shape)).unwrap();
+    let want = write_episodes(&ds, &shape, 4, 20);
+    let snap = ds.snapshot().unwrap();
+    let seg = &snap.segments()[0];
+    assert_eq!(seg.batches().unwrap().len(), 1, "one record batch");
+    // The offsets of rows 5, 6, 7 of the batch, as written in the file.
+    let run = seg.frames("observation", 0, 8).unwrap();
+    let mut offsets = vec![0i64];
+    for i in 0..8 {
+        offsets.push(offsets[i] + run.frame(i).unwrap().len() as i64);
+    }
+    let pattern: Vec<u8> = offsets[5..8].iter().flat_map(|o| o.to_le_bytes()).collect();
+    let file = root.join(&seg.entry().path);
+    drop(snap);
+    drop(ds);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern)
+        .expect("the offsets are in the file")
+        + 8;
+    bytes[at..at + 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+
+    let snap = Dataset::open(&root).and_then(|d| d.snapshot()).unwrap();
+    let seg = &snap.segments()[0];
+    let corrupt_here = |e: Error, what: &str| match e {
+        Error::Corrupt { path, reason } => {
+            assert_eq!(path, file, "{what}");
+            assert!(reason.contains("observation"), "{what}: {reason}");
+        }
+        other => panic!("{what}: {other:?}"),
+    };
+    // Episode 1 (rows 20..40) reads, whole or gathered; episode 0's damaged rows do not.
+    let e1 = snap.episode(1).unwrap().unwrap();
+    assert_eq!(e1.num_rows(), 20);
+    corrupt_here(snap.episode(0).unwrap_err(), "episode 0");
+    corrupt_here(seg.slice(4, 3).unwrap_err(), "rows 4..7");
+    assert_eq!(seg.slice(7, 5).unwrap().num_rows(), 5);
+    let g = Gatherer::with_frame_stack(&snap, &["observation"], Some(FrameStack::new(2).unwrap()))
+        .unwrap();
+    let mut batch = Batch::default();
+    let slice = |episode, start| SliceRef {
+        episode,
+        start,
+        len: 4,
+    };
+    g.gather(&[slice(1, 3)], &mut batch).unwrap();
+    let stacks = batch.column("observation").unwrap().data.as_slice();
+    let n = 84 * 84;
+    // Step 3's stack of episode 1 is frames 2, 3.
+    assert_eq!(&stacks[..n], &want[1][2][..]);
+    assert_eq!(&stacks[n..2 * n], &want[1][3][..]);
+    let e = g.gather(&[slice(0, 4)], &mut batch).unwrap_err();
+    assert!(e.to_string().contains("observation"), "{e}");
+    // Readers of whole segments check every offset first.
+    corrupt_here(seg.batches().unwrap_err(), "batches");
+    corrupt_here(seg.column("observation").unwrap_err(), "column");
+    assert!(seg.column("reward").is_ok(), "other columns read");
+    let e = trajstore::store::verify::verify(&snap, |_| {}).unwrap_err();
+    assert!(e.to_string().contains(&seg.entry().path), "{e}");
+    // `info` reads only each batch's first and last offsets: it still reports.
+    let stats = trajstore::store::info::frame_stats(&snap);
+    assert_eq!(stats[0].frames, 80);
+    #[cfg(feature = "sql")]
+    {
+        let s = trajstore::sql::SqlSession::try_new(&snap).unwrap();
+        let count = s.query("SELECT count(*) AS n FROM transitions").unwrap();
+        assert_eq!(count.batches[0].num_rows(), 1, "a scan without the frames reads");
+        let e = s
+            .query("SELECT sum(octet_length(observation)) FROM transitions")
+            .unwrap_err();
+        assert!(e.to_string().contains(&seg.entry().path), "{e}");
+    }
+}

@@ -43,7 +43,7 @@ fn check(snap: &Snapshot, exp: &Value) {
             (r - want).abs() <= 1e-9 * want.abs().max(1.0),
             "episode {i} return {r} vs {want}"
         );
-        let e = snap.episode(i as u64).unwrap();
+        let e = snap.episode(i as u64).unwrap().unwrap();
         let obs = e
             .column_by_name(col::OBSERVATION)
             .unwrap()
@@ -129,7 +129,7 @@ fn golden_v1_stays_writable() {
     let old = ds.snapshot_at(before.version()).unwrap();
     check(&old, &expected()["versions"][before.version().to_string()]);
     for id in 0..before.num_episodes() {
-        assert_eq!(after.episode(id).unwrap(), before.episode(id).unwrap());
+        assert_eq!(after.episode(id).unwrap().unwrap(), before.episode(id).unwrap().unwrap());
     }
     assert_eq!(after.episodes().lengths().last(), Some(&25));
     trajstore::store::verify::verify(&after, |_| {}).unwrap();

@@ -38,7 +38,7 @@ fn pyarrow_polars_duckdb_read_what_we_wrote() {
         v[k].as_array_mut().unwrap().push(x)
     };
     for seg in snap.segments() {
-        for b in seg.batches() {
+        for b in seg.batches().unwrap() {
             let c = |n: &str| b.column_by_name(n).unwrap().clone();
             for x in c(col::OBSERVATION)
                 .as_fixed_size_list()
@@ -156,7 +156,7 @@ sys.exit(proc.returncode)
     );
     let mut row = 0u64;
     for (ep, &n) in lengths.iter().enumerate() {
-        let b = snap.episode(ep as u64).unwrap();
+        let b = snap.episode(ep as u64).unwrap().unwrap();
         let reward = b.column_by_name(col::REWARD).unwrap();
         let want: Vec<f32> = (row..row + n).map(|i| i as f32 * 0.5).collect();
         assert_eq!(reward.as_primitive::<Float32Type>().values(), &want[..]);

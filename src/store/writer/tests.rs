@@ -236,7 +236,7 @@ fn an_episode_larger_than_a_segment_gets_a_segment_of_its_own() {
     let snap = ds.snapshot().unwrap();
     for (i, &n) in lens.iter().enumerate() {
         let (want, _) = episode(i as u64, n);
-        let got = snap.episode(i as u64).unwrap();
+        let got = snap.episode(i as u64).unwrap().unwrap();
         assert_eq!(got.num_rows() as u64, n);
         assert_eq!(
             got.column_by_name(col::REWARD).unwrap().to_data(),
@@ -266,7 +266,7 @@ fn record_batches_hold_whole_episodes() {
     let snap = ds.snapshot().unwrap();
     assert_eq!(snap.segments().len(), 1);
     let seg = &snap.segments()[0];
-    let rows: Vec<usize> = seg.batches().iter().map(|b| b.num_rows()).collect();
+    let rows: Vec<usize> = seg.batches().unwrap().iter().map(|b| b.num_rows()).collect();
     assert!(rows.contains(&50) && rows.contains(&30), "{rows:?}");
     assert!(
         rows.len() < lens.len(),
