@@ -187,7 +187,7 @@ impl PySnapshot {
 
     /// The transitions of episode `id`, a zero-copy view of the memory map.
     fn episode(&self, id: u64) -> PyResult<Option<ArrowBatch>> {
-        Ok(self.snapshot().episode(id)?.map(ArrowBatch::new))
+        Ok(self.snapshot().episode(id).py()?.map(ArrowBatch::new))
     }
 
     /// Runs a SQL query (DataFusion) over the tables `transitions` and `episodes`; read-only

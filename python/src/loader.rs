@@ -345,7 +345,7 @@ impl SlotLoader {
             .iter()
             .enumerate()
             .map(|(j, col)| match tail(j) {
-                true => b * col.step_bytes,
+                true => b * trajstore::gather::tail_bytes(col.step_bytes, col.lead),
                 false => b * col.slice_bytes(l),
             })
             .chain(std::iter::repeat_n(b * l, 6))

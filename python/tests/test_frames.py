@@ -216,9 +216,14 @@ def test_staged_frame_windows_cross_as_windows_and_equal_the_raw_frames(frames_p
     """The CUDA ring with frame_window=True (run on CPU through TRAJSTORE_STAGED_CPU=1): each host
     slot holds [B, L + K - 1, H, W] frames, a quarter of the stacks' bytes at K = 4 (what the one
     copy per batch carries), and the batch's [B, L, K, H, W] stacks are views of the device
-    buffer equal to stacks of the raw frames at every valid step; through a transform too."""
+    buffer equal to stacks of the raw frames at every valid step; through a transform too.
+    Without a transform next_observation crosses as one frame per slice (the frame after its
+    last valid step) and is derived from the observation's window on the device."""
     pytest.importorskip("torch")
+    import trajstore._cuda
+
     monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
     path, obs = frames_path
     ds = trajstore.open(path)
     k, l, b = 4, 5, 16
@@ -237,15 +242,17 @@ def test_staged_frame_windows_cross_as_windows_and_equal_the_raw_frames(frames_p
     seen = 0
     for batch in loader:
         assert loader._plan.leads() == [k - 1, k - 1]
+        assert loader._plan.tail_columns() == [False, True]
+        assert tuple(loader._slots[0]["observation"].shape) == (b, l + k - 1, H, W)
+        tail = (b, H, W) if not transform else (b, l + k - 1, H, W)
+        assert tuple(loader._slots[0]["next_observation"].shape) == tail
         for name in ("observation", "next_observation"):
-            slot = loader._slots[0][name]
-            assert tuple(slot.shape) == (b, l + k - 1, H, W)
-        o = batch["observation"]
-        assert tuple(o.shape) == (b, l, k, H, W)
-        if not transform:
-            frame = H * W
-            # A view of the device buffer: steps and stack slots both one frame apart.
-            assert o.stride() == ((l + k - 1) * frame, frame, frame, W, 1)
+            o = batch[name]
+            assert tuple(o.shape) == (b, l, k, H, W)
+            if not transform:
+                frame = H * W
+                # A view of a device tensor: steps and stack slots both one frame apart.
+                assert o.stride() == ((l + k - 1) * frame, frame, frame, W, 1), name
         assert_valid_stacks({n: t.numpy() for n, t in batch.items()}, obs, ds.first_episode_id, l, k)
         seen += 1
     assert seen == 4

@@ -19,7 +19,9 @@
   slice (``Gatherer::gather_into_with_tails`` in the Rust crate): at every other step it is the
   observation one step later. It is derived on the copy stream by five kernels (``_derive``),
   bit for bit the stored batch. Below that size the copy of the full column costs less than
-  issuing the kernels.
+  issuing the kernels. With a frame window the tail is one frame per slice, the frame after its
+  last valid step: the ``next_observation`` window is the observation's one row later, so the
+  copy carries ``L + K - 1`` frames a slice where it would carry twice that.
 
 The per-batch work on the training thread is a copy, two events, two waits and a few
 reference-count reads. ``TRAJSTORE_STAGED_CPU=1`` runs the same rings on CPU (plain host
@@ -86,7 +88,8 @@ def _pieces(torch: Any, plan: _native.Plan, tails: Optional[List[bool]]) -> List
     for j, ((name, dtype, step_shape), lead) in enumerate(zip(plan.columns(), plan.leads())):
         tail = tails is not None and tails[j]
         if tail:
-            shape: Tuple[int, ...] = (b, *step_shape)
+            # One row a slice: a step, or a frame window's one frame.
+            shape: Tuple[int, ...] = (b, *step_shape[1:]) if lead else (b, *step_shape)
         elif lead:
             shape = (b, l + lead, *step_shape[1:])
         else:
@@ -109,9 +112,10 @@ def _tails(torch: Any, plan: _native.Plan) -> Optional[List[bool]]:
     ``_TAIL_MIN_BYTES`` or more per batch."""
     b, l = plan.num_slices, plan.slice_len  # noqa: E741
     out = []
-    for (_, dtype, shape), can in zip(plan.columns(), plan.tail_columns()):
-        step = math.prod(shape) * _torch_dtype(torch, dtype).itemsize
-        out.append(can and b * (l - 1) * step >= _TAIL_MIN_BYTES)
+    for (_, dtype, shape), can, lead in zip(plan.columns(), plan.tail_columns(), plan.leads()):
+        # A row: a step, or a frame window's frame; a slice holds L + lead rows.
+        row = math.prod(shape) // (lead + 1) * _torch_dtype(torch, dtype).itemsize
+        out.append(can and b * (l + lead - 1) * row >= _TAIL_MIN_BYTES)
     return out if any(out) else None
 
 
@@ -138,13 +142,16 @@ class _DeviceSlot:
         total = max(p.offset + p.nbytes for p in pieces)
         self.buf = torch.empty(total, dtype=torch.uint8, device=device)
         self.views = {p.name: _view(self.buf, p) for p in pieces}
-        #: Each tail's next_observation, [B, L, ...], derived into on every batch.
+        #: Each tail's next_observation, [B, L, ...] (a frame window's [B, L + K - 1,
+        #: ...frame]), derived into on every batch.
         self.full = {
-            p.name: torch.empty((p.shape[0], l, *p.shape[1:]), dtype=p.dtype, device=device) for p in pieces if p.tail
+            p.name: torch.empty((p.shape[0], l + p.lead, *p.shape[1:]), dtype=p.dtype, device=device)
+            for p in pieces
+            if p.tail
         }
         leads = {p.name: p.lead for p in pieces}
-        self.out: Dict[str, Any] = {n: self.full.get(n, _stacks(v, leads[n])) for n, v in self.views.items()}
-        self.derivations = _derivations(self.views, self.full)
+        self.out: Dict[str, Any] = {n: _stacks(self.full.get(n, v), leads[n]) for n, v in self.views.items()}
+        self.derivations = _derivations(torch, self.views, self.full, leads)
         self._refs = self._ref_counts()
         self._uses = self._use_counts(torch)
 
@@ -164,28 +171,65 @@ class _DeviceSlot:
         return uses is None or uses != self._uses or self._ref_counts() != self._refs
 
 
-def _derivations(views: Dict[str, Any], full: Dict[str, Any]) -> List[Tuple[Any, ...]]:
-    """Per tail, the views ``_derive`` works on, made once per device buffer: the full
-    next_observation's first L-1 steps and its last, the observation's last L-1 steps, the mask
-    and slice_end broadcast over a step's dimensions, and the tail as ``[B, 1, ...]``."""
+class _Derivation(NamedTuple):
+    """The views ``_derive`` works on for one tail, made once per device buffer."""
+
+    #: The full next_observation as stored (``[B, R, ...]``, ``R = L`` or ``L + K - 1``), its
+    #: first R-1 rows and its last.
+    out: Any
+    head: Any
+    last: Any
+    #: The observation's last R-1 rows.
+    later: Any
+    #: The mask and slice_end planes: broadcast over a step's dimensions (``lead == 0``), or
+    #: ``[B, L]`` as they are (a window).
+    mask: Any
+    end: Any
+    #: The tail as ``[B, 1, ...]``.
+    tail: Any
+    #: Rows before each slice's step 0 (``K - 1`` for a frame window), with ``[1, R]`` row
+    #: numbers and the shape a per-row condition broadcasts from.
+    lead: int
+    rows: Any
+    cond: Tuple[int, ...]
+
+
+def _derivations(torch: Any, views: Dict[str, Any], full: Dict[str, Any], leads: Dict[str, int]) -> List[_Derivation]:
+    """Per tail, the views ``_derive`` works on, made once per device buffer."""
     if not full:
         return []
     obs, mask, end = views["observation"], views["mask"], views["slice_end"]
-    cond = (*mask.shape, *(1,) * (obs.dim() - 2))
-    return [
-        (out, out[:, :-1], out[:, -1], obs[:, 1:], mask.view(cond), end.view(cond), views[name].unsqueeze(1))
-        for name, out in full.items()
-    ]
+    out = []
+    for name, dst in full.items():
+        lead = leads[name]
+        cond = (*dst.shape[:2], *(1,) * (dst.dim() - 2))
+        rows = torch.arange(dst.shape[1], device=dst.device).view(1, -1)
+        planes = (mask, end) if lead else (mask.view(cond), end.view(cond))
+        tail = views[name].unsqueeze(1)
+        out.append(_Derivation(dst, dst[:, :-1], dst[:, -1], obs[:, 1:], *planes, tail, lead, rows, cond))
+    return out
 
 
-def _derive(torch: Any, derivations: List[Tuple[Any, ...]]) -> None:
+def _derive(torch: Any, derivations: List[_Derivation]) -> None:
     """Each tail's next_observation: the tail at a slice's last valid step, the observation one
-    step later at the other valid steps, zero where padded (five kernels)."""
-    for out, head, last, later, mask, end, tail in derivations:
-        head.copy_(later)
-        last.zero_()
-        out.masked_fill_(mask.logical_not(), 0)
-        torch.where(end, tail, out, out=out)
+    step later at the other valid steps, zero where padded (five kernels). For a frame window,
+    row ``r`` of a slice whose valid steps are ``off .. off + n - 1`` is the tail at ``r == off +
+    n - 1 + lead``, the observation's row ``r + 1`` where ``off <= r < off + n - 1 + lead``,
+    zero elsewhere (a few more kernels on ``[B, R]``)."""
+    for d in derivations:
+        d.head.copy_(d.later)
+        d.last.zero_()
+        if not d.lead:
+            d.out.masked_fill_(d.mask.logical_not(), 0)
+            torch.where(d.end, d.tail, d.out, out=d.out)
+            continue
+        n = d.mask.sum(1, keepdim=True)
+        first = d.mask.to(torch.int32).argmax(1, keepdim=True)
+        stop = first + n - 1 + d.lead
+        some = n > 0
+        keep = (d.rows >= first) & (d.rows < stop) & some
+        d.out.masked_fill_(keep.logical_not().view(d.cond), 0)
+        torch.where(((d.rows == stop) & some).view(d.cond), d.tail, d.out, out=d.out)
 
 
 class CudaRing:

@@ -42,6 +42,13 @@ pub fn slice_bytes(step_bytes: usize, lead: usize, slice_len: usize) -> usize {
     (slice_len + lead) * (step_bytes / (lead + 1))
 }
 
+/// Bytes of one slice's row of a tail column ([`crate::Gatherer::tail_columns`]) of `step_bytes`
+/// a step with `lead` rows before step 0: one step, or for a frame window one frame (the frame
+/// after the slice's last valid step).
+pub fn tail_bytes(step_bytes: usize, lead: usize) -> usize {
+    step_bytes / (lead + 1)
+}
+
 impl BatchColumn {
     /// Bytes of one step.
     pub fn step_bytes(&self) -> usize {

@@ -373,6 +373,23 @@ impl FrameSource {
             .map_err(|e| located(e, seg, table_row, self.name()))
     }
 
+    /// The frame after the last valid step `b - 1` of steps `(a, b, len)` of an episode (frame
+    /// `b`, or its stored final frame where `b == len`) into `dst`, one frame: the tail of a
+    /// windowed `next_observation` ([`crate::CompactInto`]).
+    pub(crate) fn fill_after(
+        &self,
+        seg: &Segment,
+        row0: u64,
+        table_row: usize,
+        (_, b, len): (usize, usize, usize),
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let mut worker = self.decoder()?;
+        let dec = &mut worker.decoder.as_mut().expect("taken").decoder;
+        self.decode_frame(seg, row0, table_row, len, b, dst, dec)
+            .map_err(|e| located(e, seg, table_row, self.name()))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn window_frames(
         &self,
@@ -534,19 +551,38 @@ impl FrameSource {
     }
 
     /// The stored bytes of steps `a .. b` of one episode (and the frame after, for
-    /// `next_observation`), for read-ahead: one contiguous run.
+    /// `next_observation`), for read-ahead: one contiguous run. Reads the run's first and last
+    /// offset (see [`FrameSource::stored_offsets`]).
     pub(crate) fn stored<'s>(
         &self,
         seg: &'s Segment,
         row0: u64,
-        (a, b, len): (usize, usize, usize),
+        steps: (usize, usize, usize),
     ) -> Option<&'s [u8]> {
+        let (lo, hi) = self.stored_rows(steps)?;
+        seg.frames(self.name(), row0 + lo as u64, hi - lo)
+            .ok()
+            .map(|r| r.bytes())
+    }
+
+    /// The bytes of the offsets that locate [`FrameSource::stored`]'s run, not read: asked for
+    /// first, so that a cold read-ahead waits for one read of offsets per plan, not per slice.
+    pub(crate) fn stored_offsets<'s>(
+        &self,
+        seg: &'s Segment,
+        row0: u64,
+        steps: (usize, usize, usize),
+    ) -> Option<&'s [u8]> {
+        let (lo, hi) = self.stored_rows(steps)?;
+        seg.frame_offsets_bytes(self.name(), row0 + lo as u64, hi - lo)
+    }
+
+    /// The stored rows `lo .. hi` (episode steps) that steps `a .. b` of an episode of `len`
+    /// read, `None` if none.
+    fn stored_rows(&self, (a, b, len): (usize, usize, usize)) -> Option<(usize, usize)> {
         let lo = (a + self.next as usize).saturating_sub(self.stack - 1);
         let hi = (b + self.next as usize).min(len);
-        (hi > lo)
-            .then(|| seg.frames(self.name(), row0 + lo as u64, hi - lo).ok())
-            .flatten()
-            .map(|r| r.bytes())
+        (hi > lo).then_some((lo, hi))
     }
 }
 

@@ -24,7 +24,11 @@ pub struct GatherInto<'a> {
 /// is `[B, L, ...]` as in [`GatherInto`], except the columns [`Gatherer::tail_columns`] marks (a
 /// `next_observation` derived from the gathered observation): those hold `[B, ...]`, the
 /// `next_observation` of each slice's last valid step only (zero for an empty slice), since at
-/// every other valid step it is the observation one step later. The six flag planes become
+/// every other valid step it is the observation one step later. For a frame window (`lead = K -
+/// 1` rows before step 0, `[B, L + lead, ...frame]`) the tail is `[B, ...frame]`, the one frame
+/// after the slice's last valid step, and the `next_observation` window is the observation's one
+/// row later: row `r` of slice `i` is the tail where `r == off + n - 1 + lead`, the
+/// observation's row `r + 1` where `off <= r < off + n - 1 + lead`, zero elsewhere. The six flag planes become
 /// `spans`, `[B, 3]` per slice: the position of its first valid step, its number of valid steps,
 /// and its end bits ([`CompactInto::FIRST`] ...). The expansion, for step `j` of slice `i`:
 /// `mask = off <= j < off + n`; `slice_end = n > 0 && j == off + n - 1`;
@@ -209,7 +213,7 @@ impl Gatherer {
         })?;
         for ((c, d), &tail) in self.columns.iter().zip(&columns).zip(tails) {
             let need = match tail {
-                true => b.checked_mul(c.step_bytes()),
+                true => b.checked_mul(c.row_bytes()),
                 false => c.slice_bytes(l).and_then(|s| s.checked_mul(b)),
             };
             if need.is_none_or(|need| d.len() < need) {
@@ -252,7 +256,7 @@ impl Gatherer {
             .iter()
             .zip(tails)
             .map(|(c, &t)| match t {
-                true => b * c.step_bytes(),
+                true => b * c.row_bytes(),
                 false => b * (l + c.lead) * c.row_bytes(),
             })
             .sum();
@@ -264,7 +268,7 @@ impl Gatherer {
                 self.prefetch(next);
             }
             // SAFETY: slice `i` writes only bytes `[i * L * step, (i + 1) * L * step)` of each
-            // column (`[i * step, (i + 1) * step)` of a tail column, `[i * R * frame, (i + 1) *
+            // column (`[i * row, (i + 1) * row)` of a tail column, `[i * R * frame, (i + 1) *
             // R * frame)` of a window of `R = L + K - 1` rows), `[i * L, (i + 1) * L)` of
             // each flag plane (elements `3i .. 3i + 3` of the spans) and element `i` of the
             // per-slice vectors; the destinations were checked above to hold all B slices and are
@@ -303,20 +307,20 @@ impl Tails {
     /// Of a plain gatherer's columns: a `next_observation` derived from the observation rows
     /// (not a stored column), with the observation gathered too.
     pub(super) fn of_columns(columns: &[GatherColumn]) -> Self {
-        let has_obs = |frames: bool| {
-            columns.iter().any(|c| {
-                c.name == col::OBSERVATION
-                    && match &c.source {
-                        ColumnSource::Frames(f) => frames && !f.next,
-                        _ => !frames,
-                    }
-            })
-        };
+        let vector_obs = columns
+            .iter()
+            .any(|c| c.name == col::OBSERVATION && !matches!(c.source, ColumnSource::Frames(_)));
+        // A frame `next_observation` is a tail when the observation is gathered the same way
+        // (both stacks, or both windows).
+        let obs_window = columns.iter().find_map(|c| match &c.source {
+            ColumnSource::Frames(f) if c.name == col::OBSERVATION && !f.next => Some(f.window),
+            _ => None,
+        });
         let derived = columns
             .iter()
             .map(|c| match &c.source {
-                ColumnSource::DerivedNext { .. } => has_obs(false),
-                ColumnSource::Frames(f) => f.next && !f.window && has_obs(true),
+                ColumnSource::DerivedNext { .. } => vector_obs,
+                ColumnSource::Frames(f) => f.next && obs_window == Some(f.window),
                 _ => false,
             })
             .collect();

@@ -12,11 +12,12 @@ use crate::error::{Error, Result};
 use crate::format::col;
 use crate::index::SliceRef;
 use crate::store::Snapshot;
+use crate::store::segment::Segment;
 
 mod batch;
 mod into;
 mod readahead;
-pub use batch::{Batch, BatchColumn, slice_bytes};
+pub use batch::{Batch, BatchColumn, slice_bytes, tail_bytes};
 pub use into::{CompactInto, GatherInto};
 use into::{Dest, FlagPtrs, FlagsInto};
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
@@ -258,6 +259,12 @@ impl Gatherer {
                 episode_flags.push(term.value(i) as u8 | (trunc.value(i) as u8) << 1);
             }
         }
+        if plans
+            .iter()
+            .any(|c| matches!(c.source, ColumnSource::Frames(_)))
+        {
+            read_frame_offsets_ahead(snap);
+        }
         Ok(Self {
             snap: snap.clone(),
             tails: into::Tails::of_columns(&plans),
@@ -474,6 +481,11 @@ impl Gatherer {
         if let Some(m) = &self.mix {
             return m.ranges(plan).for_each(|(p, range)| p.advise(range));
         }
+        // Frame offsets first: the frames' bytes are found by reading them, so that asking for
+        // every slice's offsets at once makes a cold plan wait for one read, not one a slice.
+        if self.has_frames() {
+            self.advise_frames(plan, frames::FrameSource::stored_offsets);
+        }
         for s in plan {
             // A slice of another snapshot's plan: nothing to advise ([`Gatherer::gather`] refuses it).
             if s.episode as usize >= self.snap.episodes().len() {
@@ -493,19 +505,49 @@ impl Gatherer {
                     ColumnSource::Stored(bufs) | ColumnSource::DerivedNext { obs: bufs, .. } => {
                         bufs
                     }
-                    ColumnSource::StoredBool(_) => continue,
-                    ColumnSource::Frames(fs) => {
-                        let steps = (a as usize, b as usize, loc.length as usize);
-                        if let Some(bytes) = fs.stored(seg, loc.segment_row, steps) {
-                            seg.advise_willneed(bytes);
-                        }
-                        continue;
-                    }
+                    ColumnSource::StoredBool(_) | ColumnSource::Frames(_) => continue,
                 };
                 let buf = &bufs[loc.segment][bi];
                 let from = (r * step).min(buf.len());
                 let n = ((b - a + 1) as usize * step).min(buf.len() - from);
                 seg.advise_willneed(&buf.as_slice()[from..from + n]);
+            }
+        }
+        // Then the frames, whose offsets are arriving.
+        if self.has_frames() {
+            self.advise_frames(plan, frames::FrameSource::stored);
+        }
+    }
+
+    /// `madvise(WILLNEED)` of the bytes `bytes` gives for each slice of `plan` and frame column.
+    fn advise_frames<'s>(
+        &'s self,
+        plan: &[SliceRef],
+        bytes: impl Fn(
+            &frames::FrameSource,
+            &'s Segment,
+            u64,
+            (usize, usize, usize),
+        ) -> Option<&'s [u8]>,
+    ) {
+        for s in plan {
+            if s.episode as usize >= self.snap.episodes().len() {
+                continue;
+            }
+            let loc = self.snap.episodes().get(s.episode as usize);
+            let seg = &self.snap.segments()[loc.segment];
+            let a = s.start.max(0);
+            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
+            if b <= a {
+                continue;
+            }
+            let steps = (a as usize, b as usize, loc.length as usize);
+            for c in &self.columns {
+                if let ColumnSource::Frames(fs) = &c.source {
+                    if let Some(r) = bytes(fs, seg, loc.segment_row, steps) {
+                        seg.advise_willneed(r);
+                    }
+                }
             }
         }
     }
@@ -608,7 +650,8 @@ impl Gatherer {
             for ((c, d), &tail) in self.columns.iter().zip(dst).zip(tails) {
                 let step = c.width * elem_size(&c.data_type);
                 if tail {
-                    let row = std::slice::from_raw_parts_mut(d.0.add(i * step), step);
+                    let t = c.row_bytes();
+                    let row = std::slice::from_raw_parts_mut(d.0.add(i * t), t);
                     if n == 0 {
                         row.fill(0);
                         continue;
@@ -687,6 +730,14 @@ impl Gatherer {
                         })
                 };
                 for (j, step, fs, d) in frames(false).chain(frames(true)) {
+                    if fs.window && tails[j] {
+                        // The frame after the last valid step only: the rest of the
+                        // next_observation window is the observation's, one row later.
+                        let f = fs.frame_len();
+                        let out = std::slice::from_raw_parts_mut(d.0.add(i * f), f);
+                        fs.fill_after(seg, loc.segment_row, table_row, steps, out)?;
+                        continue;
+                    }
                     if fs.window {
                         let bytes = (l + fs.lead()) * fs.frame_len();
                         let out = std::slice::from_raw_parts_mut(d.0.add(i * bytes), bytes);
@@ -733,6 +784,27 @@ impl Gatherer {
         }
         Ok(())
     }
+}
+
+/// Asks the kernel, from a background thread, for the frame offsets of every segment of `snap`
+/// (8 bytes a frame), where they take at most a quarter of the memory this process may use
+/// ([`crate::sample::max_batch_bytes`] is half): a sampler needs a slice's offsets to find its
+/// frames, and offsets in memory save a cold slice one of its two reads. Opening reads none of
+/// them (they are checked where they are read), so this costs a gatherer nothing; a hint only.
+fn read_frame_offsets_ahead(snap: &Snapshot) {
+    let frames = snap.frame_columns().len() as u64;
+    let bytes = snap.num_transitions().saturating_mul(8 * frames);
+    if bytes == 0 || bytes > crate::sample::max_batch_bytes() / 2 {
+        return;
+    }
+    let segments = snap.segments().to_vec();
+    let _ = std::thread::Builder::new()
+        .name("trajstore-offsets".into())
+        .spawn(move || {
+            for s in segments {
+                s.advise_frame_offsets();
+            }
+        });
 }
 
 impl Gatherer {

@@ -317,7 +317,7 @@ impl BatchSource {
         match &self.0 {
             Src::Local(f) => f.first().gatherer.tail_columns().to_vec(),
             #[cfg(feature = "remote")]
-            Src::Streamed(p) => stream::tail_columns(p.stream.catalog(), &p.columns, p.frame_stack),
+            Src::Streamed(p) => stream::tail_columns(p.stream.catalog(), &p.columns),
             #[cfg(feature = "remote")]
             Src::StreamMix(m) => m.tail_columns(),
         }

@@ -37,7 +37,11 @@ pub fn frame_stats(snap: &Snapshot) -> Vec<FrameStats> {
         .iter()
         .map(|c| {
             let (mut frames, mut stored) = (0u64, 0u64);
-            for (f, b) in snap.segments().iter().filter_map(|s| s.frame_totals(&c.name)) {
+            for (f, b) in snap
+                .segments()
+                .iter()
+                .filter_map(|s| s.frame_totals(&c.name))
+            {
                 frames += f;
                 stored += b;
             }

@@ -164,6 +164,33 @@ impl Segment {
             array.value_data(),
         ))
     }
+    /// Asks the kernel for the offsets of every frame column of the segment (`MADV_WILLNEED`,
+    /// returning at once; the kernel reads them in large requests), so that a sampler that will
+    /// read frames finds them in memory. Only a hint. Returns their bytes.
+    pub(crate) fn advise_frame_offsets(&self) -> u64 {
+        let mut bytes = 0;
+        for b in &self.file.batches {
+            for c in b.columns() {
+                if let Some(a) = c.as_binary_opt::<i64>() {
+                    let o = a.offsets().inner().inner().as_slice();
+                    self.advise_willneed(o);
+                    bytes += o.len() as u64;
+                }
+            }
+        }
+        bytes
+    }
+    /// The bytes holding the offsets of rows `[row, row + len)` of frame column `name` (`len + 1`
+    /// offsets), not read: for read-ahead of the offsets before the frames they locate. `None`
+    /// for a range outside one record batch, or a column that is not a frame column.
+    pub(crate) fn frame_offsets_bytes(&self, name: &str, row: u64, len: usize) -> Option<&[u8]> {
+        let (b, off) = self.locate(row);
+        let a = self.file.batches[b]
+            .column_by_name(name)?
+            .as_binary_opt::<i64>()?;
+        let bytes = a.offsets().inner().inner().as_slice();
+        bytes.get(off * 8..(off + len + 1) * 8)
+    }
     /// The episode table (one row per episode).
     pub fn episode_table(&self) -> &EpisodeTable {
         &self.episodes

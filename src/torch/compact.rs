@@ -1,7 +1,8 @@
 //! The compact batch ([`crate::CompactInto`]) expanded where it lies, on the device after its one
 //! copy: the flag planes from the per-slice spans, and a derived `next_observation` from the
-//! observation one step later plus each slice's tail row. A few elementwise kernels on the GPU
-//! in place of `L - 1` rows of observations and six `[B, L]` planes over PCIe.
+//! observation one step later plus each slice's tail row (a frame window's: the observation
+//! window one row later plus one frame). A few elementwise kernels on the GPU in place of `L - 1`
+//! rows of observations (`L + K - 2` frames) and six `[B, L]` planes over PCIe.
 
 use tch::{Kind, Tensor};
 
@@ -54,7 +55,7 @@ fn expand(
         .zip(&layout.tails)
         .position(|((name, _, _), &tail)| name == col::OBSERVATION && !tail);
     let mut out = Vec::with_capacity(columns.len());
-    for (((((name, _, shape), dt), &tail), t), &lead) in layout
+    for (((((name, _, _), dt), &tail), t), &lead) in layout
         .columns
         .iter()
         .zip(&layout.types)
@@ -63,7 +64,7 @@ fn expand(
         .zip(&layout.leads)
     {
         let full = match obs.filter(|_| tail) {
-            Some(o) => next_observation(&columns[o], t, &mask, &slice_end, shape)?,
+            Some(o) => window_view(&next_observation(&columns[o], t, &off, &n, lead)?, lead)?,
             None => window_view(t, lead)?,
         };
         out.push((name.clone(), widen(full, dt)?));
@@ -84,23 +85,36 @@ fn expand(
     })
 }
 
-/// `next_observation` `[B, L, ...]`: `tail` where `slice_end`, the observation one step later at
+/// `next_observation` as stored, `[B, R, ...]` like `obs` (`R = L`, or a frame window's `L +
+/// lead` frames) from the observation and the `[B, ...]` tail, with `off`, `n` `[B, 1]` each
+/// slice's first valid position and valid steps: row `r` is the tail at `r == off + n - 1 +
+/// lead` (when `n > 0`), the observation's row `r + 1` where `off <= r < off + n - 1 + lead`,
+/// zero elsewhere. For `lead = 0`: the tail at `slice_end`, the observation one step later at
 /// the other valid steps, zero where padded.
 fn next_observation(
     obs: &Tensor,
     tail: &Tensor,
-    mask: &Tensor,
-    slice_end: &Tensor,
-    shape: &[i64],
+    off: &Tensor,
+    n: &Tensor,
+    lead: usize,
 ) -> Result<Tensor> {
-    let l = shape[1];
-    // Per-step conditions broadcast over the step's own dimensions.
-    let mut cond = shape[..2].to_vec();
+    let shape = obs.size();
+    let (b, r) = (shape[0], shape[1]);
+    let rows = Tensor::f_arange(r, (Kind::Int, obs.device()))?.f_view([1, r])?;
+    let last = off.f_add(n)?.f_sub_scalar(1 - lead as i64)?;
+    // Per-row conditions broadcast over the row's own dimensions.
+    let mut cond = vec![b, r];
     cond.extend(std::iter::repeat_n(1, shape.len() - 2));
-    let later = obs.f_narrow(1, 1, l - 1)?;
+    let keep = (rows.f_ge_tensor(off)?)
+        .f_logical_and(&rows.f_lt_tensor(&last)?)?
+        .f_view(cond.as_slice())?;
+    let at_tail = (rows.f_eq_tensor(&last)?)
+        .f_logical_and(&n.f_gt(0)?)?
+        .f_view(cond.as_slice())?;
+    let later = obs.f_narrow(1, 1, r - 1)?;
     let zero_row = obs.f_narrow(1, 0, 1)?.f_zeros_like()?;
     let shifted = Tensor::f_cat(&[later, zero_row], 1)?;
-    let valid = shifted.f_where_scalarother(&mask.f_view(cond.as_slice())?, 0)?;
+    let valid = shifted.f_where_scalarother(&keep, 0)?;
     let tail = tail.f_unsqueeze(1)?.f_expand_as(&valid)?;
-    Ok(tail.f_where_self(&slice_end.f_view(cond.as_slice())?, &valid)?)
+    Ok(tail.f_where_self(&at_tail, &valid)?)
 }

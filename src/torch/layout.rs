@@ -121,8 +121,9 @@ const PACK_ALIGN: i64 = 256;
 type Piece = (i64, Vec<i64>, Kind);
 
 /// Shapes and kinds of a slot's tensors: the columns, the `[6, B, L]` flags, the `[2, B]` ids
-/// and start steps. A compact slot holds its tail columns as `[B, ...]` and the flags as `[B, 3]`
-/// `Int` spans; a frame window is `[B, L + K - 1, ...frame]`.
+/// and start steps. A compact slot holds its tail columns as `[B, ...]` (a frame window's as `[B,
+/// ...frame]`) and the flags as `[B, 3]` `Int` spans; a frame window is `[B, L + K - 1,
+/// ...frame]`.
 fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
     let (b, l) = (layout.b as i64, layout.l as i64);
     let mut specs: Vec<_> = layout
@@ -132,8 +133,9 @@ fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
         .enumerate()
         .map(|(i, ((_, k, shape), &tail))| {
             if layout.compact && tail {
-                let mut s = shape.clone();
-                s.remove(1);
+                // [B, ...step], or a window's one frame: [B, ...frame].
+                let skip = if layout.leads[i] > 0 { 3 } else { 2 };
+                let s = [&shape[..1], &shape[skip..]].concat();
                 (s, *k)
             } else {
                 (layout.storage_shape(i), *k)

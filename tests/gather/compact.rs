@@ -21,11 +21,13 @@ pub(crate) fn assert_compact_equals_full(g: &Gatherer, plan: &[SliceRef], what: 
     // `gather` pads to the plan's longest slice; the compact gather is given the same L.
     let (b, l) = (plan.len(), full.slice_len);
     let tails = g.tail_columns().to_vec();
-    let steps: Vec<usize> = g.step_bytes();
-    let mut cols: Vec<Vec<u8>> = steps
-        .iter()
-        .zip(&tails)
-        .map(|(&s, &t)| vec![0xAB; if t { b } else { b * l } * s])
+    let leads = g.leads();
+    // A row: a step, or a frame window's frame (`L + lead` rows a slice, one for a tail).
+    let rows: Vec<usize> = (g.step_bytes().iter().zip(&leads))
+        .map(|(&s, &lead)| s / (lead + 1))
+        .collect();
+    let mut cols: Vec<Vec<u8>> = (rows.iter().zip(&tails).zip(&leads))
+        .map(|((&row, &t), &lead)| vec![0xAB; if t { b } else { b * (l + lead) } * row])
         .collect();
     let mut spans = vec![-7i32; 3 * b];
     let (mut ids, mut starts) = (vec![0u64; b], vec![0i64; b]);
@@ -73,24 +75,35 @@ pub(crate) fn assert_compact_equals_full(g: &Gatherer, plan: &[SliceRef], what: 
         assert_eq!(got, want, "{what}: flag plane {k}");
     }
     let obs = g.columns().position(|(n, _, _)| n == col::OBSERVATION);
-    for (c, ((got, &tail), &step)) in cols.iter().zip(&tails).zip(&steps).enumerate() {
+    for (c, ((got, &tail), (&row, &lead))) in (cols.iter().zip(&tails))
+        .zip(rows.iter().zip(&leads))
+        .enumerate()
+    {
         let want = full.columns[c].data.as_slice();
         if !tail {
             assert_eq!(got.as_slice(), want, "{what}: column {c}");
             continue;
         }
         // next_observation: the tail at the slice's last valid step, the observation one step
-        // later at the other valid steps, zero where padded.
+        // later at the other valid steps, zero where padded. For a frame window, rows of
+        // frames: the tail (the frame after the last valid step) at row `off + n - 1 + lead`,
+        // the observation's next row from `off` up to it, zero elsewhere.
         let o = &cols[obs.expect("a tail column has its observation")];
-        let mut derived = vec![0u8; b * l * step];
+        let r = l + lead;
+        let mut derived = vec![0u8; b * r * row];
         for i in 0..b {
-            for j in 0..l {
-                let at = (i * l + j) * step;
-                let dst = &mut derived[at..at + step];
-                if planes[5][i * l + j] == 1 {
-                    dst.copy_from_slice(&got[i * step..(i + 1) * step]);
-                } else if planes[0][i * l + j] == 1 {
-                    dst.copy_from_slice(&o[at + step..at + 2 * step]);
+            let (off, n) = (spans[3 * i] as usize, spans[3 * i + 1] as usize);
+            if n == 0 {
+                continue;
+            }
+            let last = off + n - 1 + lead;
+            for j in off..=last {
+                let at = (i * r + j) * row;
+                let dst = &mut derived[at..at + row];
+                if j == last {
+                    dst.copy_from_slice(&got[i * row..(i + 1) * row]);
+                } else {
+                    dst.copy_from_slice(&o[at + row..at + 2 * row]);
                 }
             }
         }
@@ -216,16 +229,21 @@ fn compact_frame_stacks_expand_to_the_full_gather() {
     let dir = tempfile::tempdir().unwrap();
     let (snap, _) =
         crate::gather::frames::write(dir.path(), trajstore::frames::FrameCodec::ZstdDict);
-    for (k, pad, last) in [
-        (1, StackPad::Repeat, false),
-        (4, StackPad::Repeat, false),
-        (3, StackPad::Zeros, false),
-        (4, StackPad::Repeat, true),
-        (2, StackPad::Zeros, true),
+    // (K, padding, channels last, frame window)
+    for (k, pad, last, window) in [
+        (1, StackPad::Repeat, false, false),
+        (4, StackPad::Repeat, false, false),
+        (3, StackPad::Zeros, false, false),
+        (4, StackPad::Repeat, true, false),
+        (2, StackPad::Zeros, true, false),
+        (4, StackPad::Repeat, false, true),
+        (3, StackPad::Zeros, false, true),
+        (1, StackPad::Repeat, false, true),
     ] {
-        let stack = (k > 1 || last).then(|| {
+        let stack = (k > 1 || last || window).then(|| {
             let s = FrameStack::new(k).unwrap().with_pad(pad);
-            if last { s.with_channels_last(true) } else { s }
+            let s = if last { s.with_channels_last(true) } else { s };
+            s.with_window(window)
         });
         for cols in [
             ["observation", "next_observation"],
@@ -244,7 +262,9 @@ fn compact_frame_stacks_expand_to_the_full_gather() {
                 let mut plan = vec![];
                 for b in 0..4 {
                     built.sampler.plan(b, &mut plan);
-                    let what = format!("K={k} {pad} last={last} {cols:?} {policy:?} batch {b}");
+                    let what = format!(
+                        "K={k} {pad} last={last} window={window} {cols:?} {policy:?} batch {b}"
+                    );
                     assert_compact_equals_full(&g, &plan, &what);
                 }
             }

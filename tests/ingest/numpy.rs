@@ -377,7 +377,10 @@ fn truncated_archives_are_errors() {
 fn same_data(a: &Snapshot, b: &Snapshot) -> bool {
     a.num_episodes() == b.num_episodes()
         && (0..a.num_episodes()).all(|id| {
-            let (x, y) = (a.episode(id).unwrap().unwrap(), b.episode(id).unwrap().unwrap());
+            let (x, y) = (
+                a.episode(id).unwrap().unwrap(),
+                b.episode(id).unwrap().unwrap(),
+            );
             x.schema() == y.schema()
                 && x.columns()
                     .iter()
@@ -472,7 +475,10 @@ fn an_export_ingests_back_unchanged() {
     assert_eq!(b.episodes().lengths(), a.episodes().lengths());
     assert_eq!(ends(&b), ends(&a));
     for id in 0..a.num_episodes() {
-        let (x, y) = (a.episode(id).unwrap().unwrap(), b.episode(id).unwrap().unwrap());
+        let (x, y) = (
+            a.episode(id).unwrap().unwrap(),
+            b.episode(id).unwrap().unwrap(),
+        );
         for c in [
             "observation",
             "action",

@@ -911,7 +911,11 @@ fn arrow_ipc_files_ingest_like_parquet() {
         assert_eq!(got.schema(), want.schema(), "{name}");
         assert_eq!(ends(&got), ends(&want), "{name}");
         for id in 0..want.num_episodes() {
-            assert_eq!(got.episode(id).unwrap(), want.episode(id).unwrap(), "{name}: episode {id}");
+            assert_eq!(
+                got.episode(id).unwrap(),
+                want.episode(id).unwrap(),
+                "{name}: episode {id}"
+            );
         }
     }
 
@@ -991,7 +995,10 @@ fn arrow_ipc_files_ingest_like_parquet() {
     let back = Dataset::open(&back).unwrap().snapshot().unwrap();
     assert_eq!(ends(&back), ends(&want));
     for id in 0..want.num_episodes() {
-        let (a, b) = (back.episode(id).unwrap().unwrap(), want.episode(id).unwrap().unwrap());
+        let (a, b) = (
+            back.episode(id).unwrap().unwrap(),
+            want.episode(id).unwrap().unwrap(),
+        );
         assert_eq!(fsl_values(&a, "observation"), fsl_values(&b, "observation"));
         assert_eq!(rewards(&a), rewards(&b), "episode {id}");
     }
@@ -1025,7 +1032,11 @@ fn arrow_ipc_files_ingest_like_parquet() {
     let got = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!(ends(&got), ends(&want));
     for id in 0..want.num_episodes() {
-        assert_eq!(got.episode(id).unwrap(), want.episode(id).unwrap(), "stream: episode {id}");
+        assert_eq!(
+            got.episode(id).unwrap(),
+            want.episode(id).unwrap(),
+            "stream: episode {id}"
+        );
     }
 }
 
@@ -1116,7 +1127,11 @@ fn a_live_arrow_stream_on_stdin_commits_as_it_goes() {
     let got = Dataset::open(&out).unwrap().snapshot().unwrap();
     assert_eq!(ends(&got), ends(&want));
     for id in 0..want.num_episodes() {
-        assert_eq!(got.episode(id).unwrap(), want.episode(id).unwrap(), "episode {id}");
+        assert_eq!(
+            got.episode(id).unwrap(),
+            want.episode(id).unwrap(),
+            "episode {id}"
+        );
     }
 
     // Garbage after a commit: the ingest fails, says what it kept, and keeps it.

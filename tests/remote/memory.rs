@@ -61,7 +61,11 @@ fn same_episodes(a: &Dataset, b: &Dataset) {
     assert_eq!(sa.num_transitions(), sb.num_transitions());
     assert_eq!(sa.num_episodes(), sb.num_episodes());
     for id in 0..sa.num_episodes() {
-        assert_eq!(sa.episode(id).unwrap(), sb.episode(id).unwrap(), "episode {id}");
+        assert_eq!(
+            sa.episode(id).unwrap(),
+            sb.episode(id).unwrap(),
+            "episode {id}"
+        );
     }
     trajstore::store::verify::verify(&sb, |_| {}).unwrap();
 }

@@ -39,7 +39,12 @@ fn assert_same_data(a: &Dataset, b: &Dataset) {
     assert_eq!(sa.num_episodes(), sb.num_episodes());
     assert_eq!(sa.segments().len(), sb.segments().len());
     for (x, y) in sa.segments().iter().zip(sb.segments()) {
-        assert_eq!(x.batches().unwrap(), y.batches().unwrap(), "segment {}", x.entry().id);
+        assert_eq!(
+            x.batches().unwrap(),
+            y.batches().unwrap(),
+            "segment {}",
+            x.entry().id
+        );
         assert_eq!(x.episode_table(), y.episode_table());
     }
     let report = trajstore::store::verify::verify(&sb, |_| {}).unwrap();

@@ -55,7 +55,10 @@ fn demo_refuses_an_existing_dataset_and_overwrite_keeps_the_old_versions() {
     assert_eq!(ds.snapshot().unwrap().num_transitions(), 1000);
     let old = ds.snapshot_at(before.version()).unwrap();
     assert_eq!(old.num_transitions(), 3000);
-    assert_eq!(old.episode(0).unwrap().unwrap(), before.episode(0).unwrap().unwrap());
+    assert_eq!(
+        old.episode(0).unwrap().unwrap(),
+        before.episode(0).unwrap().unwrap()
+    );
     trajstore::store::verify::verify(&old, |_| {}).unwrap();
 
     // A directory that is not a dataset is never written into.
@@ -118,7 +121,10 @@ fn max_transitions_below_one_segment_keeps_the_newest_transitions() {
     w.commit().unwrap();
     let snap = ds.snapshot().unwrap();
     assert!(snap.num_transitions() >= 10);
-    assert!(snap.episode(id).unwrap().is_some(), "the newest episode is kept");
+    assert!(
+        snap.episode(id).unwrap().is_some(),
+        "the newest episode is kept"
+    );
 
     // The CLI says so too: the demo's data is there after --max-transitions 10.
     let m2 = dir.path().join("m2");

@@ -152,7 +152,10 @@ fn step_api_matches_batch_api() {
     wb.commit().unwrap();
     let (sa, sb) = (a.snapshot().unwrap(), b.snapshot().unwrap());
     for id in 0..5 {
-        assert_eq!(sa.episode(id).unwrap().unwrap(), sb.episode(id).unwrap().unwrap());
+        assert_eq!(
+            sa.episode(id).unwrap().unwrap(),
+            sb.episode(id).unwrap().unwrap()
+        );
     }
     // A step with the wrong width is rejected and leaves the episode in progress untouched.
     let err = wb

@@ -464,7 +464,11 @@ fn a_damaged_frame_offset_is_found_where_it_is_read() {
     {
         let s = trajstore::sql::SqlSession::try_new(&snap).unwrap();
         let count = s.query("SELECT count(*) AS n FROM transitions").unwrap();
-        assert_eq!(count.batches[0].num_rows(), 1, "a scan without the frames reads");
+        assert_eq!(
+            count.batches[0].num_rows(),
+            1,
+            "a scan without the frames reads"
+        );
         let e = s
             .query("SELECT sum(octet_length(observation)) FROM transitions")
             .unwrap_err();

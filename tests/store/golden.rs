@@ -129,7 +129,10 @@ fn golden_v1_stays_writable() {
     let old = ds.snapshot_at(before.version()).unwrap();
     check(&old, &expected()["versions"][before.version().to_string()]);
     for id in 0..before.num_episodes() {
-        assert_eq!(after.episode(id).unwrap().unwrap(), before.episode(id).unwrap().unwrap());
+        assert_eq!(
+            after.episode(id).unwrap().unwrap(),
+            before.episode(id).unwrap().unwrap()
+        );
     }
     assert_eq!(after.episodes().lengths().last(), Some(&25));
     trajstore::store::verify::verify(&after, |_| {}).unwrap();

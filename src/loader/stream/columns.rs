@@ -138,20 +138,15 @@ pub(super) fn streamed_plan(source: &BatchSource) -> Result<&StreamPlan> {
 
 /// Per gathered column of a stream, whether every window's gatherer can write it as one row
 /// per slice ([`Gatherer::tail_columns`]): a `next_observation` the version does not store,
-/// derived from the observation, which is gathered too (not as a frame window).
-pub(crate) fn tail_columns(
-    catalog: &Catalog,
-    columns: &[String],
-    stack: Option<FrameStack>,
-) -> Vec<bool> {
+/// derived from the observation, which is gathered too (a frame window's as a window too, whose
+/// tail is one frame).
+pub(crate) fn tail_columns(catalog: &Catalog, columns: &[String]) -> Vec<bool> {
     use crate::format::col::{NEXT_OBSERVATION, OBSERVATION};
-    let windowed = stack.is_some_and(|s| s.lead() > 0) && frame_source(catalog, OBSERVATION);
     let derived = catalog
         .schema()
         .arrow_schema()
         .field_with_name(NEXT_OBSERVATION)
         .is_err()
-        && !windowed
         && columns.iter().any(|c| c == OBSERVATION);
     columns
         .iter()

@@ -102,11 +102,10 @@ impl StreamMix {
     pub(crate) fn tail_columns(&self) -> Vec<bool> {
         let mut out = vec![true; self.columns.len()];
         for p in &self.parts {
-            for (t, c) in out.iter_mut().zip(super::tail_columns(
-                p.stream.catalog(),
-                &p.columns,
-                p.frame_stack,
-            )) {
+            for (t, c) in out
+                .iter_mut()
+                .zip(super::tail_columns(p.stream.catalog(), &p.columns))
+            {
                 *t &= c;
             }
         }
@@ -250,14 +249,15 @@ impl<S: StagingSlot + ?Sized + 'static> MixStream<S> {
             .clone()
             .unwrap_or_else(|| vec![false; mix.columns.len()]);
         let l = mix.slice_len();
-        // Per slice: one step of a tail, else its slice (a frame window's `L + K - 1` frames).
+        // Per slice: one row of a tail (a frame window's one frame), else its slice (a frame
+        // window's `L + K - 1` frames).
         let per_slice = super::column_step_bytes(&mix.columns)
             .iter()
             .zip(&tails)
             .zip(&mix.leads)
             .map(|((&s, &t), &lead)| {
                 if t {
-                    s
+                    crate::gather::tail_bytes(s, lead)
                 } else {
                     crate::gather::slice_bytes(s, lead, l)
                 }

@@ -266,7 +266,12 @@ fn record_batches_hold_whole_episodes() {
     let snap = ds.snapshot().unwrap();
     assert_eq!(snap.segments().len(), 1);
     let seg = &snap.segments()[0];
-    let rows: Vec<usize> = seg.batches().unwrap().iter().map(|b| b.num_rows()).collect();
+    let rows: Vec<usize> = seg
+        .batches()
+        .unwrap()
+        .iter()
+        .map(|b| b.num_rows())
+        .collect();
     assert!(rows.contains(&50) && rows.contains(&30), "{rows:?}");
     assert!(
         rows.len() < lens.len(),

@@ -716,10 +716,11 @@ fn compact_gather(
     let mut columns: Vec<Vec<u8>> = gatherer
         .step_bytes()
         .iter()
+        .zip(gatherer.leads())
         .zip(&tails)
         .zip(full)
-        .map(|((&s, &t), full)| match t {
-            true => vec![0u8; b * s],
+        .map(|(((&s, lead), &t), full)| match t {
+            true => vec![0u8; b * trajstore::gather::tail_bytes(s, lead)],
             false => vec![0u8; full.expect("the batch's size was checked")],
         })
         .collect();
