@@ -606,12 +606,13 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
                 got.append({n: t.cpu() for n, t in batch.items()})
                 strides = tuple(batch["observation"].stride())
             obs = next(p for p in loader._pieces if p.name == "observation")
-            ring[window] = (got, int(loader._packed[0].numel()), strides, obs.nbytes)
+            nxt = next(p for p in loader._pieces if p.name == "next_observation")
+            ring[window] = (got, int(loader._packed[0].numel()), strides, obs.nbytes, nxt.nbytes if nxt.tail else None)
     finally:
         if old is None:
             os.environ.pop("TRAJSTORE_STAGED_CPU", None)
     frame = 84 * 84
-    (stacks, sent_stacks, _, obs_stacks), (windows, sent_window, strides, obs_window) = ring[False], ring[True]
+    (stacks, sent_stacks, _, obs_stacks, _), (windows, sent_window, strides, obs_window, next_window) = ring[False], ring[True]
     same = len(windows) == len(ref) == len(stacks) == 20
     for w, s, r in zip(windows, stacks, ref):
         m = r["mask"].bool()
@@ -622,13 +623,14 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
     run.check(f"Python: frame windows through the staging ring ({on}) equal the written-out stacks at every valid "
               "step, as views", same and strides == ((l + k - 1) * frame, frame, frame, 84, 1),
               f"strides={strides}")
-    # The observation crosses as L + K - 1 frames a slice, not L * K; next_observation crosses
-    # as a window too, where written-out stacks ship it as one stack per slice (derived on the
-    # device), so the whole copy shrinks less.
-    run.check("Python: a frame window's copy carries each slice's L + K - 1 observation frames once",
-              obs_window * l * k == obs_stacks * (l + k - 1) and sent_window < sent_stacks,
-              f"observation {obs_window / 1e6:.2f} MB against {obs_stacks / 1e6:.2f} MB; the whole copy "
-              f"{sent_window / 1e6:.2f} MB against {sent_stacks / 1e6:.2f} MB")
+    # The observation crosses as L + K - 1 frames a slice, not L * K; next_observation as one
+    # frame a slice (the frame after its last valid step; its window is derived on the device
+    # from the observation's), where written-out stacks ship one stack a slice.
+    run.check("Python: a frame window's copy carries each slice's L + K - 1 observation frames once, and one "
+              "frame of next_observation",
+              obs_window * l * k == obs_stacks * (l + k - 1) and next_window == b * frame and sent_window < sent_stacks,
+              f"observation {obs_window / 1e6:.2f} MB against {obs_stacks / 1e6:.2f} MB; next_observation "
+              f"{next_window} B; the whole copy {sent_window / 1e6:.2f} MB against {sent_stacks / 1e6:.2f} MB")
     # The CPU gather alone, every core: what the loaders to cuda can at most deliver.
     iters = "20" if a.quick else "100"
     shape = ["--num-slices", B, "--slice-len", L, "--columns", "observation,action,reward", "--frame-stack", "4"]
