@@ -263,7 +263,7 @@ impl Gatherer {
             .iter()
             .any(|c| matches!(c.source, ColumnSource::Frames(_)))
         {
-            read_frame_offsets_ahead(snap);
+            readahead::read_frame_offsets_ahead(snap);
         }
         Ok(Self {
             snap: snap.clone(),
@@ -473,83 +473,6 @@ impl Gatherer {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = s;
-    }
-
-    /// Hints the kernel to read ahead the pages `plan` will touch (`madvise(WILLNEED)`), so that
-    /// a later [`Gatherer::gather`] of it finds them in the page cache. Cheap when they already are.
-    pub fn advise(&self, plan: &[SliceRef]) {
-        if let Some(m) = &self.mix {
-            return m.ranges(plan).for_each(|(p, range)| p.advise(range));
-        }
-        // Frame offsets first: the frames' bytes are found by reading them, so that asking for
-        // every slice's offsets at once makes a cold plan wait for one read, not one a slice.
-        if self.has_frames() {
-            self.advise_frames(plan, frames::FrameSource::stored_offsets);
-        }
-        for s in plan {
-            // A slice of another snapshot's plan: nothing to advise ([`Gatherer::gather`] refuses it).
-            if s.episode as usize >= self.snap.episodes().len() {
-                continue;
-            }
-            let loc = self.snap.episodes().get(s.episode as usize);
-            let seg = &self.snap.segments()[loc.segment];
-            let a = s.start.max(0);
-            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
-            if b <= a {
-                continue;
-            }
-            let (bi, r) = seg.locate(loc.segment_row + a as u64);
-            for c in &self.columns {
-                let step = c.width * elem_size(&c.data_type);
-                let bufs = match &c.source {
-                    ColumnSource::Stored(bufs) | ColumnSource::DerivedNext { obs: bufs, .. } => {
-                        bufs
-                    }
-                    ColumnSource::StoredBool(_) | ColumnSource::Frames(_) => continue,
-                };
-                let buf = &bufs[loc.segment][bi];
-                let from = (r * step).min(buf.len());
-                let n = ((b - a + 1) as usize * step).min(buf.len() - from);
-                seg.advise_willneed(&buf.as_slice()[from..from + n]);
-            }
-        }
-        // Then the frames, whose offsets are arriving.
-        if self.has_frames() {
-            self.advise_frames(plan, frames::FrameSource::stored);
-        }
-    }
-
-    /// `madvise(WILLNEED)` of the bytes `bytes` gives for each slice of `plan` and frame column.
-    fn advise_frames<'s>(
-        &'s self,
-        plan: &[SliceRef],
-        bytes: impl Fn(
-            &frames::FrameSource,
-            &'s Segment,
-            u64,
-            (usize, usize, usize),
-        ) -> Option<&'s [u8]>,
-    ) {
-        for s in plan {
-            if s.episode as usize >= self.snap.episodes().len() {
-                continue;
-            }
-            let loc = self.snap.episodes().get(s.episode as usize);
-            let seg = &self.snap.segments()[loc.segment];
-            let a = s.start.max(0);
-            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
-            if b <= a {
-                continue;
-            }
-            let steps = (a as usize, b as usize, loc.length as usize);
-            for c in &self.columns {
-                if let ColumnSource::Frames(fs) = &c.source {
-                    if let Some(r) = bytes(fs, seg, loc.segment_row, steps) {
-                        seg.advise_willneed(r);
-                    }
-                }
-            }
-        }
     }
 
     /// Frames per step over the gathered frame columns (0 without any).
@@ -784,27 +707,6 @@ impl Gatherer {
         }
         Ok(())
     }
-}
-
-/// Asks the kernel, from a background thread, for the frame offsets of every segment of `snap`
-/// (8 bytes a frame), where they take at most a quarter of the memory this process may use
-/// ([`crate::sample::max_batch_bytes`] is half): a sampler needs a slice's offsets to find its
-/// frames, and offsets in memory save a cold slice one of its two reads. Opening reads none of
-/// them (they are checked where they are read), so this costs a gatherer nothing; a hint only.
-fn read_frame_offsets_ahead(snap: &Snapshot) {
-    let frames = snap.frame_columns().len() as u64;
-    let bytes = snap.num_transitions().saturating_mul(8 * frames);
-    if bytes == 0 || bytes > crate::sample::max_batch_bytes() / 2 {
-        return;
-    }
-    let segments = snap.segments().to_vec();
-    let _ = std::thread::Builder::new()
-        .name("trajstore-offsets".into())
-        .spawn(move || {
-            for s in segments {
-                s.advise_frame_offsets();
-            }
-        });
 }
 
 impl Gatherer {

@@ -2,7 +2,9 @@
 //! page faults (the mapped segments are on disk, not in the page cache) and from then on asks the
 //! kernel for every page of a plan at once (`madvise(WILLNEED)`, many reads in flight) before
 //! copying, instead of faulting the pages in one at a time. It stops again once the pages it
-//! probes are already resident, so that data in memory pays no system call per slice.
+//! probes are already resident, so that data in memory pays no system call per slice. A frame
+//! slice's bytes are found through its offsets: a plan's offsets are asked for first, then read
+//! to ask for its frames, and a gatherer of frames asks for all frame offsets in the background.
 //!
 //! Segments are mapped with `MADV_RANDOM` (see [`crate::store::segment`]): a fault reads only
 //! its own page, never megabytes around it, and the reads the disk sees are the pages a batch
@@ -293,6 +295,106 @@ impl Gatherer {
             self.ra.on.store(true, Ordering::Relaxed);
         }
     }
+}
+
+impl Gatherer {
+    /// Hints the kernel to read ahead the pages `plan` will touch (`madvise(WILLNEED)`), so that
+    /// a later [`Gatherer::gather`] of it finds them in the page cache. Cheap when they already are.
+    pub fn advise(&self, plan: &[SliceRef]) {
+        if let Some(m) = &self.mix {
+            return m.ranges(plan).for_each(|(p, range)| p.advise(range));
+        }
+        // Frame offsets first: the frames' bytes are found by reading them, so that asking for
+        // every slice's offsets at once makes a cold plan wait for one read, not one a slice.
+        if self.has_frames() {
+            self.advise_frames(plan, frames::FrameSource::stored_offsets);
+        }
+        for s in plan {
+            // A slice of another snapshot's plan: nothing to advise ([`Gatherer::gather`] refuses it).
+            if s.episode as usize >= self.snap.episodes().len() {
+                continue;
+            }
+            let loc = self.snap.episodes().get(s.episode as usize);
+            let seg = &self.snap.segments()[loc.segment];
+            let a = s.start.max(0);
+            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
+            if b <= a {
+                continue;
+            }
+            let (bi, r) = seg.locate(loc.segment_row + a as u64);
+            for c in &self.columns {
+                let step = c.width * elem_size(&c.data_type);
+                let bufs = match &c.source {
+                    ColumnSource::Stored(bufs) | ColumnSource::DerivedNext { obs: bufs, .. } => {
+                        bufs
+                    }
+                    ColumnSource::StoredBool(_) | ColumnSource::Frames(_) => continue,
+                };
+                let buf = &bufs[loc.segment][bi];
+                let from = (r * step).min(buf.len());
+                let n = ((b - a + 1) as usize * step).min(buf.len() - from);
+                seg.advise_willneed(&buf.as_slice()[from..from + n]);
+            }
+        }
+        // Then the frames, whose offsets are arriving.
+        if self.has_frames() {
+            self.advise_frames(plan, frames::FrameSource::stored);
+        }
+    }
+
+    /// `madvise(WILLNEED)` of the bytes `bytes` gives for each slice of `plan` and frame column.
+    fn advise_frames<'s>(
+        &'s self,
+        plan: &[SliceRef],
+        bytes: impl Fn(
+            &frames::FrameSource,
+            &'s Segment,
+            u64,
+            (usize, usize, usize),
+        ) -> Option<&'s [u8]>,
+    ) {
+        for s in plan {
+            if s.episode as usize >= self.snap.episodes().len() {
+                continue;
+            }
+            let loc = self.snap.episodes().get(s.episode as usize);
+            let seg = &self.snap.segments()[loc.segment];
+            let a = s.start.max(0);
+            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
+            if b <= a {
+                continue;
+            }
+            let steps = (a as usize, b as usize, loc.length as usize);
+            for c in &self.columns {
+                if let ColumnSource::Frames(fs) = &c.source
+                    && let Some(r) = bytes(fs, seg, loc.segment_row, steps)
+                {
+                    seg.advise_willneed(r);
+                }
+            }
+        }
+    }
+}
+
+/// Asks the kernel, from a background thread, for the frame offsets of every segment of `snap`
+/// (8 bytes a frame), where they take at most a quarter of the memory this process may use
+/// ([`crate::sample::max_batch_bytes`] is half): a sampler needs a slice's offsets to find its
+/// frames, and offsets in memory save a cold slice one of its two reads. Opening reads none of
+/// them (they are checked where they are read), so this costs a gatherer nothing; a hint only.
+pub(super) fn read_frame_offsets_ahead(snap: &Snapshot) {
+    let frames = snap.frame_columns().len() as u64;
+    let bytes = snap.num_transitions().saturating_mul(8 * frames);
+    if bytes == 0 || bytes > crate::sample::max_batch_bytes() / 2 {
+        return;
+    }
+    let segments = snap.segments().to_vec();
+    let _ = std::thread::Builder::new()
+        .name("trajstore-offsets".into())
+        .spawn(move || {
+            for s in segments {
+                s.advise_frame_offsets();
+            }
+        });
 }
 
 #[cfg(test)]

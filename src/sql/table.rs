@@ -170,10 +170,10 @@ impl TransitionsTable {
     ) -> Option<Result<Vec<RecordBatch>>> {
         let source = self.sources.get(i)?;
         let reads = |c: &usize| projection.is_none_or(|p| p.contains(c));
-        if source.deferred_columns().iter().any(reads) {
-            if let Err(e) = source.batches() {
-                return Some(Err(e));
-            }
+        if source.deferred_columns().iter().any(reads)
+            && let Err(e) = source.batches()
+        {
+            return Some(Err(e));
         }
         Some(Ok(self
             .segments

@@ -86,11 +86,13 @@ impl Segment {
     /// The record batches as mapped, whose [`Segment::deferred_columns`] may hold unchecked
     /// offsets: only for code that checks them ([`Segment::batches`]) before it reads those
     /// columns, e.g. a scan that learns its projection later.
+    #[cfg(feature = "sql")]
     pub(crate) fn batches_unchecked(&self) -> &[RecordBatch] {
         &self.file.batches
     }
     /// The columns (by index) whose offsets have not been checked yet: frame columns until
     /// [`Segment::batches`] has run once, then none.
+    #[cfg(feature = "sql")]
     pub(crate) fn deferred_columns(&self) -> &[usize] {
         self.file.deferred()
     }
@@ -166,19 +168,15 @@ impl Segment {
     }
     /// Asks the kernel for the offsets of every frame column of the segment (`MADV_WILLNEED`,
     /// returning at once; the kernel reads them in large requests), so that a sampler that will
-    /// read frames finds them in memory. Only a hint. Returns their bytes.
-    pub(crate) fn advise_frame_offsets(&self) -> u64 {
-        let mut bytes = 0;
+    /// read frames finds them in memory. Only a hint.
+    pub(crate) fn advise_frame_offsets(&self) {
         for b in &self.file.batches {
             for c in b.columns() {
                 if let Some(a) = c.as_binary_opt::<i64>() {
-                    let o = a.offsets().inner().inner().as_slice();
-                    self.advise_willneed(o);
-                    bytes += o.len() as u64;
+                    self.advise_willneed(a.offsets().inner().inner().as_slice());
                 }
             }
         }
-        bytes
     }
     /// The bytes holding the offsets of rows `[row, row + len)` of frame column `name` (`len + 1`
     /// offsets), not read: for read-ahead of the offsets before the frames they locate. `None`

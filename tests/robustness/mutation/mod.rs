@@ -473,7 +473,7 @@ fn read_dataset(root: &Path) -> trajstore::Result<()> {
     // Frame offsets are checked where they are read: a slice's by `episode`, a segment's all
     // by `batches` (opening checks only each record batch's first and last).
     let first = snap.episodes().first_id();
-    for id in first..first + snap.num_episodes().min(3) as u64 {
+    for id in first..first + snap.num_episodes().min(3) {
         snap.episode(id)?;
     }
     for seg in snap.segments() {
