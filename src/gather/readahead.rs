@@ -309,18 +309,8 @@ impl Gatherer {
         if self.has_frames() {
             self.advise_frames(plan, frames::FrameSource::stored_offsets);
         }
-        for s in plan {
-            // A slice of another snapshot's plan: nothing to advise ([`Gatherer::gather`] refuses it).
-            if s.episode as usize >= self.snap.episodes().len() {
-                continue;
-            }
-            let loc = self.snap.episodes().get(s.episode as usize);
+        for (loc, a, b) in plan.iter().filter_map(|s| self.stored_steps(s)) {
             let seg = &self.snap.segments()[loc.segment];
-            let a = s.start.max(0);
-            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
-            if b <= a {
-                continue;
-            }
             let (bi, r) = seg.locate(loc.segment_row + a as u64);
             for c in &self.columns {
                 let step = c.width * elem_size(&c.data_type);
@@ -332,7 +322,7 @@ impl Gatherer {
                 };
                 let buf = &bufs[loc.segment][bi];
                 let from = (r * step).min(buf.len());
-                let n = ((b - a + 1) as usize * step).min(buf.len() - from);
+                let n = ((b - a + 1) * step).min(buf.len() - from);
                 seg.advise_willneed(&buf.as_slice()[from..from + n]);
             }
         }
@@ -340,6 +330,19 @@ impl Gatherer {
         if self.has_frames() {
             self.advise_frames(plan, frames::FrameSource::stored);
         }
+    }
+
+    /// Where slice `s` lies and its stored steps `a .. b` of the episode; `None` for a slice
+    /// with none, or of another snapshot's plan (nothing to advise: [`Gatherer::gather`]
+    /// refuses it).
+    fn stored_steps(&self, s: &SliceRef) -> Option<(crate::EpisodeLocation, usize, usize)> {
+        if s.episode as usize >= self.snap.episodes().len() {
+            return None;
+        }
+        let loc = self.snap.episodes().get(s.episode as usize);
+        let a = s.start.max(0);
+        let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
+        (b > a).then_some((loc, a as usize, b as usize))
     }
 
     /// `madvise(WILLNEED)` of the bytes `bytes` gives for each slice of `plan` and frame column.
@@ -353,18 +356,9 @@ impl Gatherer {
             (usize, usize, usize),
         ) -> Option<&'s [u8]>,
     ) {
-        for s in plan {
-            if s.episode as usize >= self.snap.episodes().len() {
-                continue;
-            }
-            let loc = self.snap.episodes().get(s.episode as usize);
+        for (loc, a, b) in plan.iter().filter_map(|s| self.stored_steps(s)) {
             let seg = &self.snap.segments()[loc.segment];
-            let a = s.start.max(0);
-            let b = s.start.saturating_add(s.len as i64).min(loc.length as i64);
-            if b <= a {
-                continue;
-            }
-            let steps = (a as usize, b as usize, loc.length as usize);
+            let steps = (a, b, loc.length as usize);
             for c in &self.columns {
                 if let ColumnSource::Frames(fs) = &c.source
                     && let Some(r) = bytes(fs, seg, loc.segment_row, steps)
