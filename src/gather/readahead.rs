@@ -335,7 +335,7 @@ impl Gatherer {
     /// Where slice `s` lies and its stored steps `a .. b` of the episode; `None` for a slice
     /// with none, or of another snapshot's plan (nothing to advise: [`Gatherer::gather`]
     /// refuses it).
-    fn stored_steps(&self, s: &SliceRef) -> Option<(crate::EpisodeLocation, usize, usize)> {
+    fn stored_steps(&self, s: &SliceRef) -> Option<(crate::index::EpisodeLocation, usize, usize)> {
         if s.episode as usize >= self.snap.episodes().len() {
             return None;
         }
