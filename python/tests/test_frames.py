@@ -210,6 +210,39 @@ def test_a_streamed_frame_dataset_gives_the_raw_frames_stacks(frames_path, tmp_p
 
 
 @pytest.mark.skipif(os.environ.get("TRAJSTORE_NO_TORCH") == "1", reason="needs torch")
+def test_a_streamed_frame_window_crosses_one_next_frame_per_slice(frames_path, tmp_path, monkeypatch):
+    """A streamed frame dataset (file://) through the CUDA ring (its CPU stand-in) with
+    frame_window=True: a slot holds the observation's window and one next_observation frame per
+    slice, and the batch's stacks, next_observation derived from the window, equal the raw
+    frames' at every valid step."""
+    pytest.importorskip("torch")
+    import trajstore._cuda
+
+    monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
+    monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
+    path, obs = frames_path
+    store = "file://" + str(tmp_path / "store")
+    trajstore.push(path, store)
+    ds = trajstore.open(store, cache_limit="1GiB", cache_dir=str(tmp_path / "cache"))
+    first = trajstore.open(path).first_episode_id
+    k, l, b = 4, 5, 8
+    loader = ds.loader(
+        slice_len=l, num_slices=b, columns=["observation", "next_observation"], policy="pad",
+        frame_stack=k, frame_window=True, max_batches=4, seed=3, staging_slots=2,
+    )
+    assert loader._staged_on_cpu
+    seen = 0
+    for batch in loader:
+        assert loader._plan.tail_columns() == [False, True]
+        assert tuple(loader._slots[0]["observation"].shape) == (b, l + k - 1, H, W)
+        assert tuple(loader._slots[0]["next_observation"].shape) == (b, H, W)
+        assert tuple(batch["next_observation"].shape) == (b, l, k, H, W)
+        assert_valid_stacks({n: t.numpy() for n, t in batch.items()}, obs, first, l, k)
+        seen += 1
+    assert seen == 4
+
+
+@pytest.mark.skipif(os.environ.get("TRAJSTORE_NO_TORCH") == "1", reason="needs torch")
 @pytest.mark.parametrize("policy", ["strict", "pad", "span:2:3"])
 @pytest.mark.parametrize("transform", [False, True])
 def test_staged_frame_windows_cross_as_windows_and_equal_the_raw_frames(frames_path, monkeypatch, policy, transform):

@@ -297,6 +297,39 @@ fn a_streamed_frame_dataset_gives_frame_stacks_and_windows() {
         n += 1;
     }
     assert_eq!(n, 5);
+    // The tch loader over the stream, compact: next_observation crosses as one frame a slice and
+    // is derived from the observation's window; every valid step equals the host windows'.
+    #[cfg(feature = "torch")]
+    {
+        use trajstore::torch::{TorchLoader, TorchLoaderOptions};
+        let source = BatchSource::open(spec(true, "c-torch")).unwrap();
+        assert_eq!(source.tail_columns(), vec![false, true, false]);
+        let opts = TorchLoaderOptions::new(tch::Device::Cpu)
+            .with_loader(opts())
+            .with_compact(true);
+        let got: Vec<_> = TorchLoader::new(&source, opts)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(got.len(), 5);
+        for (n, (t, w)) in got.iter().zip(&windows).enumerate() {
+            let mask = t.get("mask").unwrap();
+            for (c, name) in [(0, "observation"), (1, "next_observation")] {
+                let stacks = t.get(name).unwrap().index(&[Some(mask)]).flatten(0, -1);
+                let mut want = vec![];
+                for i in 0..b {
+                    for j in (0..l).filter(|&j| w.mask[i * l + j] == 1) {
+                        let at = (i * (l + k - 1) + j) * f;
+                        want.extend_from_slice(&w.columns[c].data.as_slice()[at..at + k * f]);
+                    }
+                }
+                assert!(
+                    Vec::<u8>::try_from(stacks).unwrap() == want,
+                    "torch batch {n}: {name}"
+                );
+            }
+        }
+    }
     // A mix of two streams (8 + 8 slices) assembles each part's windows in its slices.
     let mixed = |window: bool, cache: &str| -> Vec<Batch> {
         let mix = spec(window, &format!("{cache}0")).stream_part(
