@@ -187,15 +187,21 @@ def test_staged_compact_frame_stacks_equal_the_raw_frames(frames_path, monkeypat
     assert seen == 4
 
 
-@pytest.mark.parametrize("window", [False, True])
-def test_a_streamed_frame_dataset_gives_the_raw_frames_stacks(frames_path, tmp_path, window):
-    """A frame dataset pushed to a store (file://) and streamed: stacks, written out or as a
-    frame window's strided view, equal to the raw frames' stacks at every valid step."""
+def streamed(frames_path, tmp_path):
+    """The frame dataset pushed to a store (file://) and opened from it: (dataset, the raw
+    frames, the first episode id)."""
     path, obs = frames_path
     store = "file://" + str(tmp_path / "store")
     trajstore.push(path, store)
     ds = trajstore.open(store, cache_limit="1GiB", cache_dir=str(tmp_path / "cache"))
-    first = trajstore.open(path).first_episode_id
+    return ds, obs, trajstore.open(path).first_episode_id
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_a_streamed_frame_dataset_gives_the_raw_frames_stacks(frames_path, tmp_path, window):
+    """A frame dataset pushed to a store (file://) and streamed: stacks, written out or as a
+    frame window's strided view, equal to the raw frames' stacks at every valid step."""
+    ds, obs, first = streamed(frames_path, tmp_path)
     k, l, b = 4, 5, 8
     seen = 0
     for batch in ds.loader(slice_len=l, num_slices=b, columns=["observation", "next_observation"], policy="pad",
@@ -220,11 +226,7 @@ def test_a_streamed_frame_window_crosses_one_next_frame_per_slice(frames_path, t
 
     monkeypatch.setenv("TRAJSTORE_STAGED_CPU", "1")
     monkeypatch.setattr(trajstore._cuda, "_TAIL_MIN_BYTES", 0)
-    path, obs = frames_path
-    store = "file://" + str(tmp_path / "store")
-    trajstore.push(path, store)
-    ds = trajstore.open(store, cache_limit="1GiB", cache_dir=str(tmp_path / "cache"))
-    first = trajstore.open(path).first_episode_id
+    ds, obs, first = streamed(frames_path, tmp_path)
     k, l, b = 4, 5, 8
     loader = ds.loader(
         slice_len=l, num_slices=b, columns=["observation", "next_observation"], policy="pad",
