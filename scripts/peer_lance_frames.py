@@ -1,7 +1,8 @@
 """Lance on the same Atari frames as `scripts/bench_frames.sh`: the compressed frames that
-trajstore stores (zstd level 3 with the dataset's own trained dictionary, one frame per row) in a
-Lance binary column, read with ``take`` and decoded with ``zstandard`` (its C decoder, one call
-per frame into one array), then stacked into the same batches as trajstore's.
+trajstore stores (zstd at trajstore's level, 5 unless ``--level``, with the dataset's own trained
+dictionary, one frame per row) in a Lance binary column, read with ``take`` and decoded with
+``zstandard`` (its C decoder, one call per frame into one array), then stacked into the same
+batches as trajstore's.
 
 - "32 x (4-stack)": 32 steps drawn uniformly over all steps; each step's stack is frames
   t-3..t of its episode, the first frame repeated before the episode's start (trajstore's
@@ -48,12 +49,12 @@ def load(npz: str, tile: int) -> np.ndarray:
     return episode
 
 
-def write(path: str, npz: str, tile: int, dictionary: bytes) -> float:
+def write(path: str, npz: str, tile: int, dictionary: bytes, level: int) -> float:
     """The frames of `npz` compressed as trajstore's zstd-dict codec does, `tile` times over as new
     episodes, in a Lance dataset. Each frame is compressed once (a tile's bytes are the same), so
     that a dataset larger than memory is written without holding more than one copy of the
     frames."""
-    cctx = zstandard.ZstdCompressor(level=3, dict_data=zstandard.ZstdCompressionDict(dictionary))
+    cctx = zstandard.ZstdCompressor(level=level, dict_data=zstandard.ZstdCompressionDict(dictionary))
     t = time.perf_counter()
     data = np.load(npz)
     frames, base = data["frames"], data["episode"].astype(np.int64)
@@ -91,6 +92,7 @@ def main() -> None:
     p.add_argument("npz")
     p.add_argument("dictionary", help="the .zdict of the trajstore dataset (its dictionaries/ folder)")
     p.add_argument("--tile", type=int, default=1)
+    p.add_argument("--level", type=int, default=5, help="the zstd level (trajstore's default: 5)")
     p.add_argument("--dir", required=True, help="where the Lance dataset is written (reused if there)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--cold", action="store_true", help="drop the page cache before each batch shape")
@@ -104,7 +106,7 @@ def main() -> None:
     write_s = None
     if not os.path.isdir(a.dir):
         with open(a.dictionary, "rb") as f:
-            write_s = write(a.dir, a.npz, a.tile, f.read())
+            write_s = write(a.dir, a.npz, a.tile, f.read(), a.level)
     if a.cgroup:
         with open(f"{a.cgroup}/cgroup.procs", "w") as f:
             f.write(f"{os.getpid()}\n")

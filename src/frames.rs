@@ -17,8 +17,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// The zstd level frames are compressed at unless told otherwise.
-pub const DEFAULT_LEVEL: i32 = 3;
+/// The zstd level frames are compressed at unless told otherwise. Level 5 (zstd's `lazy2`
+/// search) against 3 (`dfast`), on 60,000 real Pong frames with a 16 KiB dictionary: 14% fewer
+/// bytes and 25% faster decoding (fewer, longer matches), for compression at 1.8x the CPU time
+/// (about 115k frames/s a core; ingest compresses on every core). Levels above 5 gained neither.
+pub const DEFAULT_LEVEL: i32 = 5;
 /// The size of a trained dictionary (16 KiB: the size measured in issue 32).
 pub const DEFAULT_DICTIONARY_BYTES: usize = 16 << 10;
 /// How many frames the dictionary is trained on (the first frames the writer is given).

@@ -112,7 +112,7 @@ impl TransitionSchemaBuilder {
         });
         self
     }
-    /// Sets the zstd level of a frame column (1..=22, default 3).
+    /// Sets the zstd level of a frame column (1..=22, default [`crate::frames::DEFAULT_LEVEL`]).
     pub fn frame_level(mut self, level: i32) -> Self {
         if let Some(f) = self.frames.as_mut() {
             f.level = level;
