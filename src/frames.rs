@@ -22,6 +22,19 @@ use crate::error::{Error, Result};
 /// bytes and 25% faster decoding (fewer, longer matches), for compression at 1.8x the CPU time
 /// (about 115k frames/s a core; ingest compresses on every core). Levels above 5 gained neither.
 pub const DEFAULT_LEVEL: i32 = 5;
+/// Checks a zstd level asked for by a user (`--frame-level`, `frame_level=`): 1 to 22, else an
+/// [`Error::InvalidArgument`] of `frame_level`.
+pub fn check_level(level: i32) -> Result<()> {
+    if (1..=22).contains(&level) {
+        Ok(())
+    } else {
+        Err(Error::argument(
+            "frame_level",
+            format!("zstd level {level}: use 1 to 22"),
+        ))
+    }
+}
+
 /// The size of a trained dictionary (16 KiB: the size measured in issue 32).
 pub const DEFAULT_DICTIONARY_BYTES: usize = 16 << 10;
 /// How many frames the dictionary is trained on (the first frames the writer is given).

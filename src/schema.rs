@@ -583,16 +583,38 @@ impl TransitionSchema {
         name: &str,
         dictionary: Option<crate::frames::DictionaryRef>,
     ) -> Result<Self> {
+        self.with_frame_spec(name, |spec| {
+            if dictionary.is_none() {
+                spec.codec = FrameCodec::Zstd;
+            }
+            spec.dictionary = dictionary;
+        })
+    }
+
+    /// This schema with every frame column's zstd level set to `level` (1 to 22): what a dataset
+    /// created by an ingest with `--frame-level` is written at. A level out of range is an
+    /// [`Error::InvalidArgument`].
+    pub fn with_frame_level(&self, level: i32) -> Result<Self> {
+        crate::frames::check_level(level)?;
+        let names: Vec<String> = self
+            .frame_columns()
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        names.iter().try_fold(self.clone(), |schema, name| {
+            schema.with_frame_spec(name, |spec| spec.level = level)
+        })
+    }
+
+    /// This schema with frame column `name`'s spec changed by `change`.
+    fn with_frame_spec(&self, name: &str, change: impl FnOnce(&mut FrameSpec)) -> Result<Self> {
         let Some((_, spec)) = self.frame_columns().into_iter().find(|(n, _)| *n == name) else {
             return Err(Error::invalid_argument(format!(
                 "the dataset has no frame column `{name}`"
             )));
         };
         let mut spec = spec.clone();
-        if dictionary.is_none() {
-            spec.codec = FrameCodec::Zstd;
-        }
-        spec.dictionary = dictionary;
+        change(&mut spec);
         let mut fields: Vec<Field> = self
             .schema
             .fields()

@@ -21,7 +21,7 @@ use crate::errors::{IntoPyResult, argument};
 /// `{name: (dtype, shape)}`), or opens it for appending when `append` and it exists (the schemas
 /// must match). Returns its writer, which holds the dataset's lock.
 #[pyfunction]
-#[pyo3(signature = (path, observation_shape, action_shape=None, *, observation_dtype="float32", store_next_observation=false, columns=None, append=false, segment_bytes=None, lock_wait_ms=None, frame_codec=None))]
+#[pyo3(signature = (path, observation_shape, action_shape=None, *, observation_dtype="float32", store_next_observation=false, columns=None, append=false, segment_bytes=None, lock_wait_ms=None, frame_codec=None, frame_level=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn create(
     py: Python<'_>,
@@ -35,7 +35,14 @@ pub fn create(
     segment_bytes: Option<u64>,
     lock_wait_ms: Option<u64>,
     frame_codec: Option<String>,
+    frame_level: Option<i32>,
 ) -> PyResult<Writer> {
+    if frame_level.is_some() && frame_codec.is_none() {
+        return Err(argument(
+            "frame_level",
+            "frame_level is the zstd level of a frame column: give frame_codec too",
+        ));
+    }
     let obs_dt = parse_type(observation_dtype).py()?;
     let mut b =
         TransitionSchema::builder(&observation_shape, 0).observation(obs_dt, &observation_shape);
@@ -58,6 +65,10 @@ pub fn create(
             ));
         }
         b = b.frames(codec, &observation_shape);
+        if let Some(level) = frame_level {
+            trajstore::frames::check_level(level).py()?;
+            b = b.frame_level(level);
+        }
     }
     b = match action_shape.as_deref() {
         None => b.discrete_action(),
@@ -304,6 +315,7 @@ pub fn ingest(
                     | "batch_rows"
                     | "segment_bytes"
                     | "frame_codec"
+                    | "frame_level"
                     | "keep_tensor"
                     | "splits"
             ) {
@@ -336,6 +348,11 @@ pub fn ingest(
                     let codec: trajstore::frames::FrameCodec = s()?.parse().py()?;
                     o.frame_codec = Some(codec);
                     dqn.frame_codec = codec;
+                }
+                "frame_level" => {
+                    let level: i32 = v.extract()?;
+                    trajstore::frames::check_level(level).py()?;
+                    (o.frame_level, dqn.frame_level) = (Some(level), Some(level));
                 }
                 "keep_tensor" => keep_tensor = v.extract()?,
                 "unstack" => o.unstack = Some(v.extract()?),
@@ -390,11 +407,13 @@ pub fn ingest(
                 key,
                 format!(
                     "`{key}`: an RLDS dataset's episodes, flags, action and reward are its steps' \
-                     own (observation_col, drop_cols, splits, frame_codec and keep_tensor apply)"
+                     own (observation_col, drop_cols, splits, frame_codec, frame_level and keep_tensor \
+                     apply)"
                 ),
             ));
         }
         rlds.frame_codec = o.frame_codec;
+        rlds.frame_level = o.frame_level;
         let r = py
             .detach(|| trajstore::ingest::ingest_rlds(&input, &dataset, &rlds, wopts))
             .py()?;

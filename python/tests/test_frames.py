@@ -413,3 +413,38 @@ def test_ingest_unstacks_stacked_observations_from_python(tmp_path, frames_path)
     assert not (tmp_path / "refused.trajstore" / "versions").exists() or not list(
         (tmp_path / "refused.trajstore" / "versions").iterdir()
     )
+
+
+def _frame_level(path) -> int:
+    meta = trajstore.open(path).schema.field("observation").metadata
+    return int(json.loads(meta[b"trajstore:frame"])["level"])
+
+
+def test_frame_level_sets_a_new_datasets_zstd_level(tmp_path, frames_path):
+    """``frame_level=`` of ``create`` and ``ingest``: the level a new dataset's frames are written
+    at (recorded in the column's metadata); an append at another level is refused."""
+    _, obs = frames_path
+    path = tmp_path / "level12.trajstore"
+    with trajstore.create(path, (H, W), observation_dtype="uint8", frame_codec="zstd", frame_level=12) as w:
+        frames = next(_episodes_of(obs))
+        w.append_episode(frames, np.zeros(len(frames), np.int64), np.zeros(len(frames), np.float32),
+                         terminated=True)
+    assert _frame_level(path) == 12
+    with pytest.raises(trajstore.InvalidArgumentError, match="1 to 22"):
+        trajstore.create(tmp_path / "l30", (H, W), observation_dtype="uint8", frame_codec="zstd", frame_level=30)
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame_codec"):
+        trajstore.create(tmp_path / "nocodec", (H, W), observation_dtype="uint8", frame_level=5)
+    n = obs.shape[0]
+    terminals = np.zeros(n, bool)
+    terminals[np.cumsum(LENGTHS) - 1] = True
+    npz = tmp_path / "frames.npz"
+    np.savez(npz, observations=obs, actions=np.zeros(n, np.int64), rewards=np.zeros(n, np.float32),
+             terminals=terminals, timeouts=np.zeros(n, bool))
+    out = tmp_path / "level7.trajstore"
+    assert trajstore.ingest(npz, out, frame_level=7)["rows"] == n
+    assert _frame_level(out) == 7
+    with pytest.raises(trajstore.InvalidArgumentError, match="zstd level 7"):
+        trajstore.ingest(npz, out, frame_level=3)
+    assert trajstore.open(out).num_transitions == n
+    with pytest.raises(trajstore.InvalidArgumentError, match="1 to 22"):
+        trajstore.ingest(npz, tmp_path / "l0.trajstore", frame_level=0)

@@ -31,6 +31,7 @@ def create(
     segment_bytes: Optional[int] = None,
     lock_wait: float = 0.5,
     frame_codec: Optional[FrameCodec] = None,
+    frame_level: Optional[int] = None,
 ) -> Writer:
     """Creates a dataset at ``path`` and returns its (single) writer.
 
@@ -47,6 +48,8 @@ def create(
       trained on the first episodes; about 60-85x smaller on Atari frames), ``"zstd"`` or
       ``"none"``. Append raw frames; loaders stack them with ``frame_stack=K``. Give each
       episode's ``final_observation`` (its last next frame) where the environment has one.
+    - ``frame_level``: the frame column's zstd level, 1 to 22 (default 5; higher compresses
+      slower into fewer bytes, and decodes as fast or faster). Ignored by readers.
 
     Use it as a context manager: leaving the block normally commits what was appended; an
     exception discards everything since the last :meth:`Writer.commit` and releases the lock::
@@ -68,6 +71,7 @@ def create(
         segment_bytes=segment_bytes,
         lock_wait_ms=int(lock_wait * 1000),
         frame_codec=frame_codec,
+        frame_level=frame_level,
     )
     return Writer(native)
 
@@ -83,7 +87,8 @@ def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]
 
     Pixel observations: uint8 images (two or more spatial axes) become a frame column,
     compressed one frame per step (``frame_codec``: ``"zstd-dict"``, the default, ``"zstd"``
-    or ``"none"``; ``keep_tensor=True`` keeps them as a tensor column); ``unstack=K`` stores
+    or ``"none"``; ``frame_level``: zstd's level for a dataset the ingest creates, 1 to 22,
+    default 5; ``keep_tensor=True`` keeps them as a tensor column); ``unstack=K`` stores
     stacked observations (``[H, W, K]`` or ``[K, H, W]``, as Atari wrappers make them) as
     single frames after checking that consecutive stacks overlap. ``format="dqn"`` (recognised
     without it) reads dopamine's DQN Replay layout, with ``stack_size`` (default 4) and
@@ -91,7 +96,8 @@ def ingest(input: PathLike, dataset: PathLike, **options: Any) -> Dict[str, Any]
 
     A TFDS/RLDS directory (``dataset_info.json``, ``features.json``, ``*.tfrecord-*``; recognised,
     or ``format="rlds"``) takes ``splits`` (a list of split names), ``observation_col`` (the step
-    feature that becomes the observation), ``drop_cols``, ``frame_codec`` and ``keep_tensor``.
+    feature that becomes the observation), ``drop_cols``, ``frame_codec``, ``frame_level`` and
+    ``keep_tensor``.
 
     A directory of ``.npz`` shards is one dataset (name order); ``convention``: ``"rows"``,
     ``"ogbench"`` (recognised from OGBench's keys) or ``"episode-files"`` (one episode per file,

@@ -121,6 +121,10 @@ pub struct IngestOptions {
     /// (`C <= 4`, `H, W >= 8`) become a frame column of this codec (default `zstd-dict`; see
     /// [`crate::frames`]), as do PNG/JPEG columns (decoded). `None` keeps tensor columns.
     pub frame_codec: Option<crate::frames::FrameCodec>,
+    /// The zstd level (1 to 22) of the frame columns of a dataset the ingest creates (default
+    /// [`crate::frames::DEFAULT_LEVEL`]). Higher levels compress slower, store fewer bytes and
+    /// decode as fast or faster; an existing dataset keeps its own level.
+    pub frame_level: Option<i32>,
     /// Observations that are stacks of the last K frames (`uint8` `[H, W, K]` channels last,
     /// `[K, H, W]` or `[K, H, W, C]` channels first, oldest frame first) are stored as one frame
     /// per step, the newest of each stack: every stack must continue the previous one within an
@@ -233,6 +237,7 @@ impl Default for IngestOptions {
             drop_cols: vec![],
             batch_rows: DEFAULT_BATCH_ROWS,
             frame_codec: Some(crate::frames::FrameCodec::ZstdDict),
+            frame_level: None,
             unstack: None,
             convention: None,
             progress: ProgressSink::default(),
@@ -309,6 +314,11 @@ impl IngestOptions {
     /// Sets [`IngestOptions::frame_codec`] (`None`: keep image observations as tensors).
     pub fn with_frame_codec(mut self, codec: Option<crate::frames::FrameCodec>) -> Self {
         self.frame_codec = codec;
+        self
+    }
+    /// Sets [`IngestOptions::frame_level`].
+    pub fn with_frame_level(mut self, level: Option<i32>) -> Self {
+        self.frame_level = level;
         self
     }
     /// Sets [`IngestOptions::unstack`]: observations are stacks of `k` frames.
@@ -581,7 +591,7 @@ pub fn ingest(
         Some(c) => c.schema(&plan.schema)?,
         None => plan.schema.clone(),
     };
-    let target = Target::open(dataset, &stored)?;
+    let target = Target::open(dataset, &stored, opts.frame_level)?;
     let result = (|| {
         let mut writer = target.ds.writer(writer_opts)?;
         if !target.created {
@@ -680,7 +690,7 @@ pub fn ingest_stream(
     let (mut batches, head) = arrow_ipc::open_stream(reader, name)?;
     let first = head.first().cloned();
     let mut plan = Mapping::build(&head, opts)?;
-    let target = Target::open(dataset, &plan.schema)?;
+    let target = Target::open(dataset, &plan.schema, opts.frame_level)?;
     let pb = &opts.progress;
     pb.start("ingest", Unit::Rows, None);
     let mut committed: Option<(u64, u64)> = None;

@@ -18,12 +18,23 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    pub(crate) fn open(dataset: &Path, schema: &TransitionSchema) -> Result<Self> {
+    /// `frame_level`: the zstd level of the frame columns of a dataset this creates; where the
+    /// dataset exists, its frame columns must have been created at that level (an append
+    /// compresses at the level the dataset records).
+    pub(crate) fn open(
+        dataset: &Path,
+        schema: &TransitionSchema,
+        frame_level: Option<i32>,
+    ) -> Result<Self> {
         let existed = dataset.exists();
         let fresh = !existed || is_empty_dir(dataset)?;
         let (ds, created) = if fresh {
+            let schema = match frame_level {
+                Some(level) => schema.with_frame_level(level)?,
+                None => schema.clone(),
+            };
             // A failed create removes only what it wrote itself, under the dataset's lock.
-            (Dataset::create(dataset, schema)?, true)
+            (Dataset::create(dataset, &schema)?, true)
         } else {
             if !dataset.is_dir() {
                 return Err(Error::argument(
@@ -34,7 +45,11 @@ impl Target {
                     ),
                 ));
             }
-            (Dataset::open(dataset)?, false)
+            let ds = Dataset::open(dataset)?;
+            if let Some(level) = frame_level {
+                check_level(&ds, level)?;
+            }
+            (ds, false)
         };
         Ok(Target {
             ds,
@@ -70,6 +85,28 @@ fn remove_created(dataset: &Path, existed_empty: bool) {
         let _ = std::fs::create_dir(dataset);
     }
     drop(lock);
+}
+
+/// An append with `--frame-level`: the dataset's frame columns must be at that level, since
+/// the writer compresses at the level the dataset records.
+fn check_level(ds: &Dataset, level: i32) -> Result<()> {
+    let schema = TransitionSchema::from_columns(&ds.latest_manifest()?.columns)?;
+    match schema
+        .frame_columns()
+        .into_iter()
+        .find(|(_, spec)| spec.level != level)
+    {
+        Some((name, spec)) => Err(Error::argument(
+            "frame_level",
+            format!(
+                "the dataset's frame column `{name}` is compressed at zstd level {} (set when \
+                 the dataset was created; appends use it): leave the level out, or ingest into a \
+                 new dataset",
+                spec.level
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn is_empty_dir(path: &Path) -> Result<bool> {

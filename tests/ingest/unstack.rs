@@ -3,7 +3,9 @@
 //! by repeating their first frame or with zeros) ingest as one frame per step, the newest of each
 //! stack, equal to the frames the stacks were built from; the gather's `frame_stack=4` gives the
 //! stacks back; stacks that do not overlap, a first stack that is not padding, and shapes that
-//! are not stacks of K are named errors; the CLI's `--unstack` and its help.
+//! are not stacks of K are named errors; the CLI's `--unstack` and its help. And the zstd level a
+//! new dataset's frames are written at (`--frame-level`, `IngestOptions::frame_level`), which an
+//! append keeps.
 
 use std::path::{Path, PathBuf};
 
@@ -199,4 +201,69 @@ fn the_cli_unstacks_and_its_help_says_how() {
     for needle in ["--unstack <K>", "[H, W, K]", "newest", "--frame-stack K"] {
         assert!(help.contains(needle), "{needle:?} not in the help:\n{help}");
     }
+}
+
+#[test]
+fn a_new_dataset_takes_the_frame_level_and_appends_keep_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = arrays(dir.path(), true, |_, _, _| {});
+    let level = |ds: &Path| {
+        let snap = Dataset::open(ds).unwrap().snapshot().unwrap();
+        snap.frame_column("observation").unwrap().spec.level
+    };
+    let all: Vec<Vec<Vec<u8>>> = (0..EPISODES.len()).map(frames).collect();
+    let out = dir.path().join("ds");
+    let opts = IngestOptions::default().with_unstack(Some(K));
+    let at = |l: i32| opts.clone().with_frame_level(Some(l));
+    ingest(&input, InputFormat::Numpy, &out, &at(19), small_segments()).unwrap();
+    assert_eq!(level(&out), 19);
+    assert_eq!(
+        stored(&Dataset::open(&out).unwrap().snapshot().unwrap()),
+        all
+    );
+    // Another level on an append is refused before anything is written.
+    let versions = Dataset::open(&out).unwrap().versions().unwrap();
+    let e = ingest(&input, InputFormat::Numpy, &out, &at(3), small_segments()).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { argument: Some(a), .. } if a == "frame_level")
+            && e.to_string().contains("zstd level 19"),
+        "{e}"
+    );
+    assert_eq!(Dataset::open(&out).unwrap().versions().unwrap(), versions);
+    // Without a level (or with the same) an append compresses at the dataset's own.
+    ingest(&input, InputFormat::Numpy, &out, &opts, small_segments()).unwrap();
+    ingest(&input, InputFormat::Numpy, &out, &at(19), small_segments()).unwrap();
+    assert_eq!(level(&out), 19);
+    let thrice: Vec<_> = (0..3).flat_map(|_| all.iter().cloned()).collect();
+    assert_eq!(
+        stored(&Dataset::open(&out).unwrap().snapshot().unwrap()),
+        thrice
+    );
+    // A new dataset without a level: the default.
+    let fresh = dir.path().join("fresh");
+    ingest(&input, InputFormat::Numpy, &fresh, &opts, small_segments()).unwrap();
+    assert_eq!(level(&fresh), trajstore::frames::DEFAULT_LEVEL);
+
+    // The CLI: the range is checked, a level without a frame column is refused, and a level
+    // given is the dataset's.
+    let cli = |out: &str, extra: &[&str]| {
+        let out = dir.path().join(out);
+        let mut args = vec!["ingest", input.to_str().unwrap(), out.to_str().unwrap()];
+        args.extend(["--unstack", "4"]);
+        args.extend(extra);
+        (run_cli(&args), out)
+    };
+    let ((code, _, err), out) = cli("zero", &["--frame-level", "0"]);
+    assert!(
+        code != 0 && err.contains("--frame-level") && err.contains("1..=22"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing is created");
+    let ((code, _, err), _) = cli("tensor", &["--frame-level", "9", "--keep-tensor"]);
+    assert!(code != 0 && err.contains("--keep-tensor"), "{err}");
+    let ((code, _, err), out) = cli("nine", &["--frame-level", "9"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(level(&out), 9);
+    let (_, help, _) = run_cli(&["ingest", "--help"]);
+    assert!(help.contains("--frame-level <LEVEL>"), "{help}");
 }

@@ -52,6 +52,9 @@ pub struct DqnOptions {
     pub stack_size: usize,
     /// How the frames are stored (default `zstd-dict`).
     pub frame_codec: FrameCodec,
+    /// The frames' zstd level where the ingest creates the dataset (see
+    /// [`crate::ingest::IngestOptions::frame_level`]).
+    pub frame_level: Option<i32>,
     /// Only these checkpoints (default: every one in the directory, in order).
     pub checkpoints: Option<Vec<u64>>,
 }
@@ -61,6 +64,7 @@ impl Default for DqnOptions {
         DqnOptions {
             stack_size: 4,
             frame_codec: FrameCodec::ZstdDict,
+            frame_level: None,
             checkpoints: None,
         }
     }
@@ -478,7 +482,7 @@ pub fn ingest_dqn(
         .build()
         .map_err(|e| head.loc.data(format!("observation array: {e}")))?;
     drop(head);
-    let target = Target::open(dataset, &schema)?;
+    let target = Target::open(dataset, &schema, opts.frame_level)?;
     let result = (|| {
         let mut writer = target.ds.writer(writer_opts)?;
         if writer.schema().frame_spec().map(|f| &f.shape) != Some(&shape) {

@@ -71,6 +71,9 @@ pub struct RldsOptions {
     /// How images (the observation and every other image feature) are stored (default
     /// `zstd-dict`); `None` keeps them as `uint8` tensor columns.
     pub frame_codec: Option<FrameCodec>,
+    /// The frame columns' zstd level where the ingest creates the dataset (see
+    /// [`crate::ingest::IngestOptions::frame_level`]).
+    pub frame_level: Option<i32>,
     /// Only these splits, in this order (default: every split, in `dataset_info.json`'s order).
     pub splits: Option<Vec<String>>,
     /// The step feature that becomes the observation (`observation/state`, or with its
@@ -84,6 +87,7 @@ impl Default for RldsOptions {
     fn default() -> Self {
         RldsOptions {
             frame_codec: Some(FrameCodec::ZstdDict),
+            frame_level: None,
             splits: None,
             observation: None,
             drop: vec![],
@@ -275,7 +279,7 @@ pub fn ingest_rlds(
         Plan::build(features, opts, &|i| first_image_dims(&f, &shards, i))
             .map_err(|e| in_features(e, &features_path))?
     };
-    let target = Target::open(dataset, &plan.schema)?;
+    let target = Target::open(dataset, &plan.schema, opts.frame_level)?;
     let result = (|| {
         let mut writer = target.ds.writer(writer_opts)?;
         if !target.created {
