@@ -16,6 +16,8 @@ pub struct FrameStats {
     pub column: String,
     /// The codec's name.
     pub codec: String,
+    /// The zstd level the frames were written at (`None` for the `none` codec).
+    pub level: Option<i32>,
     /// The frame shape.
     pub shape: Vec<usize>,
     /// Frames stored (rows).
@@ -49,6 +51,7 @@ pub fn frame_stats(snap: &Snapshot) -> Vec<FrameStats> {
             FrameStats {
                 column: c.name.clone(),
                 codec: c.spec.codec.to_string(),
+                level: (c.spec.codec != crate::frames::FrameCodec::None).then_some(c.spec.level),
                 shape: c.spec.shape.clone(),
                 frames,
                 stored_bytes: stored,
@@ -67,9 +70,10 @@ pub fn render_frame_stats(stats: &[FrameStats]) -> String {
         let raw: usize = f.shape.iter().product();
         let _ = writeln!(
             s,
-            "frames ({}): {} {:?} uint8, {} frames, {:.1} B per frame stored ({raw} B raw, {:.1}x), {} with a {} dictionary",
+            "frames ({}): {}{} {:?} uint8, {} frames, {:.1} B per frame stored ({raw} B raw, {:.1}x), {} with a {} dictionary",
             f.column,
             f.codec,
+            f.level.map(|l| format!(" level {l}")).unwrap_or_default(),
             f.shape,
             f.frames,
             f.bytes_per_frame,

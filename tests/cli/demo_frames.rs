@@ -29,6 +29,11 @@ fn demo_frames_writes_a_compressed_frame_column_that_samples_in_stacks() {
     let f = &v["frames"][0];
     assert_eq!(f["column"], "observation", "{v}");
     assert_eq!(f["codec"], "zstd-dict", "{v}");
+    assert_eq!(
+        f["level"].as_i64(),
+        Some(trajstore::frames::DEFAULT_LEVEL.into()),
+        "{v}"
+    );
     assert_eq!(f["shape"], serde_json::json!([84, 84]));
     assert_eq!(f["frames"].as_u64(), Some(3000));
     assert!(f["dictionary_bytes"].as_u64().unwrap() > 0, "{f}");

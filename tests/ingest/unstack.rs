@@ -264,6 +264,9 @@ fn a_new_dataset_takes_the_frame_level_and_appends_keep_it() {
     let ((code, _, err), out) = cli("nine", &["--frame-level", "9"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(level(&out), 9);
+    let (code, info, err) = run_cli(&["info", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(info.contains("zstd-dict level 9 [84, 84]"), "{info}");
     let (_, help, _) = run_cli(&["ingest", "--help"]);
     assert!(help.contains("--frame-level <LEVEL>"), "{help}");
 }
