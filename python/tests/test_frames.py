@@ -374,6 +374,16 @@ def test_the_python_writer_compresses_raw_frames(tmp_path, frames_path):
         trajstore.create(tmp_path / "bad", (H, W), observation_dtype="uint8", frame_codec="png")  # type: ignore[arg-type]
 
 
+def _save_npz(path, observations) -> None:
+    """``observations`` (one row per step of the episodes of ``LENGTHS``) as a D4RL-keyed ``.npz``:
+    zero actions and rewards, each episode terminated at its last step."""
+    n = observations.shape[0]
+    terminals = np.zeros(n, bool)
+    terminals[np.cumsum(LENGTHS) - 1] = True
+    np.savez(path, observations=observations, actions=np.zeros(n, np.int64), rewards=np.zeros(n, np.float32),
+             terminals=terminals, timeouts=np.zeros(n, bool))
+
+
 def test_ingest_unstacks_stacked_observations_from_python(tmp_path, frames_path):
     """Atari-style [H, W, 4] stacks (channels last, repeat padding) ingested with unstack=4
     come back from frame_stack=4, frame_channels_last=True equal to the stacks given."""
@@ -386,11 +396,8 @@ def test_ingest_unstacks_stacked_observations_from_python(tmp_path, frames_path)
             stacks.append(np.stack([frames[i] for i in idx], axis=-1))
     stacked = np.stack(stacks)
     n = stacked.shape[0]
-    terminals = np.zeros(n, bool)
-    terminals[np.cumsum(LENGTHS) - 1] = True
     npz = tmp_path / "stacked.npz"
-    np.savez(npz, observations=stacked, actions=np.zeros(n, np.int64), rewards=np.zeros(n, np.float32),
-             terminals=terminals, timeouts=np.zeros(n, bool))
+    _save_npz(npz, stacked)
     out = tmp_path / "unstacked.trajstore"
     report = trajstore.ingest(npz, out, unstack=k, frame_codec="zstd")
     assert report["rows"] == n
@@ -406,8 +413,7 @@ def test_ingest_unstacks_stacked_observations_from_python(tmp_path, frames_path)
     # Stacks that do not overlap as stacks do are refused, naming the input row.
     broken = stacked.copy()
     broken[5, :, :, 0] ^= 1
-    np.savez(npz, observations=broken, actions=np.zeros(n, np.int64), rewards=np.zeros(n, np.float32),
-             terminals=terminals, timeouts=np.zeros(n, bool))
+    _save_npz(npz, broken)
     with pytest.raises(trajstore.TrajstoreError, match="5"):
         trajstore.ingest(npz, tmp_path / "refused.trajstore", unstack=k)
     assert not (tmp_path / "refused.trajstore" / "versions").exists() or not list(
@@ -435,11 +441,8 @@ def test_frame_level_sets_a_new_datasets_zstd_level(tmp_path, frames_path):
     with pytest.raises(trajstore.InvalidArgumentError, match="frame_codec"):
         trajstore.create(tmp_path / "nocodec", (H, W), observation_dtype="uint8", frame_level=5)
     n = obs.shape[0]
-    terminals = np.zeros(n, bool)
-    terminals[np.cumsum(LENGTHS) - 1] = True
     npz = tmp_path / "frames.npz"
-    np.savez(npz, observations=obs, actions=np.zeros(n, np.int64), rewards=np.zeros(n, np.float32),
-             terminals=terminals, timeouts=np.zeros(n, bool))
+    _save_npz(npz, obs)
     out = tmp_path / "level7.trajstore"
     assert trajstore.ingest(npz, out, frame_level=7)["rows"] == n
     assert _frame_level(out) == 7
