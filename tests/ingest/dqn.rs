@@ -155,9 +155,12 @@ fn a_gap_between_checkpoints_cuts_the_running_episode_and_skips_to_the_next_star
     };
     let mut o = options(FrameCodec::Zstd);
     o.checkpoints = Some(vec![0, 2]);
+    o.frame_level = Some(7);
     let out = dir.path().join("ds");
     let report = ingest_dqn(dir.path(), &out, &o, WriterOptions::default()).unwrap();
     assert!(report.skipped > 0);
+    let snap = Dataset::open(&out).unwrap().snapshot().unwrap();
+    assert_eq!(snap.frame_column("observation").unwrap().spec.level, 7);
     let got = summaries(&Dataset::open(&out).unwrap());
     let want = expected(&all);
     // Episodes wholly inside checkpoint 0 come first, unchanged; the one running at its end is

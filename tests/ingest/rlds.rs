@@ -309,6 +309,7 @@ fn options_pick_the_observation_split_and_tensor_storage() {
     o.observation = Some("steps/observation/state".into());
     o.splits = Some(vec!["test".into()]);
     o.drop = vec!["observation/wrist".into()];
+    o.frame_level = Some(7);
     let r = ingest("rlds_robot", &out, &o).unwrap();
     assert_eq!(r.splits, ["test"]);
     let want = expected("rlds_robot");
@@ -324,6 +325,11 @@ fn options_pick_the_observation_split_and_tensor_storage() {
             "discount",
             "observation/image"
         ]
+    );
+    let camera = snap.frame_column("observation/image").unwrap();
+    assert_eq!(
+        camera.spec.level, 7,
+        "--frame-level reaches every frame column"
     );
     let e = snap.episode(0).unwrap().unwrap();
     assert_eq!(
