@@ -578,7 +578,8 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
       valid step, are views with one frame between steps, and their copy carries each slice's
       L + K - 1 observation frames once.
     - Figures: the CPU gather alone at 256 x 64 x (4-stack), every core (decoding bound), both
-      layouts; on a GPU, batches/s of both layouts to cuda from Rust (`bench --device cuda`) and
+      layouts; the loader at 32 x (4-stack) in memory on every core beside TorchRL's
+      single-frame storage + SliceSampler on the same episodes (where torchrl imports); on a GPU, batches/s of both layouts to cuda from Rust (`bench --device cuda`) and
       Python, each beside a pinned copy of what one batch's copy carries."""
     import torch
     import trajstore
@@ -642,6 +643,17 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
                                "--json"], env=env_for(run)).stdout)
         run.figure(f"frames_gather_only_{name}", batches_per_s=j["loader_batches_per_s"], workers=workers,
                    batch_mb=j["batch_bytes"] / 1e6, frames_per_s=j["loader_batches_per_s"] * B * (L + (3 if window else 0)))
+        if window:
+            continue
+        # Issue 32's in-memory target: 32 x (4-stack) on every core against TorchRL's
+        # single-frame storage + SliceSampler on the same episodes, in the same run.
+        j = json.loads(run.sh([bin_, "bench", ds_path, "--prefault", "--num-slices", "32", "--slice-len", "1",
+                               "--columns", "observation,action,reward", "--frame-stack", "4", "--workers",
+                               workers, "--iters", "3000" if a.quick else "30000", "--json"], env=env_for(run)).stdout)
+        ours = j["loader_batches_per_s"]
+        theirs = _torchrl_frame_stacks(ds, 32, 4, 200)
+        run.figure("frames_32x4_loader", batches_per_s=ours, workers=workers,
+                   torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
         if not cuda:
             continue
         j = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag, "--workers",
@@ -663,6 +675,36 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
         sent = int(loader._packed[0].numel())
         run.figure(f"frames_python_cuda_{name}", batches_per_s=rate, transfer_mb=sent / 1e6,
                    pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent)
+
+
+def _torchrl_frame_stacks(ds, slices: int, k: int, iters: int) -> float | None:
+    """TorchRL's batches/s of `slices` K-stacks from single 84x84 frames in memory
+    (`LazyTensorStorage` + `SliceSampler`: a K-stack ending at step t is the K-step slice ending at
+    t, as `scripts/peer_torchrl_frames.py` samples them), over `ds`'s episode lengths; None
+    without torchrl. Its storage copies raw frames, so their content does not change its speed:
+    they are zeros."""
+    import numpy as np
+    import torch
+
+    try:
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+        from torchrl.data.replay_buffers.samplers import SliceSampler
+    except ImportError:
+        return None
+    lengths = np.asarray(ds.episodes().column("length").to_numpy(), dtype=np.int64)
+    n = int(lengths.sum())
+    episode = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))
+    rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=slices * k,
+                      sampler=SliceSampler(slice_len=k, traj_key="episode", strict_length=True, cache_values=True))
+    rb.extend(TensorDict({"obs": torch.zeros((n, 84, 84), dtype=torch.uint8), "episode": episode}, batch_size=[n]))
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        rb.sample()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return 1 / times[len(times) // 2]
 
 
 def section_profile(run: Run, a, ds_path: str, anchor) -> None:
