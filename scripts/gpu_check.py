@@ -33,8 +33,10 @@ Figures, each beside an anchor measured in the same run on the same data:
   LazyTensorStorage(device="cuda") + SliceSampler;
 - an MLP training step fed by the loader: the fraction of the step time spent waiting for data;
 - pixel frames (issue 32): 4-stacks of 84x84 frames written out and as frame windows, the CPU
-  gather alone (every core) and batches/s to cuda (Rust, Python) beside a pinned copy of what a
-  batch's copy carries; the windows checked against the stacks (also on the CPU stand-in);
+  gather alone (every core), 32 x (4-stack) in memory (every core) beside TorchRL's single-frame
+  storage + SliceSampler (also without a GPU), and batches/s to cuda (Rust, Python) beside a
+  pinned copy of what a batch's copy carries; the windows checked against the stacks (also on
+  the CPU stand-in);
 - a profile of one batch's costs (issue 35): the gather alone into host memory (also without a
   GPU), one packed pinned copy of the batch's bytes against the Python loader's per-tensor copies
   (with and without an event and record_stream), and the consumer thread's time per next().
