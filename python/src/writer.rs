@@ -351,7 +351,6 @@ pub fn ingest(
                 }
                 "frame_level" => {
                     let level: i32 = v.extract()?;
-                    trajstore::frames::check_level(level).py()?;
                     (o.frame_level, dqn.frame_level) = (Some(level), Some(level));
                 }
                 "keep_tensor" => keep_tensor = v.extract()?,

@@ -451,3 +451,6 @@ def test_frame_level_sets_a_new_datasets_zstd_level(tmp_path, frames_path):
     assert trajstore.open(out).num_transitions == n
     with pytest.raises(trajstore.InvalidArgumentError, match="1 to 22"):
         trajstore.ingest(npz, tmp_path / "l0.trajstore", frame_level=0)
+    with pytest.raises(trajstore.InvalidArgumentError, match="no frame column"):
+        trajstore.ingest(npz, tmp_path / "tensor.trajstore", frame_level=9, keep_tensor=True)
+    assert not (tmp_path / "tensor.trajstore").exists()

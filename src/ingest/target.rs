@@ -20,17 +20,24 @@ pub(crate) struct Target {
 impl Target {
     /// `frame_level`: the zstd level of the frame columns of a dataset this creates; where the
     /// dataset exists, its frame columns must have been created at that level (an append
-    /// compresses at the level the dataset records).
+    /// compresses at the level the dataset records). Either way the dataset must have a frame
+    /// column, and the level must be 1 to 22.
     pub(crate) fn open(
         dataset: &Path,
         schema: &TransitionSchema,
         frame_level: Option<i32>,
     ) -> Result<Self> {
+        if let Some(level) = frame_level {
+            crate::frames::check_level(level)?;
+        }
         let existed = dataset.exists();
         let fresh = !existed || is_empty_dir(dataset)?;
         let (ds, created) = if fresh {
             let schema = match frame_level {
-                Some(level) => schema.with_frame_level(level)?,
+                Some(level) => {
+                    check_frame_level(schema, level, false)?;
+                    schema.with_frame_level(level)?
+                }
                 None => schema.clone(),
             };
             // A failed create removes only what it wrote itself, under the dataset's lock.
@@ -47,7 +54,8 @@ impl Target {
             }
             let ds = Dataset::open(dataset)?;
             if let Some(level) = frame_level {
-                check_level(&ds, level)?;
+                let stored = TransitionSchema::from_columns(&ds.latest_manifest()?.columns)?;
+                check_frame_level(&stored, level, true)?;
             }
             (ds, false)
         };
@@ -87,14 +95,21 @@ fn remove_created(dataset: &Path, existed_empty: bool) {
     drop(lock);
 }
 
-/// An append with `--frame-level`: the dataset's frame columns must be at that level, since
-/// the writer compresses at the level the dataset records.
-fn check_level(ds: &Dataset, level: i32) -> Result<()> {
-    let schema = TransitionSchema::from_columns(&ds.latest_manifest()?.columns)?;
-    match schema
-        .frame_columns()
+/// A `frame_level` needs a frame column of `schema` to apply to; on an append (`existing`) the
+/// dataset's frame columns must be at that level, since the writer compresses at the level the
+/// dataset records.
+fn check_frame_level(schema: &TransitionSchema, level: i32, existing: bool) -> Result<()> {
+    let columns = schema.frame_columns();
+    if columns.is_empty() {
+        return Err(Error::argument(
+            "frame_level",
+            "the dataset has no frame column (no uint8 image observations, or images kept as \
+             tensors with keep_tensor / --keep-tensor): a zstd level applies to frame columns",
+        ));
+    }
+    match columns
         .into_iter()
-        .find(|(_, spec)| spec.level != level)
+        .find(|(_, spec)| existing && spec.level != level)
     {
         Some((name, spec)) => Err(Error::argument(
             "frame_level",

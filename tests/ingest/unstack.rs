@@ -259,8 +259,9 @@ fn a_new_dataset_takes_the_frame_level_and_appends_keep_it() {
         "{err}"
     );
     assert!(!out.exists(), "nothing is created");
-    let ((code, _, err), _) = cli("tensor", &["--frame-level", "9", "--keep-tensor"]);
-    assert!(code != 0 && err.contains("--keep-tensor"), "{err}");
+    let ((code, _, err), out) = cli("tensor", &["--frame-level", "9", "--keep-tensor"]);
+    assert!(code != 0 && err.contains("no frame column"), "{err}");
+    assert!(!out.exists(), "nothing is created");
     let ((code, _, err), out) = cli("nine", &["--frame-level", "9"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(level(&out), 9);

@@ -211,9 +211,6 @@ impl From<&IngestArgs> for trajstore::ingest::IngestOptions {
 
 pub(crate) fn run(a: IngestArgs) -> Result<()> {
     use trajstore::ingest::{IngestOptions, InputFormat};
-    if a.keep_tensor && a.frame_level.is_some() {
-        bail!("--frame-level sets the level of frame columns, which --keep-tensor does not make");
-    }
     let stdin = a.input.as_os_str() == "-";
     let dqn = matches!(a.format, Some(IngestFormat::Dqn))
         || (a.format.is_none() && !stdin && trajstore::ingest::is_dqn(&a.input));
