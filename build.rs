@@ -6,12 +6,16 @@
 //! for. It is deliberately not linked: `--as-needed` would drop it anyway (no symbol of it is
 //! referenced), and linking it with `--no-as-needed` made every run, CPU runs too, load the CUDA
 //! libraries and the driver (`libcublasLt` opens `libcuda` as it loads), at 0.3 s a start.
+//!
+//! Also compiles the resident mode's gather kernel for the CPU (`src/torch/resident_host.cc`
+//! includes `resident_gather.cu`, which NVRTC compiles for a GPU at run time).
 
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
     }
+    host_kernel();
     let Some(lib) = std::env::var_os("DEP_TCH_LIBTORCH_LIB") else {
         println!("cargo:warning=torch-sys did not say where libtorch is; no rpath set");
         return;
@@ -19,3 +23,21 @@ fn main() {
     let lib = std::path::PathBuf::from(lib);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
 }
+
+/// The resident gather kernel as C++ for the CPU resident mode (`torch::kernel`).
+#[cfg(feature = "torch")]
+fn host_kernel() {
+    println!("cargo:rerun-if-changed=src/torch/resident_gather.cu");
+    println!("cargo:rerun-if-changed=src/torch/resident_host.cc");
+    cc::Build::new()
+        .cpp(true)
+        .file("src/torch/resident_host.cc")
+        .include("src/torch")
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true)
+        .compile("trajstore_resident_host");
+}
+
+#[cfg(not(feature = "torch"))]
+fn host_kernel() {}

@@ -43,6 +43,7 @@ for l in sys.stdin:
     cp python/tests/{conftest.py,trajref.py,growing.py,test_cuda.py,test_cpu_no_cuda.py} "$dir/python/tests/"
     cp scripts/gpu_check.py "$dir/"
     wheels "$dir/wheels"
+    atari "$dir/atari" "$target/release/trajstore"
     cat > "$dir/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # The GPU check's second half (scripts/gpu-check.sh): run.sh OUT [--quick] [--transitions N].
@@ -91,6 +92,58 @@ RUN
         echo "the bundle is over 64 MiB: a device call cannot carry it" >&2
         exit 1
     fi
+}
+
+# Real Atari frames for issue 32's figures, when GPU_CHECK_ATARI names them: space-separated
+# GAME.npz[:STEPS] files written by an ale-py recorder (flat `frames` [N, 84, 84] uint8, `action`,
+# `reward`, `terminated`, `truncated`, `episode`, as `scripts/bench_frames.sh` reads). The whole
+# episodes within each file's first STEPS steps (default 100,000) are ingested, frames compressed
+# as a dataset stores them by default (zstd level 5 with a trained dictionary), into DIR/GAME: a
+# few MiB each (Pong ~83 B a frame), so that the device measures decoding on real frames.
+atari() {
+    local dest="$1" cli="$2"
+    [ -n "${GPU_CHECK_ATARI:-}" ] || return 0
+    mkdir -p "$dest"
+    local tmp
+    tmp=$(mktemp -d /tmp/trajstore-gpu-atari.XXXXXX)
+    for spec in $GPU_CHECK_ATARI; do
+        local npz="${spec%%:*}" steps=100000
+        [ "$spec" != "$npz" ] && steps="${spec##*:}"
+        local game
+        game=$(basename "$npz" .npz)
+        # The first whole episodes, read from the .npz members (stored, not deflated) without
+        # loading the rest of a many-GiB file.
+        "$VIRTUAL_ENV/bin/python" - "$npz" "$steps" "$tmp/$game.npz" <<'PY'
+import sys, zipfile
+import numpy as np
+
+src, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+z = zipfile.ZipFile(src)
+
+def head(name: str, rows: int) -> np.ndarray:
+    with z.open(name + ".npy") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        assert not fortran, f"{name}: Fortran order"
+        rows = min(rows, shape[0])
+        width = int(np.prod(shape[1:], dtype=np.int64))
+        data = f.read(rows * width * dtype.itemsize)
+        return np.frombuffer(data, dtype).reshape((rows, *shape[1:]))
+
+episode = head("episode", steps)
+ends = np.flatnonzero(np.diff(episode)) + 1
+if len(episode) == steps and ends.size:
+    steps = int(ends[-1])          # drop the episode cut by the limit
+cols = {n: head(n, steps) for n in ("frames", "action", "reward", "terminated", "truncated", "episode")}
+np.savez(out, **cols)
+print(f"{src}: {steps} steps, {len(np.unique(cols['episode']))} episodes", file=sys.stderr)
+PY
+        "$cli" ingest "$tmp/$game.npz" "$dest/$game" --observation-col frames --episode-col episode \
+            --terminated-col terminated --truncated-col truncated --json > /dev/null
+        rm -f "$tmp/$game.npz"
+    done
+    rm -rf "$tmp"
 }
 
 # Wheels (CPython 3.12, manylinux x86-64) of the TorchRL anchor's packages a bare PyTorch machine

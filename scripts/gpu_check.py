@@ -331,13 +331,23 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    full_batch_pinned_copy_gb_per_s=anchor(int(nbytes)),
                    synced_pinned_copy_gb_per_s=t.get("pinned_copy_gb_per_s"), batch_mb=nbytes / 1e6,
                    transfer_mb=sent / 1e6)
+    # Resident: the fused kernel (one NVRTC-compiled kernel a batch) and, beside it in the same
+    # run, the same batches by libtorch operations (--resident-unfused).
     for slices in (B, 4096, 16384):
         it = str(max(50, int(iters) * B // slices))
-        p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "60GiB",
-                    "--num-slices", slices, "--slice-len", L, "--columns", cols, "--iters", it, "--json"], env=env_for(run))
-        t = json.loads(p.stdout)["torch"]
+        rates = {}
+        for unfused in (False, True):
+            flag = ["--resident-unfused"] if unfused else []
+            p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget",
+                        "60GiB", *flag, "--num-slices", slices, "--slice-len", L, "--columns", cols, "--iters", it,
+                        "--json"], env=env_for(run))
+            t = json.loads(p.stdout)["torch"]
+            rates[unfused] = t
+        t, u = rates[False], rates[True]
         run.figure(f"rust_resident_{slices}x{L}", transitions_per_s=t["transitions_per_s"],
-                   batches_per_s=t["batches_per_s"], setup_s=t["setup_s"])
+                   batches_per_s=t["batches_per_s"], setup_s=t["setup_s"], gather=t.get("resident_gather"),
+                   unfused_transitions_per_s=u["transitions_per_s"],
+                   over_unfused=t["transitions_per_s"] / u["transitions_per_s"])
     # Refused, not crashed: a budget smaller than the columns.
     p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "1MiB",
                 "--iters", "5"],
@@ -677,6 +687,42 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
         sent = int(loader._packed[0].numel())
         run.figure(f"frames_python_cuda_{name}", batches_per_s=rate, transfer_mb=sent / 1e6,
                    pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent)
+    _atari(run, a, bin_, workers)
+
+
+def _atari(run: Run, a, bin_: str, workers: str) -> None:
+    """Issue 32's targets on real Atari frames, where the bundle carries them (`GPU_CHECK_ATARI`
+    at build: the first whole episodes of ale-py recordings, ingested with the default codec):
+    every frame decodes (`verify`), bytes per frame against raw, decoded frames/s on one core, and
+    32 x (4-stack) in memory on every core beside TorchRL's single-frame storage + SliceSampler
+    over the same episodes, in the same run."""
+    import trajstore
+
+    root = os.path.join(HERE, "atari")
+    games = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    if not games:
+        run.check("real Atari frames", True, skip="the bundle carries none (GPU_CHECK_ATARI at build)")
+        return
+    for game in games:
+        path = os.path.join(root, game)
+        v = run.sh([bin_, "verify", path], env=env_for(run), check=False)
+        run.check(f"{game}: every real frame decodes to its shape (verify)", v.returncode == 0,
+                  (v.stdout + v.stderr).strip()[-300:])
+        info = json.loads(run.sh([bin_, "info", path, "--json"], env=env_for(run)).stdout)
+        frames = next((f for f in info.get("frames", []) if f["column"] == "observation"), {})
+        one = json.loads(run.sh([bin_, "bench", path, "--prefault", "--columns", "observation", "--slice-len", "64",
+                                 "--num-slices", "256", "--iters", "20", "--workers", "1", "--json"],
+                                env={**env_for(run), "RAYON_NUM_THREADS": "1"}).stdout)
+        run.figure(f"atari_{game}_frames", transitions=info.get("transitions"), episodes=info.get("episodes"),
+                   bytes_per_frame=frames.get("bytes_per_frame"), ratio_to_raw=frames.get("ratio"),
+                   decoded_frames_per_s_one_core=one["loader_batches_per_s"] * 256 * 64)
+        j = json.loads(run.sh([bin_, "bench", path, "--prefault", "--num-slices", "32", "--slice-len", "1",
+                               "--columns", "observation,action,reward", "--frame-stack", "4", "--workers",
+                               workers, "--iters", "3000" if a.quick else "30000", "--json"], env=env_for(run)).stdout)
+        ours = j["loader_batches_per_s"]
+        theirs = _torchrl_frame_stacks(trajstore.open(path), 32, 4, 200)
+        run.figure(f"atari_{game}_32x4_loader", batches_per_s=ours, workers=workers,
+                   torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
 
 
 def _torchrl_frame_stacks(ds, slices: int, k: int, iters: int) -> float | None:

@@ -111,6 +111,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
         "torch",
         &[
             "events",
+            "kernel",
             "layout",
             "compact",
             "options",

@@ -334,18 +334,41 @@ fn resident_sampling_equals_streaming() {
             let need = resident_bytes(&g, FloatCast::None).unwrap();
             // The workers plan the batches (and write their parameters) in any order: the
             // batches are the streaming plan's, whatever their number.
-            for workers in [1, 3] {
-                let opts = cpu(workers, 9).with_resident(need);
+            // Fused: the kernel of resident_gather.cu, as the build compiled it for the CPU;
+            // unfused: libtorch operations. Both give the streaming plan's batches.
+            for (workers, fused) in [(1, true), (3, true), (3, false)] {
+                let opts = cpu(workers, 9)
+                    .with_resident(need)
+                    .with_resident_fused(fused);
                 let mut l = loader(&snap, uniform(policy, 8), &COLUMNS, opts);
                 assert!(l.is_resident());
+                let kind = l.resident_gather().unwrap();
+                assert_eq!(kind.starts_with("fused"), fused, "{kind}");
                 for k in 0..9 {
                     let t = l.next_batch().unwrap().unwrap();
                     let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
-                    let what = format!("resident {policy:?} {workers} workers #{k}");
+                    let what = format!("resident ({kind}) {policy:?} {workers} workers #{k}");
                     assert_equals_gather(&t, &b, &what);
                 }
                 assert!(l.next_batch().is_none());
             }
+        }
+    }
+}
+
+#[test]
+fn the_resident_kernel_compiles_for_a_gpu_with_nvrtc() {
+    // NVRTC needs no GPU: where PyTorch's CUDA wheels put it beside libtorch (as
+    // scripts/setup-libtorch.sh installs them), the CUDA half of resident_gather.cu is compiled
+    // here for the architectures of the GPUs it runs on (Turing to Hopper).
+    for arch in ["compute_75", "compute_90"] {
+        match trajstore::torch::compile_resident_kernel(arch) {
+            Ok(Some(ptx)) => assert!(ptx > 1000, "{arch}: {ptx} bytes of PTX"),
+            Ok(None) => {
+                eprintln!("skipped: no NVRTC beside this libtorch (a CPU-only build)");
+                return;
+            }
+            Err(e) => panic!("{arch}: {e}"),
         }
     }
 }
@@ -465,16 +488,25 @@ fn cuda_resident_equals_streaming() {
     let Some(dev) = cuda() else { return };
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
-    let s = sampler(&snap, BoundaryPolicy::Pad, 6);
-    let opts = TorchLoaderOptions::new(dev)
-        .with_loader(LoaderOptions::default().with_max_batches(5))
-        .with_resident(1 << 30);
-    let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 6), &COLUMNS, opts);
-    for k in 0..5 {
-        let t = l.next_batch().unwrap().unwrap();
-        assert_eq!(t.mask.device(), dev);
-        let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
-        assert_equals_gather(&t, &b, &format!("cuda resident #{k}"));
+    for policy in [BoundaryPolicy::Pad, "span:3:5".parse().unwrap()] {
+        let s = sampler(&snap, policy, 6);
+        // The fused kernel (NVRTC, which PyTorch's CUDA wheels ship: it must load here), and
+        // libtorch operations.
+        for fused in [true, false] {
+            let opts = TorchLoaderOptions::new(dev)
+                .with_loader(LoaderOptions::default().with_max_batches(5))
+                .with_resident(1 << 30)
+                .with_resident_fused(fused);
+            let mut l = loader(&snap, uniform(policy, 6), &COLUMNS, opts);
+            let kind = l.resident_gather().unwrap();
+            assert_eq!(kind == "fused", fused, "{kind}");
+            for k in 0..5 {
+                let t = l.next_batch().unwrap().unwrap();
+                assert_eq!(t.mask.device(), dev);
+                let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+                assert_equals_gather(&t, &b, &format!("cuda resident ({kind}) {policy:?} #{k}"));
+            }
+        }
     }
 }
 

@@ -275,6 +275,18 @@ impl TorchLoader {
         matches!(self.inner, Inner::Resident(_))
     }
 
+    /// In resident mode, how each batch is gathered: `fused` (one kernel writes the whole
+    /// batch: NVRTC-compiled on a GPU, its C++ copy on the CPU), or `unfused: ` and why
+    /// (libtorch operations: NVRTC could not be loaded, or
+    /// [`TorchLoaderOptions::resident_fused`] is off).
+    /// None when streaming.
+    pub fn resident_gather(&self) -> Option<String> {
+        match &self.inner {
+            Inner::Resident(r) => Some(r.gather_kind()),
+            _ => None,
+        }
+    }
+
     /// Hands a consumed CPU batch back so that a worker gathers into its tensors again instead of
     /// allocating new ones. Only recycle a batch none of whose tensors (or views of them) you
     /// still use: they will be overwritten. Batches on a CUDA device are simply dropped (their

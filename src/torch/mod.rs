@@ -20,6 +20,7 @@
 
 mod compact;
 mod events;
+mod kernel;
 mod layout;
 mod loader;
 mod options;
@@ -31,6 +32,8 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
 
+#[doc(hidden)]
+pub use kernel::compile_for as compile_resident_kernel;
 pub use loader::TorchLoader;
 pub use options::{TorchLoaderOptions, Transform};
 pub use resident::resident_bytes;
@@ -77,13 +80,19 @@ pub fn load_cuda() -> bool {
         if open("libtorch_cuda.so") {
             return true;
         }
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-        maps.lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
-            .find(|p| p.ends_with("/libtorch_cpu.so"))
-            .and_then(|p| std::path::Path::new(p).parent())
-            .is_some_and(|dir| open(&dir.join("libtorch_cuda.so").to_string_lossy()))
+        torch_lib_dir().is_some_and(|dir| open(&dir.join("libtorch_cuda.so").to_string_lossy()))
     })
+}
+
+/// The folder of the `libtorch_cpu.so` this process runs (PyTorch's `torch/lib` when libtorch
+/// comes from its wheel).
+pub(crate) fn torch_lib_dir() -> Option<std::path::PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libtorch_cpu.so"))
+        .and_then(|p| std::path::Path::new(p).parent())
+        .map(|d| d.to_path_buf())
 }
 
 /// Whether libtorch sees a CUDA device (loading its CUDA half first, [`load_cuda`]).

@@ -32,6 +32,11 @@ pub struct TorchLoaderOptions {
     /// GPU-resident mode: upload the gathered columns once if they fit this many bytes of device
     /// memory, and sample on the device. Default off (streaming).
     pub resident_budget: Option<u64>,
+    /// In resident mode, gather each batch with one fused kernel (NVRTC-compiled on a GPU, its
+    /// C++ copy on the CPU; see [`TorchLoader::resident_gather`](super::TorchLoader::resident_gather)).
+    /// Default on; off gathers the same batch with libtorch operations (to compare, or where a
+    /// GPU machine lacks NVRTC, which is then used anyway).
+    pub resident_fused: bool,
     /// Transform run on each host batch before the transfer.
     pub transform: Option<Transform>,
     /// Ship the compact batch ([`crate::CompactInto`]: a derived `next_observation` as one row per
@@ -51,6 +56,7 @@ impl std::fmt::Debug for TorchLoaderOptions {
             .field("cast", &self.cast)
             .field("pin_output", &self.pin_output)
             .field("resident_budget", &self.resident_budget)
+            .field("resident_fused", &self.resident_fused)
             .field("transform", &self.transform.is_some())
             .field("compact", &self.compact)
             .finish()
@@ -67,6 +73,7 @@ impl TorchLoaderOptions {
             cast: FloatCast::None,
             pin_output: false,
             resident_budget: None,
+            resident_fused: true,
             transform: None,
             compact: None,
         }
@@ -94,6 +101,12 @@ impl TorchLoaderOptions {
     /// GPU-resident mode within `budget` bytes of device memory.
     pub fn with_resident(mut self, budget: u64) -> Self {
         self.resident_budget = Some(budget);
+        self
+    }
+    /// Whether resident mode gathers with the fused kernel (see
+    /// [`TorchLoaderOptions::resident_fused`]).
+    pub fn with_resident_fused(mut self, on: bool) -> Self {
+        self.resident_fused = on;
         self
     }
     /// Whether the compact batch is shipped and expanded on the device (see

@@ -1,9 +1,15 @@
 //! GPU-resident mode: the gathered columns are uploaded to the device once (chunked, through
-//! pinned memory on CUDA) and every batch is gathered there with `index_select`, from a few
-//! integers per slice that the loader's workers compute ahead (pinned on CUDA): one copy, one
-//! `index_select` per column, and about a dozen small element-wise kernels that expand the
-//! per-slice integers along the slice (rows, mask, flags). Invalid positions read a row of
-//! zeros that every uploaded tensor starts with, so no column is masked after its gather.
+//! pinned memory on CUDA) and every batch is gathered there from a few integers per slice that
+//! the loader's workers compute ahead (pinned on CUDA). Per batch: one copy of those integers,
+//! one allocation, and one fused kernel (`resident_gather.cu`, see [`super::kernel`]) that
+//! writes every column and the six flag planes into one buffer, handed out as views. Invalid
+//! positions read a row of zeros that every uploaded tensor starts with, so no column is masked
+//! after its gather.
+//!
+//! Where the kernel cannot be loaded on a GPU (no NVRTC beside libtorch), or with
+//! [`TorchLoaderOptions::resident_fused`] off, the same batch is gathered by libtorch operations instead:
+//! one `index_select` per column and about a dozen small element-wise kernels
+//! ([`Resident::gather_kind`] says which).
 
 use std::sync::Arc;
 
@@ -11,6 +17,7 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
+use super::kernel::{Kernel, Launch};
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
 use super::{FloatCast, TensorBatch, storage_kind, widen};
@@ -87,6 +94,51 @@ pub(crate) struct Resident {
     columns: Vec<(String, Tensor, bool, DataType)>,
     /// `[1, L]` step offsets on the device.
     offsets: Tensor,
+    /// The fused gather, or why there is none.
+    fused: std::result::Result<Fused, String>,
+}
+
+/// The fused gather's fixed parts: the kernel, its column table on the device (`[ncols, 4]`
+/// int64: source address, row bytes, derived, output offset), and the packed output's layout.
+struct Fused {
+    kernel: Kernel,
+    table: Tensor,
+    /// Per column: its byte offset in the output and its device kind.
+    offsets: Vec<(usize, Kind)>,
+    flags_offset: usize,
+    total: usize,
+}
+
+impl Fused {
+    /// The column table and output layout of `columns` for batches of `b` × `l` steps.
+    fn new(
+        kernel: Kernel,
+        columns: &[(String, Tensor, bool, DataType)],
+        b: usize,
+        l: usize,
+        device: Device,
+    ) -> Result<Self> {
+        let align = |n: usize| n.div_ceil(16) * 16;
+        let (mut table, mut offsets, mut at) = (Vec::new(), Vec::new(), 0usize);
+        for (_, t, derived, _) in columns {
+            let row = t.size()[1..].iter().product::<i64>().max(1) as usize
+                * t.kind().elt_size_in_bytes();
+            table.extend([t.data_ptr() as i64, row as i64, *derived as i64, at as i64]);
+            offsets.push((at, t.kind()));
+            at = align(at + b * l * row);
+        }
+        let flags_offset = at;
+        let table = Tensor::f_from_slice(&table)?
+            .f_view([columns.len() as i64, 4])?
+            .f_to_device(device)?;
+        Ok(Self {
+            kernel,
+            table,
+            offsets,
+            flags_offset,
+            total: flags_offset + 6 * b * l,
+        })
+    }
 }
 
 /// What a worker needs to plan a batch and write its parameters.
@@ -203,7 +255,7 @@ impl Resident {
             tensors.push((u.source.clone(), t));
         }
         let schema = snap.schema().arrow_schema().clone();
-        let columns = gatherer
+        let columns: Vec<_> = gatherer
             .columns()
             .map(|(name, dt, _)| {
                 let derived =
@@ -218,6 +270,14 @@ impl Resident {
             })
             .collect();
         let offsets = Tensor::f_arange(layout.l as i64, (Kind::Int64, device))?.f_view([1, -1])?;
+        let fused = if !opts.resident_fused {
+            Err("turned off (resident_fused)".to_string())
+        } else {
+            match Kernel::for_device(device) {
+                Ok(k) => Ok(Fused::new(k, &columns, layout.b, layout.l, device)?),
+                Err(e) => Err(e.to_string()),
+            }
+        };
         let planner = Arc::new(Planner {
             per_epoch: sampler.batches_per_epoch(),
             sampler,
@@ -241,7 +301,16 @@ impl Resident {
             params,
             columns,
             offsets,
+            fused,
         })
+    }
+
+    /// How batches are gathered: `fused` (one kernel a batch), or `unfused: ` and why.
+    pub(crate) fn gather_kind(&self) -> String {
+        match &self.fused {
+            Ok(_) => "fused".to_string(),
+            Err(why) => format!("unfused: {why}"),
+        }
     }
 
     pub(crate) fn position(&self) -> u64 {
@@ -259,6 +328,9 @@ impl Resident {
         // From pinned memory on CUDA (the caching host allocator keeps the block until the copy
         // is done), without waiting; on CPU the workers' tensor itself.
         let params = host.f_to_device_(self.device, Kind::Int64, true, false)?;
+        if let Ok(fused) = &self.fused {
+            return self.fused_batch(fused, params);
+        }
         let row =
             |r: usize| -> Result<Tensor> { Ok(params.f_select(0, r as i64)?.f_view([-1, 1])?) };
         let pos = &self.offsets; // [1, L]
@@ -306,6 +378,58 @@ impl Resident {
             terminated,
             truncated,
             slice_end,
+            episode_id: params.f_select(0, P_EP_ID as i64)?,
+            start_step: params.f_select(0, P_START as i64)?,
+            flag_base: None,
+            meta_base: None,
+            base_columns: Vec::new(),
+        })
+    }
+}
+
+impl Resident {
+    /// The batch of `params` (`[P_ROWS, B]` on the device) by the fused kernel: one buffer,
+    /// every column and flag plane a view of it.
+    fn fused_batch(&self, fused: &Fused, params: Tensor) -> Result<TensorBatch> {
+        let (b, l) = (self.layout.b, self.layout.l);
+        let out = Tensor::f_empty([fused.total as i64], (Kind::Uint8, self.device))?;
+        let launch = Launch {
+            params: params.data_ptr() as u64,
+            cols: fused.table.data_ptr() as u64,
+            ncols: self.columns.len(),
+            b,
+            l,
+            out: out.data_ptr() as u64,
+            flags_offset: fused.flags_offset,
+        };
+        // SAFETY: `params` is a contiguous `[P_ROWS, B]` int64 tensor on this device, the table
+        // holds the addresses of `self.columns`' tensors (kept for the loader's life), whose
+        // rows the workers' parameters stay within (row 0 .. 1 + N + E), and `out` holds every
+        // column's `[B, L, row]` at its offset and the flag planes (`Fused::new`). On CUDA the
+        // kernel runs on the default stream, where the tensors' later uses are ordered.
+        unsafe { fused.kernel.run(&launch)? };
+        let bytes = |at: usize, n: usize| out.f_narrow(0, at as i64, n as i64);
+        let mut columns = Vec::with_capacity(self.columns.len());
+        for ((name, data, _, dt), &(at, kind)) in self.columns.iter().zip(&fused.offsets) {
+            let mut shape = vec![b as i64, l as i64];
+            shape.extend(&data.size()[1..]);
+            let n = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
+            let t = bytes(at, n)?.f_view_dtype(kind)?.f_view(shape.as_slice())?;
+            columns.push((name.clone(), widen(t, dt)?));
+        }
+        let plane = |k: usize| -> Result<Tensor> {
+            Ok(bytes(fused.flags_offset + k * b * l, b * l)?
+                .f_view_dtype(Kind::Bool)?
+                .f_view([b as i64, l as i64])?)
+        };
+        Ok(TensorBatch {
+            columns,
+            mask: plane(0)?,
+            is_first: plane(1)?,
+            is_last: plane(2)?,
+            terminated: plane(3)?,
+            truncated: plane(4)?,
+            slice_end: plane(5)?,
             episode_id: params.f_select(0, P_EP_ID as i64)?,
             start_step: params.f_select(0, P_START as i64)?,
             flag_base: None,

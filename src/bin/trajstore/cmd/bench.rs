@@ -93,6 +93,11 @@ pub(crate) struct BenchArgs {
     /// Device memory the resident columns may take.
     #[arg(long, default_value = "8GiB", value_parser = parse_size, requires = "resident")]
     pub(crate) resident_budget: u64,
+    /// With --resident: gather with libtorch operations (an index_select per column and a
+    /// dozen element-wise kernels) instead of the one fused kernel a batch (NVRTC on a GPU):
+    /// to compare the two.
+    #[arg(long, requires = "resident")]
+    pub(crate) resident_unfused: bool,
     /// With --device: measure the device loader only (no CPU phases; what the GPU check uses
     /// for batches too large to time on the CPU). JSON: {"transitions", ..., "torch": {...}}.
     #[arg(long, requires = "device")]

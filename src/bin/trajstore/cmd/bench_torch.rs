@@ -33,7 +33,9 @@ pub(crate) fn torch_bench(
             .with_max_batches(2 * iters),
     );
     if a.resident {
-        opts = opts.with_resident(a.resident_budget);
+        opts = opts
+            .with_resident(a.resident_budget)
+            .with_resident_fused(!a.resident_unfused);
     }
     let sync = || {
         if let tch::Device::Cuda(n) = dev {
@@ -62,6 +64,7 @@ pub(crate) fn torch_bench(
     sync();
     let secs = t.elapsed().as_secs_f64();
     let transfer = loader.transfer_bytes();
+    let gather = loader.resident_gather();
     drop(loader);
     let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
     let gbps = n as f64 * batch_bytes as f64 / secs / 1e9;
@@ -81,6 +84,7 @@ pub(crate) fn torch_bench(
     Ok(json!({
         "device": device,
         "resident": a.resident,
+        "resident_gather": gather,
         "cast": a.cast.to_string(),
         "setup_s": setup_s,
         "batches": n,
@@ -115,10 +119,9 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
     outln!(
         "torch loader ({}{})  {:>10.0} batches/s, {} transitions/s, {:.2} GB/s (setup {:.2} s)",
         t["device"].as_str().unwrap_or("?"),
-        if t["resident"].as_bool() == Some(true) {
-            ", resident"
-        } else {
-            ""
+        match t["resident_gather"].as_str() {
+            Some(g) => format!(", resident, {g}"),
+            None => String::new(),
         },
         f("batches_per_s"),
         HumanCount(f("transitions_per_s") as u64),

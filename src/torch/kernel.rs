@@ -1,0 +1,476 @@
+//! The resident mode's fused gather (`resident_gather.cu`): one kernel per batch writes every
+//! column and the six flag planes into one packed buffer.
+//!
+//! - On the CPU, the build's C++ copy of the kernel (`resident_host.cc`) runs it, so the CPU
+//!   tests check the kernel's arithmetic against the streaming loader.
+//! - On a GPU, NVRTC compiles the same source at run time for the device's architecture, and the
+//!   CUDA driver API launches it on the legacy default stream (where libtorch's own work of this
+//!   thread runs). Both libraries are opened with `dlopen` only then, so CPU builds and CPU runs
+//!   never touch CUDA. NVRTC is looked for by name (`LD_LIBRARY_PATH`), then where PyTorch's
+//!   wheels put it beside libtorch (`nvidia/cu13/lib`, `nvidia/cuda_nvrtc/lib`), or at
+//!   `TRAJSTORE_NVRTC`.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::path::{Path, PathBuf};
+
+use tch::Device;
+
+use crate::error::{Error, Result};
+
+/// The kernel's source, compiled by NVRTC on a GPU (and by the build for the CPU).
+const SOURCE: &str = include_str!("resident_gather.cu");
+const NAME: &CStr = c"trajstore_resident_gather";
+/// Threads per block on a GPU: eight warps, one row of the batch each.
+const BLOCK: u32 = 256;
+const ROWS_PER_BLOCK: u64 = BLOCK as u64 / 32;
+
+unsafe extern "C" {
+    fn trajstore_resident_gather_host(
+        params: *const i64,
+        cols: *const i64,
+        ncols: c_int,
+        b: c_int,
+        l: c_int,
+        out: *mut u8,
+        flags_offset: i64,
+    );
+}
+
+/// Where a batch's fused gather runs.
+pub(crate) enum Kernel {
+    /// The C++ copy, on this thread.
+    Host,
+    /// The NVRTC-compiled kernel on a CUDA device.
+    Cuda(CudaKernel),
+}
+
+/// The addresses a launch reads and writes: device addresses for [`Kernel::Cuda`], host ones
+/// for [`Kernel::Host`].
+pub(crate) struct Launch {
+    /// `[P_ROWS, B]` int64 parameters.
+    pub params: u64,
+    /// `[ncols, 4]` int64 column table (see `resident_gather.cu`).
+    pub cols: u64,
+    pub ncols: usize,
+    pub b: usize,
+    pub l: usize,
+    /// The packed output buffer.
+    pub out: u64,
+    /// Where the six flag planes start in `out`.
+    pub flags_offset: usize,
+}
+
+impl Kernel {
+    /// The kernel for `device`: the host copy on the CPU; on CUDA the source compiled by NVRTC
+    /// (an error says what could not be loaded or compiled).
+    pub(crate) fn for_device(device: Device) -> Result<Self> {
+        match device {
+            Device::Cuda(n) => Ok(Self::Cuda(CudaKernel::new(n)?)),
+            _ => Ok(Self::Host),
+        }
+    }
+
+    /// Runs the gather of one batch.
+    ///
+    /// # Safety
+    /// Every address in `launch` is valid for the kernel's reads and writes on this kernel's
+    /// side (device or host): `params` `[11, b]` int64, `cols` `[ncols, 4]` int64 whose source
+    /// addresses hold every row the parameters name, and `out` large enough for every column's
+    /// `[b, l, row]` bytes at its offset and the six `[b, l]` planes at `flags_offset`. On CUDA
+    /// the buffers must stay allocated until the launch is done on the default stream.
+    pub(crate) unsafe fn run(&self, launch: &Launch) -> Result<()> {
+        let int = |v: usize, what: &str| {
+            c_int::try_from(v).map_err(|_| {
+                Error::argument(
+                    what,
+                    format!("{v} is beyond what the resident gather indexes"),
+                )
+            })
+        };
+        let (ncols, b, l) = (
+            int(launch.ncols, "columns")?,
+            int(launch.b, "num_slices")?,
+            int(launch.l, "slice_len")?,
+        );
+        match self {
+            // SAFETY: the caller's contract; the host copy reads and writes only those.
+            Self::Host => unsafe {
+                trajstore_resident_gather_host(
+                    launch.params as *const i64,
+                    launch.cols as *const i64,
+                    ncols,
+                    b,
+                    l,
+                    launch.out as *mut u8,
+                    launch.flags_offset as i64,
+                );
+                Ok(())
+            },
+            // SAFETY: the caller's contract.
+            Self::Cuda(k) => unsafe { k.launch(launch, ncols, b, l) },
+        }
+    }
+}
+
+/// A CUresult; 0 is success.
+type CuResult = c_int;
+type CuContext = *mut c_void;
+type CuModule = *mut c_void;
+type CuFunction = *mut c_void;
+
+/// The driver functions the launch needs, resolved once from `libcuda.so.1`.
+struct Driver {
+    init: unsafe extern "C" fn(c_uint) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
+    device_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult,
+    primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, c_int) -> CuResult,
+    ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
+    module_load_data: unsafe extern "C" fn(*mut CuModule, *const c_void) -> CuResult,
+    module_get_function: unsafe extern "C" fn(*mut CuFunction, CuModule, *const c_char) -> CuResult,
+    #[allow(clippy::type_complexity)]
+    launch_kernel: unsafe extern "C" fn(
+        CuFunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CuResult,
+    error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+}
+
+/// The NVRTC functions the compile needs.
+struct Nvrtc {
+    create: unsafe extern "C" fn(
+        *mut *mut c_void,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int,
+    compile: unsafe extern "C" fn(*mut c_void, c_int, *const *const c_char) -> c_int,
+    log_size: unsafe extern "C" fn(*mut c_void, *mut usize) -> c_int,
+    log: unsafe extern "C" fn(*mut c_void, *mut c_char) -> c_int,
+    ptx_size: unsafe extern "C" fn(*mut c_void, *mut usize) -> c_int,
+    ptx: unsafe extern "C" fn(*mut c_void, *mut c_char) -> c_int,
+    destroy: unsafe extern "C" fn(*mut *mut c_void) -> c_int,
+}
+
+fn cuda_error(what: impl std::fmt::Display) -> Error {
+    Error::Torch(tch::TchError::Torch(format!(
+        "resident gather kernel: {what}"
+    )))
+}
+
+/// Opens a shared library for the process's life (RTLD_GLOBAL, so that a library it opens by
+/// name later, NVRTC's builtins, is found).
+fn open(path: &str) -> Option<*mut c_void> {
+    let c = CString::new(path).ok()?;
+    // SAFETY: dlopen with a valid C string; the handle is never closed.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    (!h.is_null()).then_some(h)
+}
+
+/// Resolves `name` in `lib` as a function pointer of type `T`.
+///
+/// # Safety
+/// `T` must be the C signature of the symbol.
+unsafe fn symbol<T: Copy>(lib: *mut c_void, name: &str) -> Result<T> {
+    let c = CString::new(name).expect("symbol names have no NUL");
+    // SAFETY: `lib` is a live handle; dlsym with a valid C string.
+    let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
+    if p.is_null() {
+        return Err(cuda_error(format!("the library has no `{name}`")));
+    }
+    debug_assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: the caller names the symbol's type; function pointers are pointer-sized.
+    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
+impl Driver {
+    fn load() -> Result<Self> {
+        let lib = open("libcuda.so.1")
+            .or_else(|| open("libcuda.so"))
+            .ok_or_else(|| cuda_error("libcuda.so.1 (the CUDA driver) could not be opened"))?;
+        // SAFETY: each type is the driver API's documented signature.
+        unsafe {
+            Ok(Self {
+                init: symbol(lib, "cuInit")?,
+                device_get: symbol(lib, "cuDeviceGet")?,
+                device_attribute: symbol(lib, "cuDeviceGetAttribute")?,
+                primary_ctx_retain: symbol(lib, "cuDevicePrimaryCtxRetain")?,
+                ctx_set_current: symbol(lib, "cuCtxSetCurrent")?,
+                module_load_data: symbol(lib, "cuModuleLoadData")?,
+                module_get_function: symbol(lib, "cuModuleGetFunction")?,
+                launch_kernel: symbol(lib, "cuLaunchKernel")?,
+                error_string: symbol(lib, "cuGetErrorString")?,
+            })
+        }
+    }
+
+    /// `r` as an error naming `what`, or Ok.
+    fn check(&self, r: CuResult, what: &str) -> Result<()> {
+        if r == 0 {
+            return Ok(());
+        }
+        let mut s: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorString writes a pointer to a static string (or leaves it null).
+        let text = unsafe {
+            (self.error_string)(r, &mut s);
+            if s.is_null() {
+                "unknown error".to_string()
+            } else {
+                CStr::from_ptr(s).to_string_lossy().into_owned()
+            }
+        };
+        Err(cuda_error(format!("{what} failed: {text} (CUresult {r})")))
+    }
+}
+
+/// Candidate NVRTC libraries, in the order tried.
+fn nvrtc_candidates() -> Vec<String> {
+    let mut out: Vec<String> = std::env::var("TRAJSTORE_NVRTC").into_iter().collect();
+    out.extend(["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"].map(String::from));
+    if let Some(dir) = super::torch_lib_dir() {
+        // PyTorch's wheels: torch/lib/../../nvidia/{cu13,cuda_nvrtc}/lib.
+        let nvidia = dir.join("../../nvidia");
+        for (sub, name) in [
+            ("cu13/lib", "libnvrtc.so.13"),
+            ("cuda_nvrtc/lib", "libnvrtc.so.12"),
+        ] {
+            out.push(nvidia.join(sub).join(name).to_string_lossy().into_owned());
+        }
+    }
+    out
+}
+
+/// Opens NVRTC. Opened by a path, its builtins library in the same folder is opened first, so
+/// that NVRTC finds it by name.
+fn open_nvrtc() -> Result<*mut c_void> {
+    let tried = nvrtc_candidates();
+    for c in &tried {
+        let path = Path::new(c);
+        if path.is_absolute() {
+            if !path.exists() {
+                continue;
+            }
+            builtins_beside(path);
+        }
+        if let Some(h) = open(c) {
+            return Ok(h);
+        }
+    }
+    Err(cuda_error(format!(
+        "NVRTC (libnvrtc, which PyTorch's CUDA wheels ship) could not be opened; tried {}; set \
+         TRAJSTORE_NVRTC to its path",
+        tried.join(", ")
+    )))
+}
+
+fn builtins_beside(nvrtc: &Path) {
+    let Some(dir) = nvrtc.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so.") && !n.contains(".alt."))
+        })
+        .collect();
+    found.sort();
+    for p in found {
+        open(&p.to_string_lossy());
+    }
+}
+
+impl Nvrtc {
+    fn load() -> Result<Self> {
+        let lib = open_nvrtc()?;
+        // SAFETY: each type is NVRTC's documented signature.
+        unsafe {
+            Ok(Self {
+                create: symbol(lib, "nvrtcCreateProgram")?,
+                compile: symbol(lib, "nvrtcCompileProgram")?,
+                log_size: symbol(lib, "nvrtcGetProgramLogSize")?,
+                log: symbol(lib, "nvrtcGetProgramLog")?,
+                ptx_size: symbol(lib, "nvrtcGetPTXSize")?,
+                ptx: symbol(lib, "nvrtcGetPTX")?,
+                destroy: symbol(lib, "nvrtcDestroyProgram")?,
+            })
+        }
+    }
+
+    /// The kernel's PTX for virtual architecture `arch` (e.g. `compute_90`), or the compiler's
+    /// log as the error.
+    fn compile(&self, arch: &str) -> Result<CString> {
+        let src = CString::new(SOURCE).expect("the kernel source has no NUL");
+        let mut prog: *mut c_void = std::ptr::null_mut();
+        let nvrtc = |r: c_int, what: &str| {
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(cuda_error(format!("NVRTC {what} failed (nvrtcResult {r})")))
+            }
+        };
+        // SAFETY: NVRTC's API with valid C strings and out-pointers; `prog` is destroyed below.
+        unsafe {
+            nvrtc(
+                (self.create)(
+                    &mut prog,
+                    src.as_ptr(),
+                    c"resident_gather.cu".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                ),
+                "nvrtcCreateProgram",
+            )?;
+            let opt = CString::new(format!("--gpu-architecture={arch}")).expect("no NUL");
+            let opts = [opt.as_ptr()];
+            let r = (self.compile)(prog, 1, opts.as_ptr());
+            let result = if r != 0 {
+                let mut n = 0usize;
+                (self.log_size)(prog, &mut n);
+                let mut log = vec![0u8; n.max(1)];
+                (self.log)(prog, log.as_mut_ptr().cast());
+                let log = String::from_utf8_lossy(&log[..n.saturating_sub(1)]).into_owned();
+                Err(cuda_error(format!(
+                    "NVRTC could not compile it for {arch} (nvrtcResult {r}): {}",
+                    log.trim()
+                )))
+            } else {
+                let mut n = 0usize;
+                nvrtc((self.ptx_size)(prog, &mut n), "nvrtcGetPTXSize")?;
+                let mut ptx = vec![0u8; n.max(1)];
+                nvrtc((self.ptx)(prog, ptx.as_mut_ptr().cast()), "nvrtcGetPTX")?;
+                ptx.truncate(ptx.iter().position(|&c| c == 0).unwrap_or(ptx.len()));
+                Ok(CString::new(ptx).expect("truncated at the first NUL"))
+            };
+            (self.destroy)(&mut prog);
+            result
+        }
+    }
+}
+
+/// The kernel loaded into device `ordinal`'s primary context (the one libtorch uses).
+pub(crate) struct CudaKernel {
+    driver: Driver,
+    ctx: CuContext,
+    function: CuFunction,
+}
+
+// SAFETY: a CUcontext and a CUfunction are handles the driver lets any thread use; every use
+// makes the context current on the calling thread first.
+unsafe impl Send for CudaKernel {}
+
+impl CudaKernel {
+    fn new(ordinal: usize) -> Result<Self> {
+        let driver = Driver::load()?;
+        let nvrtc = Nvrtc::load()?;
+        let ordinal = c_int::try_from(ordinal).map_err(|_| cuda_error("device ordinal"))?;
+        let (mut dev, mut major, mut minor, mut ctx) = (0, 0, 0, std::ptr::null_mut());
+        // SAFETY: the driver API with valid out-pointers; attributes 75 and 76 are the compute
+        // capability's major and minor numbers.
+        unsafe {
+            driver.check((driver.init)(0), "cuInit")?;
+            driver.check((driver.device_get)(&mut dev, ordinal), "cuDeviceGet")?;
+            driver.check(
+                (driver.device_attribute)(&mut major, 75, dev),
+                "cuDeviceGetAttribute",
+            )?;
+            driver.check(
+                (driver.device_attribute)(&mut minor, 76, dev),
+                "cuDeviceGetAttribute",
+            )?;
+            driver.check(
+                (driver.primary_ctx_retain)(&mut ctx, dev),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+        }
+        // The device's own architecture; an NVRTC older than the device may not know it, and
+        // then PTX for the oldest architecture CUDA 12 and 13 both compile for, which the
+        // driver compiles on for the device.
+        let ptx = nvrtc
+            .compile(&format!("compute_{major}{minor}"))
+            .or_else(|_| nvrtc.compile("compute_75"))?;
+        let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: a current context, a NUL-terminated PTX image, and valid out-pointers.
+        unsafe {
+            driver.check((driver.ctx_set_current)(ctx), "cuCtxSetCurrent")?;
+            driver.check(
+                (driver.module_load_data)(&mut module, ptx.as_ptr().cast()),
+                "cuModuleLoadData",
+            )?;
+            driver.check(
+                (driver.module_get_function)(&mut function, module, NAME.as_ptr()),
+                "cuModuleGetFunction",
+            )?;
+        }
+        Ok(Self {
+            driver,
+            ctx,
+            function,
+        })
+    }
+
+    /// # Safety
+    /// As [`Kernel::run`].
+    unsafe fn launch(&self, l: &Launch, ncols: c_int, b: c_int, len: c_int) -> Result<()> {
+        let rows = (l.b as u64) * (l.l as u64);
+        let grid = rows.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as c_uint;
+        let (mut params, mut cols, mut out) = (l.params, l.cols, l.out);
+        let (mut ncols, mut b, mut len) = (ncols, b, len);
+        let mut flags = l.flags_offset as i64;
+        let mut args: [*mut c_void; 7] = [
+            (&mut params as *mut u64).cast(),
+            (&mut cols as *mut u64).cast(),
+            (&mut ncols as *mut c_int).cast(),
+            (&mut b as *mut c_int).cast(),
+            (&mut len as *mut c_int).cast(),
+            (&mut out as *mut u64).cast(),
+            (&mut flags as *mut i64).cast(),
+        ];
+        // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
+        // addresses); the null stream is the legacy default stream libtorch's work is on.
+        unsafe {
+            self.driver
+                .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
+            self.driver.check(
+                (self.driver.launch_kernel)(
+                    self.function,
+                    grid,
+                    1,
+                    1,
+                    BLOCK,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                "cuLaunchKernel",
+            )
+        }
+    }
+}
+
+/// Compiles the kernel for `arch` with NVRTC alone (no device needed): what the CPU tests use
+/// to check that the CUDA half of the source compiles; Ok(None) where NVRTC is not installed.
+#[doc(hidden)]
+pub fn compile_for(arch: &str) -> Result<Option<usize>> {
+    let nvrtc = match Nvrtc::load() {
+        Ok(n) => n,
+        Err(_) => return Ok(None),
+    };
+    Ok(Some(nvrtc.compile(arch)?.as_bytes().len()))
+}
