@@ -11,9 +11,10 @@
 # release-built, stripped and xz-compressed; the Python package (its .py files and the release
 # extension, likewise) with its CUDA tests; wheels of what a bare PyTorch machine lacks for the
 # TorchRL anchors (torchrl, tensordict and their small dependencies, for CPython 3.12, cached in
-# ~/.cache/trajstore-gpu-wheels; skipped with a note if they cannot be fetched); the runner
-# scripts/gpu_check.py and run.sh. `run.sh` exits 1 if any check fails; without a CUDA device
-# the CUDA checks are reported skipped and the CPU half still runs (what CI does).
+# ~/.cache/trajstore-gpu-wheels; skipped with a note if they cannot be fetched); with
+# GPU_CHECK_ATARI, real Atari frames (see atari() below); the runner scripts/gpu_check.py and
+# run.sh. `run.sh` exits 1 if any check fails; without a CUDA device the CUDA checks are reported
+# skipped and the CPU half still runs (what CI does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 limit=$((64 * 1024 * 1024))

@@ -33,8 +33,13 @@ unsafe extern "C" {
         l: c_int,
         out: *mut u8,
         flags_offset: i64,
+        first_row: i64,
+        end_row: i64,
     );
 }
+
+/// Rows of a batch one CPU thread gathers at a time.
+const HOST_CHUNK_ROWS: usize = 2048;
 
 /// Where a batch's fused gather runs.
 pub(crate) enum Kernel {
@@ -93,19 +98,34 @@ impl Kernel {
             int(launch.l, "slice_len")?,
         );
         match self {
-            // SAFETY: the caller's contract; the host copy reads and writes only those.
-            Self::Host => unsafe {
-                trajstore_resident_gather_host(
-                    launch.params as *const i64,
-                    launch.cols as *const i64,
-                    ncols,
-                    b,
-                    l,
-                    launch.out as *mut u8,
-                    launch.flags_offset as i64,
-                );
+            Self::Host => {
+                // Row ranges on rayon's threads: each writes only its rows' bytes.
+                use rayon::prelude::*;
+                let rows = launch.b * launch.l;
+                (0..rows.div_ceil(HOST_CHUNK_ROWS))
+                    .into_par_iter()
+                    .for_each(|c| {
+                        let first = c * HOST_CHUNK_ROWS;
+                        let end = (first + HOST_CHUNK_ROWS).min(rows);
+                        // SAFETY: the caller's contract; the host copy reads the parameters,
+                        // the table and the sources, and writes rows first..end of `out`,
+                        // which no other chunk writes.
+                        unsafe {
+                            trajstore_resident_gather_host(
+                                launch.params as *const i64,
+                                launch.cols as *const i64,
+                                ncols,
+                                b,
+                                l,
+                                launch.out as *mut u8,
+                                launch.flags_offset as i64,
+                                first as i64,
+                                end as i64,
+                            )
+                        }
+                    });
                 Ok(())
-            },
+            }
             // SAFETY: the caller's contract.
             Self::Cuda(k) => unsafe { k.launch(launch, ncols, b, l) },
         }
@@ -430,7 +450,8 @@ impl CudaKernel {
         let (mut params, mut cols, mut out) = (l.params, l.cols, l.out);
         let (mut ncols, mut b, mut len) = (ncols, b, len);
         let mut flags = l.flags_offset as i64;
-        let mut args: [*mut c_void; 7] = [
+        let (mut first, mut end) = (0i64, rows as i64);
+        let mut args: [*mut c_void; 9] = [
             (&mut params as *mut u64).cast(),
             (&mut cols as *mut u64).cast(),
             (&mut ncols as *mut c_int).cast(),
@@ -438,6 +459,8 @@ impl CudaKernel {
             (&mut len as *mut c_int).cast(),
             (&mut out as *mut u64).cast(),
             (&mut flags as *mut i64).cast(),
+            (&mut first as *mut i64).cast(),
+            (&mut end as *mut i64).cast(),
         ];
         // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
         // addresses); the null stream is the legacy default stream libtorch's work is on.

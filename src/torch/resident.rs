@@ -103,8 +103,10 @@ pub(crate) struct Resident {
 struct Fused {
     kernel: Kernel,
     table: Tensor,
-    /// Per column: its byte offset in the output and its device kind.
-    offsets: Vec<(usize, Kind)>,
+    /// Per column: its byte offset in the output, its device kind and the bytes of a row.
+    offsets: Vec<(usize, Kind, usize)>,
+    /// The table on the host (the CPU fills in output addresses per batch).
+    host_table: Vec<i64>,
     flags_offset: usize,
     total: usize,
 }
@@ -124,17 +126,19 @@ impl Fused {
             let row = t.size()[1..].iter().product::<i64>().max(1) as usize
                 * t.kind().elt_size_in_bytes();
             table.extend([t.data_ptr() as i64, row as i64, *derived as i64, at as i64]);
-            offsets.push((at, t.kind()));
+            offsets.push((at, t.kind(), row));
             at = align(at + b * l * row);
         }
         let flags_offset = at;
-        let table = Tensor::f_from_slice(&table)?
+        let host_table = table;
+        let table = Tensor::f_from_slice(&host_table)?
             .f_view([columns.len() as i64, 4])?
             .f_to_device(device)?;
         Ok(Self {
             kernel,
             table,
             offsets,
+            host_table,
             flags_offset,
             total: flags_offset + 6 * b * l,
         })
@@ -392,36 +396,63 @@ impl Resident {
     /// every column and flag plane a view of it.
     fn fused_batch(&self, fused: &Fused, params: Tensor) -> Result<TensorBatch> {
         let (b, l) = (self.layout.b, self.layout.l);
-        let out = Tensor::f_empty([fused.total as i64], (Kind::Uint8, self.device))?;
+        let sizes: Vec<usize> = fused.offsets.iter().map(|o| b * l * o.2).collect();
+        // Each column's bytes and the flag planes' bytes: on a GPU views of one buffer (one
+        // allocation; the offsets are in the device table made once), on the CPU one buffer
+        // each, a size the allocator reuses (one large packed buffer was mapped afresh, and
+        // page-faulted, every batch), named by a table of addresses made per batch.
+        let (parts, flags, host_table, out, cols, flags_at);
+        if self.device == Device::Cpu {
+            let empty = |n: usize| Tensor::f_empty([n as i64], (Kind::Uint8, Device::Cpu));
+            parts = sizes
+                .iter()
+                .map(|&n| empty(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            flags = empty(6 * b * l)?;
+            let mut t = fused.host_table.clone();
+            for (c, part) in parts.iter().enumerate() {
+                t[4 * c + 3] = part.data_ptr() as i64;
+            }
+            host_table = t;
+            (out, cols, flags_at) = (0, host_table.as_ptr() as u64, flags.data_ptr() as usize);
+        } else {
+            let buf = Tensor::f_empty([fused.total as i64], (Kind::Uint8, self.device))?;
+            let bytes = |at: usize, n: usize| buf.f_narrow(0, at as i64, n as i64);
+            parts = (fused.offsets.iter().zip(&sizes))
+                .map(|(o, &n)| bytes(o.0, n))
+                .collect::<Result<Vec<_>, _>>()?;
+            flags = bytes(fused.flags_offset, 6 * b * l)?;
+            (out, cols) = (buf.data_ptr() as u64, fused.table.data_ptr() as u64);
+            flags_at = fused.flags_offset;
+        }
         let launch = Launch {
             params: params.data_ptr() as u64,
-            cols: fused.table.data_ptr() as u64,
+            cols,
             ncols: self.columns.len(),
             b,
             l,
-            out: out.data_ptr() as u64,
-            flags_offset: fused.flags_offset,
+            out,
+            flags_offset: flags_at,
         };
-        // SAFETY: `params` is a contiguous `[P_ROWS, B]` int64 tensor on this device, the table
+        // SAFETY: `params` is a contiguous `[P_ROWS, B]` int64 tensor on this device; the table
         // holds the addresses of `self.columns`' tensors (kept for the loader's life), whose
-        // rows the workers' parameters stay within (row 0 .. 1 + N + E), and `out` holds every
-        // column's `[B, L, row]` at its offset and the flag planes (`Fused::new`). On CUDA the
-        // kernel runs on the default stream, where the tensors' later uses are ordered.
+        // rows the workers' parameters stay within (row 0 .. 1 + N + E), and where each
+        // column's `[B, L, row]` bytes go (`parts`, relative to `out` on a GPU), and the flag
+        // planes' place (`flags`). On CUDA the kernel runs on the default stream, where the
+        // tensors' later uses are ordered.
         unsafe { fused.kernel.run(&launch)? };
-        let bytes = |at: usize, n: usize| out.f_narrow(0, at as i64, n as i64);
         let mut columns = Vec::with_capacity(self.columns.len());
-        for ((name, data, _, dt), &(at, kind)) in self.columns.iter().zip(&fused.offsets) {
+        for (((name, data, _, dt), o), part) in self.columns.iter().zip(&fused.offsets).zip(parts) {
             let mut shape = vec![b as i64, l as i64];
             shape.extend(&data.size()[1..]);
-            let n = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
-            let t = bytes(at, n)?.f_view_dtype(kind)?.f_view(shape.as_slice())?;
+            let t = part.f_view_dtype(o.1)?.f_view(shape.as_slice())?;
             columns.push((name.clone(), widen(t, dt)?));
         }
-        let plane = |k: usize| -> Result<Tensor> {
-            Ok(bytes(fused.flags_offset + k * b * l, b * l)?
-                .f_view_dtype(Kind::Bool)?
-                .f_view([b as i64, l as i64])?)
-        };
+        // The six flag planes, one [6, B, L] view and a plane of it each.
+        let planes = flags
+            .f_view_dtype(Kind::Bool)?
+            .f_view([6, b as i64, l as i64])?;
+        let plane = |k: usize| planes.f_select(0, k as i64);
         Ok(TensorBatch {
             columns,
             mask: plane(0)?,

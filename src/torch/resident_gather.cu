@@ -17,9 +17,12 @@
 // the slice's last valid position.
 // Columns, `cols` [ncols, 4] int64: the source tensor's address, the bytes of one row, whether it
 // is the derived next observation (rows one step later, the final observation after the last
-// step), and the column's byte offset in `out`.
+// step), and the column's byte offset in `out` (on the CPU, `out` is 0 and each column's output
+// has an address of its own, as has `flags_offset`).
 // Output: column c's [B, L, row] bytes at its offset; from `flags_offset`, six [B, L] bool planes:
-// mask, is_first, is_last, terminated, truncated, slice_end.
+// mask, is_first, is_last, terminated, truncated, slice_end. Only rows first_row..end_row of the
+// B * L (step j of slice b is row b * L + j) are written: the whole batch on a GPU, a chunk per
+// thread on the CPU.
 
 #define TRAJSTORE_P_ROW0 0
 #define TRAJSTORE_P_LO 1
@@ -37,8 +40,10 @@ extern "C" __global__ void trajstore_resident_gather(
     int ncols,
     int B,
     int L,
-    unsigned char* __restrict__ out,
-    long long flags_offset)
+    unsigned char* out,
+    long long flags_offset,
+    long long first_row,
+    long long end_row)
 {
     // One row (one step of one slice) per group of `lanes` threads: a warp on a GPU, one
     // thread on the CPU.
@@ -46,8 +51,8 @@ extern "C" __global__ void trajstore_resident_gather(
     const long long groups = (long long)(blockDim.x / lanes);
     const int lane = (int)(threadIdx.x % lanes);
     const long long n = (long long)B * L;
-    for (long long i = (long long)blockIdx.x * groups + threadIdx.x / lanes; i < n;
-         i += (long long)gridDim.x * groups) {
+    for (long long i = first_row + (long long)blockIdx.x * groups + threadIdx.x / lanes;
+         i < end_row && i < n; i += (long long)gridDim.x * groups) {
         const long long b = i / L;
         const long long j = i % L;
         const long long row0 = params[TRAJSTORE_P_ROW0 * (long long)B + b];
@@ -63,7 +68,9 @@ extern "C" __global__ void trajstore_resident_gather(
             const unsigned char* src = (const unsigned char*)(unsigned long long)cols[4 * c];
             const long long w = cols[4 * c + 1];
             const unsigned char* s = src + (cols[4 * c + 2] ? next : row) * w;
-            unsigned char* d = out + cols[4 * c + 3] + i * w;
+            // `out` plus the column's offset: on the CPU `out` is 0 and the offset an address.
+            unsigned char* d =
+                (unsigned char*)((unsigned long long)out + (unsigned long long)cols[4 * c + 3]) + i * w;
             if ((w & 3) == 0 && (((unsigned long long)s | (unsigned long long)d) & 3) == 0) {
                 const unsigned int* s4 = (const unsigned int*)s;
                 unsigned int* d4 = (unsigned int*)d;
@@ -77,7 +84,8 @@ extern "C" __global__ void trajstore_resident_gather(
             }
         }
         if (lane == 0) {
-            unsigned char* f = out + flags_offset;
+            unsigned char* f =
+                (unsigned char*)((unsigned long long)out + (unsigned long long)flags_offset);
             const bool is_last = j == last;
             f[i] = valid;
             f[n + i] = j == params[TRAJSTORE_P_FIRST * (long long)B + b];

@@ -1,6 +1,7 @@
 // The resident gather kernel (resident_gather.cu) compiled for the CPU: the CUDA built-ins it
-// reads are defined here, and one call runs the whole grid as one block of one thread (the
-// kernel's grid-stride loop then visits every row in order). build.rs compiles this file with
+// reads are defined here, and one call runs a range of rows as one block of one thread (the
+// kernel's grid-stride loop then visits them in order); src/torch/kernel.rs runs ranges on
+// several threads. build.rs compiles this file with
 // the `torch` feature; src/torch/kernel.rs calls it for resident mode on the CPU.
 
 namespace {
@@ -20,6 +21,7 @@ const Dim3 gridDim = {1, 1, 1};
 
 extern "C" void trajstore_resident_gather_host(const long long* params, const long long* cols,
                                                int ncols, int B, int L, unsigned char* out,
-                                               long long flags_offset) {
-    trajstore_resident_gather(params, cols, ncols, B, L, out, flags_offset);
+                                               long long flags_offset, long long first_row,
+                                               long long end_row) {
+    trajstore_resident_gather(params, cols, ncols, B, L, out, flags_offset, first_row, end_row);
 }
