@@ -102,28 +102,31 @@ impl Kernel {
                 // Row ranges on rayon's threads: each writes only its rows' bytes.
                 use rayon::prelude::*;
                 let rows = launch.b * launch.l;
-                (0..rows.div_ceil(HOST_CHUNK_ROWS))
-                    .into_par_iter()
-                    .for_each(|c| {
-                        let first = c * HOST_CHUNK_ROWS;
-                        let end = (first + HOST_CHUNK_ROWS).min(rows);
-                        // SAFETY: the caller's contract; the host copy reads the parameters,
-                        // the table and the sources, and writes rows first..end of `out`,
-                        // which no other chunk writes.
-                        unsafe {
-                            trajstore_resident_gather_host(
-                                launch.params as *const i64,
-                                launch.cols as *const i64,
-                                ncols,
-                                b,
-                                l,
-                                launch.out as *mut u8,
-                                launch.flags_offset as i64,
-                                first as i64,
-                                end as i64,
-                            )
-                        }
-                    });
+                let chunk = |c: usize| {
+                    let first = c * HOST_CHUNK_ROWS;
+                    let end = (first + HOST_CHUNK_ROWS).min(rows);
+                    // SAFETY: the caller's contract; the host copy reads the parameters,
+                    // the table and the sources, and writes rows first..end of `out`,
+                    // which no other chunk writes.
+                    unsafe {
+                        trajstore_resident_gather_host(
+                            launch.params as *const i64,
+                            launch.cols as *const i64,
+                            ncols,
+                            b,
+                            l,
+                            launch.out as *mut u8,
+                            launch.flags_offset as i64,
+                            first as i64,
+                            end as i64,
+                        )
+                    }
+                };
+                match rows.div_ceil(HOST_CHUNK_ROWS) {
+                    // One chunk on this thread: no hand-over to the pool for a small batch.
+                    0 | 1 => chunk(0),
+                    n => (0..n).into_par_iter().for_each(chunk),
+                }
                 Ok(())
             }
             // SAFETY: the caller's contract.
