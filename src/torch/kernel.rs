@@ -67,11 +67,12 @@ pub(crate) struct Launch {
 
 impl Kernel {
     /// The kernel for `device`: the host copy on the CPU; on CUDA the source compiled by NVRTC
-    /// (an error says what could not be loaded or compiled).
+    /// (an error says what could not be loaded or compiled); an error for any other device.
     pub(crate) fn for_device(device: Device) -> Result<Self> {
         match device {
+            Device::Cpu => Ok(Self::Host),
             Device::Cuda(n) => Ok(Self::Cuda(CudaKernel::new(n)?)),
-            _ => Ok(Self::Host),
+            other => Err(cuda_error(format!("there is none for {other:?}"))),
         }
     }
 
