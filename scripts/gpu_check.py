@@ -348,6 +348,16 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    batches_per_s=t["batches_per_s"], setup_s=t["setup_s"], gather=t.get("resident_gather"),
                    unfused_transitions_per_s=u["transitions_per_s"],
                    over_unfused=t["transitions_per_s"] / u["transitions_per_s"])
+    # The fixed cost of a resident batch (4 slices x 4 steps: no bandwidth to speak of), which
+    # bounds small batches: 1e9 transitions/s at 256 x 64 leaves 16 us a batch.
+    fixed = {}
+    for unfused in (False, True):
+        flag = ["--resident-unfused"] if unfused else []
+        p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "60GiB",
+                    *flag, "--num-slices", 4, "--slice-len", 4, "--columns", cols, "--iters",
+                    "2000" if a.quick else "20000", "--json"], env=env_for(run))
+        fixed[unfused] = 1e6 / json.loads(p.stdout)["torch"]["batches_per_s"]
+    run.figure("rust_resident_fixed_cost", fused_us_per_batch=fixed[False], unfused_us_per_batch=fixed[True])
     # Refused, not crashed: a budget smaller than the columns.
     p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "1MiB",
                 "--iters", "5"],
