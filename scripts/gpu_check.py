@@ -726,12 +726,18 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
         run.figure(f"atari_{game}_frames", transitions=info.get("transitions"), episodes=info.get("episodes"),
                    bytes_per_frame=frames.get("bytes_per_frame"), ratio_to_raw=frames.get("ratio"),
                    decoded_frames_per_s_one_core=one["loader_batches_per_s"] * 256 * 64)
-        j = json.loads(run.sh([bin_, "bench", path, "--prefault", "--num-slices", "32", "--slice-len", "1",
-                               "--columns", "observation,action,reward", "--frame-stack", "4", "--workers",
-                               workers, "--iters", "3000" if a.quick else "30000", "--json"], env=env_for(run)).stdout)
-        ours = j["loader_batches_per_s"]
+        # Every core a worker, and one fewer (the consumer, woken once a batch, takes a core).
+        rates = {}
+        for w in sorted({int(workers), max(1, int(workers) - 1)}):
+            j = json.loads(run.sh([bin_, "bench", path, "--prefault", "--num-slices", "32", "--slice-len", "1",
+                                   "--columns", "observation,action,reward", "--frame-stack", "4", "--workers", w,
+                                   "--iters", "3000" if a.quick else "30000", "--json"], env=env_for(run)).stdout)
+            rates[w] = j["loader_batches_per_s"]
+        best = max(rates, key=lambda w: rates[w])
+        ours = rates[best]
         theirs = _torchrl_frame_stacks(trajstore.open(path), 32, 4, 200)
-        run.figure(f"atari_{game}_32x4_loader", batches_per_s=ours, workers=workers,
+        run.figure(f"atari_{game}_32x4_loader", batches_per_s=ours, workers=best,
+                   by_workers={str(w): round(r) for w, r in rates.items()},
                    torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
 
 
