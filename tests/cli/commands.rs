@@ -148,6 +148,15 @@ fn bench_on_a_torch_device() {
         assert_eq!(code, 0, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["torch"]["resident"], true);
+        // The fused kernel's C++ copy on the CPU; libtorch operations with --resident-unfused.
+        assert_eq!(v["torch"]["resident_gather"], "fused");
+        let (code, out, err) =
+            run(&[&args[..], &["cpu", "--resident", "--resident-unfused"]].concat());
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let gather = v["torch"]["resident_gather"].as_str().unwrap();
+        assert!(gather.starts_with("unfused"), "{gather}");
+        assert_eq!(v["torch"]["batches"].as_u64(), Some(10));
         let (code, _, err) = run(&[&args[..], &["tpu"]].concat());
         assert_eq!(code, 1);
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
