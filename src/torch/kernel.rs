@@ -1,17 +1,20 @@
 //! The resident mode's fused gather (`resident_gather.cu`): one kernel per batch writes every
-//! column and the six flag planes into one packed buffer.
+//! column and the six flag planes (on a GPU into one packed buffer, on the CPU into one buffer
+//! each).
 //!
 //! - On the CPU, the build's C++ copy of the kernel (`resident_host.cc`) runs it, so the CPU
 //!   tests check the kernel's arithmetic against the streaming loader.
 //! - On a GPU, NVRTC compiles the same source at run time for the device's architecture, and the
 //!   CUDA driver API launches it on the legacy default stream (where libtorch's own work of this
 //!   thread runs). Both libraries are opened with `dlopen` only then, so CPU builds and CPU runs
-//!   never touch CUDA. NVRTC is looked for by name (`LD_LIBRARY_PATH`), then where PyTorch's
+//!   never touch CUDA. The compiled kernel is loaded once per device and process, and shared
+//!   by every resident loader on that device. NVRTC is looked for by name (`LD_LIBRARY_PATH`), then where PyTorch's
 //!   wheels put it beside libtorch (`nvidia/cu13/lib`, `nvidia/cuda_nvrtc/lib`), or at
 //!   `TRAJSTORE_NVRTC`.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use tch::Device;
 
@@ -46,7 +49,7 @@ pub(crate) enum Kernel {
     /// The C++ copy, on this thread.
     Host,
     /// The NVRTC-compiled kernel on a CUDA device.
-    Cuda(CudaKernel),
+    Cuda(Arc<CudaKernel>),
 }
 
 /// The addresses a launch reads and writes: device addresses for [`Kernel::Cuda`], host ones
@@ -59,9 +62,10 @@ pub(crate) struct Launch {
     pub ncols: usize,
     pub b: usize,
     pub l: usize,
-    /// The packed output buffer.
+    /// The packed output buffer on a GPU; 0 on the CPU, where the table's output offsets and
+    /// `flags_offset` are addresses.
     pub out: u64,
-    /// Where the six flag planes start in `out`.
+    /// Where the six flag planes start, from `out`.
     pub flags_offset: usize,
 }
 
@@ -71,7 +75,7 @@ impl Kernel {
     pub(crate) fn for_device(device: Device) -> Result<Self> {
         match device {
             Device::Cpu => Ok(Self::Host),
-            Device::Cuda(n) => Ok(Self::Cuda(CudaKernel::new(n)?)),
+            Device::Cuda(n) => Ok(Self::Cuda(CudaKernel::cached(n)?)),
             other => Err(cuda_error(format!("there is none for {other:?}"))),
         }
     }
@@ -373,11 +377,16 @@ impl Nvrtc {
                 )))
             } else {
                 let mut n = 0usize;
-                nvrtc((self.ptx_size)(prog, &mut n), "nvrtcGetPTXSize")?;
-                let mut ptx = vec![0u8; n.max(1)];
-                nvrtc((self.ptx)(prog, ptx.as_mut_ptr().cast()), "nvrtcGetPTX")?;
-                ptx.truncate(ptx.iter().position(|&c| c == 0).unwrap_or(ptx.len()));
-                Ok(CString::new(ptx).expect("truncated at the first NUL"))
+                let mut ptx = Vec::new();
+                nvrtc((self.ptx_size)(prog, &mut n), "nvrtcGetPTXSize")
+                    .and_then(|()| {
+                        ptx.resize(n.max(1), 0u8);
+                        nvrtc((self.ptx)(prog, ptx.as_mut_ptr().cast()), "nvrtcGetPTX")
+                    })
+                    .map(|()| {
+                        ptx.truncate(ptx.iter().position(|&c| c == 0).unwrap_or(ptx.len()));
+                        CString::new(ptx).expect("truncated at the first NUL")
+                    })
             };
             (self.destroy)(&mut prog);
             result
@@ -392,11 +401,28 @@ pub(crate) struct CudaKernel {
     function: CuFunction,
 }
 
-// SAFETY: a CUcontext and a CUfunction are handles the driver lets any thread use; every use
-// makes the context current on the calling thread first.
+// SAFETY: a CUcontext and a CUfunction are handles the driver lets any thread use, at once
+// too (cuLaunchKernel is thread-safe); every use makes the context current on the calling
+// thread first, and nothing in the struct changes after it is made.
 unsafe impl Send for CudaKernel {}
+// SAFETY: as above.
+unsafe impl Sync for CudaKernel {}
 
 impl CudaKernel {
+    /// The kernel on device `ordinal`, compiled and loaded by the first resident loader there
+    /// and kept for the process (a module per loader would be compiled again and never
+    /// unloaded). A failure is not kept: the next loader tries again.
+    fn cached(ordinal: usize) -> Result<Arc<Self>> {
+        static LOADED: Mutex<Vec<(usize, Arc<CudaKernel>)>> = Mutex::new(Vec::new());
+        let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, k)) = loaded.iter().find(|(n, _)| *n == ordinal) {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(Self::new(ordinal)?);
+        loaded.push((ordinal, k.clone()));
+        Ok(k)
+    }
+
     fn new(ordinal: usize) -> Result<Self> {
         let driver = Driver::load()?;
         let nvrtc = Nvrtc::load()?;

@@ -98,11 +98,12 @@ pub(crate) struct Resident {
     fused: std::result::Result<Fused, String>,
 }
 
-/// The fused gather's fixed parts: the kernel, its column table on the device (`[ncols, 4]`
-/// int64: source address, row bytes, derived, output offset), and the packed output's layout.
+/// The fused gather's fixed parts: the kernel, its column table (`[ncols, 4]` int64: source
+/// address, row bytes, derived, output offset), and the packed output's layout.
 struct Fused {
     kernel: Kernel,
-    table: Tensor,
+    /// The table on a GPU (None on the CPU, where `host_table` is used).
+    table: Option<Tensor>,
     /// Per column: its byte offset in the output, its device kind and the bytes of a row.
     offsets: Vec<(usize, Kind, usize)>,
     /// The table on the host (the CPU fills in output addresses per batch).
@@ -131,9 +132,14 @@ impl Fused {
         }
         let flags_offset = at;
         let host_table = table;
-        let table = Tensor::f_from_slice(&host_table)?
-            .f_view([columns.len() as i64, 4])?
-            .f_to_device(device)?;
+        let table = match device {
+            Device::Cpu => None,
+            _ => Some(
+                Tensor::f_from_slice(&host_table)?
+                    .f_view([columns.len() as i64, 4])?
+                    .f_to_device(device)?,
+            ),
+        };
         Ok(Self {
             kernel,
             table,
@@ -392,8 +398,8 @@ impl Resident {
 }
 
 impl Resident {
-    /// The batch of `params` (`[P_ROWS, B]` on the device) by the fused kernel: one buffer,
-    /// every column and flag plane a view of it.
+    /// The batch of `params` (`[P_ROWS, B]` on the device) by the fused kernel: on a GPU one
+    /// buffer, every column and flag plane a view of it; on the CPU a buffer each.
     fn fused_batch(&self, fused: &Fused, params: Tensor) -> Result<TensorBatch> {
         let (b, l) = (self.layout.b, self.layout.l);
         let sizes: Vec<usize> = fused.offsets.iter().map(|o| b * l * o.2).collect();
@@ -402,7 +408,16 @@ impl Resident {
         // each, a size the allocator reuses (one large packed buffer was mapped afresh, and
         // page-faulted, every batch), named by a table of addresses made per batch.
         let (parts, flags, host_table, out, cols, flags_at);
-        if self.device == Device::Cpu {
+        if let Some(table) = &fused.table {
+            let buf = Tensor::f_empty([fused.total as i64], (Kind::Uint8, self.device))?;
+            let bytes = |at: usize, n: usize| buf.f_narrow(0, at as i64, n as i64);
+            parts = (fused.offsets.iter().zip(&sizes))
+                .map(|(o, &n)| bytes(o.0, n))
+                .collect::<Result<Vec<_>, _>>()?;
+            flags = bytes(fused.flags_offset, 6 * b * l)?;
+            (out, cols) = (buf.data_ptr() as u64, table.data_ptr() as u64);
+            flags_at = fused.flags_offset;
+        } else {
             let empty = |n: usize| Tensor::f_empty([n as i64], (Kind::Uint8, Device::Cpu));
             parts = sizes
                 .iter()
@@ -415,15 +430,6 @@ impl Resident {
             }
             host_table = t;
             (out, cols, flags_at) = (0, host_table.as_ptr() as u64, flags.data_ptr() as usize);
-        } else {
-            let buf = Tensor::f_empty([fused.total as i64], (Kind::Uint8, self.device))?;
-            let bytes = |at: usize, n: usize| buf.f_narrow(0, at as i64, n as i64);
-            parts = (fused.offsets.iter().zip(&sizes))
-                .map(|(o, &n)| bytes(o.0, n))
-                .collect::<Result<Vec<_>, _>>()?;
-            flags = bytes(fused.flags_offset, 6 * b * l)?;
-            (out, cols) = (buf.data_ptr() as u64, fused.table.data_ptr() as u64);
-            flags_at = fused.flags_offset;
         }
         let launch = Launch {
             params: params.data_ptr() as u64,
