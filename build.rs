@@ -7,8 +7,10 @@
 //! referenced), and linking it with `--no-as-needed` made every run, CPU runs too, load the CUDA
 //! libraries and the driver (`libcublasLt` opens `libcuda` as it loads), at 0.3 s a start.
 //!
-//! Also compiles the resident mode's gather kernel for the CPU (`src/torch/resident_host.cc`
-//! includes `resident_gather.cu`, which NVRTC compiles for a GPU at run time).
+//! Also compiles the CUDA kernels for the CPU: the resident mode's gather
+//! (`src/torch/resident_host.cc` includes `resident_gather.cu`) and the frame decoder
+//! (`src/torch/frames_host.cc` includes `frame_decode.cu`); NVRTC compiles both for a GPU at run
+//! time.
 
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
@@ -24,14 +26,21 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
 }
 
-/// The resident gather kernel as C++ for the CPU resident mode (`torch::kernel`).
+/// The kernels as C++ for the CPU (`torch::kernel`, `torch::frame_decode`).
 #[cfg(feature = "torch")]
 fn host_kernel() {
-    println!("cargo:rerun-if-changed=src/torch/resident_gather.cu");
-    println!("cargo:rerun-if-changed=src/torch/resident_host.cc");
+    for f in [
+        "resident_gather.cu",
+        "resident_host.cc",
+        "frame_decode.cu",
+        "frames_host.cc",
+    ] {
+        println!("cargo:rerun-if-changed=src/torch/{f}");
+    }
     cc::Build::new()
         .cpp(true)
         .file("src/torch/resident_host.cc")
+        .file("src/torch/frames_host.cc")
         .include("src/torch")
         .warnings(true)
         .extra_warnings(true)

@@ -380,10 +380,18 @@ fn a_large_resident_batch_is_gathered_in_row_ranges_equal_to_streaming() {
 fn the_resident_kernel_compiles_for_a_gpu_with_nvrtc() {
     // NVRTC needs no GPU: where PyTorch's CUDA wheels put it beside libtorch (as
     // scripts/setup-libtorch.sh installs them), the CUDA half of resident_gather.cu is compiled
-    // here for the architectures of the GPUs it runs on (Turing to Hopper).
+    // here for the architectures of the GPUs it runs on (Turing to Hopper), with the frame
+    // decoder (frame_decode.cu) in the same program.
     for arch in ["compute_75", "compute_90"] {
         match trajstore::torch::compile_resident_kernel(arch) {
-            Ok(Some(ptx)) => assert!(ptx > 1000, "{arch}: {ptx} bytes of PTX"),
+            Ok(Some(ptx)) => {
+                for entry in ["trajstore_resident_gather", "trajstore_decode_frames"] {
+                    assert!(
+                        ptx.contains(&format!(".entry {entry}")),
+                        "{arch}: no {entry}"
+                    );
+                }
+            }
             Ok(None) => {
                 eprintln!("skipped: no NVRTC beside this libtorch (a CPU-only build)");
                 return;

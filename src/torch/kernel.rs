@@ -20,9 +20,17 @@ use tch::Device;
 
 use crate::error::{Error, Result};
 
-/// The kernel's source, compiled by NVRTC on a GPU (and by the build for the CPU).
-const SOURCE: &str = include_str!("resident_gather.cu");
+/// The kernels' source, compiled by NVRTC on a GPU as one program (and by the build for the
+/// CPU): the resident gather and the frame decoder (`frame_decode.cu`).
+const SOURCE: &str = concat!(
+    include_str!("resident_gather.cu"),
+    "\n",
+    include_str!("frame_decode.cu")
+);
 const NAME: &CStr = c"trajstore_resident_gather";
+const DECODE_NAME: &CStr = c"trajstore_decode_frames";
+/// Threads per block of the frame decoder: one frame per thread.
+const DECODE_BLOCK: u32 = 64;
 /// Threads per block on a GPU: eight warps, one row of the batch each.
 const BLOCK: u32 = 256;
 const ROWS_PER_BLOCK: u64 = BLOCK as u64 / 32;
@@ -517,13 +525,14 @@ impl CudaKernel {
     }
 }
 
-/// Compiles the kernel for `arch` with NVRTC alone (no device needed): what the CPU tests use
-/// to check that the CUDA half of the source compiles; Ok(None) where NVRTC is not installed.
+/// Compiles the kernels for `arch` with NVRTC alone (no device needed) and returns their PTX:
+/// what the CPU tests use to check that the CUDA half of the source compiles; Ok(None) where
+/// NVRTC is not installed.
 #[doc(hidden)]
-pub fn compile_for(arch: &str) -> Result<Option<usize>> {
+pub fn compile_for(arch: &str) -> Result<Option<String>> {
     let nvrtc = match Nvrtc::load() {
         Ok(n) => n,
         Err(_) => return Ok(None),
     };
-    Ok(Some(nvrtc.compile(arch)?.as_bytes().len()))
+    Ok(Some(nvrtc.compile(arch)?.to_string_lossy().into_owned()))
 }

@@ -1,0 +1,409 @@
+//! Frames decoded by the device (issue 35, part 5): a zstd decoder of our own
+//! (`frame_decode.cu`, written from RFC 8878) that a GPU runs one thread per frame, so that a
+//! batch crosses PCIe as its stored frames (tens of bytes each) instead of decoded ones (7 KB
+//! for an 84 × 84 Atari frame). nvCOMP's zstd, the obvious library, cannot decode frames
+//! compressed with a dictionary (the default codec, `zstd-dict`, half the bytes of `zstd`), and
+//! its library alone is 25 MB.
+//!
+//! The same source runs on the CPU (`frames_host.cc`), where the tests hold it to libzstd's
+//! output, frame for frame, and to named errors on damaged frames.
+
+use std::ffi::{c_int, c_void};
+
+use crate::error::{Error, Result};
+use crate::frames::{FrameCodec, FrameColumn};
+
+unsafe extern "C" {
+    fn trajstore_zstd_dict_size() -> u64;
+    fn trajstore_zstd_dict_load(src: *const u8, len: i64, out: *mut c_void) -> c_int;
+    fn trajstore_zstd_decode_host(
+        src: *const u8,
+        len: i64,
+        out: *mut u8,
+        cap: i64,
+        dict: *const c_void,
+        content: *const u8,
+    ) -> i64;
+    fn trajstore_decode_frames_host(
+        comp: *const u8,
+        frames: *const i64,
+        first: i64,
+        end: i64,
+        codec: c_int,
+        dict: *const c_void,
+        content: *const u8,
+        out: *mut u8,
+        frame_len: i64,
+    ) -> c_int;
+}
+
+/// What a negative return of the decoder means (`TS_E_*` in `frame_decode.cu`).
+fn decode_error(code: i64) -> &'static str {
+    match code {
+        -1 => "not a valid zstd frame",
+        -2 => "the frame ends early",
+        -3 => "it decodes to more bytes than the frame's shape",
+        -4 => "it needs another dictionary than the column's",
+        _ => "an unsupported zstd feature",
+    }
+}
+
+/// A column's decoding parameters as the kernel takes them: the codec (0 none, 1 zstd with or
+/// without a dictionary), the prepared dictionary (`ts_zstd_dict`, plain bytes: a device copies
+/// it as it is) and the dictionary's content.
+pub(crate) struct DeviceFrames {
+    pub(crate) codec: c_int,
+    /// The prepared dictionary, 8-byte aligned (empty without one).
+    pub(crate) dict: Vec<u64>,
+    /// The dictionary's content: the history every frame's matches may reach back into.
+    pub(crate) content: Vec<u8>,
+    pub(crate) frame_len: usize,
+}
+
+impl DeviceFrames {
+    /// Prepares column `column` for the device decoder; an unusable dictionary is
+    /// [`Error::InvalidData`] naming the column.
+    pub(crate) fn new(column: &FrameColumn) -> Result<Self> {
+        let frame_len = column.spec.frame_len();
+        let (codec, dict, content) = match (column.spec.codec, column.dictionary.as_deref()) {
+            (FrameCodec::None, _) => (0, Vec::new(), Vec::new()),
+            (FrameCodec::Zstd, _) => (1, Vec::new(), Vec::new()),
+            (FrameCodec::ZstdDict, None) => {
+                return Err(
+                    Error::invalid_data("a zstd-dict column without its dictionary")
+                        .in_column(&column.name),
+                );
+            }
+            (FrameCodec::ZstdDict, Some(d)) => {
+                // SAFETY: a size query.
+                let words = unsafe { trajstore_zstd_dict_size() }.div_ceil(8) as usize;
+                let mut prepared = vec![0u64; words];
+                // SAFETY: `d` is readable for its length; `prepared` holds
+                // trajstore_zstd_dict_size() bytes, 8-byte aligned as the struct needs.
+                let r = unsafe {
+                    trajstore_zstd_dict_load(
+                        d.as_ptr(),
+                        d.len() as i64,
+                        prepared.as_mut_ptr().cast(),
+                    )
+                };
+                if r != 0 {
+                    return Err(Error::invalid_data(
+                        "the column's zstd dictionary is damaged (the device decoder cannot read \
+                         its entropy tables)",
+                    )
+                    .in_column(&column.name));
+                }
+                let offset = content_offset(&prepared);
+                (1, prepared, d[offset..].to_vec())
+            }
+        };
+        Ok(Self {
+            codec,
+            dict,
+            content,
+            frame_len,
+        })
+    }
+
+    fn dict_ptr(&self) -> *const c_void {
+        if self.dict.is_empty() {
+            std::ptr::null()
+        } else {
+            self.dict.as_ptr().cast()
+        }
+    }
+
+    /// Decodes one stored frame into `out` (`frame_len` bytes) on this thread, with the
+    /// device's code: what the tests compare with libzstd.
+    pub(crate) fn decode_one(&self, frame: &[u8], out: &mut [u8]) -> Result<()> {
+        if out.len() != self.frame_len {
+            return Err(Error::argument("out", "a buffer of one frame's bytes"));
+        }
+        let got = if self.codec == 0 {
+            if frame.len() == out.len() {
+                out.copy_from_slice(frame);
+                frame.len() as i64
+            } else {
+                -3
+            }
+        } else {
+            // SAFETY: `frame` and `out` are valid for their lengths; the prepared dictionary and
+            // its content are this struct's.
+            unsafe {
+                trajstore_zstd_decode_host(
+                    frame.as_ptr(),
+                    frame.len() as i64,
+                    out.as_mut_ptr(),
+                    out.len() as i64,
+                    self.dict_ptr(),
+                    self.content.as_ptr(),
+                )
+            }
+        };
+        match got {
+            n if n == self.frame_len as i64 => Ok(()),
+            n if n >= 0 => Err(Error::invalid_data(format!(
+                "a frame decodes to {n} bytes, the shape holds {}",
+                self.frame_len
+            ))),
+            code => Err(Error::invalid_data(format!(
+                "a frame of {} bytes does not decode: {}",
+                frame.len(),
+                decode_error(code)
+            ))),
+        }
+    }
+
+    /// Runs the kernel's CPU copy over a batch: `frames` is `[n, 3]` (offset in `comp`, length
+    /// or -1 for zeros, offset in `out`). Returns how many frames failed.
+    ///
+    /// # Safety
+    /// Every frame's source range lies in `comp` and its destination (`frame_len` bytes) in
+    /// `out`.
+    pub(crate) unsafe fn decode_batch_host(
+        &self,
+        comp: &[u8],
+        frames: &[i64],
+        out: &mut [u8],
+    ) -> usize {
+        // SAFETY: the caller's contract.
+        unsafe {
+            trajstore_decode_frames_host(
+                comp.as_ptr(),
+                frames.as_ptr(),
+                0,
+                (frames.len() / 3) as i64,
+                self.codec,
+                self.dict_ptr(),
+                self.content.as_ptr(),
+                out.as_mut_ptr(),
+                self.frame_len as i64,
+            ) as usize
+        }
+    }
+}
+
+/// The content offset recorded in a prepared dictionary: after the id, the four logs and the
+/// three repeat offsets (`ts_zstd_dict`'s layout: 4 + 16 + 12 bytes, then an 8-aligned i64).
+fn content_offset(prepared: &[u64]) -> usize {
+    prepared[4] as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frames::{FrameSpec, train_dictionary};
+
+    /// Frames like Atari's: a few grey levels in large flat areas, moving objects.
+    fn frames(n: usize, h: usize, w: usize, seed: u64) -> Vec<Vec<u8>> {
+        (0..n as u64)
+            .map(|i| {
+                let mut f = vec![87u8; h * w];
+                for (k, px) in f.iter_mut().enumerate() {
+                    let (y, x) = ((k / w) as u64, (k % w) as u64);
+                    if y < 4 || y + 4 >= h as u64 {
+                        *px = 236;
+                    }
+                    if (x + i * 3 + seed) % w as u64 <= 2 && (y + i) % h as u64 <= 10 {
+                        *px = 147;
+                    }
+                    if (x * 7 + y * 13 + i * seed) % 97 == 0 {
+                        *px = (x ^ y ^ i) as u8;
+                    }
+                }
+                f
+            })
+            .collect()
+    }
+
+    fn column(codec: FrameCodec, shape: &[usize], dict: Option<&[u8]>) -> FrameColumn {
+        FrameColumn {
+            name: "observation".into(),
+            spec: FrameSpec::new(codec, shape).unwrap(),
+            dictionary: dict.map(Into::into),
+        }
+    }
+
+    fn check_level(raw: &[Vec<u8>], dict: Option<&[u8]>, level: i32) {
+        let shape = [raw[0].len() / 4, 4];
+        let codec = if dict.is_some() {
+            FrameCodec::ZstdDict
+        } else {
+            FrameCodec::Zstd
+        };
+        let dev = DeviceFrames::new(&column(codec, &shape, dict)).unwrap();
+        let mut c = match dict {
+            Some(d) => zstd::bulk::Compressor::with_dictionary(level, d).unwrap(),
+            None => zstd::bulk::Compressor::new(level).unwrap(),
+        };
+        let mut out = vec![0u8; raw[0].len()];
+        for (i, f) in raw.iter().enumerate() {
+            let stored = c.compress(f).unwrap();
+            out.fill(1);
+            dev.decode_one(&stored, &mut out)
+                .unwrap_or_else(|e| panic!("level {level} frame {i}: {e}"));
+            assert!(out == *f, "level {level}, frame {i} differs from libzstd's");
+        }
+    }
+
+    #[test]
+    fn the_device_decoder_equals_libzstd_with_and_without_a_dictionary() {
+        let raw = frames(300, 84, 84, 5);
+        let dict = train_dictionary(&raw[..200], 16 * 1024).unwrap();
+        for level in [1, 3, 5, 9, 19] {
+            check_level(&raw, Some(&dict), level);
+            check_level(&raw, None, level);
+        }
+        // Color frames larger than a zstd block (128 KiB): several blocks per frame.
+        let big = frames(3, 224, 224 * 3, 2);
+        check_level(&big, None, 3);
+        // Noise (raw blocks, raw literals), constant frames (RLE blocks).
+        let mut s = 1u64;
+        let next = |s: &mut u64| {
+            *s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            *s >> 33
+        };
+        let noise: Vec<Vec<u8>> = (0..5)
+            .map(|_| (0..7056).map(|_| next(&mut s) as u8).collect())
+            .collect();
+        check_level(&noise, None, 3);
+        let constant: Vec<Vec<u8>> = (0..5).map(|v| vec![v as u8 * 40; 7056]).collect();
+        check_level(&constant, None, 3);
+        // Small inputs of literal runs and copies: few sequences, so zstd picks its predefined
+        // tables, with literal and match lengths over all their codes.
+        let small: Vec<Vec<u8>> = (0..400)
+            .map(|_| {
+                let mut v: Vec<u8> = Vec::new();
+                while v.len() < 1200 {
+                    for _ in 0..next(&mut s) % 150 {
+                        v.push((next(&mut s) % 251) as u8);
+                    }
+                    let n = 3 + next(&mut s) as usize % 80;
+                    let from = next(&mut s) as usize % v.len().max(1);
+                    for k in 0..n.min(v.len()) {
+                        v.push(v[from + k % (v.len() - from)]);
+                    }
+                }
+                v.truncate(1200);
+                v
+            })
+            .collect();
+        check_level(&small, None, 3);
+        check_level(&small, None, 19);
+        // Text-like bytes: Huffman literals in four streams, FSE-compressed weights.
+        let words = [
+            "state", "action", "reward", "episode ", "frame", "\n", "zstd ",
+        ];
+        let text: Vec<Vec<u8>> = (0..4)
+            .map(|i| {
+                (0..3000)
+                    .flat_map(|k| words[(k * 7 + k / 3 + i) % words.len()].bytes())
+                    .take(12_000)
+                    .collect()
+            })
+            .collect();
+        for level in [1, 19, 22] {
+            check_level(&text, None, level);
+        }
+    }
+
+    #[test]
+    fn the_device_decoder_refuses_damaged_frames_without_reading_out_of_bounds() {
+        let raw = frames(60, 84, 84, 1);
+        let dict = train_dictionary(&raw, 8 * 1024).unwrap();
+        let dev = DeviceFrames::new(&column(FrameCodec::ZstdDict, &[84, 84], Some(&dict))).unwrap();
+        let mut c = zstd::bulk::Compressor::with_dictionary(5, &dict).unwrap();
+        let stored = c.compress(&raw[7]).unwrap();
+        let mut out = vec![0u8; 84 * 84];
+        for cut in 0..stored.len() {
+            let e = dev.decode_one(&stored[..cut], &mut out).unwrap_err();
+            assert!(matches!(e, Error::InvalidData { .. }), "{e}");
+        }
+        // Every single-bit flip, beside libzstd on the same bytes: never a fault (the decoder
+        // was also run under AddressSanitizer while it was written), the same bytes where both
+        // decode, and an error wherever libzstd finds one.
+        let mut reference = zstd::bulk::Decompressor::with_dictionary(&dict).unwrap();
+        let mut theirs = vec![0u8; 84 * 84];
+        let (mut both_refuse, mut both_decode) = (0, 0);
+        for i in 0..stored.len() * 8 {
+            let mut bad = stored.clone();
+            bad[i / 8] ^= 1 << (i % 8);
+            let ours = dev.decode_one(&bad, &mut out);
+            match reference.decompress_to_buffer(&bad, &mut theirs) {
+                Ok(n) if n == theirs.len() && ours.is_ok() => {
+                    assert!(out == theirs, "bit {i}: decoded otherwise than libzstd");
+                    both_decode += 1;
+                }
+                _ => {
+                    assert!(ours.is_err(), "bit {i}: libzstd refuses what decoded here");
+                    both_refuse += 1;
+                }
+            }
+        }
+        assert!(
+            both_refuse > 0 && both_decode > 0,
+            "{both_refuse} {both_decode}"
+        );
+        // A frame for another dictionary, or without the column's.
+        let other = train_dictionary(&frames(60, 84, 84, 9), 8 * 1024).unwrap();
+        let foreign = zstd::bulk::Compressor::with_dictionary(5, &other)
+            .unwrap()
+            .compress(&raw[7])
+            .unwrap();
+        let e = dev.decode_one(&foreign, &mut out).unwrap_err().to_string();
+        assert!(e.contains("another dictionary"), "{e}");
+        let plain = DeviceFrames::new(&column(FrameCodec::Zstd, &[84, 84], None)).unwrap();
+        let e = plain.decode_one(&stored, &mut out).unwrap_err().to_string();
+        assert!(e.contains("another dictionary"), "{e}");
+        // A frame larger than the shape.
+        let e = plain
+            .decode_one(
+                &zstd::bulk::compress(&vec![3u8; 84 * 85], 3).unwrap(),
+                &mut out,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more bytes than"), "{e}");
+        // A damaged dictionary.
+        let mut bad = dict.clone();
+        bad[9] ^= 0xff;
+        bad[10] ^= 0xff;
+        let e = DeviceFrames::new(&column(FrameCodec::ZstdDict, &[84, 84], Some(&bad)));
+        assert!(e.is_err());
+    }
+
+    #[test]
+    fn a_batch_decodes_frames_zeros_and_repeats_where_the_table_says() {
+        let raw = frames(4, 84, 84, 3);
+        let dev = DeviceFrames::new(&column(FrameCodec::Zstd, &[84, 84], None)).unwrap();
+        let mut comp = Vec::new();
+        let mut at = Vec::new();
+        for f in &raw {
+            let s = zstd::bulk::compress(f, 3).unwrap();
+            at.push((comp.len() as i64, s.len() as i64));
+            comp.extend_from_slice(&s);
+        }
+        let fl = 84 * 84;
+        // Slots: frame 2, zeros, frame 0, frame 0 again, frame 3; then a damaged one.
+        let mut table = vec![];
+        for (slot, src) in [Some(2), None, Some(0), Some(0), Some(3)]
+            .iter()
+            .enumerate()
+        {
+            let (o, l) = src.map_or((0, -1), |s| at[s]);
+            table.extend_from_slice(&[o, l, (slot * fl) as i64]);
+        }
+        let mut out = vec![7u8; 6 * fl];
+        // SAFETY: every range lies in `comp` and `out`.
+        assert_eq!(unsafe { dev.decode_batch_host(&comp, &table, &mut out) }, 0);
+        let zeros = vec![0u8; fl];
+        let want: Vec<u8> = [&raw[2][..], &zeros, &raw[0], &raw[0], &raw[3]].concat();
+        assert!(out[..5 * fl] == want[..]);
+        table.extend_from_slice(&[at[1].0, at[1].1 - 1, (5 * fl) as i64]);
+        // SAFETY: as above.
+        assert_eq!(unsafe { dev.decode_batch_host(&comp, &table, &mut out) }, 1);
+    }
+}

@@ -1,0 +1,55 @@
+// The frame decoder (frame_decode.cu) compiled for the CPU: the CUDA built-ins it reads are
+// defined here, and one call decodes a range of a batch's frames as one block of one thread.
+// build.rs compiles this file with the `torch` feature; src/torch/frames.rs calls it, for the
+// tests that hold the decoder to libzstd's output and for the device decode's CPU stand-in.
+
+namespace {
+struct Dim3 {
+    unsigned int x, y, z;
+};
+const Dim3 blockIdx = {0, 0, 0};
+const Dim3 threadIdx = {0, 0, 0};
+const Dim3 blockDim = {1, 1, 1};
+const Dim3 gridDim = {1, 1, 1};
+int atomicAdd(int* at, int v) {
+    const int old = *at;
+    *at = old + v;
+    return old;
+}
+}  // namespace
+
+#define __global__
+#define __device__
+
+#include "frame_decode.cu"
+
+extern "C" {
+// Bytes of the prepared dictionary the device decoder takes.
+unsigned long long trajstore_zstd_dict_size() { return sizeof(ts_zstd_dict); }
+
+// Prepares `src` (a zstd dictionary of `len` bytes) into `out` (trajstore_zstd_dict_size()
+// bytes); 0 or a negative TS_E_* code.
+int trajstore_zstd_dict_load(const unsigned char* src, long long len, void* out) {
+    return ts_zstd_dict_load(static_cast<ts_zstd_dict*>(out), src, len);
+}
+
+// Decodes one frame; the decoded size or a negative TS_E_* code.
+long long trajstore_zstd_decode_host(const unsigned char* src, long long len, unsigned char* out,
+                                     long long cap, const void* dict, const unsigned char* content) {
+    static thread_local ts_zstd_state st;
+    return ts_zstd_decode(&st, src, len, out, cap, static_cast<const ts_zstd_dict*>(dict),
+                          content);
+}
+
+// The kernel over frames[3 * first .. 3 * end) of a batch, on the calling thread.
+int trajstore_decode_frames_host(const unsigned char* comp, const long long* frames,
+                                 long long first, long long end, int codec, const void* dict,
+                                 const unsigned char* content, unsigned char* out,
+                                 long long frame_len) {
+    int errors = 0;
+    trajstore_decode_frames(comp, frames + 3 * first, end - first, codec,
+                            static_cast<const ts_zstd_dict*>(dict), content, out, frame_len,
+                            &errors);
+    return errors;
+}
+}
