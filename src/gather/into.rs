@@ -66,6 +66,15 @@ pub(super) enum FlagsInto<'a> {
     Spans(&'a mut [i32]),
 }
 
+/// A destination with flag planes or with spans, for [`Gatherer::gather_stored`].
+pub(crate) mod either {
+    /// [`super::GatherInto`] or [`super::CompactInto`].
+    pub(crate) enum Dest<'a> {
+        Planes(super::GatherInto<'a>),
+        Compact(super::CompactInto<'a>),
+    }
+}
+
 /// The destinations of a gather: columns, flags, episode ids, start steps.
 pub(super) type Dest<'a> = (
     Vec<&'a mut [u8]>,
@@ -96,7 +105,26 @@ impl Gatherer {
         slice_len: usize,
         dest: GatherInto<'_>,
     ) -> Result<()> {
-        self.gather_planes(plan, slice_len, dest, &self.tails.none)
+        self.gather_planes(plan, slice_len, dest, &self.tails.none, None)
+    }
+
+    /// [`Gatherer::gather_into`] (or with `compact`, [`Gatherer::gather_compact`]) by a gatherer
+    /// that leaves frame windows to the device ([`Gatherer::with_stored_frames`]): their columns
+    /// get tables of stored frames, and `arena` the frames' bytes. Where the arena is too small
+    /// ([`FrameArena::fits`] is false after the gather), gather again into a larger one.
+    pub(crate) fn gather_stored(
+        &self,
+        plan: &[SliceRef],
+        slice_len: usize,
+        dest: either::Dest<'_>,
+        arena: &FrameArena<'_>,
+    ) -> Result<()> {
+        match dest {
+            either::Dest::Planes(d) => {
+                self.gather_planes(plan, slice_len, d, &self.tails.none, Some(arena))
+            }
+            either::Dest::Compact(d) => self.compact(plan, slice_len, d, Some(arena)),
+        }
     }
 
     /// [`Gatherer::gather_into`] with the columns `tails` marks (some of
@@ -121,7 +149,7 @@ impl Gatherer {
                 ),
             ));
         }
-        self.gather_planes(plan, slice_len, dest, tails)
+        self.gather_planes(plan, slice_len, dest, tails, None)
     }
 
     /// A gather with flag planes and `tails`, checked by the caller.
@@ -131,6 +159,7 @@ impl Gatherer {
         slice_len: usize,
         dest: GatherInto<'_>,
         tails: &[bool],
+        arena: Option<&FrameArena<'_>>,
     ) -> Result<()> {
         let GatherInto {
             columns,
@@ -139,7 +168,7 @@ impl Gatherer {
             start_step,
         } = dest;
         let dest = (columns, FlagsInto::Planes(flags), episode_id, start_step);
-        self.gather_any(plan, slice_len, dest, tails)
+        self.gather_any(plan, slice_len, dest, (tails, arena))
     }
 
     /// Gathers `plan` into the compact layout of [`CompactInto`]: the columns
@@ -150,6 +179,16 @@ impl Gatherer {
         plan: &[SliceRef],
         slice_len: usize,
         dest: CompactInto<'_>,
+    ) -> Result<()> {
+        self.compact(plan, slice_len, dest, None)
+    }
+
+    fn compact(
+        &self,
+        plan: &[SliceRef],
+        slice_len: usize,
+        dest: CompactInto<'_>,
+        arena: Option<&FrameArena<'_>>,
     ) -> Result<()> {
         let CompactInto {
             columns,
@@ -164,7 +203,7 @@ impl Gatherer {
             ));
         }
         let dest = (columns, FlagsInto::Spans(spans), episode_id, start_step);
-        self.gather_any(plan, slice_len, dest, &self.tails.derived)
+        self.gather_any(plan, slice_len, dest, (&self.tails.derived, arena))
     }
 
     /// Per gathered column, whether [`Gatherer::gather_compact`] writes it as one row per slice:
@@ -181,8 +220,15 @@ impl Gatherer {
         plan: &[SliceRef],
         slice_len: usize,
         (mut columns, flags, episode_id, start_step): Dest<'_>,
-        tails: &[bool],
+        (tails, arena): (&[bool], Option<&FrameArena<'_>>),
     ) -> Result<()> {
+        if self.stores_frames() != arena.is_some() {
+            return Err(Error::argument(
+                "arena",
+                "a gatherer that leaves frames to the device gathers with an arena for their \
+                 stored bytes, and only such a gatherer",
+            ));
+        }
         if let Some(m) = &self.mix {
             let dest = (columns, flags, episode_id, start_step);
             let layout: Vec<(usize, usize)> = self
@@ -273,7 +319,7 @@ impl Gatherer {
             // each flag plane (elements `3i .. 3i + 3` of the spans) and element `i` of the
             // per-slice vectors; the destinations were checked above to hold all B slices and are
             // exclusively borrowed for this call.
-            unsafe { self.gather_slice(i, s, l, (&dst, tails), &flags, &meta) }
+            unsafe { self.gather_slice(i, s, l, (&dst, tails, arena), &flags, &meta) }
         };
         // Small batches are faster on one thread than across the pool: under 256 KiB of copies,
         // or under 1,024 frames to decode or copy (about 1 µs each; a loader's workers already

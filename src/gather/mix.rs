@@ -128,6 +128,7 @@ impl Gatherer {
             episode_flags: vec![],
             segment_first_episode: vec![],
             ra: Default::default(),
+            stack: None,
             mix: Some(Box::new(Mix {
                 parts,
                 counts: counts.to_vec(),
@@ -299,7 +300,7 @@ impl Mix {
             };
             let ids = cut(&mut episode_id, n);
             let starts = cut(&mut start_step, n);
-            part.gather_any(range, l, (part_columns, part_flags, ids, starts), tails)?;
+            part.gather_any(range, l, (part_columns, part_flags, ids, starts), (tails, None))?;
         }
         Ok(())
     }

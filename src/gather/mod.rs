@@ -23,6 +23,7 @@ use into::{Dest, FlagPtrs, FlagsInto};
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
 mod frames;
 mod mix;
+pub(crate) use frames::{FrameArena, TABLE_ROW};
 pub use frames::{FrameStack, MAX_FRAME_STACK, StackPad};
 
 fn elem_size(dt: &DataType) -> usize {
@@ -88,6 +89,8 @@ pub struct Gatherer {
     mix: Option<Box<mix::Mix>>,
     /// The columns [`Gatherer::gather_compact`] writes as one row per slice.
     tails: into::Tails,
+    /// The frame stack it was made with.
+    stack: Option<FrameStack>,
 }
 
 pub(crate) fn values_from_row0(array: &ArrayRef) -> (Buffer, DataType, usize) {
@@ -273,7 +276,49 @@ impl Gatherer {
             segment_first_episode,
             ra: Default::default(),
             mix: None,
+            stack,
         })
+    }
+
+    /// A gatherer of the same columns that leaves its frame windows to a device to decode: for
+    /// each such column it writes a table of stored frames ([`TABLE_ROW`] bytes per window row,
+    /// see [`FrameArena`]) and appends their stored bytes to the arena passed to
+    /// [`Gatherer::gather_stored`]. The column's shape stays the decoded one. An error without a
+    /// frame window among the columns, or for a mix.
+    pub(crate) fn with_stored_frames(&self) -> Result<Self> {
+        if self.mix.is_some() {
+            return Err(Error::argument(
+                "device_decode",
+                "frames are decoded on the device from one dataset; a mix decodes them in the \
+                 workers",
+            ));
+        }
+        let names: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+        let mut g = Self::with_frame_stack(&self.snap, &names, self.stack)?;
+        g.set_read_ahead(self.read_ahead());
+        let mut any = false;
+        for c in &mut g.columns {
+            if let ColumnSource::Frames(fs) = &mut c.source {
+                fs.set_stored()?;
+                c.width = TABLE_ROW * (c.lead + 1);
+                any = true;
+            }
+        }
+        if !any {
+            return Err(Error::argument(
+                "device_decode",
+                "frames are decoded on the device, and none of the gathered columns is a frame \
+                 column",
+            ));
+        }
+        Ok(g)
+    }
+
+    /// Whether frame columns are left to a device to decode ([`Gatherer::with_stored_frames`]).
+    pub(crate) fn stores_frames(&self) -> bool {
+        self.columns
+            .iter()
+            .any(|c| matches!(&c.source, ColumnSource::Frames(f) if f.stored))
     }
 
     /// The snapshot this gatherer reads (part 0's for a mix).
@@ -504,7 +549,7 @@ impl Gatherer {
         i: usize,
         s: &SliceRef,
         l: usize,
-        (dst, tails): (&[SendPtr], &[bool]),
+        (dst, tails, arena): (&[SendPtr], &[bool], Option<&FrameArena<'_>>),
         flags: &FlagPtrs,
         meta: &(SendPtr, SendPtr),
     ) -> Result<()> {
@@ -581,6 +626,11 @@ impl Gatherer {
                     }
                     match &c.source {
                         // Written below, from the observation's last row.
+                        ColumnSource::Frames(fs) if fs.stored => {
+                            // No frame: a table row of zeros (see TABLE_ROW).
+                            let row = std::slice::from_raw_parts_mut(d.0.add(i * t) as *mut i64, 3);
+                            row.copy_from_slice(&[0, -1, (i * fs.frame_len()) as i64]);
+                        }
                         ColumnSource::Frames(_) => {}
                         ColumnSource::DerivedNext { obs, finals } => {
                             let src = obs[loc.segment][bi].as_slice();
@@ -593,7 +643,13 @@ impl Gatherer {
                 }
                 if c.lead > 0 {
                     // A frame window: written whole below (zeros for an empty slice).
-                    if n == 0 {
+                    if let (0, ColumnSource::Frames(fs), Some(arena)) = (n, &c.source, arena) {
+                        let rows = (l + c.lead) * 3;
+                        let table = std::slice::from_raw_parts_mut(d.0.add(i * rows * 8) as *mut i64, rows);
+                        let base = (i * (l + c.lead) * fs.frame_len()) as i64;
+                        let none = (0, 0, 0);
+                        fs.table_window(seg, 0, 0, none, 0, (table, base), arena)?;
+                    } else if n == 0 {
                         let bytes = (l + c.lead) * c.row_bytes();
                         std::slice::from_raw_parts_mut(d.0.add(i * bytes), bytes).fill(0);
                     }
@@ -653,6 +709,25 @@ impl Gatherer {
                         })
                 };
                 for (j, step, fs, d) in frames(false).chain(frames(true)) {
+                    if let Some(arena) = arena.filter(|_| fs.stored) {
+                        // Left to the device: the window's table and stored frames.
+                        let (f, rows) = (fs.frame_len(), l + fs.lead());
+                        let (seg_row, start) = (loc.segment_row, s.start);
+                        if tails[j] {
+                            let row = std::slice::from_raw_parts_mut(d.0.add(i * 24) as *mut i64, 3);
+                            let base = (i * f) as i64;
+                            fs.table_after(seg, seg_row, table_row, steps, (row, base), arena)?;
+                        } else {
+                            let table = std::slice::from_raw_parts_mut(
+                                d.0.add(i * rows * 24) as *mut i64,
+                                rows * 3,
+                            );
+                            let base = (i * rows * f) as i64;
+                            let t = (table, base);
+                            fs.table_window(seg, seg_row, table_row, steps, start, t, arena)?;
+                        }
+                        continue;
+                    }
                     if fs.window && tails[j] {
                         // The frame after the last valid step only: the rest of the
                         // next_observation window is the observation's, one row later.
