@@ -161,7 +161,8 @@ pub(crate) struct FrameSource {
 
 /// The stored frames of one batch, for a device to decode ([`FrameSource::table_window`]): a
 /// byte buffer the gather's threads append to, each into a range of its own. A batch whose
-/// frames do not fit is gathered again into a larger one ([`FrameArena::used`] says how large).
+/// frames do not fit (more [`FrameArena::used`] than the buffer holds) is gathered again into a
+/// larger one.
 pub(crate) struct FrameArena<'a> {
     buf: *mut u8,
     cap: usize,
@@ -201,11 +202,6 @@ impl<'a> FrameArena<'a> {
     /// Bytes the gather appended, or wanted to (more than the capacity when they did not fit).
     pub(crate) fn used(&self) -> usize {
         self.used.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Whether everything appended fitted.
-    pub(crate) fn fits(&self) -> bool {
-        self.used() <= self.cap
     }
 }
 
@@ -341,7 +337,10 @@ impl FrameSource {
                 .map_err(located)?;
             for u in s_lo..=s_hi {
                 let p = (u as i64 - u0) as usize;
-                put(&mut table[3 * p..3 * p + 3], run.frame(u - s_lo).map_err(located)?);
+                put(
+                    &mut table[3 * p..3 * p + 3],
+                    run.frame(u - s_lo).map_err(located)?,
+                );
             }
         }
         if hi as usize >= len {
@@ -376,7 +375,10 @@ impl FrameSource {
             let run = seg
                 .frames(self.name(), row0 + b as u64, 1)
                 .map_err(|e| located(e, seg, table_row, self.name()))?;
-            Some(run.frame(0).map_err(|e| located(e, seg, table_row, self.name()))?)
+            Some(
+                run.frame(0)
+                    .map_err(|e| located(e, seg, table_row, self.name()))?,
+            )
         } else {
             seg.episode_table().final_frame(table_row)
         };
@@ -385,6 +387,11 @@ impl FrameSource {
             row[1] = at.1 as i64;
         }
         Ok(())
+    }
+
+    /// The stored column.
+    pub(crate) fn column(&self) -> &Arc<FrameColumn> {
+        &self.column
     }
 
     /// Bytes of one decoded frame.

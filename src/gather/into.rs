@@ -111,7 +111,7 @@ impl Gatherer {
     /// [`Gatherer::gather_into`] (or with `compact`, [`Gatherer::gather_compact`]) by a gatherer
     /// that leaves frame windows to the device ([`Gatherer::with_stored_frames`]): their columns
     /// get tables of stored frames, and `arena` the frames' bytes. Where the arena is too small
-    /// ([`FrameArena::fits`] is false after the gather), gather again into a larger one.
+    /// ([`FrameArena`]'s used bytes exceed it after the gather), gather again into a larger one.
     pub(crate) fn gather_stored(
         &self,
         plan: &[SliceRef],

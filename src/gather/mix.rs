@@ -300,7 +300,12 @@ impl Mix {
             };
             let ids = cut(&mut episode_id, n);
             let starts = cut(&mut start_step, n);
-            part.gather_any(range, l, (part_columns, part_flags, ids, starts), (tails, None))?;
+            part.gather_any(
+                range,
+                l,
+                (part_columns, part_flags, ids, starts),
+                (tails, None),
+            )?;
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ mod batch;
 mod into;
 mod readahead;
 pub use batch::{Batch, BatchColumn, slice_bytes, tail_bytes};
+pub(crate) use into::either;
 pub use into::{CompactInto, GatherInto};
 use into::{Dest, FlagPtrs, FlagsInto};
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
@@ -444,6 +445,18 @@ impl Gatherer {
         self.columns.iter().map(|c| c.lead).collect()
     }
 
+    /// Per gathered column, the stored frame column it leaves to a device to decode
+    /// ([`Gatherer::with_stored_frames`]), or None.
+    pub(crate) fn stored_frame_columns(&self) -> Vec<Option<Arc<crate::frames::FrameColumn>>> {
+        self.columns
+            .iter()
+            .map(|c| match &c.source {
+                ColumnSource::Frames(f) if f.stored => Some(f.column().clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Bytes of each gathered column's destination for a batch of `num_slices` slices of
     /// `slice_len` steps, in [`Gatherer::columns`] order: `B * L * step` bytes, or `B * (L + K -
     /// 1) * frame` for a frame window. `None` where a count overflows.
@@ -645,7 +658,8 @@ impl Gatherer {
                     // A frame window: written whole below (zeros for an empty slice).
                     if let (0, ColumnSource::Frames(fs), Some(arena)) = (n, &c.source, arena) {
                         let rows = (l + c.lead) * 3;
-                        let table = std::slice::from_raw_parts_mut(d.0.add(i * rows * 8) as *mut i64, rows);
+                        let table =
+                            std::slice::from_raw_parts_mut(d.0.add(i * rows * 8) as *mut i64, rows);
                         let base = (i * (l + c.lead) * fs.frame_len()) as i64;
                         let none = (0, 0, 0);
                         fs.table_window(seg, 0, 0, none, 0, (table, base), arena)?;
@@ -714,7 +728,8 @@ impl Gatherer {
                         let (f, rows) = (fs.frame_len(), l + fs.lead());
                         let (seg_row, start) = (loc.segment_row, s.start);
                         if tails[j] {
-                            let row = std::slice::from_raw_parts_mut(d.0.add(i * 24) as *mut i64, 3);
+                            let row =
+                                std::slice::from_raw_parts_mut(d.0.add(i * 24) as *mut i64, 3);
                             let base = (i * f) as i64;
                             fs.table_after(seg, seg_row, table_row, steps, (row, base), arena)?;
                         } else {

@@ -9,13 +9,20 @@
 //! output, frame for frame, and to named errors on damaged frames.
 
 use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
 
+use tch::{Device, Kind, Tensor};
+
+use super::kernel::{CudaKernel, DecodeLaunch};
+use super::layout::{Layout, Slot};
 use crate::error::{Error, Result};
 use crate::frames::{FrameCodec, FrameColumn};
+use crate::gather::Gatherer;
 
 unsafe extern "C" {
     fn trajstore_zstd_dict_size() -> u64;
     fn trajstore_zstd_dict_load(src: *const u8, len: i64, out: *mut c_void) -> c_int;
+    #[cfg(test)]
     fn trajstore_zstd_decode_host(
         src: *const u8,
         len: i64,
@@ -37,6 +44,7 @@ unsafe extern "C" {
     ) -> c_int;
 }
 
+#[cfg(test)]
 /// What a negative return of the decoder means (`TS_E_*` in `frame_decode.cu`).
 fn decode_error(code: i64) -> &'static str {
     match code {
@@ -116,6 +124,7 @@ impl DeviceFrames {
 
     /// Decodes one stored frame into `out` (`frame_len` bytes) on this thread, with the
     /// device's code: what the tests compare with libzstd.
+    #[cfg(test)]
     pub(crate) fn decode_one(&self, frame: &[u8], out: &mut [u8]) -> Result<()> {
         if out.len() != self.frame_len {
             return Err(Error::argument("out", "a buffer of one frame's bytes"));
@@ -167,21 +176,223 @@ impl DeviceFrames {
         frames: &[i64],
         out: &mut [u8],
     ) -> usize {
-        // SAFETY: the caller's contract.
-        unsafe {
-            trajstore_decode_frames_host(
-                comp.as_ptr(),
-                frames.as_ptr(),
-                0,
-                (frames.len() / 3) as i64,
-                self.codec,
-                self.dict_ptr(),
-                self.content.as_ptr(),
-                out.as_mut_ptr(),
-                self.frame_len as i64,
-            ) as usize
+        use rayon::prelude::*;
+        let n = frames.len() / 3;
+        let (comp_at, out_at) = (comp.as_ptr() as usize, out.as_mut_ptr() as usize);
+        let (dict, content) = (self.dict_ptr() as usize, self.content.as_ptr() as usize);
+        let chunk = |c: usize| {
+            let (first, end) = (c * 256, ((c + 1) * 256).min(n));
+            // SAFETY: the caller's contract; chunks write disjoint frames of `out`.
+            unsafe {
+                trajstore_decode_frames_host(
+                    comp_at as *const u8,
+                    frames.as_ptr(),
+                    first as i64,
+                    end as i64,
+                    self.codec,
+                    dict as *const c_void,
+                    content as *const u8,
+                    out_at as *mut u8,
+                    self.frame_len as i64,
+                ) as usize
+            }
+        };
+        match n.div_ceil(256) {
+            0 | 1 => chunk(0),
+            k => (0..k).into_par_iter().map(chunk).sum(),
         }
     }
+}
+
+/// A feed gatherer's twin that leaves frame windows to the device
+/// ([`Gatherer::with_stored_frames`]), and per column the decoding parameters of a stored one.
+#[derive(Clone)]
+pub(crate) struct Twin {
+    feed: Arc<Gatherer>,
+    pub(crate) stored: Arc<Gatherer>,
+    pub(crate) frames: Arc<Vec<Option<DeviceFrames>>>,
+}
+
+/// A loader's device decode, shared by its workers: the twins of the feed's gatherers (one per
+/// dataset version; the last two are kept).
+#[derive(Default)]
+pub(crate) struct DeviceDecode {
+    twins: Mutex<Vec<Twin>>,
+}
+
+impl DeviceDecode {
+    /// The twin of `feed` (made by the first worker that gathers from it).
+    pub(crate) fn twin(&self, feed: &Arc<Gatherer>) -> Result<Twin> {
+        let mut twins = self.twins.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = twins.iter().find(|t| Arc::ptr_eq(&t.feed, feed)) {
+            return Ok(t.clone());
+        }
+        let stored = Arc::new(feed.with_stored_frames()?);
+        let frames = stored
+            .stored_frame_columns()
+            .iter()
+            .map(|c| c.as_deref().map(DeviceFrames::new).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let twin = Twin {
+            feed: feed.clone(),
+            stored,
+            frames: Arc::new(frames),
+        };
+        if twins.len() >= 2 {
+            twins.remove(0);
+        }
+        twins.push(twin.clone());
+        Ok(twin)
+    }
+}
+
+/// Check the device's count of frames that did not decode every this many batches (a read of
+/// it waits for the device).
+const CHECK_EVERY: u64 = 64;
+
+/// One worker's side of the device decode: the device copies of the current twin's
+/// dictionaries and the count of frames that did not decode.
+pub(crate) struct WorkerDecode {
+    on: Option<(
+        Arc<Vec<Option<DeviceFrames>>>,
+        Vec<Option<(Tensor, Tensor)>>,
+    )>,
+    errors: Option<Tensor>,
+    batches: u64,
+}
+
+impl WorkerDecode {
+    pub(crate) fn new() -> Self {
+        Self {
+            on: None,
+            errors: None,
+            batches: 0,
+        }
+    }
+
+    /// `slot` (filled by `twin`'s gatherer, on the device after its copy or on the host) with
+    /// each stored column decoded into a new tensor where the slot lies, in place of its table.
+    pub(crate) fn decode(&mut self, twin: &Twin, slot: &Slot, layout: &Layout) -> Result<Slot> {
+        let device = slot.meta.device();
+        let arena = slot
+            .arena
+            .as_ref()
+            .ok_or_else(|| Error::argument("slot", "a slot without its arena"))?;
+        let mut columns: Vec<Tensor> = slot.columns.iter().map(Tensor::shallow_clone).collect();
+        let stale = !matches!(&self.on, Some((f, _)) if Arc::ptr_eq(f, &twin.frames));
+        if stale && device != Device::Cpu {
+            let copies = twin
+                .frames
+                .iter()
+                .map(|f| {
+                    f.as_ref()
+                        .map(|f| -> Result<(Tensor, Tensor)> {
+                            let dict: &[u8] = bytemuck_u8(&f.dict);
+                            let upload = |b: &[u8]| -> Result<Tensor> {
+                                Ok(Tensor::f_from_slice(if b.is_empty() { &[0u8] } else { b })?
+                                    .f_to_device(device)?)
+                            };
+                            Ok((upload(dict)?, upload(&f.content)?))
+                        })
+                        .transpose()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.on = Some((twin.frames.clone(), copies));
+        }
+        for (i, f) in twin.frames.iter().enumerate() {
+            let Some(f) = f else { continue };
+            let name = &layout.columns[i].0;
+            let table = &slot.columns[i];
+            let n = table.numel() / 3;
+            let out = Tensor::f_empty(layout.decoded_shape(i).as_slice(), (Kind::Uint8, device))?;
+            if device == Device::Cpu {
+                // SAFETY: the slot's tensors are contiguous CPU tensors this worker owns; the
+                // table was written by the gather, whose rows name ranges of the arena's used
+                // bytes and frames of `out`.
+                let failed = unsafe {
+                    let table = std::slice::from_raw_parts(table.data_ptr() as *const i64, n * 3);
+                    let comp = std::slice::from_raw_parts(
+                        arena.data_ptr() as *const u8,
+                        slot.arena_used.min(arena.numel()),
+                    );
+                    let dst =
+                        std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, out.numel());
+                    f.decode_batch_host(comp, table, dst)
+                };
+                if failed > 0 {
+                    return Err(not_decoded(failed, name));
+                }
+            } else {
+                let Device::Cuda(ordinal) = device else {
+                    return Err(Error::argument(
+                        "device",
+                        "frames are decoded on CUDA or the CPU",
+                    ));
+                };
+                let kernel = CudaKernel::cached(ordinal)?;
+                let errors = match &self.errors {
+                    Some(e) => e.shallow_clone(),
+                    None => {
+                        let e = Tensor::f_zeros([1], (Kind::Int, device))?;
+                        self.errors = Some(e.shallow_clone());
+                        e
+                    }
+                };
+                let (dict, content) = self
+                    .on
+                    .as_ref()
+                    .and_then(|(_, c)| c[i].as_ref())
+                    .expect("uploaded above");
+                let launch = DecodeLaunch {
+                    comp: arena.data_ptr() as u64,
+                    table: table.data_ptr() as u64,
+                    n,
+                    codec: f.codec,
+                    dict: if f.dict.is_empty() {
+                        0
+                    } else {
+                        dict.data_ptr() as u64
+                    },
+                    content: content.data_ptr() as u64,
+                    out: out.data_ptr() as u64,
+                    frame_len: f.frame_len,
+                    errors: errors.data_ptr() as u64,
+                };
+                // SAFETY: every address is a tensor on this device held until the launch has
+                // run (the caching allocator reuses freed memory in stream order, after it).
+                unsafe { kernel.decode(&launch)? };
+                self.batches += 1;
+                if self.batches % CHECK_EVERY == 0 {
+                    let failed = errors.f_int64_value(&[0])?;
+                    if failed > 0 {
+                        return Err(not_decoded(failed as usize, name));
+                    }
+                }
+            }
+            columns[i] = out;
+        }
+        Ok(Slot {
+            columns,
+            flags: slot.flags.shallow_clone(),
+            meta: slot.meta.shallow_clone(),
+            packed: None,
+            arena: None,
+            arena_used: 0,
+        })
+    }
+}
+
+fn not_decoded(failed: usize, column: &str) -> Error {
+    Error::invalid_data(format!(
+        "{failed} stored frames did not decode on the device (`trajstore verify` names them)"
+    ))
+    .in_column(column)
+}
+
+/// A prepared dictionary's bytes.
+fn bytemuck_u8(words: &[u64]) -> &[u8] {
+    // SAFETY: u64s are 8 initialised bytes each, and u8 has no alignment.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast(), words.len() * 8) }
 }
 
 /// The content offset recorded in a prepared dictionary: after the id, the four logs and the

@@ -49,6 +49,19 @@ unsafe extern "C" {
     );
 }
 
+/// The device addresses of one launch of the frame decoder ([`CudaKernel::decode`]).
+pub(crate) struct DecodeLaunch {
+    pub comp: u64,
+    pub table: u64,
+    pub n: usize,
+    pub codec: c_int,
+    pub dict: u64,
+    pub content: u64,
+    pub out: u64,
+    pub frame_len: usize,
+    pub errors: u64,
+}
+
 /// Rows of a batch one CPU thread gathers at a time.
 const HOST_CHUNK_ROWS: usize = 2048;
 
@@ -407,6 +420,8 @@ pub(crate) struct CudaKernel {
     driver: Driver,
     ctx: CuContext,
     function: CuFunction,
+    /// The frame decoder (`trajstore_decode_frames`).
+    decode: CuFunction,
 }
 
 // SAFETY: a CUcontext and a CUfunction are handles the driver lets any thread use, at once
@@ -420,7 +435,7 @@ impl CudaKernel {
     /// The kernel on device `ordinal`, compiled and loaded by the first resident loader there
     /// and kept for the process (a module per loader would be compiled again and never
     /// unloaded). A failure is not kept: the next loader tries again.
-    fn cached(ordinal: usize) -> Result<Arc<Self>> {
+    pub(crate) fn cached(ordinal: usize) -> Result<Arc<Self>> {
         static LOADED: Mutex<Vec<(usize, Arc<CudaKernel>)>> = Mutex::new(Vec::new());
         let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, k)) = loaded.iter().find(|(n, _)| *n == ordinal) {
@@ -461,6 +476,7 @@ impl CudaKernel {
             .compile(&format!("compute_{major}{minor}"))
             .or_else(|_| nvrtc.compile("compute_75"))?;
         let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let mut decode = std::ptr::null_mut();
         // SAFETY: a current context, a NUL-terminated PTX image, and valid out-pointers.
         unsafe {
             driver.check((driver.ctx_set_current)(ctx), "cuCtxSetCurrent")?;
@@ -472,12 +488,67 @@ impl CudaKernel {
                 (driver.module_get_function)(&mut function, module, NAME.as_ptr()),
                 "cuModuleGetFunction",
             )?;
+            driver.check(
+                (driver.module_get_function)(&mut decode, module, DECODE_NAME.as_ptr()),
+                "cuModuleGetFunction",
+            )?;
         }
         Ok(Self {
             driver,
             ctx,
             function,
+            decode,
         })
+    }
+
+    /// Launches the frame decoder on the legacy default stream over `n` table rows.
+    ///
+    /// # Safety
+    /// Device addresses: `comp` holds every stored frame the table names, `table` `[n, 3]`
+    /// int64 (see `frame_decode.cu`), `dict` a prepared dictionary (or 0) and `content` its
+    /// content, `out` every destination frame, `errors` one int; all stay allocated until the
+    /// launch is done.
+    pub(crate) unsafe fn decode(&self, l: &DecodeLaunch) -> Result<()> {
+        if l.n == 0 {
+            return Ok(());
+        }
+        let grid = (l.n as u64).div_ceil(DECODE_BLOCK as u64).clamp(1, 1 << 20) as c_uint;
+        let (mut comp, mut table, mut n) = (l.comp, l.table, l.n as i64);
+        let (mut codec, mut dict, mut content) = (l.codec, l.dict, l.content);
+        let (mut out, mut frame_len, mut errors) = (l.out, l.frame_len as i64, l.errors);
+        let mut args: [*mut c_void; 9] = [
+            (&mut comp as *mut u64).cast(),
+            (&mut table as *mut u64).cast(),
+            (&mut n as *mut i64).cast(),
+            (&mut codec as *mut c_int).cast(),
+            (&mut dict as *mut u64).cast(),
+            (&mut content as *mut u64).cast(),
+            (&mut out as *mut u64).cast(),
+            (&mut frame_len as *mut i64).cast(),
+            (&mut errors as *mut u64).cast(),
+        ];
+        // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
+        // addresses), on the legacy default stream.
+        unsafe {
+            self.driver
+                .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
+            self.driver.check(
+                (self.driver.launch_kernel)(
+                    self.decode,
+                    grid,
+                    1,
+                    1,
+                    DECODE_BLOCK,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                "cuLaunchKernel (frame decoder)",
+            )
+        }
     }
 
     /// # Safety

@@ -8,7 +8,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::{TensorBatch, storage_kind, widen};
 use crate::error::{Error, Result};
-use crate::gather::{CompactInto, GatherInto, Gatherer};
+use crate::gather::either::Dest;
+use crate::gather::{CompactInto, FrameArena, GatherInto, Gatherer};
 use crate::index::SliceRef;
 
 /// Shapes and kinds of one batch's host tensors.
@@ -29,13 +30,55 @@ pub(crate) struct Layout {
     /// frame window, held as `[B, L + K - 1, ...frame]` and handed out as a `[B, L, K,
     /// ...frame]` view of it ([`window_view`]).
     pub(crate) leads: Vec<usize>,
+    /// Per column: whether the device decodes it (a frame window left by the gather as a table
+    /// of stored frames, [`crate::gather::TABLE_ROW`] bytes per row, `Int64 [B, L + K - 1, 3]`
+    /// in a slot, `[B, 3]` as a compact tail), see `frame_decode.rs`.
+    pub(crate) stored: Vec<bool>,
+    /// Bytes of a slot's arena of stored frames (0 without a stored column); grown by a worker
+    /// whose batch did not fit.
+    pub(crate) arena: usize,
 }
 
 impl Layout {
     pub(crate) fn new(gatherer: &Gatherer, b: usize, l: usize) -> Result<Self> {
         let mut layout = Self::of_columns(gatherer.columns(), b, l)?;
         layout.leads = gatherer.leads();
+        layout.stored = gatherer
+            .stored_frame_columns()
+            .iter()
+            .map(Option::is_some)
+            .collect();
+        // A first guess, 1/16 of the decoded frames (at least 4 KiB); a batch that does not fit
+        // grows it.
+        layout.arena = (0..layout.columns.len())
+            .filter(|&i| layout.stored[i])
+            .map(|i| layout.storage_shape(i).iter().product::<i64>() as usize / 16)
+            .sum::<usize>();
+        if layout.arena > 0 {
+            layout.arena = layout.arena.max(4 << 10);
+        }
         Ok(layout)
+    }
+
+    /// Whether some column is decoded on the device.
+    pub(crate) fn decodes(&self) -> bool {
+        self.arena > 0
+    }
+
+    /// Bytes of one decoded frame of column `i` (a frame window's row).
+    pub(crate) fn frame_len(&self, i: usize) -> usize {
+        self.columns[i].2[3..].iter().product::<i64>() as usize
+    }
+
+    /// The shape column `i` has once decoded where it is stored: its storage shape, or a compact
+    /// tail's `[B, ...frame]`.
+    pub(crate) fn decoded_shape(&self, i: usize) -> Vec<i64> {
+        let shape = &self.columns[i].2;
+        if self.compact && self.tails[i] {
+            [&shape[..1], &shape[3..]].concat()
+        } else {
+            self.storage_shape(i)
+        }
     }
 
     /// The shape column `i` is stored in: its full shape, or a frame window's `[B, L + K - 1,
@@ -74,6 +117,8 @@ impl Layout {
             l,
             tails: vec![false; out.len()],
             leads: vec![0; out.len()],
+            stored: vec![false; out.len()],
+            arena: 0,
             columns: out,
             types,
             compact: false,
@@ -111,6 +156,10 @@ pub(crate) struct Slot {
     /// For a packed slot: the one byte buffer all of the above are views of, and where each
     /// lies in it (columns, flags, metadata), so that the slot crosses to a device in one copy.
     pub(crate) packed: Option<(Tensor, Arc<[Piece]>)>,
+    /// The arena of stored frames, where the device decodes some column ([`Layout::decodes`]),
+    /// and the bytes its last gather used.
+    pub(crate) arena: Option<Tensor>,
+    pub(crate) arena_used: usize,
 }
 
 /// Offsets of packed slot tensors are multiples of this power of two (any dtype's alignment, and the
@@ -132,6 +181,14 @@ fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
         .zip(&layout.tails)
         .enumerate()
         .map(|(i, ((_, k, shape), &tail))| {
+            if layout.stored[i] {
+                // A table of stored frames: a row per frame of the window, or of the tail.
+                return if layout.compact && tail {
+                    (vec![b, 3], Kind::Int64)
+                } else {
+                    (vec![b, l + layout.leads[i] as i64, 3], Kind::Int64)
+                };
+            }
             if layout.compact && tail {
                 // [B, ...step], or a window's one frame: [B, ...frame].
                 let skip = if layout.leads[i] > 0 { 3 } else { 2 };
@@ -148,6 +205,10 @@ fn slot_specs(layout: &Layout) -> Vec<(Vec<i64>, Kind)> {
         specs.push((vec![6, b, l], Kind::Bool));
     }
     specs.push((vec![2, b], Kind::Int64));
+    if layout.decodes() {
+        // The arena last, so that a copy to the device carries only its used bytes.
+        specs.push((vec![layout.arena as i64], Kind::Uint8));
+    }
     specs
 }
 
@@ -166,8 +227,14 @@ fn packed_pieces(layout: &Layout) -> (i64, Arc<[Piece]>) {
 }
 
 impl Slot {
-    /// Columns, flags and metadata in [`slot_specs`] order.
-    fn from_tensors(mut t: Vec<Tensor>, packed: Option<(Tensor, Arc<[Piece]>)>) -> Self {
+    /// Columns, flags, metadata and the arena (`arena`: if there is one) in [`slot_specs`]
+    /// order.
+    fn from_tensors(
+        mut t: Vec<Tensor>,
+        packed: Option<(Tensor, Arc<[Piece]>)>,
+        arena: bool,
+    ) -> Self {
+        let arena = if arena { t.pop() } else { None };
         let meta = t.pop().expect("metadata tensor");
         let flags = t.pop().expect("flags tensor");
         Slot {
@@ -175,6 +242,21 @@ impl Slot {
             flags,
             meta,
             packed,
+            arena,
+            arena_used: 0,
+        }
+    }
+
+    /// A placeholder while a slot is taken out of its ring.
+    pub(crate) fn empty() -> Self {
+        let t = || Tensor::new();
+        Slot {
+            columns: Vec::new(),
+            flags: t(),
+            meta: t(),
+            packed: None,
+            arena: None,
+            arena_used: 0,
         }
     }
 
@@ -189,7 +271,7 @@ impl Slot {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Self::from_tensors(tensors, None))
+        Ok(Self::from_tensors(tensors, None, layout.decodes()))
     }
 
     /// A slot whose tensors are views of one (pinned, on CUDA) buffer: what the CUDA staging ring
@@ -201,11 +283,11 @@ impl Slot {
         if let Some(d) = pin {
             buf = buf.f_pin_memory(d)?;
         }
-        Self::views_of(buf, pieces)
+        Self::views_of(buf, pieces, layout.decodes())
     }
 
-    /// The slot's tensors as views of `buf`.
-    fn views_of(buf: Tensor, pieces: Arc<[Piece]>) -> Result<Self> {
+    /// The slot's tensors as views of `buf` (the last an arena if `arena`).
+    fn views_of(buf: Tensor, pieces: Arc<[Piece]>, arena: bool) -> Result<Self> {
         let views = pieces
             .iter()
             .map(|(off, shape, kind)| {
@@ -216,16 +298,29 @@ impl Slot {
                     .f_view(shape.as_slice())?)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self::from_tensors(views, Some((buf, pieces))))
+        Ok(Self::from_tensors(views, Some((buf, pieces)), arena))
     }
 
     /// A packed slot's copy on `device`, in one non-blocking copy (None for an unpacked slot).
+    /// Of an arena, only the bytes the gather used cross (it is the slot's last piece).
     pub(crate) fn to_device(&self, device: Device) -> Result<Option<Self>> {
         let Some((buf, pieces)) = &self.packed else {
             return Ok(None);
         };
-        let on = buf.f_to_device_(device, Kind::Uint8, true, false)?;
-        Ok(Some(Self::views_of(on, pieces.clone())?))
+        let arena = self.arena.is_some();
+        let (len, pieces) = match pieces.last() {
+            Some((off, _, kind)) if arena => {
+                let used = self.arena_used as i64;
+                let mut p = pieces.to_vec();
+                *p.last_mut().expect("the arena") = (*off, vec![used], *kind);
+                (off + used, p.into())
+            }
+            _ => (buf.size()[0], pieces.clone()),
+        };
+        let on = buf
+            .f_narrow(0, 0, len.max(1))?
+            .f_to_device_(device, Kind::Uint8, true, false)?;
+        Ok(Some(Self::views_of(on, pieces, arena)?))
     }
 
     /// Takes the tensors of a recycled batch back if they still have the layout's shapes and
@@ -234,8 +329,9 @@ impl Slot {
         let ok = |t: &Tensor, kind: Kind, shape: &[i64]| {
             t.device() == Device::Cpu && t.kind() == kind && t.size() == shape && t.is_contiguous()
         };
-        // A compact slot's batch is expanded into new tensors: nothing to take back.
-        if layout.compact || batch.base_columns.len() != layout.columns.len() {
+        // A compact slot's batch is expanded into new tensors, a decoded column is a new tensor:
+        // nothing to take back.
+        if layout.compact || layout.decodes() || batch.base_columns.len() != layout.columns.len() {
             return None;
         }
         let mut columns = Vec::with_capacity(layout.columns.len());
@@ -255,16 +351,20 @@ impl Slot {
             flags: batch.flag_base?,
             meta: batch.meta_base?,
             packed: None,
+            arena: None,
+            arena_used: 0,
         })
     }
 
-    /// Gathers `plan` into the slot.
+    /// Gathers `plan` into the slot. False where the slot's arena was too small for the batch's
+    /// stored frames ([`Slot::arena_used`] says how many bytes they need): gather it again into
+    /// a slot with a larger one.
     pub(crate) fn fill(
         &mut self,
         gatherer: &Gatherer,
         plan: &[SliceRef],
         layout: &Layout,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (b, l) = (layout.b, layout.l);
         // SAFETY: every tensor of the slot is a contiguous CPU tensor this worker owns and that no
         // other thread reads or writes while it is filled (a slot is filled only when none of its
@@ -298,7 +398,14 @@ impl Slot {
                 episode_id: ids,
                 start_step: starts,
             };
-            gatherer.gather_compact(&plan[..n], l, dest)?;
+            match self.arena.as_ref().map(bytes) {
+                Some(a) => {
+                    let arena = FrameArena::new(a);
+                    gatherer.gather_stored(&plan[..n], l, Dest::Compact(dest), &arena)?;
+                    self.arena_used = arena.used();
+                }
+                None => gatherer.gather_compact(&plan[..n], l, dest)?,
+            }
         } else {
             let mut planes = bytes(&self.flags).chunks_exact_mut(b * l);
             let flags = std::array::from_fn(|_| planes.next().expect("a [6, B, L] flag tensor"));
@@ -308,19 +415,49 @@ impl Slot {
                 episode_id: ids,
                 start_step: starts,
             };
-            gatherer.gather_into(&plan[..n], l, dest)?;
+            match self.arena.as_ref().map(bytes) {
+                Some(a) => {
+                    let arena = FrameArena::new(a);
+                    gatherer.gather_stored(&plan[..n], l, Dest::Planes(dest), &arena)?;
+                    self.arena_used = arena.used();
+                }
+                None => gatherer.gather_into(&plan[..n], l, dest)?,
+            }
+        }
+        if self
+            .arena
+            .as_ref()
+            .is_some_and(|a| self.arena_used > a.numel())
+        {
+            return Ok(false);
         }
         if n < b {
-            self.pad_tail(n)?;
+            self.pad_tail(n, layout)?;
         }
-        Ok(())
+        Ok(true)
     }
 
-    /// Zeroes slices `n..` (a short last batch of an epoch).
-    pub(crate) fn pad_tail(&mut self, n: usize) -> Result<()> {
-        for t in &mut self.columns {
+    /// Zeroes slices `n..` (a short last batch of an epoch); a stored column's table gets rows
+    /// of zero frames.
+    pub(crate) fn pad_tail(&mut self, n: usize, layout: &Layout) -> Result<()> {
+        for (i, t) in self.columns.iter_mut().enumerate() {
             let b = t.size()[0];
-            let _ = t.f_narrow(0, n as i64, b - n as i64)?.f_zero_()?;
+            let mut rest = t.f_narrow(0, n as i64, b - n as i64)?;
+            if layout.stored.get(i).copied().unwrap_or(false) {
+                // [.., 3] rows (offset, length, destination): no stored bytes (-1), and the
+                // destination of each row's decoded frame, which is its place in the column.
+                let rows = rest.numel() as i64 / 3;
+                let first = (n * t.numel() / b as usize / 3) as i64;
+                let frame = layout.frame_len(i) as i64;
+                let dst = Tensor::f_arange_start(first, first + rows, (Kind::Int64, Device::Cpu))?
+                    .f_mul_scalar(frame)?;
+                let rest3 = rest.f_view([rows, 3])?;
+                let _ = rest3.f_select(1, 0)?.f_fill_(0)?;
+                let _ = rest3.f_select(1, 1)?.f_fill_(-1)?;
+                rest3.f_select(1, 2)?.f_copy_(&dst)?;
+                continue;
+            }
+            let _ = rest.f_zero_()?;
         }
         // Flag planes are [6, B, L]; compact spans [B, 3] (all zero: an empty slice).
         let dim = if self.flags.dim() == 2 { 0 } else { 1 };

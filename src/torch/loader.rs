@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Device;
 
+use super::frame_decode::{DeviceDecode, WorkerDecode};
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
 use super::resident::Resident;
@@ -137,6 +138,13 @@ impl TorchLoader {
                  rotate through its cache: pull the dataset to use it resident",
             ));
         }
+        if opts.device_decode {
+            return Err(Error::argument(
+                "device_decode",
+                "frames are decoded on the device from a local dataset; a stream's workers \
+                 decode them",
+            ));
+        }
         let (b, l) = crate::loader::stream::columns::batch_shape(source)?;
         let columns = source.columns()?;
         let mut layout = Layout::of_columns(
@@ -152,7 +160,7 @@ impl TorchLoader {
         let sink: crate::loader::stream::Sink<TensorBatch> = {
             let (pool, opts) = (pool.clone(), opts.clone());
             Arc::new(move || {
-                let mut worker = stream_worker(&layout, &opts, &pool);
+                let mut worker = stream_worker(&layout, &opts, &pool, None);
                 Box::new(move |_k, gatherer, plan| worker.produce(gatherer, plan))
             })
         };
@@ -182,8 +190,13 @@ impl TorchLoader {
         if opts.resident_budget.is_none() {
             check_in_flight(batch_bytes, &opts.loader)?;
         }
+        let decode = opts
+            .device_decode
+            .then(|| Arc::new(DeviceDecode::default()));
+        // With the device decode, the slots hold what the twin gathers (tables of stored frames).
+        let twin = decode.as_ref().map(|d| d.twin(&gatherer)).transpose()?;
         let layout = Layout::new(
-            &gatherer,
+            twin.as_ref().map_or(&gatherer, |t| &t.stored),
             sampler.num_slices(),
             sampler.slice_len() as usize,
         )?;
@@ -212,11 +225,11 @@ impl TorchLoader {
             end,
             "torch-loader",
             |lane| {
-                let mut worker = stream_worker(&layout, &opts, &pool);
+                let mut worker = stream_worker(&layout, &opts, &pool, decode.clone());
                 let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
                     planner.plan(k, lane);
-                    worker.produce(planner.gatherer(), planner.current())
+                    worker.produce_feed(planner.gatherer(), planner.current())
                 }
             },
         )?;
@@ -308,6 +321,23 @@ impl TorchLoader {
 /// output has CUDA, before anything starts.
 fn check_options(opts: &TorchLoaderOptions) -> Result<()> {
     check_device(opts.device)?;
+    if opts.device_decode {
+        let clash = if opts.resident_budget.is_some() {
+            Some("resident mode (its frames are decoded once, at upload)")
+        } else if opts.transform.is_some() {
+            Some("a transform (it sees host batches, whose frames are not decoded yet)")
+        } else if !matches!(opts.device, Device::Cpu | Device::Cuda(_)) {
+            Some("this device (frames are decoded on CUDA, or on the CPU)")
+        } else {
+            None
+        };
+        if let Some(clash) = clash {
+            return Err(Error::argument(
+                "device_decode",
+                format!("frames are not decoded on the device with {clash}"),
+            ));
+        }
+    }
     if opts.pin_output && opts.device == Device::Cpu {
         // Pinning needs CUDA: say so clearly instead of failing inside libtorch.
         check_device(Device::Cuda(0)).map_err(|_| {
@@ -345,8 +375,10 @@ fn stream_worker(
     layout: &Layout,
     opts: &TorchLoaderOptions,
     pool: &Arc<Mutex<Vec<TensorBatch>>>,
+    decode: Option<Arc<DeviceDecode>>,
 ) -> StreamWorker {
     StreamWorker {
+        decode: decode.map(|d| (d, WorkerDecode::new())),
         layout: layout.clone(),
         device: opts.device,
         pin: match opts.device {

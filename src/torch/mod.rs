@@ -20,7 +20,6 @@
 
 mod compact;
 mod events;
-#[allow(dead_code)] // until the loader uses it (next commit)
 mod frame_decode;
 mod kernel;
 mod layout;

@@ -45,6 +45,13 @@ pub struct TorchLoaderOptions {
     /// the gather writes the full batch directly. Some(true) on CPU expands on the host (what the
     /// tests compare).
     pub compact: Option<bool>,
+    /// Decode frame windows where the batch lands (issue 35): the workers ship each window's
+    /// stored frames, tens of bytes each, with a table saying where each goes, and a kernel of
+    /// one thread per frame decodes them there (NVRTC-compiled on a GPU; its C++ copy on the
+    /// CPU, which the tests compare with the workers' decode). Needs a frame window
+    /// ([`crate::FrameStack::with_window`]) and a local dataset; not with a transform or in
+    /// resident mode. Default off (the workers decode).
+    pub device_decode: bool,
 }
 
 impl std::fmt::Debug for TorchLoaderOptions {
@@ -59,6 +66,7 @@ impl std::fmt::Debug for TorchLoaderOptions {
             .field("resident_fused", &self.resident_fused)
             .field("transform", &self.transform.is_some())
             .field("compact", &self.compact)
+            .field("device_decode", &self.device_decode)
             .finish()
     }
 }
@@ -76,7 +84,14 @@ impl TorchLoaderOptions {
             resident_fused: true,
             transform: None,
             compact: None,
+            device_decode: false,
         }
+    }
+
+    /// Frame windows decoded where the batch lands ([`TorchLoaderOptions::device_decode`]).
+    pub fn with_device_decode(mut self, on: bool) -> Self {
+        self.device_decode = on;
+        self
     }
     /// Sets workers, queue depth, first batch and batch count.
     pub fn with_loader(mut self, loader: LoaderOptions) -> Self {

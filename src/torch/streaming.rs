@@ -7,6 +7,7 @@ use tch::Device;
 
 use super::compact;
 use super::events::CopyDone;
+use super::frame_decode::{DeviceDecode, Twin, WorkerDecode};
 use super::layout::{Layout, Slot};
 use super::options::Transform;
 use super::{FloatCast, TensorBatch};
@@ -30,15 +31,40 @@ pub(crate) struct StreamWorker {
     pub(crate) pending: Vec<bool>,
     /// Per slot: the event recorded after its copies (None: synchronize the device instead).
     pub(crate) done: Vec<Option<CopyDone>>,
+    /// Frames decoded on the device: the loader's twins and this worker's side.
+    pub(crate) decode: Option<(Arc<DeviceDecode>, WorkerDecode)>,
 }
 
 impl StreamWorker {
+    /// [`StreamWorker::produce`] from a local feed's gatherer: with the device decode, its twin
+    /// gathers (tables of stored frames) and the frames are decoded where the batch lands.
+    pub(crate) fn produce_feed(
+        &mut self,
+        gatherer: &Arc<Gatherer>,
+        plan: &[SliceRef],
+    ) -> Result<TensorBatch> {
+        let Some((shared, _)) = &self.decode else {
+            return self.produce(gatherer, plan);
+        };
+        let twin = shared.twin(gatherer)?;
+        self.produce_with(&twin.stored.clone(), plan, Some(&twin))
+    }
+
     /// Gathers `plan` (made by a loader's worker, or a stream's for its window) with
     /// `gatherer` into a batch on the target device.
     pub(crate) fn produce(
         &mut self,
         gatherer: &Gatherer,
         plan: &[SliceRef],
+    ) -> Result<TensorBatch> {
+        self.produce_with(gatherer, plan, None)
+    }
+
+    fn produce_with(
+        &mut self,
+        gatherer: &Gatherer,
+        plan: &[SliceRef],
+        twin: Option<&Twin>,
     ) -> Result<TensorBatch> {
         let n = plan.len();
         if n > self.layout.b {
@@ -51,19 +77,50 @@ impl StreamWorker {
             ));
         }
         match self.device {
-            Device::Cuda(index) => self.produce_cuda(index, gatherer, plan),
-            _ => self.produce_host(gatherer, plan),
+            Device::Cuda(index) => self.produce_cuda(index, gatherer, plan, twin),
+            _ => self.produce_host(gatherer, plan, twin),
         }
     }
 
+    /// Gathers `plan` into `slot`; where its arena of stored frames was too small, into a new
+    /// slot (`alloc`) with a larger one, which the layout keeps for the next slots.
+    fn fill(
+        &mut self,
+        slot: &mut Slot,
+        gatherer: &Gatherer,
+        plan: &[SliceRef],
+        alloc: fn(&Layout, Option<Device>) -> Result<Slot>,
+    ) -> Result<()> {
+        if slot
+            .arena
+            .as_ref()
+            .is_some_and(|a| a.numel() < self.layout.arena)
+        {
+            *slot = alloc(&self.layout, self.pin)?;
+        }
+        while !slot.fill(gatherer, plan, &self.layout)? {
+            self.layout.arena = slot.arena_used + slot.arena_used / 4;
+            *slot = alloc(&self.layout, self.pin)?;
+        }
+        Ok(())
+    }
+
     /// CPU target: gather into the batch's own tensors (recycled or new).
-    fn produce_host(&mut self, gatherer: &Gatherer, plan: &[SliceRef]) -> Result<TensorBatch> {
+    fn produce_host(
+        &mut self,
+        gatherer: &Gatherer,
+        plan: &[SliceRef],
+        twin: Option<&Twin>,
+    ) -> Result<TensorBatch> {
         let recycled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut slot = match recycled.and_then(|b| Slot::reclaim(b, &self.layout)) {
             Some(s) => s,
             None => Slot::alloc(&self.layout, self.pin)?,
         };
-        slot.fill(gatherer, plan, &self.layout)?;
+        self.fill(&mut slot, gatherer, plan, Slot::alloc)?;
+        if let (Some(twin), Some((_, dec))) = (twin, self.decode.as_mut()) {
+            slot = dec.decode(twin, &slot, &self.layout)?;
+        }
         let mut batch = compact::batch(&slot, &self.layout)?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
@@ -86,6 +143,7 @@ impl StreamWorker {
         index: usize,
         gatherer: &Gatherer,
         plan: &[SliceRef],
+        twin: Option<&Twin>,
     ) -> Result<TensorBatch> {
         let i = self.next_slot;
         self.next_slot = (i + 1) % self.max_slots;
@@ -105,15 +163,24 @@ impl StreamWorker {
                 self.pending.iter_mut().for_each(|p| *p = false);
             }
         }
-        let slot = &mut self.slots[i];
-        slot.fill(gatherer, plan, &self.layout)?;
+        let mut slot = std::mem::replace(&mut self.slots[i], Slot::empty());
+        let filled = self.fill(&mut slot, gatherer, plan, Slot::alloc_packed);
+        self.slots[i] = slot;
+        filled?;
+        let slot = &self.slots[i];
         // Without a transform or a widened column (a compact slot widens on the device), the
         // whole slot in one copy (one allocation on the device), handed out as views of it or
-        // expanded from it there.
-        let on = if self.transform.is_none() && (self.layout.compact || !self.layout.widens()) {
+        // expanded from it there. Frames decoded on the device need that copy.
+        let on = if self.transform.is_none()
+            && (self.layout.compact || !self.layout.widens() || self.layout.decodes())
+        {
             slot.to_device(self.device)?
         } else {
             None
+        };
+        let on = match (on, twin, self.decode.as_mut()) {
+            (Some(on), Some(twin), Some((_, dec))) => Some(dec.decode(twin, &on, &self.layout)?),
+            (on, _, _) => on,
         };
         let mut out = match on {
             Some(on) => compact::batch(&on, &self.layout)?,

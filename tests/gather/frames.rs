@@ -577,6 +577,26 @@ fn a_damaged_frame_is_a_named_error_from_the_gather() {
         } => {}
         other => panic!("expected the file and episode in {other:?}"),
     }
+    // Decoded where the batch lands (its C++ copy on the CPU): the frame fails there, named.
+    #[cfg(feature = "torch")]
+    {
+        use trajstore::sample::SamplerKind;
+        use trajstore::torch::{TorchLoader, TorchLoaderOptions};
+        let every = SamplerSpec::new(SamplerKind::Epoch, 4, 8)
+            .with_policy(BoundaryPolicy::Pad)
+            .with_drop_last(false);
+        let stack = FrameStack::new(2).unwrap().with_window(true);
+        let spec =
+            LoaderSpec::single(snap.clone(), every, &["observation"]).with_frame_stack(stack);
+        let opts = TorchLoaderOptions::new(tch::Device::Cpu).with_device_decode(true);
+        let source = BatchSource::open(spec).unwrap();
+        let e = TorchLoader::new(&source, opts)
+            .unwrap()
+            .find_map(|b| b.err())
+            .expect("the damaged frame is an error");
+        assert!(matches!(e, Error::InvalidData { .. }), "{e}");
+        assert!(e.to_string().contains("observation"), "{e}");
+    }
 }
 
 #[cfg(feature = "torch")]
@@ -734,4 +754,100 @@ fn the_torch_loader_hands_out_frame_windows_as_views() {
     });
     assert_eq!(TorchLoader::new(&source(true), opts).unwrap().count(), 3);
     assert_eq!(*seen.lock().unwrap(), vec![vec![6, 8, 4, 12, 10]; 3]);
+}
+
+/// Frames decoded where the batch lands (`TorchLoaderOptions::device_decode`): the workers ship
+/// each window's stored frames and a table, and the decoder (`frame_decode.cu`, its C++ copy on
+/// the CPU) gives the batches the workers' own decode gives, byte for byte: every codec, both
+/// paddings, the strict, pad and span policies, compact or not, with and without the
+/// observation beside `next_observation`, and the short last batch of an epoch. Frames stored
+/// raw (codec `none`) overflow the first arena, which grows. A damaged frame is a named error.
+#[cfg(feature = "torch")]
+#[test]
+fn frames_decoded_where_the_batch_lands_equal_the_workers_decode() {
+    use trajstore::sample::SamplerKind;
+    use trajstore::torch::{TorchLoader, TorchLoaderOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = |source: &BatchSource, opts: TorchLoaderOptions| {
+        TorchLoader::new(source, opts)
+            .unwrap()
+            .map(|b| {
+                b.unwrap()
+                    .tensors()
+                    .map(|(n, t)| {
+                        let t = t.to_kind(tch::Kind::Uint8).contiguous().flatten(0, -1);
+                        (n.to_string(), Vec::<u8>::try_from(t).unwrap())
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut checked = 0;
+    for codec in [FrameCodec::ZstdDict, FrameCodec::Zstd, FrameCodec::None] {
+        let (snap, _) = write(dir.path(), codec);
+        for (pad, policy) in [
+            (StackPad::Repeat, BoundaryPolicy::Strict),
+            (StackPad::Zeros, BoundaryPolicy::Pad),
+            (StackPad::Repeat, BoundaryPolicy::Span { left: 2, right: 3 }),
+        ] {
+            let stack = FrameStack::new(4).unwrap().with_pad(pad).with_window(true);
+            for cols in [
+                &["observation", "next_observation", "reward"][..],
+                &["next_observation"],
+            ] {
+                let sampler = SamplerSpec::uniform(6, 8).with_policy(policy).with_seed(3);
+                let spec = LoaderSpec::single(snap.clone(), sampler, cols).with_frame_stack(stack);
+                let source = BatchSource::open(spec).unwrap();
+                for compact in [false, true] {
+                    let opts = |on: bool| {
+                        TorchLoaderOptions::new(tch::Device::Cpu)
+                            .with_loader(
+                                LoaderOptions::default().with_max_batches(5).with_workers(2),
+                            )
+                            .with_compact(compact)
+                            .with_device_decode(on)
+                    };
+                    let what = format!("{codec} {pad} {policy:?} {cols:?} compact {compact}");
+                    let (workers, device) =
+                        (tensors(&source, opts(false)), tensors(&source, opts(true)));
+                    assert_eq!(workers.len(), 5, "{what}");
+                    assert!(workers == device, "{what}");
+                    checked += 1;
+                }
+            }
+        }
+        // The short last batch of an epoch (its empty slices are tables of zero frames).
+        let spec = SamplerSpec::new(SamplerKind::Epoch, 5, 7)
+            .with_policy(BoundaryPolicy::Pad)
+            .with_drop_last(false);
+        let stack = FrameStack::new(3).unwrap().with_window(true);
+        let cols = ["observation", "next_observation"];
+        let spec = LoaderSpec::single(snap.clone(), spec, &cols).with_frame_stack(stack);
+        let source = BatchSource::open(spec).unwrap();
+        let opts = |on| TorchLoaderOptions::new(tch::Device::Cpu).with_device_decode(on);
+        let (workers, device) = (tensors(&source, opts(false)), tensors(&source, opts(true)));
+        assert!(workers.len() > 1 && workers == device, "{codec}: an epoch");
+    }
+    assert_eq!(checked, 36);
+    // Written-out stacks, resident mode, a transform: refused by name.
+    let (snap, _) = write(dir.path().join("x").as_path(), FrameCodec::Zstd);
+    let refused = |stack: FrameStack, opts: TorchLoaderOptions| {
+        let spec = LoaderSpec::single(snap.clone(), SamplerSpec::uniform(3, 4), &["observation"])
+            .with_frame_stack(stack);
+        match TorchLoader::new(
+            &BatchSource::open(spec).unwrap(),
+            opts.with_device_decode(true),
+        ) {
+            Err(Error::InvalidArgument {
+                argument: Some(a),
+                reason,
+            }) => assert_eq!(a, "device_decode", "{reason}"),
+            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+        }
+    };
+    let window = FrameStack::new(4).unwrap().with_window(true);
+    let cpu = || TorchLoaderOptions::new(tch::Device::Cpu);
+    refused(FrameStack::new(4).unwrap(), cpu());
+    refused(window, cpu().with_resident(1 << 30));
+    refused(window, cpu().with_transform(|_| Ok(())));
 }
