@@ -538,6 +538,61 @@ fn cuda_resident_equals_streaming() {
     }
 }
 
+/// Frames decoded on the GPU (`TorchLoaderOptions::device_decode`: the NVRTC-compiled
+/// `frame_decode.cu`) give the batches the workers' decode gives, byte for byte: 84 × 84
+/// `zstd-dict` frames (`demo --frames`), windows of 4, compact or not, strict and pad.
+#[test]
+fn cuda_frames_decoded_on_the_device_equal_the_workers_decode() {
+    let Some(dev) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = trajstore::synth::SynthSpec {
+        transitions: 3000,
+        mean_episode_len: 60.0,
+        seed: 4,
+        ..Default::default()
+    };
+    let ds = trajstore::Dataset::create(dir.path().join("frames"), &spec.frame_schema().unwrap())
+        .unwrap();
+    let mut w = ds.writer(trajstore::WriterOptions::default()).unwrap();
+    spec.write_frames(&mut w, None, |_| {}).unwrap();
+    drop(w);
+    let snap = ds.snapshot().unwrap();
+    let stack = trajstore::FrameStack::new(4).unwrap().with_window(true);
+    for policy in [BoundaryPolicy::Strict, BoundaryPolicy::Pad] {
+        let sampler = SamplerSpec::uniform(16, 32)
+            .with_policy(policy)
+            .with_seed(8);
+        let cols = ["observation", "next_observation", "action"];
+        let spec = LoaderSpec::single(snap.clone(), sampler, &cols).with_frame_stack(stack);
+        let source = BatchSource::open(spec).unwrap();
+        for compact in [true, false] {
+            let run = |on: bool| {
+                let opts = TorchLoaderOptions::new(dev)
+                    .with_loader(
+                        LoaderOptions::default()
+                            .with_workers(2)
+                            .with_max_batches(20),
+                    )
+                    .with_compact(compact)
+                    .with_device_decode(on);
+                TorchLoader::new(&source, opts)
+                    .unwrap()
+                    .map(|b| {
+                        let b = b.unwrap();
+                        assert_eq!(b.mask.device(), dev);
+                        b.tensors()
+                            .map(|(n, t)| (n.to_string(), bytes(&t.to(Device::Cpu))))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let (workers, device) = (run(false), run(true));
+            assert_eq!(device.len(), 20);
+            assert!(workers == device, "{policy:?} compact {compact}");
+        }
+    }
+}
+
 #[test]
 fn pinned_memory_survives_a_transform() {
     let Some(_) = cuda() else { return };

@@ -91,6 +91,13 @@ __device__ static int ts_highbit(ts_u32 v) {
 
 // Little-endian bytes i..i+8 of src[0..len), zeros outside it.
 __device__ static ts_u64 ts_load64(const ts_u8* src, long long len, long long i) {
+    if (i >= 0 && i + 8 <= len) {
+        // Byte loads (a frame's bytes have no alignment), without a check each.
+        const ts_u8* p = src + i;
+        return (ts_u64)p[0] | ((ts_u64)p[1] << 8) | ((ts_u64)p[2] << 16) | ((ts_u64)p[3] << 24) |
+               ((ts_u64)p[4] << 32) | ((ts_u64)p[5] << 40) | ((ts_u64)p[6] << 48) |
+               ((ts_u64)p[7] << 56);
+    }
     ts_u64 v = 0;
     for (int k = 0; k < 8; ++k) {
         const long long j = i + k;
@@ -481,10 +488,42 @@ __device__ static int ts_match(ts_u8* out, long long op, ts_u64 offset, ts_u64 m
             out[op + i] = content[from];
         }
     }
+    if (offset >= 8) {
+        // Eight bytes at a time: no byte of a block reads one the block writes.
+        ts_u8* d = out + op;
+        const ts_u8* s = out + op - (long long)offset;
+        for (; i + 8 <= (long long)ml; i += 8) {
+            ts_u8 t[8];
+            for (int k = 0; k < 8; ++k) {
+                t[k] = s[i + k];
+            }
+            for (int k = 0; k < 8; ++k) {
+                d[i + k] = t[k];
+            }
+        }
+    }
     for (; i < (long long)ml; ++i) {
         out[op + i] = out[op + i - (long long)offset];
     }
     return 0;
+}
+
+// Copies n bytes forward from `s` to `d`, where `s` is not before `d` (they may overlap): the
+// literals, from the frame or from the end of the output.
+__device__ static void ts_copy_forward(ts_u8* d, const ts_u8* s, long long n) {
+    long long k = 0;
+    for (; k + 8 <= n; k += 8) {
+        ts_u8 t[8];
+        for (int j = 0; j < 8; ++j) {
+            t[j] = s[k + j];
+        }
+        for (int j = 0; j < 8; ++j) {
+            d[k + j] = t[j];
+        }
+    }
+    for (; k < n; ++k) {
+        d[k] = s[k];
+    }
 }
 
 // Decodes one compressed block (RFC 8878 3.1.1.3) into out[*op..cap).
@@ -704,9 +743,7 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
                 (ts_u64)op + ll + ml + (ts_u64)(lit_len - lit_used - (long long)ll) > (ts_u64)cap) {
                 return TS_E_SIZE;
             }
-            for (ts_u64 k = 0; k < ll; ++k) {
-                out[op + (long long)k] = lits[lit_used + (long long)k];
-            }
+            ts_copy_forward(out + op, lits + lit_used, (long long)ll);
             op += (long long)ll;
             lit_used += (long long)ll;
             const int e = ts_match(out, op, offset, ml, content, content_len);
@@ -734,9 +771,7 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
     if (op + rest > cap) {
         return TS_E_SIZE;
     }
-    for (long long k = 0; k < rest; ++k) {
-        out[op + k] = lits[lit_used + k];
-    }
+    ts_copy_forward(out + op, lits + lit_used, rest);
     *op_io = op + rest;
     return 0;
 }

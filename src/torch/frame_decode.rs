@@ -218,9 +218,26 @@ pub(crate) struct Twin {
 #[derive(Default)]
 pub(crate) struct DeviceDecode {
     twins: Mutex<Vec<Twin>>,
+    /// Bytes the workers' copies carried, and the batches.
+    shipped: std::sync::atomic::AtomicU64,
+    batches: std::sync::atomic::AtomicU64,
 }
 
 impl DeviceDecode {
+    /// Counts one batch's copy of `bytes`.
+    pub(crate) fn shipped(&self, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.shipped.fetch_add(bytes, Relaxed);
+        self.batches.fetch_add(1, Relaxed);
+    }
+
+    /// The mean bytes of a batch's copy so far (None before the first).
+    pub(crate) fn mean_shipped(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.batches.load(Relaxed);
+        (n > 0).then(|| self.shipped.load(Relaxed) / n)
+    }
+
     /// The twin of `feed` (made by the first worker that gathers from it).
     pub(crate) fn twin(&self, feed: &Arc<Gatherer>) -> Result<Twin> {
         let mut twins = self.twins.lock().unwrap_or_else(|e| e.into_inner());

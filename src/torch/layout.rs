@@ -301,6 +301,17 @@ impl Slot {
         Ok(Self::from_tensors(views, Some((buf, pieces)), arena))
     }
 
+    /// Bytes [`Slot::to_device`] copies: the packed buffer, up to the arena's used bytes.
+    pub(crate) fn copy_bytes(&self) -> u64 {
+        match (&self.packed, &self.arena) {
+            (Some((_, pieces)), Some(_)) => {
+                pieces.last().map_or(0, |p| p.0) as u64 + self.arena_used as u64
+            }
+            (Some((buf, _)), None) => buf.size()[0] as u64,
+            _ => 0,
+        }
+    }
+
     /// A packed slot's copy on `device`, in one non-blocking copy (None for an unpacked slot).
     /// Of an arena, only the bytes the gather used cross (it is the slot's last piece).
     pub(crate) fn to_device(&self, device: Device) -> Result<Option<Self>> {

@@ -44,6 +44,8 @@ pub(crate) enum Inner {
         pool: Arc<Mutex<Vec<TensorBatch>>>,
         /// Bytes of one batch's host-to-device copy (the packed slot; 0 on CPU).
         transfer: u64,
+        /// Frames decoded on the device: what the workers shipped.
+        decode: Option<Arc<DeviceDecode>>,
     },
     Resident(Box<Resident>),
 }
@@ -170,6 +172,7 @@ impl TorchLoader {
                 batches: Batches::Stream(Box::new(runs)),
                 pool,
                 transfer,
+                decode: None,
             },
             device: opts.device,
             feed: None,
@@ -239,6 +242,7 @@ impl TorchLoader {
                 batches: Batches::Local(pipeline),
                 pool,
                 transfer,
+                decode,
             },
             device,
             feed: Some(feed),
@@ -276,11 +280,30 @@ impl TorchLoader {
     /// Bytes one batch's host-to-device copy carries when streaming to CUDA (the packed staging
     /// slot: the compact batch unless it is off, see [`TorchLoaderOptions::compact`]); None on
     /// CPU and in resident mode.
+    ///
+    /// With [`TorchLoaderOptions::device_decode`] a copy carries only the stored frames a batch
+    /// uses, and this is the mean over the batches made so far (the slot's size before the
+    /// first).
     pub fn transfer_bytes(&self) -> Option<u64> {
         match &self.inner {
+            Inner::Streaming {
+                decode: Some(d), ..
+            } if self.device != Device::Cpu => d.mean_shipped().or(Some(0)).filter(|&b| b > 0),
             Inner::Streaming { transfer, .. } if *transfer > 0 => Some(*transfer),
             _ => None,
         }
+    }
+
+    /// Whether frames are decoded where the batches land
+    /// ([`TorchLoaderOptions::device_decode`]).
+    pub fn decodes_on_device(&self) -> bool {
+        matches!(
+            &self.inner,
+            Inner::Streaming {
+                decode: Some(_),
+                ..
+            }
+        )
     }
 
     /// Whether this loader samples from device-resident columns.

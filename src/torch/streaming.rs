@@ -179,7 +179,10 @@ impl StreamWorker {
             None
         };
         let on = match (on, twin, self.decode.as_mut()) {
-            (Some(on), Some(twin), Some((_, dec))) => Some(dec.decode(twin, &on, &self.layout)?),
+            (Some(on), Some(twin), Some((shared, dec))) => {
+                shared.shipped(slot.copy_bytes());
+                Some(dec.decode(twin, &on, &self.layout)?)
+            }
             (on, _, _) => on,
         };
         let mut out = match on {

@@ -98,6 +98,11 @@ pub(crate) struct BenchArgs {
     /// to compare the two.
     #[arg(long, requires = "resident")]
     pub(crate) resident_unfused: bool,
+    /// With --device and --frame-window: ship each window's stored frames (tens of bytes each)
+    /// and decode them where the batch lands (a kernel of one thread per frame on a GPU, its
+    /// C++ copy on the CPU) instead of in the workers.
+    #[arg(long, requires = "device")]
+    pub(crate) device_decode: bool,
     /// With --device: measure the device loader only (no CPU phases; what the GPU check uses
     /// for batches too large to time on the CPU). JSON: {"transitions", ..., "torch": {...}}.
     #[arg(long, requires = "device")]

@@ -37,6 +37,7 @@ pub(crate) fn torch_bench(
             .with_resident(a.resident_budget)
             .with_resident_fused(!a.resident_unfused);
     }
+    opts = opts.with_device_decode(a.device_decode);
     let sync = || {
         if let tch::Device::Cuda(n) = dev {
             tch::Cuda::synchronize(n as i64);
@@ -65,6 +66,7 @@ pub(crate) fn torch_bench(
     let secs = t.elapsed().as_secs_f64();
     let transfer = loader.transfer_bytes();
     let gather = loader.resident_gather();
+    let device_decode = loader.decodes_on_device();
     drop(loader);
     let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
     let gbps = n as f64 * batch_bytes as f64 / secs / 1e9;
@@ -85,6 +87,7 @@ pub(crate) fn torch_bench(
         "device": device,
         "resident": a.resident,
         "resident_gather": gather,
+        "device_decode": device_decode,
         "cast": a.cast.to_string(),
         "setup_s": setup_s,
         "batches": n,
@@ -119,9 +122,10 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
     outln!(
         "torch loader ({}{})  {:>10.0} batches/s, {} transitions/s, {:.2} GB/s (setup {:.2} s)",
         t["device"].as_str().unwrap_or("?"),
-        match t["resident_gather"].as_str() {
-            Some(g) => format!(", resident, {g}"),
-            None => String::new(),
+        match (t["resident_gather"].as_str(), t["device_decode"].as_bool()) {
+            (Some(g), _) => format!(", resident, {g}"),
+            (None, Some(true)) => ", frames decoded on the device".to_string(),
+            _ => String::new(),
         },
         f("batches_per_s"),
         HumanCount(f("transitions_per_s") as u64),
