@@ -602,7 +602,8 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
     - Figures: the CPU gather alone at 256 x 64 x (4-stack), every core (decoding bound), both
       layouts; the loader at 32 x (4-stack) in memory on every core beside TorchRL's
       single-frame storage + SliceSampler on the same episodes (where torchrl imports); on a GPU, batches/s of both layouts to cuda from Rust (`bench --device cuda`) and
-      Python, each beside a pinned copy of what one batch's copy carries."""
+      Python, each beside a pinned copy of what one batch's copy carries; and the window with its
+      stored frames decoded on the GPU (`--device-decode`)."""
     import torch
     import trajstore
 
@@ -684,6 +685,18 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
         copy_bps = anchor(sent) * 1e9 / sent if sent else None
         run.figure(f"frames_rust_cuda_{name}", batches_per_s=j["batches_per_s"], transfer_mb=sent / 1e6,
                    pinned_copy_batches_per_s=copy_bps)
+        if window:
+            # Issue 35 part 5: the stored frames cross (tens of bytes each) and the GPU decodes
+            # them (frame_decode.cu, one thread a frame), against the workers' decode above.
+            d = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag,
+                                   "--device-decode", "--workers", workers, "--iters", iters, "--json"],
+                                  env=env_for(run)).stdout)["torch"]
+            dsent = int(d.get("transfer_bytes_per_batch") or 0)
+            run.figure("frames_rust_cuda_window_device_decode", batches_per_s=d["batches_per_s"],
+                       device_decode=d.get("device_decode"), transfer_mb=dsent / 1e6,
+                       over_workers_decode=d["batches_per_s"] / j["batches_per_s"],
+                       fewer_bytes=sent / dsent if dsent else None,
+                       pinned_copy_batches_per_s=anchor(dsent) * 1e9 / dsent if dsent else None)
         loader = ds.loader(slice_len=L, num_slices=B, columns=["observation", "action", "reward"], frame_stack=4,
                            frame_window=window, device="cuda", workers=int(workers), max_batches=int(iters) + 10)
         it = iter(loader)

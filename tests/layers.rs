@@ -24,7 +24,15 @@ const ANYWHERE: &[&str] = &["fault", "guard", "Error", "Result"];
 const FOLDERS: &[(&str, &[&str])] = &[
     (
         "gather",
-        &["batch", "readahead", "frames", "pages", "into", "mix"],
+        &[
+            "batch",
+            "readahead",
+            "frames",
+            "stored",
+            "pages",
+            "into",
+            "mix",
+        ],
     ),
     ("index", &["episode", "slice"]),
     (
@@ -114,6 +122,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "kernel",
             "layout",
             "compact",
+            "frame_decode",
             "options",
             "resident",
             "streaming",

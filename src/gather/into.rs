@@ -67,6 +67,7 @@ pub(super) enum FlagsInto<'a> {
 }
 
 /// A destination with flag planes or with spans, for [`Gatherer::gather_stored`].
+#[cfg(feature = "torch")]
 pub(crate) mod either {
     /// [`super::GatherInto`] or [`super::CompactInto`].
     pub(crate) enum Dest<'a> {
@@ -112,6 +113,7 @@ impl Gatherer {
     /// that leaves frame windows to the device ([`Gatherer::with_stored_frames`]): their columns
     /// get tables of stored frames, and `arena` the frames' bytes. Where the arena is too small
     /// ([`FrameArena`]'s used bytes exceed it after the gather), gather again into a larger one.
+    #[cfg(feature = "torch")]
     pub(crate) fn gather_stored(
         &self,
         plan: &[SliceRef],

@@ -18,14 +18,16 @@ mod batch;
 mod into;
 mod readahead;
 pub use batch::{Batch, BatchColumn, slice_bytes, tail_bytes};
+#[cfg(feature = "torch")]
 pub(crate) use into::either;
 pub use into::{CompactInto, GatherInto};
 use into::{Dest, FlagPtrs, FlagsInto};
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
 mod frames;
 mod mix;
-pub(crate) use frames::{FrameArena, TABLE_ROW};
+mod stored;
 pub use frames::{FrameStack, MAX_FRAME_STACK, StackPad};
+pub(crate) use stored::{FrameArena, TABLE_ROW};
 
 fn elem_size(dt: &DataType) -> usize {
     dt.primitive_width().unwrap_or(1)
@@ -91,6 +93,7 @@ pub struct Gatherer {
     /// The columns [`Gatherer::gather_compact`] writes as one row per slice.
     tails: into::Tails,
     /// The frame stack it was made with.
+    #[cfg_attr(not(feature = "torch"), allow(dead_code))] // used by the torch loader
     stack: Option<FrameStack>,
 }
 
@@ -281,47 +284,6 @@ impl Gatherer {
         })
     }
 
-    /// A gatherer of the same columns that leaves its frame windows to a device to decode: for
-    /// each such column it writes a table of stored frames ([`TABLE_ROW`] bytes per window row,
-    /// see [`FrameArena`]) and appends their stored bytes to the arena passed to
-    /// [`Gatherer::gather_stored`]. The column's shape stays the decoded one. An error without a
-    /// frame window among the columns, or for a mix.
-    pub(crate) fn with_stored_frames(&self) -> Result<Self> {
-        if self.mix.is_some() {
-            return Err(Error::argument(
-                "device_decode",
-                "frames are decoded on the device from one dataset; a mix decodes them in the \
-                 workers",
-            ));
-        }
-        let names: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
-        let mut g = Self::with_frame_stack(&self.snap, &names, self.stack)?;
-        g.set_read_ahead(self.read_ahead());
-        let mut any = false;
-        for c in &mut g.columns {
-            if let ColumnSource::Frames(fs) = &mut c.source {
-                fs.set_stored()?;
-                c.width = TABLE_ROW * (c.lead + 1);
-                any = true;
-            }
-        }
-        if !any {
-            return Err(Error::argument(
-                "device_decode",
-                "frames are decoded on the device, and none of the gathered columns is a frame \
-                 column",
-            ));
-        }
-        Ok(g)
-    }
-
-    /// Whether frame columns are left to a device to decode ([`Gatherer::with_stored_frames`]).
-    pub(crate) fn stores_frames(&self) -> bool {
-        self.columns
-            .iter()
-            .any(|c| matches!(&c.source, ColumnSource::Frames(f) if f.stored))
-    }
-
     /// The snapshot this gatherer reads (part 0's for a mix).
     pub fn snapshot(&self) -> &Snapshot {
         &self.snap
@@ -443,18 +405,6 @@ impl Gatherer {
     /// ...step]`).
     pub fn leads(&self) -> Vec<usize> {
         self.columns.iter().map(|c| c.lead).collect()
-    }
-
-    /// Per gathered column, the stored frame column it leaves to a device to decode
-    /// ([`Gatherer::with_stored_frames`]), or None.
-    pub(crate) fn stored_frame_columns(&self) -> Vec<Option<Arc<crate::frames::FrameColumn>>> {
-        self.columns
-            .iter()
-            .map(|c| match &c.source {
-                ColumnSource::Frames(f) if f.stored => Some(f.column().clone()),
-                _ => None,
-            })
-            .collect()
     }
 
     /// Bytes of each gathered column's destination for a batch of `num_slices` slices of
@@ -728,13 +678,15 @@ impl Gatherer {
                         let (f, rows) = (fs.frame_len(), l + fs.lead());
                         let (seg_row, start) = (loc.segment_row, s.start);
                         if tails[j] {
-                            let row =
-                                std::slice::from_raw_parts_mut(d.0.add(i * 24) as *mut i64, 3);
+                            let row = std::slice::from_raw_parts_mut(
+                                d.0.add(i * TABLE_ROW) as *mut i64,
+                                3,
+                            );
                             let base = (i * f) as i64;
                             fs.table_after(seg, seg_row, table_row, steps, (row, base), arena)?;
                         } else {
                             let table = std::slice::from_raw_parts_mut(
-                                d.0.add(i * rows * 24) as *mut i64,
+                                d.0.add(i * rows * TABLE_ROW) as *mut i64,
                                 rows * 3,
                             );
                             let base = (i * rows * f) as i64;

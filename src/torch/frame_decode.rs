@@ -267,13 +267,16 @@ impl DeviceDecode {
 /// it waits for the device).
 const CHECK_EVERY: u64 = 64;
 
+/// A twin's decoding parameters, and per stored column its dictionary and content on the device.
+type Uploaded = (
+    Arc<Vec<Option<DeviceFrames>>>,
+    Vec<Option<(Tensor, Tensor)>>,
+);
+
 /// One worker's side of the device decode: the device copies of the current twin's
 /// dictionaries and the count of frames that did not decode.
 pub(crate) struct WorkerDecode {
-    on: Option<(
-        Arc<Vec<Option<DeviceFrames>>>,
-        Vec<Option<(Tensor, Tensor)>>,
-    )>,
+    on: Option<Uploaded>,
     errors: Option<Tensor>,
     batches: u64,
 }
@@ -379,7 +382,7 @@ impl WorkerDecode {
                 // run (the caching allocator reuses freed memory in stream order, after it).
                 unsafe { kernel.decode(&launch)? };
                 self.batches += 1;
-                if self.batches % CHECK_EVERY == 0 {
+                if self.batches.is_multiple_of(CHECK_EVERY) {
                     let failed = errors.f_int64_value(&[0])?;
                     if failed > 0 {
                         return Err(not_decoded(failed as usize, name));
@@ -436,7 +439,7 @@ mod tests {
                     if (x + i * 3 + seed) % w as u64 <= 2 && (y + i) % h as u64 <= 10 {
                         *px = 147;
                     }
-                    if (x * 7 + y * 13 + i * seed) % 97 == 0 {
+                    if (x * 7 + y * 13 + i * seed).is_multiple_of(97) {
                         *px = (x ^ y ^ i) as u8;
                     }
                 }
