@@ -213,7 +213,7 @@ struct Nvrtc {
 
 fn cuda_error(what: impl std::fmt::Display) -> Error {
     Error::Torch(tch::TchError::Torch(format!(
-        "resident gather kernel: {what}"
+        "trajstore CUDA kernels (resident gather, frame decoder): {what}"
     )))
 }
 
