@@ -301,14 +301,21 @@ impl Slot {
         Ok(Self::from_tensors(views, Some((buf, pieces)), arena))
     }
 
-    /// Bytes [`Slot::to_device`] copies: the packed buffer, up to the arena's used bytes.
+    /// Bytes [`Slot::to_device`] copies: the packed buffer, up to the arena's used bytes (for
+    /// an unpacked slot, what a packed one's copy would carry, less the alignment).
     pub(crate) fn copy_bytes(&self) -> u64 {
+        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
         match (&self.packed, &self.arena) {
             (Some((_, pieces)), Some(_)) => {
                 pieces.last().map_or(0, |p| p.0) as u64 + self.arena_used as u64
             }
             (Some((buf, _)), None) => buf.size()[0] as u64,
-            _ => 0,
+            (None, _) => {
+                self.columns.iter().map(bytes).sum::<u64>()
+                    + bytes(&self.flags)
+                    + bytes(&self.meta)
+                    + self.arena.as_ref().map_or(0, |_| self.arena_used as u64)
+            }
         }
     }
 

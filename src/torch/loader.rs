@@ -294,6 +294,17 @@ impl TorchLoader {
         }
     }
 
+    /// With [`TorchLoaderOptions::device_decode`], the mean bytes of the batches the workers
+    /// made so far (tables and stored frames; on the CPU, what a copy to a GPU would carry).
+    pub fn device_decode_bytes(&self) -> Option<u64> {
+        match &self.inner {
+            Inner::Streaming {
+                decode: Some(d), ..
+            } => d.mean_shipped(),
+            _ => None,
+        }
+    }
+
     /// Whether frames are decoded where the batches land
     /// ([`TorchLoaderOptions::device_decode`]).
     pub fn decodes_on_device(&self) -> bool {

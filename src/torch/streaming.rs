@@ -118,7 +118,8 @@ impl StreamWorker {
             None => Slot::alloc(&self.layout, self.pin)?,
         };
         self.fill(&mut slot, gatherer, plan, Slot::alloc)?;
-        if let (Some(twin), Some((_, dec))) = (twin, self.decode.as_mut()) {
+        if let (Some(twin), Some((shared, dec))) = (twin, self.decode.as_mut()) {
+            shared.shipped(slot.copy_bytes());
             slot = dec.decode(twin, &slot, &self.layout)?;
         }
         let mut batch = compact::batch(&slot, &self.layout)?;

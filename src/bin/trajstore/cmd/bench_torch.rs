@@ -67,6 +67,7 @@ pub(crate) fn torch_bench(
     let transfer = loader.transfer_bytes();
     let gather = loader.resident_gather();
     let device_decode = loader.decodes_on_device();
+    let shipped = loader.device_decode_bytes();
     drop(loader);
     let steps = (a.s.num_slices * a.s.slice_len as usize) as f64;
     let gbps = n as f64 * batch_bytes as f64 / secs / 1e9;
@@ -88,6 +89,7 @@ pub(crate) fn torch_bench(
         "resident": a.resident,
         "resident_gather": gather,
         "device_decode": device_decode,
+        "device_decode_bytes_per_batch": shipped,
         "cast": a.cast.to_string(),
         "setup_s": setup_s,
         "batches": n,
