@@ -41,6 +41,7 @@ fn host_kernel() {
         .cpp(true)
         .file("src/torch/resident_host.cc")
         .file("src/torch/frames_host.cc")
+        .std("c++20")
         .include("src/torch")
         .warnings(true)
         .extra_warnings(true)

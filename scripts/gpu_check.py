@@ -691,10 +691,13 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
             d = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag,
                                    "--device-decode", "--workers", workers, "--iters", iters, "--json"],
                                   env=env_for(run)).stdout)["torch"]
+            t = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag,
+                                   "--device-decode", "--device-decode-per-thread", "--workers", workers, "--iters",
+                                   iters, "--json"], env=env_for(run)).stdout)["torch"]
             dsent = int(d.get("transfer_bytes_per_batch") or 0)
             run.figure("frames_rust_cuda_window_device_decode", batches_per_s=d["batches_per_s"],
-                       device_decode=d.get("device_decode"), transfer_mb=dsent / 1e6,
-                       over_workers_decode=d["batches_per_s"] / j["batches_per_s"],
+                       kernel=d.get("device_decode_kernel"), per_thread_batches_per_s=t["batches_per_s"],
+                       transfer_mb=dsent / 1e6, over_workers_decode=d["batches_per_s"] / j["batches_per_s"],
                        fewer_bytes=sent / dsent if dsent else None,
                        pinned_copy_batches_per_s=anchor(dsent) * 1e9 / dsent if dsent else None)
         loader = ds.loader(slice_len=L, num_slices=B, columns=["observation", "action", "reward"], frame_stack=4,

@@ -385,7 +385,11 @@ fn the_resident_kernel_compiles_for_a_gpu_with_nvrtc() {
     for arch in ["compute_75", "compute_90"] {
         match trajstore::torch::compile_resident_kernel(arch) {
             Ok(Some(ptx)) => {
-                for entry in ["trajstore_resident_gather", "trajstore_decode_frames"] {
+                for entry in [
+                    "trajstore_resident_gather",
+                    "trajstore_decode_frames",
+                    "trajstore_decode_frames_warp",
+                ] {
                     assert!(
                         ptx.contains(&format!(".entry {entry}")),
                         "{arch}: no {entry}"
@@ -566,7 +570,7 @@ fn cuda_frames_decoded_on_the_device_equal_the_workers_decode() {
         let spec = LoaderSpec::single(snap.clone(), sampler, &cols).with_frame_stack(stack);
         let source = BatchSource::open(spec).unwrap();
         for compact in [true, false] {
-            let run = |on: bool| {
+            let run = |on: bool, per_thread: bool| {
                 let opts = TorchLoaderOptions::new(dev)
                     .with_loader(
                         LoaderOptions::default()
@@ -574,7 +578,8 @@ fn cuda_frames_decoded_on_the_device_equal_the_workers_decode() {
                             .with_max_batches(20),
                     )
                     .with_compact(compact)
-                    .with_device_decode(on);
+                    .with_device_decode(on)
+                    .with_device_decode_per_thread(per_thread);
                 TorchLoader::new(&source, opts)
                     .unwrap()
                     .map(|b| {
@@ -586,9 +591,16 @@ fn cuda_frames_decoded_on_the_device_equal_the_workers_decode() {
                     })
                     .collect::<Vec<_>>()
             };
-            let (workers, device) = (run(false), run(true));
-            assert_eq!(device.len(), 20);
-            assert!(workers == device, "{policy:?} compact {compact}");
+            let workers = run(false, false);
+            // A warp a frame (the default), and a thread a frame.
+            for per_thread in [false, true] {
+                let device = run(true, per_thread);
+                assert_eq!(device.len(), 20);
+                assert!(
+                    workers == device,
+                    "{policy:?} compact {compact} thread {per_thread}"
+                );
+            }
         }
     }
 }

@@ -66,8 +66,13 @@ struct ts_zstd_dict {
 };
 
 // What one frame's decoding keeps between blocks: the tables in use (the dictionary's until a
-// block brings its own) and the repeat offsets.
+// block brings its own) and the repeat offsets; and which lane of how many this is. With one
+// lane (a thread per frame, and the CPU) the lane does everything. With a warp per frame, every
+// lane parses the frame the same way (the same bytes, the same branches, so the warp never
+// diverges there) and the lanes share the copies, each writing its own bytes, with a
+// __syncwarp() after every copy that a later one may read.
 struct ts_zstd_state {
+    int lane, lanes;
     const struct ts_huf* huf;
     const struct ts_fse* ll;
     const struct ts_fse* of;
@@ -373,14 +378,16 @@ __device__ static int ts_huf_read(struct ts_huf* table, int* log, const ts_u8* s
 
 // Decodes one Huffman stream of `count` literals into out.
 __device__ static int ts_huf_stream(const struct ts_huf* t, int log, const ts_u8* src,
-                                    long long len, ts_u8* out, long long count) {
+                                    long long len, ts_u8* out, long long count, int lane) {
     struct ts_bits b;
     if (ts_bits_init(&b, src, len) < 0) {
         return TS_E_CORRUPT;
     }
     for (long long i = 0; i < count; ++i) {
         const struct ts_huf e = t[ts_bits_peek(&b, log)];
-        out[i] = e.sym;
+        if (lane == 0) {
+            out[i] = e.sym;
+        }
         b.left -= e.bits;
     }
     return b.left == 0 ? 0 : TS_E_CORRUPT;
@@ -474,10 +481,23 @@ __device__ static int ts_seq_table(int which, int mode, const ts_u8* src, long l
 
 // Copies a match of `ml` bytes at distance `offset` to out[op..], from the output so far and,
 // before its start, the dictionary's content.
-__device__ static int ts_match(ts_u8* out, long long op, ts_u64 offset, ts_u64 ml,
-                               const ts_u8* content, long long content_len) {
+__device__ static int ts_match(const struct ts_zstd_state* st, ts_u8* out, long long op,
+                               ts_u64 offset, ts_u64 ml, const ts_u8* content,
+                               long long content_len) {
     if (offset == 0 || offset > (ts_u64)op + (ts_u64)content_len) {
         return TS_E_CORRUPT;
+    }
+    if (st->lanes > 1) {
+        // Byte i repeats byte i % offset of the `offset` bytes before op (what a forward copy
+        // of an overlapping match makes): every lane reads only bytes before op, written by
+        // earlier copies, so the lanes need no order among themselves here.
+        const long long o = (long long)offset;
+        for (long long i = st->lane; i < (long long)ml; i += st->lanes) {
+            const long long from = op - o + (i < o ? i : i % o);
+            out[op + i] = from < 0 ? content[content_len + from] : out[from];
+        }
+        __syncwarp();
+        return 0;
     }
     long long i = 0;
     if (offset > (ts_u64)op) {
@@ -510,7 +530,22 @@ __device__ static int ts_match(ts_u8* out, long long op, ts_u64 offset, ts_u64 m
 
 // Copies n bytes forward from `s` to `d`, where `s` is not before `d` (they may overlap): the
 // literals, from the frame or from the end of the output.
-__device__ static void ts_copy_forward(ts_u8* d, const ts_u8* s, long long n) {
+__device__ static void ts_copy_forward(const struct ts_zstd_state* st, ts_u8* d, const ts_u8* s,
+                                       long long n) {
+    if (st->lanes > 1) {
+        // A round of `lanes` bytes at a time: every lane reads its byte, then every lane writes
+        // (`d` may overlap `s` ahead of it; a round's writes land before the next round's reads).
+        for (long long base = 0; base < n; base += st->lanes) {
+            const long long i = base + st->lane;
+            const ts_u8 t = i < n ? s[i] : 0;
+            __syncwarp();
+            if (i < n) {
+                d[i] = t;
+            }
+            __syncwarp();
+        }
+        return;
+    }
     long long k = 0;
     for (; k + 8 <= n; k += 8) {
         ts_u8 t[8];
@@ -573,7 +608,7 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
             }
             // The run goes at the end of the output, where sequences read it from.
             ts_u8* tail = out + cap - lit_len;
-            for (long long i = 0; i < lit_len; ++i) {
+            for (long long i = st->lane; i < lit_len; i += st->lanes) {
                 tail[i] = src[h];
             }
             lits = tail;
@@ -611,7 +646,7 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
         // Decoded at the end of the output, where sequences read them from.
         ts_u8* tail = out + cap - lit_len;
         if (streams == 1) {
-            const int e = ts_huf_stream(st->huf, st->huf_log, q, qlen, tail, lit_len);
+            const int e = ts_huf_stream(st->huf, st->huf_log, q, qlen, tail, lit_len, st->lane);
             if (e < 0) {
                 return e;
             }
@@ -634,7 +669,8 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
             const ts_u8* s = q + 6;
             for (int k = 0; k < 4; ++k) {
                 const long long n = k < 3 ? seg : lit_len - 3 * seg;
-                const int e = ts_huf_stream(st->huf, st->huf_log, s, sizes[k], tail + k * seg, n);
+                const int e =
+                    ts_huf_stream(st->huf, st->huf_log, s, sizes[k], tail + k * seg, n, st->lane);
                 if (e < 0) {
                     return e;
                 }
@@ -643,6 +679,10 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
         }
         lits = tail;
         p = h + comp;
+    }
+
+    if (st->lanes > 1) {
+        __syncwarp(); // the literals in place before any lane copies them
     }
 
     // Sequences section.
@@ -743,10 +783,10 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
                 (ts_u64)op + ll + ml + (ts_u64)(lit_len - lit_used - (long long)ll) > (ts_u64)cap) {
                 return TS_E_SIZE;
             }
-            ts_copy_forward(out + op, lits + lit_used, (long long)ll);
+            ts_copy_forward(st, out + op, lits + lit_used, (long long)ll);
             op += (long long)ll;
             lit_used += (long long)ll;
-            const int e = ts_match(out, op, offset, ml, content, content_len);
+            const int e = ts_match(st, out, op, offset, ml, content, content_len);
             if (e < 0) {
                 return e;
             }
@@ -771,7 +811,7 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
     if (op + rest > cap) {
         return TS_E_SIZE;
     }
-    ts_copy_forward(out + op, lits + lit_used, rest);
+    ts_copy_forward(st, out + op, lits + lit_used, rest);
     *op_io = op + rest;
     return 0;
 }
@@ -781,6 +821,11 @@ __device__ static int ts_block(struct ts_zstd_state* st, const ts_u8* src, long 
 __device__ static long long ts_zstd_decode(struct ts_zstd_state* st, const ts_u8* src,
                                            long long len, ts_u8* out, long long cap,
                                            const struct ts_zstd_dict* dict, const ts_u8* content) {
+    // st->lane and st->lanes are set by the caller (one lane if they make no sense).
+    if (st->lanes < 1 || st->lane < 0 || st->lane >= st->lanes) {
+        st->lane = 0;
+        st->lanes = 1;
+    }
     if (len < 6) {
         return TS_E_TRUNCATED;
     }
@@ -860,8 +905,11 @@ __device__ static long long ts_zstd_decode(struct ts_zstd_state* st, const ts_u8
             if (op + size > cap) {
                 return TS_E_SIZE;
             }
-            for (long long k = 0; k < size; ++k) {
+            for (long long k = st->lane; k < size; k += st->lanes) {
                 out[op + k] = src[p + k];
+            }
+            if (st->lanes > 1) {
+                __syncwarp();
             }
             op += size;
             p += size;
@@ -872,8 +920,11 @@ __device__ static long long ts_zstd_decode(struct ts_zstd_state* st, const ts_u8
             if (op + size > cap) {
                 return TS_E_SIZE;
             }
-            for (long long k = 0; k < size; ++k) {
+            for (long long k = st->lane; k < size; k += st->lanes) {
                 out[op + k] = src[p];
+            }
+            if (st->lanes > 1) {
+                __syncwarp();
             }
             op += size;
             p += 1;
@@ -968,6 +1019,8 @@ extern "C" __global__ void trajstore_decode_frames(const unsigned char* comp,
                                                    unsigned char* out, long long frame_len,
                                                    int* errors) {
     struct ts_zstd_state st;
+    st.lane = 0;
+    st.lanes = 1;
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = tid; i < n; i += stride) {
@@ -989,6 +1042,47 @@ extern "C" __global__ void trajstore_decode_frames(const unsigned char* comp,
             got = ts_zstd_decode(&st, comp + at, len, dst, frame_len, dict, content);
         }
         if (got != frame_len) {
+            atomicAdd(errors, 1);
+        }
+    }
+}
+
+// trajstore_decode_frames with a warp per frame (32 lanes; blockDim.x a multiple of 32): the
+// lanes of a warp decode the same frame together, each copying every 32nd byte, so that a
+// warp's stores of a copy are consecutive bytes of one frame (a thread per frame writes 32
+// frames 7 KB apart at once). The same arguments; one state per lane, in local memory.
+extern "C" __global__ void trajstore_decode_frames_warp(const unsigned char* comp,
+                                                        const long long* frames, long long n,
+                                                        int codec,
+                                                        const struct ts_zstd_dict* dict,
+                                                        const unsigned char* content,
+                                                        unsigned char* out, long long frame_len,
+                                                        int* errors) {
+    struct ts_zstd_state st;
+    st.lanes = blockDim.x < 32 ? (int)blockDim.x : 32;
+    st.lane = (int)(threadIdx.x % st.lanes);
+    const long long groups = (long long)(blockDim.x / st.lanes);
+    const long long warp = (long long)blockIdx.x * groups + threadIdx.x / st.lanes;
+    const long long stride = (long long)gridDim.x * groups;
+    for (long long i = warp; i < n; i += stride) {
+        const long long at = frames[3 * i];
+        const long long len = frames[3 * i + 1];
+        unsigned char* dst = out + frames[3 * i + 2];
+        long long got;
+        if (len < 0) {
+            for (long long k = st.lane; k < frame_len; k += st.lanes) {
+                dst[k] = 0;
+            }
+            got = frame_len;
+        } else if (codec == 0) {
+            got = len == frame_len ? len : TS_E_SIZE;
+            for (long long k = st.lane; k < frame_len && len == frame_len; k += st.lanes) {
+                dst[k] = comp[at + k];
+            }
+        } else {
+            got = ts_zstd_decode(&st, comp + at, len, dst, frame_len, dict, content);
+        }
+        if (got != frame_len && st.lane == 0) {
             atomicAdd(errors, 1);
         }
     }

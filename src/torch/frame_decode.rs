@@ -23,6 +23,16 @@ unsafe extern "C" {
     fn trajstore_zstd_dict_size() -> u64;
     fn trajstore_zstd_dict_load(src: *const u8, len: i64, out: *mut c_void) -> c_int;
     #[cfg(test)]
+    fn trajstore_zstd_decode_lanes(
+        src: *const u8,
+        len: i64,
+        out: *mut u8,
+        cap: i64,
+        dict: *const c_void,
+        content: *const u8,
+        lanes: c_int,
+    ) -> i64;
+    #[cfg(test)]
     fn trajstore_zstd_decode_host(
         src: *const u8,
         len: i64,
@@ -164,6 +174,32 @@ impl DeviceFrames {
         }
     }
 
+    /// Decodes one stored frame as a warp of `lanes` lanes does on a GPU (a thread a lane,
+    /// `__syncwarp` a barrier of them): what the tests hold to libzstd. Lanes that disagree are
+    /// an error.
+    #[cfg(test)]
+    pub(crate) fn decode_lanes(&self, frame: &[u8], out: &mut [u8], lanes: usize) -> Result<()> {
+        // SAFETY: as decode_one; each lane writes only `out`.
+        let got = unsafe {
+            trajstore_zstd_decode_lanes(
+                frame.as_ptr(),
+                frame.len() as i64,
+                out.as_mut_ptr(),
+                out.len() as i64,
+                self.dict_ptr(),
+                self.content.as_ptr(),
+                lanes as c_int,
+            )
+        };
+        match got {
+            -100 => Err(Error::invalid_data("the lanes disagree")),
+            n if n == self.frame_len as i64 => Ok(()),
+            n => Err(Error::invalid_data(format!(
+                "a frame does not decode ({n})"
+            ))),
+        }
+    }
+
     /// Runs the kernel's CPU copy over a batch: `frames` is `[n, 3]` (offset in `comp`, length
     /// or -1 for zeros, offset in `out`). Returns how many frames failed.
     ///
@@ -276,14 +312,17 @@ type Uploaded = (
 /// One worker's side of the device decode: the device copies of the current twin's
 /// dictionaries and the count of frames that did not decode.
 pub(crate) struct WorkerDecode {
+    /// A warp a frame on CUDA (the default), or a thread.
+    warp: bool,
     on: Option<Uploaded>,
     errors: Option<Tensor>,
     batches: u64,
 }
 
 impl WorkerDecode {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(per_thread: bool) -> Self {
         Self {
+            warp: !per_thread,
             on: None,
             errors: None,
             batches: 0,
@@ -377,6 +416,7 @@ impl WorkerDecode {
                     out: out.data_ptr() as u64,
                     frame_len: f.frame_len,
                     errors: errors.data_ptr() as u64,
+                    warp: self.warp,
                 };
                 // SAFETY: every address is a tensor on this device held until the launch has
                 // run (the caching allocator reuses freed memory in stream order, after it).
@@ -457,6 +497,11 @@ mod tests {
     }
 
     fn check_level(raw: &[Vec<u8>], dict: Option<&[u8]>, level: i32) {
+        check_lanes(raw, dict, level, 1);
+    }
+
+    /// [`check_level`] decoding as a warp of `lanes` lanes does (1: as a thread).
+    fn check_lanes(raw: &[Vec<u8>], dict: Option<&[u8]>, level: i32, lanes: usize) {
         let shape = [raw[0].len() / 4, 4];
         let codec = if dict.is_some() {
             FrameCodec::ZstdDict
@@ -472,9 +517,15 @@ mod tests {
         for (i, f) in raw.iter().enumerate() {
             let stored = c.compress(f).unwrap();
             out.fill(1);
-            dev.decode_one(&stored, &mut out)
-                .unwrap_or_else(|e| panic!("level {level} frame {i}: {e}"));
-            assert!(out == *f, "level {level}, frame {i} differs from libzstd's");
+            match lanes {
+                1 => dev.decode_one(&stored, &mut out),
+                n => dev.decode_lanes(&stored, &mut out, n),
+            }
+            .unwrap_or_else(|e| panic!("level {level} frame {i} ({lanes} lanes): {e}"));
+            assert!(
+                out == *f,
+                "level {level}, frame {i} ({lanes} lanes) differs from libzstd's"
+            );
         }
     }
 
@@ -538,6 +589,40 @@ mod tests {
             .collect();
         for level in [1, 19, 22] {
             check_level(&text, None, level);
+        }
+    }
+
+    /// The warp decoder: 32 lanes (threads here, `__syncwarp` a barrier) parse each frame alike
+    /// and share its copies; the frames equal libzstd's, and on damaged frames the lanes agree.
+    #[test]
+    fn the_warp_decoder_equals_libzstd_and_its_lanes_agree() {
+        let raw = frames(60, 84, 84, 5);
+        let dict = train_dictionary(&raw[..40], 16 * 1024).unwrap();
+        for lanes in [32, 3] {
+            check_lanes(&raw, Some(&dict), 5, lanes);
+            check_lanes(&raw[..20], None, 1, lanes);
+            check_lanes(&frames(2, 224, 224 * 3, 2), None, 3, lanes);
+            let constant: Vec<Vec<u8>> = (0..3).map(|v| vec![v as u8 * 40; 7056]).collect();
+            check_lanes(&constant, None, 3, lanes);
+        }
+        let dev = DeviceFrames::new(&column(FrameCodec::ZstdDict, &[84, 84], Some(&dict))).unwrap();
+        let stored = zstd::bulk::Compressor::with_dictionary(5, &dict)
+            .unwrap()
+            .compress(&raw[3])
+            .unwrap();
+        let mut out = vec![0u8; 84 * 84];
+        for i in (0..stored.len() * 8).step_by(3) {
+            let mut bad = stored.clone();
+            bad[i / 8] ^= 1 << (i % 8);
+            let (one, warp) = (
+                dev.decode_one(&bad, &mut out).is_ok(),
+                dev.decode_lanes(&bad, &mut out, 32),
+            );
+            assert!(
+                !matches!(&warp, Err(e) if e.to_string().contains("disagree")),
+                "bit {i}"
+            );
+            assert_eq!(one, warp.is_ok(), "bit {i}: a thread and a warp differ");
         }
     }
 

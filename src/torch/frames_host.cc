@@ -3,6 +3,10 @@
 // build.rs compiles this file with the `torch` feature; src/torch/frames.rs calls it, for the
 // tests that hold the decoder to libzstd's output and for the device decode's CPU stand-in.
 
+#include <barrier>
+#include <thread>
+#include <vector>
+
 namespace {
 struct Dim3 {
     unsigned int x, y, z;
@@ -11,6 +15,14 @@ const Dim3 blockIdx = {0, 0, 0};
 const Dim3 threadIdx = {0, 0, 0};
 const Dim3 blockDim = {1, 1, 1};
 const Dim3 gridDim = {1, 1, 1};
+// A warp's synchronisation: a barrier of the lanes' threads in trajstore_zstd_decode_lanes (the
+// tests' emulation of a warp), never called with one lane per frame.
+thread_local std::barrier<>* lane_barrier = nullptr;
+void __syncwarp() {
+    if (lane_barrier != nullptr) {
+        lane_barrier->arrive_and_wait();
+    }
+}
 int atomicAdd(int* at, int v) {
     const int old = *at;
     *at = old + v;
@@ -37,6 +49,8 @@ int trajstore_zstd_dict_load(const unsigned char* src, long long len, void* out)
 long long trajstore_zstd_decode_host(const unsigned char* src, long long len, unsigned char* out,
                                      long long cap, const void* dict, const unsigned char* content) {
     static thread_local ts_zstd_state st;
+    st.lane = 0;
+    st.lanes = 1;
     return ts_zstd_decode(&st, src, len, out, cap, static_cast<const ts_zstd_dict*>(dict),
                           content);
 }
@@ -51,5 +65,35 @@ int trajstore_decode_frames_host(const unsigned char* comp, const long long* fra
                             static_cast<const ts_zstd_dict*>(dict), content, out, frame_len,
                             &errors);
     return errors;
+}
+
+// Decodes one frame as a warp of `lanes` lanes would (trajstore_decode_frames_warp): a thread
+// per lane, __syncwarp a barrier of them. The decoded size, a negative TS_E_* code, or -100
+// where the lanes disagree. What the tests run to check the warp decoder's lanes on the CPU.
+long long trajstore_zstd_decode_lanes(const unsigned char* src, long long len, unsigned char* out,
+                                      long long cap, const void* dict,
+                                      const unsigned char* content, int lanes) {
+    std::barrier<> bar(lanes);
+    std::vector<long long> got(lanes);
+    std::vector<std::thread> threads;
+    for (int l = 0; l < lanes; ++l) {
+        threads.emplace_back([&, l] {
+            lane_barrier = &bar;
+            std::vector<ts_zstd_state> st(1);
+            st[0].lane = l;
+            st[0].lanes = lanes;
+            got[l] = ts_zstd_decode(st.data(), src, len, out, cap,
+                                    static_cast<const ts_zstd_dict*>(dict), content);
+        });
+    }
+    for (auto& t : threads) {
+        t.join();
+    }
+    for (long long g : got) {
+        if (g != got[0]) {
+            return -100;
+        }
+    }
+    return got[0];
 }
 }

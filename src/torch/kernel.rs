@@ -29,8 +29,10 @@ const SOURCE: &str = concat!(
 );
 const NAME: &CStr = c"trajstore_resident_gather";
 const DECODE_NAME: &CStr = c"trajstore_decode_frames";
-/// Threads per block of the frame decoder: one frame per thread.
+const DECODE_WARP_NAME: &CStr = c"trajstore_decode_frames_warp";
+/// Threads per block of the frame decoder: one frame per thread, or four warps of a frame each.
 const DECODE_BLOCK: u32 = 64;
+const DECODE_WARP_BLOCK: u32 = 128;
 /// Threads per block on a GPU: eight warps, one row of the batch each.
 const BLOCK: u32 = 256;
 const ROWS_PER_BLOCK: u64 = BLOCK as u64 / 32;
@@ -60,6 +62,8 @@ pub(crate) struct DecodeLaunch {
     pub out: u64,
     pub frame_len: usize,
     pub errors: u64,
+    /// A warp a frame (`trajstore_decode_frames_warp`) rather than a thread.
+    pub warp: bool,
 }
 
 /// Rows of a batch one CPU thread gathers at a time.
@@ -420,8 +424,9 @@ pub(crate) struct CudaKernel {
     driver: Driver,
     ctx: CuContext,
     function: CuFunction,
-    /// The frame decoder (`trajstore_decode_frames`).
+    /// The frame decoder, a thread (`trajstore_decode_frames`) or a warp a frame.
     decode: CuFunction,
+    decode_warp: CuFunction,
 }
 
 // SAFETY: a CUcontext and a CUfunction are handles the driver lets any thread use, at once
@@ -476,7 +481,7 @@ impl CudaKernel {
             .compile(&format!("compute_{major}{minor}"))
             .or_else(|_| nvrtc.compile("compute_75"))?;
         let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
-        let mut decode = std::ptr::null_mut();
+        let (mut decode, mut decode_warp) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: a current context, a NUL-terminated PTX image, and valid out-pointers.
         unsafe {
             driver.check((driver.ctx_set_current)(ctx), "cuCtxSetCurrent")?;
@@ -492,12 +497,17 @@ impl CudaKernel {
                 (driver.module_get_function)(&mut decode, module, DECODE_NAME.as_ptr()),
                 "cuModuleGetFunction",
             )?;
+            driver.check(
+                (driver.module_get_function)(&mut decode_warp, module, DECODE_WARP_NAME.as_ptr()),
+                "cuModuleGetFunction",
+            )?;
         }
         Ok(Self {
             driver,
             ctx,
             function,
             decode,
+            decode_warp,
         })
     }
 
@@ -512,7 +522,11 @@ impl CudaKernel {
         if l.n == 0 {
             return Ok(());
         }
-        let grid = (l.n as u64).div_ceil(DECODE_BLOCK as u64).clamp(1, 1 << 20) as c_uint;
+        let (function, block, per_block) = match l.warp {
+            true => (self.decode_warp, DECODE_WARP_BLOCK, DECODE_WARP_BLOCK / 32),
+            false => (self.decode, DECODE_BLOCK, DECODE_BLOCK),
+        };
+        let grid = (l.n as u64).div_ceil(per_block as u64).clamp(1, 1 << 20) as c_uint;
         let (mut comp, mut table, mut n) = (l.comp, l.table, l.n as i64);
         let (mut codec, mut dict, mut content) = (l.codec, l.dict, l.content);
         let (mut out, mut frame_len, mut errors) = (l.out, l.frame_len as i64, l.errors);
@@ -534,11 +548,11 @@ impl CudaKernel {
                 .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
             self.driver.check(
                 (self.driver.launch_kernel)(
-                    self.decode,
+                    function,
                     grid,
                     1,
                     1,
-                    DECODE_BLOCK,
+                    block,
                     1,
                     1,
                     0,

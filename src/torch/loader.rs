@@ -412,7 +412,7 @@ fn stream_worker(
     decode: Option<Arc<DeviceDecode>>,
 ) -> StreamWorker {
     StreamWorker {
-        decode: decode.map(|d| (d, WorkerDecode::new())),
+        decode: decode.map(|d| (d, WorkerDecode::new(opts.device_decode_per_thread))),
         layout: layout.clone(),
         device: opts.device,
         pin: match opts.device {

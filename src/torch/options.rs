@@ -52,6 +52,9 @@ pub struct TorchLoaderOptions {
     /// ([`crate::FrameStack::with_window`]) and a local dataset; not with a transform or in
     /// resident mode. Default off (the workers decode).
     pub device_decode: bool,
+    /// With `device_decode` on CUDA, a thread decodes each frame instead of a warp (32 lanes
+    /// that write each copy's bytes together): to compare the two. Default off.
+    pub device_decode_per_thread: bool,
 }
 
 impl std::fmt::Debug for TorchLoaderOptions {
@@ -67,6 +70,7 @@ impl std::fmt::Debug for TorchLoaderOptions {
             .field("transform", &self.transform.is_some())
             .field("compact", &self.compact)
             .field("device_decode", &self.device_decode)
+            .field("device_decode_per_thread", &self.device_decode_per_thread)
             .finish()
     }
 }
@@ -85,7 +89,15 @@ impl TorchLoaderOptions {
             transform: None,
             compact: None,
             device_decode: false,
+            device_decode_per_thread: false,
         }
+    }
+
+    /// A thread per frame for the device decode instead of a warp
+    /// ([`TorchLoaderOptions::device_decode_per_thread`]).
+    pub fn with_device_decode_per_thread(mut self, on: bool) -> Self {
+        self.device_decode_per_thread = on;
+        self
     }
 
     /// Frame windows decoded where the batch lands ([`TorchLoaderOptions::device_decode`]).

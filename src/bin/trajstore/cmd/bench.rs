@@ -103,6 +103,9 @@ pub(crate) struct BenchArgs {
     /// C++ copy on the CPU) instead of in the workers.
     #[arg(long, requires = "device")]
     pub(crate) device_decode: bool,
+    /// With --device-decode: a GPU thread decodes each frame instead of a warp of 32 lanes.
+    #[arg(long, requires = "device_decode")]
+    pub(crate) device_decode_per_thread: bool,
     /// With --device: measure the device loader only (no CPU phases; what the GPU check uses
     /// for batches too large to time on the CPU). JSON: {"transitions", ..., "torch": {...}}.
     #[arg(long, requires = "device")]

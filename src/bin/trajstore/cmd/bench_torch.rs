@@ -37,7 +37,9 @@ pub(crate) fn torch_bench(
             .with_resident(a.resident_budget)
             .with_resident_fused(!a.resident_unfused);
     }
-    opts = opts.with_device_decode(a.device_decode);
+    opts = opts
+        .with_device_decode(a.device_decode)
+        .with_device_decode_per_thread(a.device_decode_per_thread);
     let sync = || {
         if let tch::Device::Cuda(n) = dev {
             tch::Cuda::synchronize(n as i64);
@@ -90,6 +92,7 @@ pub(crate) fn torch_bench(
         "resident_gather": gather,
         "device_decode": device_decode,
         "device_decode_bytes_per_batch": shipped,
+        "device_decode_kernel": device_decode.then_some(if a.device_decode_per_thread { "thread" } else { "warp" }),
         "cast": a.cast.to_string(),
         "setup_s": setup_s,
         "batches": n,
