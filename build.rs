@@ -34,6 +34,7 @@ fn host_kernel() {
         "resident_host.cc",
         "frame_decode.cu",
         "frames_host.cc",
+        "cuda_host.h",
     ] {
         println!("cargo:rerun-if-changed=src/torch/{f}");
     }

@@ -1007,6 +1007,38 @@ __device__ static int ts_zstd_dict_load(struct ts_zstd_dict* d, const ts_u8* src
     return 0;
 }
 
+// Decodes frames group, group + groups, ... of a batch (see trajstore_decode_frames) with the
+// lanes `st` names: one lane a frame (a thread), or a warp's 32 together.
+__device__ static void ts_decode_frames(struct ts_zstd_state* st, const unsigned char* comp,
+                                        const long long* frames, long long n, int codec,
+                                        const struct ts_zstd_dict* dict,
+                                        const unsigned char* content, unsigned char* out,
+                                        long long frame_len, int* errors, long long group,
+                                        long long groups) {
+    for (long long i = group; i < n; i += groups) {
+        const long long at = frames[3 * i];
+        const long long len = frames[3 * i + 1];
+        unsigned char* dst = out + frames[3 * i + 2];
+        long long got;
+        if (len < 0) {
+            for (long long k = st->lane; k < frame_len; k += st->lanes) {
+                dst[k] = 0;
+            }
+            got = frame_len;
+        } else if (codec == 0) {
+            got = len == frame_len ? len : TS_E_SIZE;
+            for (long long k = st->lane; k < frame_len && len == frame_len; k += st->lanes) {
+                dst[k] = comp[at + k];
+            }
+        } else {
+            got = ts_zstd_decode(st, comp + at, len, dst, frame_len, dict, content);
+        }
+        if (got != frame_len && st->lane == 0) {
+            atomicAdd(errors, 1);
+        }
+    }
+}
+
 // A batch's frames: frame i's stored bytes are comp[frames[3i] .. frames[3i] + frames[3i + 1]),
 // decoded to out[frames[3i + 2] ..] (frame_len bytes); a frame of length -1 writes zeros, and
 // with `codec` 0 (none) the stored bytes are the frame. Frames that fail count in *errors, and
@@ -1022,29 +1054,9 @@ extern "C" __global__ void trajstore_decode_frames(const unsigned char* comp,
     st.lane = 0;
     st.lanes = 1;
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = tid; i < n; i += stride) {
-        const long long at = frames[3 * i];
-        const long long len = frames[3 * i + 1];
-        unsigned char* dst = out + frames[3 * i + 2];
-        long long got;
-        if (len < 0) {
-            for (long long k = 0; k < frame_len; ++k) {
-                dst[k] = 0;
-            }
-            got = frame_len;
-        } else if (codec == 0) {
-            got = len == frame_len ? len : TS_E_SIZE;
-            for (long long k = 0; k < frame_len && len == frame_len; ++k) {
-                dst[k] = comp[at + k];
-            }
-        } else {
-            got = ts_zstd_decode(&st, comp + at, len, dst, frame_len, dict, content);
-        }
-        if (got != frame_len) {
-            atomicAdd(errors, 1);
-        }
-    }
+    const long long threads = (long long)gridDim.x * blockDim.x;
+    ts_decode_frames(&st, comp, frames, n, codec, dict, content, out, frame_len, errors, tid,
+                     threads);
 }
 
 // trajstore_decode_frames with a warp per frame (32 lanes; blockDim.x a multiple of 32): the
@@ -1061,29 +1073,8 @@ extern "C" __global__ void trajstore_decode_frames_warp(const unsigned char* com
     struct ts_zstd_state st;
     st.lanes = blockDim.x < 32 ? (int)blockDim.x : 32;
     st.lane = (int)(threadIdx.x % st.lanes);
-    const long long groups = (long long)(blockDim.x / st.lanes);
-    const long long warp = (long long)blockIdx.x * groups + threadIdx.x / st.lanes;
-    const long long stride = (long long)gridDim.x * groups;
-    for (long long i = warp; i < n; i += stride) {
-        const long long at = frames[3 * i];
-        const long long len = frames[3 * i + 1];
-        unsigned char* dst = out + frames[3 * i + 2];
-        long long got;
-        if (len < 0) {
-            for (long long k = st.lane; k < frame_len; k += st.lanes) {
-                dst[k] = 0;
-            }
-            got = frame_len;
-        } else if (codec == 0) {
-            got = len == frame_len ? len : TS_E_SIZE;
-            for (long long k = st.lane; k < frame_len && len == frame_len; k += st.lanes) {
-                dst[k] = comp[at + k];
-            }
-        } else {
-            got = ts_zstd_decode(&st, comp + at, len, dst, frame_len, dict, content);
-        }
-        if (got != frame_len && st.lane == 0) {
-            atomicAdd(errors, 1);
-        }
-    }
+    const long long per_block = (long long)(blockDim.x / st.lanes);
+    const long long warp = (long long)blockIdx.x * per_block + threadIdx.x / st.lanes;
+    ts_decode_frames(&st, comp, frames, n, codec, dict, content, out, frame_len, errors, warp,
+                     (long long)gridDim.x * per_block);
 }

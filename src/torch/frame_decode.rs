@@ -160,15 +160,21 @@ impl DeviceFrames {
                 )
             }
         };
+        self.decoded(got, frame.len())
+    }
+
+    /// What the decoder's return `got` for a frame of `stored` bytes means.
+    #[cfg(test)]
+    fn decoded(&self, got: i64, stored: usize) -> Result<()> {
         match got {
             n if n == self.frame_len as i64 => Ok(()),
             n if n >= 0 => Err(Error::invalid_data(format!(
                 "a frame decodes to {n} bytes, the shape holds {}",
                 self.frame_len
             ))),
+            -100 => Err(Error::invalid_data("the lanes disagree")),
             code => Err(Error::invalid_data(format!(
-                "a frame of {} bytes does not decode: {}",
-                frame.len(),
+                "a frame of {stored} bytes does not decode: {}",
                 decode_error(code)
             ))),
         }
@@ -191,13 +197,7 @@ impl DeviceFrames {
                 lanes as c_int,
             )
         };
-        match got {
-            -100 => Err(Error::invalid_data("the lanes disagree")),
-            n if n == self.frame_len as i64 => Ok(()),
-            n => Err(Error::invalid_data(format!(
-                "a frame does not decode ({n})"
-            ))),
-        }
+        self.decoded(got, frame.len())
     }
 
     /// Runs the kernel's CPU copy over a batch: `frames` is `[n, 3]` (offset in `comp`, length
@@ -299,8 +299,8 @@ impl DeviceDecode {
     }
 }
 
-/// Check the device's count of frames that did not decode every this many batches (a read of
-/// it waits for the device).
+/// Check the device's count of frames that did not decode after a worker's first batch and then
+/// every this many batches (a read of it waits for the device).
 const CHECK_EVERY: u64 = 64;
 
 /// A twin's decoding parameters, and per stored column its dictionary and content on the device.
@@ -422,7 +422,7 @@ impl WorkerDecode {
                 // run (the caching allocator reuses freed memory in stream order, after it).
                 unsafe { kernel.decode(&launch)? };
                 self.batches += 1;
-                if self.batches.is_multiple_of(CHECK_EVERY) {
+                if self.batches == 1 || self.batches.is_multiple_of(CHECK_EVERY) {
                     let failed = errors.f_int64_value(&[0])?;
                     if failed > 0 {
                         return Err(not_decoded(failed as usize, name));

@@ -1,20 +1,16 @@
 // The frame decoder (frame_decode.cu) compiled for the CPU: the CUDA built-ins it reads are
-// defined here, and one call decodes a range of a batch's frames as one block of one thread.
-// build.rs compiles this file with the `torch` feature; src/torch/frames.rs calls it, for the
-// tests that hold the decoder to libzstd's output and for the device decode's CPU stand-in.
+// defined here (and in cuda_host.h), and one call decodes a range of a batch's frames as one block
+// of one thread. build.rs compiles this file with the `torch` feature; src/torch/frame_decode.rs
+// calls it, for the tests that hold the decoder to libzstd's output and for the device decode's
+// CPU stand-in.
 
 #include <barrier>
 #include <thread>
 #include <vector>
 
+#include "cuda_host.h"
+
 namespace {
-struct Dim3 {
-    unsigned int x, y, z;
-};
-const Dim3 blockIdx = {0, 0, 0};
-const Dim3 threadIdx = {0, 0, 0};
-const Dim3 blockDim = {1, 1, 1};
-const Dim3 gridDim = {1, 1, 1};
 // A warp's synchronisation: a barrier of the lanes' threads in trajstore_zstd_decode_lanes (the
 // tests' emulation of a warp), never called with one lane per frame.
 thread_local std::barrier<>* lane_barrier = nullptr;
@@ -29,9 +25,6 @@ int atomicAdd(int* at, int v) {
     return old;
 }
 }  // namespace
-
-#define __global__
-#define __device__
 
 #include "frame_decode.cu"
 

@@ -4,18 +4,7 @@
 // several threads. build.rs compiles this file with
 // the `torch` feature; src/torch/kernel.rs calls it for resident mode on the CPU.
 
-namespace {
-struct Dim3 {
-    unsigned int x, y, z;
-};
-// Constant here: one block of one thread. The kernel reads them like CUDA's built-ins.
-const Dim3 blockIdx = {0, 0, 0};
-const Dim3 threadIdx = {0, 0, 0};
-const Dim3 blockDim = {1, 1, 1};
-const Dim3 gridDim = {1, 1, 1};
-}  // namespace
-
-#define __global__
+#include "cuda_host.h"
 
 #include "resident_gather.cu"
 
