@@ -588,12 +588,12 @@ impl Gatherer {
                         continue;
                     }
                     match &c.source {
-                        // Written below, from the observation's last row.
                         ColumnSource::Frames(fs) if fs.stored => {
                             // No frame: a table row of zeros (see TABLE_ROW).
                             let row = std::slice::from_raw_parts_mut(d.0.add(i * t) as *mut i64, 3);
                             row.copy_from_slice(&[0, -1, (i * fs.frame_len()) as i64]);
                         }
+                        // Written below, from the observation's last row.
                         ColumnSource::Frames(_) => {}
                         ColumnSource::DerivedNext { obs, finals } => {
                             let src = obs[loc.segment][bi].as_slice();
@@ -607,10 +607,13 @@ impl Gatherer {
                 if c.lead > 0 {
                     // A frame window: written whole below (zeros for an empty slice).
                     if let (0, ColumnSource::Frames(fs), Some(arena)) = (n, &c.source, arena) {
-                        let rows = (l + c.lead) * 3;
-                        let table =
-                            std::slice::from_raw_parts_mut(d.0.add(i * rows * 8) as *mut i64, rows);
-                        let base = (i * (l + c.lead) * fs.frame_len()) as i64;
+                        // A table of zero frames (see TABLE_ROW).
+                        let rows = l + c.lead;
+                        let table = std::slice::from_raw_parts_mut(
+                            d.0.add(i * rows * TABLE_ROW) as *mut i64,
+                            rows * 3,
+                        );
+                        let base = (i * rows * fs.frame_len()) as i64;
                         let none = (0, 0, 0);
                         fs.table_window(seg, 0, 0, none, 0, (table, base), arena)?;
                     } else if n == 0 {

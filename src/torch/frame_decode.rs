@@ -314,6 +314,8 @@ type Uploaded = (
 pub(crate) struct WorkerDecode {
     /// A warp a frame on CUDA (the default), or a thread.
     warp: bool,
+    /// The twin of the feed gatherer this worker gathered from last.
+    twin: Option<Twin>,
     on: Option<Uploaded>,
     errors: Option<Tensor>,
     batches: u64,
@@ -323,9 +325,23 @@ impl WorkerDecode {
     pub(crate) fn new(per_thread: bool) -> Self {
         Self {
             warp: !per_thread,
+            twin: None,
             on: None,
             errors: None,
             batches: 0,
+        }
+    }
+
+    /// The twin of `feed`: the one this worker used last while the feed's gatherer is the same
+    /// (every batch of a dataset version), else `shared`'s.
+    pub(crate) fn twin(&mut self, shared: &DeviceDecode, feed: &Arc<Gatherer>) -> Result<Twin> {
+        match &self.twin {
+            Some(t) if Arc::ptr_eq(&t.feed, feed) => Ok(t.clone()),
+            _ => {
+                let t = shared.twin(feed)?;
+                self.twin = Some(t.clone());
+                Ok(t)
+            }
         }
     }
 

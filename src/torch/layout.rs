@@ -405,42 +405,35 @@ impl Slot {
         // Plans shorter than B (the end of an epoch with drop_last off) leave trailing slices as
         // padding.
         let n = plan.len().min(b);
-        if layout.compact {
+        let dest = if layout.compact {
             let spans = bytes(&self.flags);
             // SAFETY: the spans tensor is Int [B, 3]: 12 * B bytes, 4-byte aligned.
             let spans: &mut [i32] =
                 unsafe { std::slice::from_raw_parts_mut(spans.as_mut_ptr() as *mut i32, 3 * b) };
-            let dest = CompactInto {
+            Dest::Compact(CompactInto {
                 columns,
                 spans,
                 episode_id: ids,
                 start_step: starts,
-            };
-            match self.arena.as_ref().map(bytes) {
-                Some(a) => {
-                    let arena = FrameArena::new(a);
-                    gatherer.gather_stored(&plan[..n], l, Dest::Compact(dest), &arena)?;
-                    self.arena_used = arena.used();
-                }
-                None => gatherer.gather_compact(&plan[..n], l, dest)?,
-            }
+            })
         } else {
             let mut planes = bytes(&self.flags).chunks_exact_mut(b * l);
             let flags = std::array::from_fn(|_| planes.next().expect("a [6, B, L] flag tensor"));
-            let dest = GatherInto {
+            Dest::Planes(GatherInto {
                 columns,
                 flags,
                 episode_id: ids,
                 start_step: starts,
-            };
-            match self.arena.as_ref().map(bytes) {
-                Some(a) => {
-                    let arena = FrameArena::new(a);
-                    gatherer.gather_stored(&plan[..n], l, Dest::Planes(dest), &arena)?;
-                    self.arena_used = arena.used();
-                }
-                None => gatherer.gather_into(&plan[..n], l, dest)?,
+            })
+        };
+        match (self.arena.as_ref().map(bytes), dest) {
+            (Some(a), dest) => {
+                let arena = FrameArena::new(a);
+                gatherer.gather_stored(&plan[..n], l, dest, &arena)?;
+                self.arena_used = arena.used();
             }
+            (None, Dest::Compact(d)) => gatherer.gather_compact(&plan[..n], l, d)?,
+            (None, Dest::Planes(d)) => gatherer.gather_into(&plan[..n], l, d)?,
         }
         if self
             .arena

@@ -43,11 +43,11 @@ impl StreamWorker {
         gatherer: &Arc<Gatherer>,
         plan: &[SliceRef],
     ) -> Result<TensorBatch> {
-        let Some((shared, _)) = &self.decode else {
+        let Some((shared, dec)) = &mut self.decode else {
             return self.produce(gatherer, plan);
         };
-        let twin = shared.twin(gatherer)?;
-        self.produce_with(&twin.stored.clone(), plan, Some(&twin))
+        let twin = dec.twin(shared, gatherer)?;
+        self.produce_with(&twin.stored, plan, Some(&twin))
     }
 
     /// Gathers `plan` (made by a loader's worker, or a stream's for its window) with
