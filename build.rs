@@ -34,6 +34,8 @@ fn host_kernel() {
         "resident_host.cc",
         "frame_decode.cu",
         "frames_host.cc",
+        "expand.cu",
+        "expand_host.cc",
         "cuda_host.h",
     ] {
         println!("cargo:rerun-if-changed=src/torch/{f}");
@@ -42,6 +44,7 @@ fn host_kernel() {
         .cpp(true)
         .file("src/torch/resident_host.cc")
         .file("src/torch/frames_host.cc")
+        .file("src/torch/expand_host.cc")
         .std("c++20")
         .include("src/torch")
         .warnings(true)

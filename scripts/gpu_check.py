@@ -95,7 +95,13 @@ class Run:
     def sh(self, cmd, env=None, timeout=600, check=True) -> subprocess.CompletedProcess:
         self.log.write(f"\n$ {' '.join(map(str, cmd))}\n")
         self.log.flush()
-        p = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=timeout)
+        try:
+            p = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:  # what it printed before its time ran out, then the error
+            for part in (e.stdout, e.stderr):
+                self.log.write(part.decode(errors="replace") if isinstance(part, bytes) else part or "")
+            self.log.flush()
+            raise
         self.log.write(p.stdout + p.stderr)
         self.log.flush()
         if check and p.returncode != 0:
@@ -112,13 +118,18 @@ class Run:
             self.log.write(traceback.format_exc())
             self.check(f"{name}: ran to the end", False, f"{type(e).__name__}: {_tail(str(e))}")
         self.info.setdefault("section_s", {})[name] = round(time.perf_counter() - t, 1)
+        self.write()  # what has run so far, should a time limit stop the rest
+
+    def write(self) -> dict:
+        counts = {s: sum(c["status"] == s for c in self.checks) for s in ("pass", "fail", "skip")}
+        with open(os.path.join(self.out, "results.json"), "w") as f:
+            json.dump({"info": self.info, "counts": counts, "checks": self.checks, "figures": self.figures}, f,
+                      indent=1)
+        return counts
 
     def finish(self) -> int:
         failed = [c for c in self.checks if c["status"] == "fail"]
-        counts = {s: sum(c["status"] == s for c in self.checks) for s in ("pass", "fail", "skip")}
-        result = {"info": self.info, "counts": counts, "checks": self.checks, "figures": self.figures}
-        with open(os.path.join(self.out, "results.json"), "w") as f:
-            json.dump(result, f, indent=1)
+        counts = self.write()
         self.say(f"\n{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; "
                  f"results in {os.path.join(self.out, 'results.json')}")
         return 1 if failed else 0
@@ -218,7 +229,8 @@ def section_rust_tests(run: Run, a) -> None:
         env["TRAJSTORE_REQUIRE_CUDA"] = "1"
     results, rcs = {}, []
     for binary in ("test-torch", "test-torch_oom"):
-        p = run.sh([os.path.join(HERE, binary), "--test-threads", "1"], env=env, check=False)
+        # A bounded wait: a kernel that never returns must not spend a short device lease.
+        p = run.sh([os.path.join(HERE, binary), "--test-threads", "1"], env=env, check=False, timeout=300)
         results.update(re.findall(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", p.stdout, re.M))
         rcs.append(p.returncode)
     if not results:
@@ -330,7 +342,17 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    pinned_copy_batches_per_s=copy_bps, over_pinned_copy=t["batches_per_s"] / copy_bps,
                    full_batch_pinned_copy_gb_per_s=anchor(int(nbytes)),
                    synced_pinned_copy_gb_per_s=t.get("pinned_copy_gb_per_s"), batch_mb=nbytes / 1e6,
-                   transfer_mb=sent / 1e6)
+                   transfer_mb=sent / 1e6, expand=t.get("compact_expand"))
+    # Beside it, 4 workers: the compact batch expanded by libtorch operations (~40 small kernels
+    # a batch, --ops-expand), and the full batch shipped as it is (--full-batch).
+    for variant in ("--ops-expand", "--full-batch"):
+        p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--num-slices", B, "--slice-len", L,
+                    "--columns", cols, "--workers", 4, "--iters", iters, variant, "--json"], env=env_for(run))
+        t = json.loads(p.stdout)["torch"]
+        sent = int(t.get("transfer_bytes_per_batch") or 0)
+        run.figure(f"rust_cuda_4w_{variant[2:].replace('-', '_')}", batches_per_s=t["batches_per_s"],
+                   transfer_mb=sent / 1e6, expand=t.get("compact_expand"),
+                   pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent if sent else None)
     # Resident: the fused kernel (one NVRTC-compiled kernel a batch) and, beside it in the same
     # run, the same batches by libtorch operations (--resident-unfused).
     for slices in (B, 4096, 16384):
@@ -666,17 +688,8 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
                                "--json"], env=env_for(run)).stdout)
         run.figure(f"frames_gather_only_{name}", batches_per_s=j["loader_batches_per_s"], workers=workers,
                    batch_mb=j["batch_bytes"] / 1e6, frames_per_s=j["loader_batches_per_s"] * B * (L + (3 if window else 0)))
-        if window:
-            continue
-        # Issue 32's in-memory target: 32 x (4-stack) on every core against TorchRL's
-        # single-frame storage + SliceSampler on the same episodes, in the same run.
-        j = json.loads(run.sh([bin_, "bench", ds_path, "--prefault", "--num-slices", "32", "--slice-len", "1",
-                               "--columns", "observation,action,reward", "--frame-stack", "4", "--workers",
-                               workers, "--iters", "3000" if a.quick else "30000", "--json"], env=env_for(run)).stdout)
-        ours = j["loader_batches_per_s"]
-        theirs = _torchrl_frame_stacks(ds, 32, 4, 200)
-        run.figure("frames_32x4_loader", batches_per_s=ours, workers=workers,
-                   torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
+        if not window:
+            frames_32x4(run, a, bin_, ds, ds_path, workers)
         if not cuda:
             continue
         j = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag, "--workers",
@@ -684,16 +697,16 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
         sent = int(j.get("transfer_bytes_per_batch") or 0)
         copy_bps = anchor(sent) * 1e9 / sent if sent else None
         run.figure(f"frames_rust_cuda_{name}", batches_per_s=j["batches_per_s"], transfer_mb=sent / 1e6,
-                   pinned_copy_batches_per_s=copy_bps)
+                   pinned_copy_batches_per_s=copy_bps, expand=j.get("compact_expand"))
         if window:
             # Issue 35 part 5: the stored frames cross (tens of bytes each) and the GPU decodes
             # them (frame_decode.cu, one thread a frame), against the workers' decode above.
             d = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag,
                                    "--device-decode", "--workers", workers, "--iters", iters, "--json"],
-                                  env=env_for(run)).stdout)["torch"]
+                                  env=env_for(run), timeout=180).stdout)["torch"]
             t = json.loads(run.sh([bin_, "bench", ds_path, "--device", "cuda", "--device-only", *shape, *flag,
                                    "--device-decode", "--device-decode-per-thread", "--workers", workers, "--iters",
-                                   iters, "--json"], env=env_for(run)).stdout)["torch"]
+                                   iters, "--json"], env=env_for(run), timeout=180).stdout)["torch"]
             dsent = int(d.get("transfer_bytes_per_batch") or 0)
             run.figure("frames_rust_cuda_window_device_decode", batches_per_s=d["batches_per_s"],
                        kernel=d.get("device_decode_kernel"), per_thread_batches_per_s=t["batches_per_s"],
@@ -713,7 +726,23 @@ def section_frames(run: Run, a, work: str, anchor) -> None:
         sent = int(loader._packed[0].numel())
         run.figure(f"frames_python_cuda_{name}", batches_per_s=rate, transfer_mb=sent / 1e6,
                    pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent)
-    _atari(run, a, bin_, workers)
+
+
+def frames_32x4(run: Run, a, bin_: str, ds, ds_path: str, workers: str) -> None:
+    """Issue 32's in-memory target: 32 x (4-stack) on every core against TorchRL's single-frame
+    storage + SliceSampler on the same episodes, in the same run."""
+    j = json.loads(run.sh([bin_, "bench", ds_path, "--prefault", "--num-slices", "32", "--slice-len", "1",
+                           "--columns", "observation,action,reward", "--frame-stack", "4", "--workers",
+                           workers, "--iters", "3000" if a.quick else "30000", "--json"], env=env_for(run)).stdout)
+    ours = j["loader_batches_per_s"]
+    theirs = _torchrl_frame_stacks(ds, 32, 4, 200)
+    run.figure("frames_32x4_loader", batches_per_s=ours, workers=workers,
+               torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
+
+
+def section_atari(run: Run, a) -> None:
+    """Issue 32's targets on real Atari frames, where the bundle carries them."""
+    _atari(run, a, os.path.join(HERE, "trajstore"), str(os.cpu_count() or 2))
 
 
 def _atari(run: Run, a, bin_: str, workers: str) -> None:
@@ -1013,17 +1042,28 @@ def section_torchrl(run: Run, a, ds_path: str, figures: dict) -> None:
 
 
 # --- main ----------------------------------------------------------------------------------------
+# Every section, in the order a full run takes them.
+SECTIONS = ("rust-tests", "python-tests", "cpu", "python-checks", "profile", "frames", "atari", "figures", "training",
+            "torchrl")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", help="folder for results.json, summary.txt and log.txt")
     p.add_argument("--transitions", type=int, default=10_000_000, help="size of the D4RL-shaped dataset it builds")
     p.add_argument("--quick", action="store_true", help="fewer batches (a CPU machine, or a smoke run)")
-    p.add_argument("--skip", default="",
-                   help="comma-separated sections to skip (torchrl, training, figures, profile, frames)")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip: " + ", ".join(SECTIONS))
+    p.add_argument("--only", default="",
+                   help="comma-separated sections to run, in this order (a short device lease: the most wanted "
+                        "first; results.json is rewritten after each section)")
     a = p.parse_args()
     sys.path.insert(0, os.path.join(HERE, "python"))  # the bundle's package, for the in-process checks
-    run = Run(a.out)
+    only = [s for s in a.only.split(",") if s]
     skip = set(filter(None, a.skip.split(",")))
+    unknown = sorted((set(only) | skip) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown sections {unknown}; they are: {', '.join(SECTIONS)}")
+    run = Run(a.out)
     run.section("environment", section_env, a)
     work = tempfile.mkdtemp(prefix="trajstore-gpu-check-")
     ds = os.path.join(work, "d4rl.trajstore")
@@ -1034,21 +1074,24 @@ def main() -> int:
     import torch
 
     anchor = pinned_anchor(torch) if torch.cuda.is_available() else None
-    run.section("Rust tests", section_rust_tests, a)
-    run.section("Python tests", section_python_tests, a)
-    run.section("CPU runs leave the GPU alone", section_cpu_run, a, ds)
-    run.section("Python CUDA checks", section_python_checks, a, ds)
-    if "profile" not in skip:
-        run.section("profile", section_profile, a, ds, anchor)
-    if "frames" not in skip:
-        run.section("pixel frames", section_frames, a, work, anchor)
-    if "figures" not in skip:
-        run.section("Rust figures", section_rust_figures, a, ds, anchor)
-        run.section("Python figures", section_python_figures, a, ds, anchor)
-    if "training" not in skip:
-        run.section("training step", section_training, a, ds)
-    if "torchrl" not in skip:
-        run.section("TorchRL anchors", section_torchrl, a, ds, run.figures)
+    parts = {
+        "rust-tests": [("Rust tests", section_rust_tests, (a,))],
+        "python-tests": [("Python tests", section_python_tests, (a,))],
+        "cpu": [("CPU runs leave the GPU alone", section_cpu_run, (a, ds))],
+        "python-checks": [("Python CUDA checks", section_python_checks, (a, ds))],
+        "profile": [("profile", section_profile, (a, ds, anchor))],
+        "frames": [("pixel frames", section_frames, (a, work, anchor))],
+        "atari": [("real Atari frames", section_atari, (a,))],
+        "figures": [("Rust figures", section_rust_figures, (a, ds, anchor)),
+                    ("Python figures", section_python_figures, (a, ds, anchor))],
+        "training": [("training step", section_training, (a, ds))],
+        "torchrl": [("TorchRL anchors", section_torchrl, (a, ds, run.figures))],
+    }
+    for key in only or SECTIONS:
+        if key in skip:
+            continue
+        for name, fn, args in parts[key]:
+            run.section(name, fn, *args)
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)

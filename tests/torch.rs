@@ -381,7 +381,8 @@ fn the_resident_kernel_compiles_for_a_gpu_with_nvrtc() {
     // NVRTC needs no GPU: where PyTorch's CUDA wheels put it beside libtorch (as
     // scripts/setup-libtorch.sh installs them), the CUDA half of resident_gather.cu is compiled
     // here for the architectures of the GPUs it runs on (Turing to Hopper), with the frame
-    // decoder (frame_decode.cu) in the same program.
+    // decoder (frame_decode.cu) and the compact batch's expansion (expand.cu) in the same
+    // program.
     for arch in ["compute_75", "compute_90"] {
         match trajstore::torch::compile_resident_kernel(arch) {
             Ok(Some(ptx)) => {
@@ -389,6 +390,7 @@ fn the_resident_kernel_compiles_for_a_gpu_with_nvrtc() {
                     "trajstore_resident_gather",
                     "trajstore_decode_frames",
                     "trajstore_decode_frames_warp",
+                    "trajstore_expand_compact",
                 ] {
                     assert!(
                         ptx.contains(&format!(".entry {entry}")),
@@ -935,13 +937,19 @@ fn compact_batches_expand_to_the_gather_under_every_policy() {
         BoundaryPolicy::Pad,
         BoundaryPolicy::Span { left: 5, right: 7 },
     ] {
-        for cols in [&COLUMNS[..], &["next_observation", "reward"]] {
+        // The fused kernel's C++ copy (the default) and the tensor operations.
+        for (cols, fused) in [&COLUMNS[..], &["next_observation", "reward"]]
+            .into_iter()
+            .flat_map(|c| [(c, true), (c, false)])
+        {
             let s = sampler(&snap, policy, 9);
-            let opts = cpu(2, 6).with_compact(true);
+            let opts = cpu(2, 6).with_compact(true).with_fused_expand(fused);
             let mut l = loader(&snap, uniform(policy, 9), cols, opts);
+            let how = if fused { "fused" } else { "ops" };
+            assert_eq!(l.compact_expand().as_deref(), Some(how));
             for k in 0..6 {
                 let t = l.next_batch().unwrap().unwrap();
-                let what = format!("{policy:?} {cols:?} batch {k}");
+                let what = format!("{policy:?} {cols:?} {how} batch {k}");
                 assert_equals_gather(&t, &gathered(&snap, s.as_ref(), cols, k), &what);
             }
             assert!(l.next_batch().is_none());
@@ -957,14 +965,24 @@ fn compact_batches_expand_to_the_gather_under_every_policy() {
         .with_seed(3)
         .with_drop_last(false);
     let cols = &COLUMNS[..4]; // no widened column: bytes compare as they are
-    let opts = TorchLoaderOptions::new(Device::Cpu).with_compact(true);
-    let last = loader(&snap, spec, cols, opts)
-        .map(|t| t.unwrap())
-        .last()
-        .unwrap();
     let want = gathered(&snap, epoch.as_ref(), cols, per - 1);
     let n = want.num_slices as i64;
     assert!(n < 24, "the fixture leaves a short last batch");
+    for fused in [true, false] {
+        let opts = TorchLoaderOptions::new(Device::Cpu)
+            .with_compact(true)
+            .with_fused_expand(fused);
+        let last = loader(&snap, spec.clone(), cols, opts)
+            .map(|t| t.unwrap())
+            .last()
+            .unwrap();
+        short_last_batch_equals(&last, &want, n, fused);
+    }
+}
+
+/// The short last batch `last` of an epoch (its first `n` slices) equals the gather `want`,
+/// and its padding is zeros.
+fn short_last_batch_equals(last: &TensorBatch, want: &Batch, n: i64, fused: bool) {
     for (name, t) in last.tensors() {
         let head = t.narrow(0, 0, n);
         let want: Vec<u8> = match want.columns.iter().find(|c| c.name == name) {
@@ -988,12 +1006,12 @@ fn compact_batches_expand_to_the_gather_under_every_policy() {
                     .collect(),
             },
         };
-        assert_eq!(bytes(&head), want, "short last batch: {name}");
+        assert_eq!(bytes(&head), want, "short last batch (fused {fused}): {name}");
         if t.kind() != Kind::Int64 {
             let pad = bytes(&t.narrow(0, n, 24 - n));
             assert!(
                 pad.iter().all(|&v| v == 0),
-                "short last batch: padding of {name}"
+                "short last batch (fused {fused}): padding of {name}"
             );
         }
     }

@@ -6,6 +6,7 @@
 
 use tch::{Kind, Tensor};
 
+use super::kernel::{EXPAND_TAILS, ExpandArgs, ExpandTail, Kernel};
 use super::layout::{Layout, Slot, window_view};
 use super::{TensorBatch, widen};
 use crate::error::Result;
@@ -13,13 +14,126 @@ use crate::format::col;
 use crate::gather::CompactInto;
 
 /// The batch of `slot`: views of its tensors ([`Slot::view`]), or for a compact slot the full
-/// batch expanded where the slot lies (new tensors, besides the columns shipped whole).
-pub(crate) fn batch(slot: &Slot, layout: &Layout) -> Result<TensorBatch> {
-    if layout.compact {
-        expand(layout, &slot.columns, &slot.flags, &slot.meta)
-    } else {
-        slot.view(layout)
+/// batch expanded where the slot lies (new tensors, besides the columns shipped whole): by
+/// `kernel` in one launch where one is given (on the slot's side: the GPU's, or the host copy
+/// for a slot on the CPU), else by tensor operations.
+pub(crate) fn batch(slot: &Slot, layout: &Layout, kernel: Option<&Kernel>) -> Result<TensorBatch> {
+    if !layout.compact {
+        return slot.view(layout);
     }
+    match kernel {
+        Some(k) => expand_fused(k, layout, &slot.columns, &slot.flags, &slot.meta),
+        None => expand(layout, &slot.columns, &slot.flags, &slot.meta),
+    }
+}
+
+/// Byte alignment of each piece of the fused expansion's output buffer.
+const ALIGN: i64 = 16;
+
+/// [`expand`] by one launch of `expand.cu` into one new buffer: the six flag planes, then each
+/// derived column; the batch's tensors are views of it.
+fn expand_fused(
+    kernel: &Kernel,
+    layout: &Layout,
+    columns: &[Tensor],
+    spans: &Tensor,
+    meta: &Tensor,
+) -> Result<TensorBatch> {
+    let (b, l) = (layout.b as i64, layout.l as i64);
+    let device = spans.device();
+    let obs = layout
+        .columns
+        .iter()
+        .zip(&layout.tails)
+        .position(|((name, _, _), &tail)| name == col::OBSERVATION && !tail);
+    // The derived columns: (column, its observation [B, R, ...] contiguous, offset in the buffer).
+    let spans = spans.f_contiguous()?;
+    let mut derived = Vec::new();
+    let mut size = 6 * b * l;
+    for (i, &tail) in layout.tails.iter().enumerate() {
+        let Some(o) = obs.filter(|_| tail) else {
+            continue;
+        };
+        let src = columns[o].f_contiguous()?;
+        size = (size + ALIGN - 1) / ALIGN * ALIGN;
+        let bytes = src.numel() as i64 * src.kind().elt_size_in_bytes() as i64;
+        derived.push((i, src, columns[i].f_contiguous()?, size));
+        size += bytes;
+    }
+    if derived.len() > EXPAND_TAILS {
+        // Never in practice (one next_observation): the operations handle any number.
+        return expand(layout, columns, &spans, meta);
+    }
+    let buf = Tensor::f_empty([size.max(1)], (Kind::Uint8, device))?;
+    let base = buf.data_ptr() as u64;
+    let mut args = ExpandArgs {
+        spans: spans.data_ptr() as u64,
+        flags: base,
+        b,
+        l,
+        ntails: derived.len() as i64,
+        ..Default::default()
+    };
+    for (slot, (i, src, tail, off)) in args.tails.iter_mut().zip(&derived) {
+        let shape = src.size();
+        let row = shape[2..].iter().product::<i64>() * src.kind().elt_size_in_bytes() as i64;
+        *slot = ExpandTail {
+            obs: src.data_ptr() as u64,
+            tail: tail.data_ptr() as u64,
+            out: base + *off as u64,
+            rows: shape[1],
+            row,
+            lead: layout.leads[*i] as i64,
+        };
+    }
+    // SAFETY: every address is a live tensor on the kernel's side (the slot's, the new buffer)
+    // of the sizes `expand.cu` reads and writes: spans `[B, 3]` int32 (contiguous), six
+    // `[B, L]` planes from `base`, per derived column its contiguous observation `[B, R, row]`,
+    // tail `[B, row]` and `B * R * row` bytes at its offset. On a GPU the launch is on the
+    // default stream, which this thread's allocations and later uses of these tensors order
+    // after, and the tensors stay referenced by the batch or freed into the caching allocator
+    // in stream order.
+    unsafe { kernel.expand(&args)? };
+    let plane = |k: i64| -> Result<Tensor> {
+        Ok(buf
+            .f_narrow(0, k * b * l, b * l)?
+            .f_view_dtype(Kind::Bool)?
+            .f_view([b, l])?)
+    };
+    let mut out = Vec::with_capacity(columns.len());
+    for (i, ((((name, _, _), dt), t), &lead)) in layout
+        .columns
+        .iter()
+        .zip(&layout.types)
+        .zip(columns)
+        .zip(&layout.leads)
+        .enumerate()
+    {
+        let full = match derived.iter().find(|d| d.0 == i) {
+            Some((_, src, _, off)) => {
+                let bytes = src.numel() as i64 * src.kind().elt_size_in_bytes() as i64;
+                buf.f_narrow(0, *off, bytes)?
+                    .f_view_dtype(src.kind())?
+                    .f_view(src.size().as_slice())?
+            }
+            None => t.shallow_clone(),
+        };
+        out.push((name.clone(), widen(window_view(&full, lead)?, dt)?));
+    }
+    Ok(TensorBatch {
+        columns: out,
+        mask: plane(0)?,
+        is_first: plane(1)?,
+        is_last: plane(2)?,
+        terminated: plane(3)?,
+        truncated: plane(4)?,
+        slice_end: plane(5)?,
+        episode_id: meta.f_select(0, 0)?,
+        start_step: meta.f_select(0, 1)?,
+        flag_base: None,
+        meta_base: None,
+        base_columns: Vec::new(),
+    })
 }
 
 /// The full batch of a compact slot's tensors: `columns` in layout order (tail columns `[B,

@@ -25,9 +25,12 @@ use crate::error::{Error, Result};
 const SOURCE: &str = concat!(
     include_str!("resident_gather.cu"),
     "\n",
-    include_str!("frame_decode.cu")
+    include_str!("frame_decode.cu"),
+    "\n",
+    include_str!("expand.cu")
 );
 const NAME: &CStr = c"trajstore_resident_gather";
+const EXPAND_NAME: &CStr = c"trajstore_expand_compact";
 const DECODE_NAME: &CStr = c"trajstore_decode_frames";
 const DECODE_WARP_NAME: &CStr = c"trajstore_decode_frames_warp";
 /// Threads per block of the frame decoder: one frame per thread, or four warps of a frame each.
@@ -49,6 +52,49 @@ unsafe extern "C" {
         first_row: i64,
         end_row: i64,
     );
+    fn trajstore_expand_compact_host(args: *const ExpandArgs, first: i64, end: i64);
+}
+
+/// Derived columns one expansion writes at most (`TRAJSTORE_EXPAND_TAILS`).
+pub(crate) const EXPAND_TAILS: usize = 4;
+
+/// One derived column of [`ExpandArgs`] (`TrajstoreExpandTail` in `expand.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ExpandTail {
+    /// `[B, rows, row]` observation.
+    pub obs: u64,
+    /// `[B, row]` tail rows.
+    pub tail: u64,
+    /// `[B, rows, row]` output.
+    pub out: u64,
+    pub rows: i64,
+    /// Bytes of one row.
+    pub row: i64,
+    pub lead: i64,
+}
+
+/// The arguments of the compact batch's expansion (`TrajstoreExpand` in `expand.cu`), passed
+/// by value; addresses on the kernel's side.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ExpandArgs {
+    /// `Int [B, 3]` spans.
+    pub spans: u64,
+    /// Six `[B, L]` bool planes.
+    pub flags: u64,
+    pub b: i64,
+    pub l: i64,
+    pub ntails: i64,
+    pub tails: [ExpandTail; EXPAND_TAILS],
+}
+
+impl ExpandArgs {
+    /// The expansion's work items: the `B * L` flag rows and every derived row.
+    fn items(&self) -> u64 {
+        let tails = &self.tails[..self.ntails as usize];
+        (self.b * self.l + tails.iter().map(|t| self.b * t.rows).sum::<i64>()) as u64
+    }
 }
 
 /// The device addresses of one launch of the frame decoder ([`CudaKernel::decode`]).
@@ -161,6 +207,32 @@ impl Kernel {
             }
             // SAFETY: the caller's contract.
             Self::Cuda(k) => unsafe { k.launch(launch, ncols, b, l) },
+        }
+    }
+
+    /// Expands one compact batch (`expand.cu`).
+    ///
+    /// # Safety
+    /// Every address in `args` is valid on this kernel's side: `spans` `[b, 3]` int32, `flags`
+    /// `6 * b * l` bytes, and per derived column `obs` and `out` `b * rows * row` bytes, `tail`
+    /// `b * row`. On CUDA they must stay allocated until the launch is done on the default
+    /// stream.
+    pub(crate) unsafe fn expand(&self, args: &ExpandArgs) -> Result<()> {
+        if args.ntails < 0 || args.ntails as usize > EXPAND_TAILS {
+            return Err(Error::argument(
+                "columns",
+                format!("at most {EXPAND_TAILS} derived columns expand in one kernel"),
+            ));
+        }
+        let items = args.items();
+        match self {
+            // SAFETY: the caller's contract; one thread does every item in order.
+            Self::Host => unsafe {
+                trajstore_expand_compact_host(args, 0, items as i64);
+                Ok(())
+            },
+            // SAFETY: the caller's contract.
+            Self::Cuda(k) => unsafe { k.launch_expand(args, items) },
         }
     }
 }
@@ -427,6 +499,8 @@ pub(crate) struct CudaKernel {
     /// The frame decoder, a thread (`trajstore_decode_frames`) or a warp a frame.
     decode: CuFunction,
     decode_warp: CuFunction,
+    /// The compact batch's expansion (`trajstore_expand_compact`).
+    expand: CuFunction,
 }
 
 // SAFETY: a CUcontext and a CUfunction are handles the driver lets any thread use, at once
@@ -482,6 +556,7 @@ impl CudaKernel {
             .or_else(|_| nvrtc.compile("compute_75"))?;
         let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
         let (mut decode, mut decode_warp) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let mut expand = std::ptr::null_mut();
         // SAFETY: a current context, a NUL-terminated PTX image, and valid out-pointers.
         unsafe {
             driver.check((driver.ctx_set_current)(ctx), "cuCtxSetCurrent")?;
@@ -501,6 +576,10 @@ impl CudaKernel {
                 (driver.module_get_function)(&mut decode_warp, module, DECODE_WARP_NAME.as_ptr()),
                 "cuModuleGetFunction",
             )?;
+            driver.check(
+                (driver.module_get_function)(&mut expand, module, EXPAND_NAME.as_ptr()),
+                "cuModuleGetFunction",
+            )?;
         }
         Ok(Self {
             driver,
@@ -508,6 +587,7 @@ impl CudaKernel {
             function,
             decode,
             decode_warp,
+            expand,
         })
     }
 
@@ -567,6 +647,42 @@ impl CudaKernel {
 
     /// # Safety
     /// As [`Kernel::run`].
+    /// Launches the expansion of `items` work items (a warp each) on the default stream.
+    ///
+    /// # Safety
+    /// As [`Kernel::expand`].
+    unsafe fn launch_expand(&self, args: &ExpandArgs, items: u64) -> Result<()> {
+        let grid = items.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as c_uint;
+        let (mut a, mut first, mut end) = (*args, 0i64, items as i64);
+        let mut params: [*mut c_void; 3] = [
+            (&mut a as *mut ExpandArgs).cast(),
+            (&mut first as *mut i64).cast(),
+            (&mut end as *mut i64).cast(),
+        ];
+        // SAFETY: the kernel's arguments in its order and types (the struct by value, laid out
+        // as `expand.cu`'s); the null stream is the legacy default stream.
+        unsafe {
+            self.driver
+                .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
+            self.driver.check(
+                (self.driver.launch_kernel)(
+                    self.expand,
+                    grid,
+                    1,
+                    1,
+                    BLOCK,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                "cuLaunchKernel (expand)",
+            )
+        }
+    }
+
     unsafe fn launch(&self, l: &Launch, ncols: c_int, b: c_int, len: c_int) -> Result<()> {
         let rows = (l.b as u64) * (l.l as u64);
         let grid = rows.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as c_uint;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use tch::Device;
 
 use super::frame_decode::{DeviceDecode, WorkerDecode};
+use super::kernel::Kernel;
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
 use super::resident::Resident;
@@ -46,6 +47,8 @@ pub(crate) enum Inner {
         transfer: u64,
         /// Frames decoded on the device: what the workers shipped.
         decode: Option<Arc<DeviceDecode>>,
+        /// How a compact batch is expanded ([`TorchLoader::compact_expand`]).
+        expand: Option<String>,
     },
     Resident(Box<Resident>),
 }
@@ -158,11 +161,12 @@ impl TorchLoader {
         )?;
         layout.leads = source.leads();
         let (layout, transfer) = finish_layout(layout, &opts, &source.tail_columns());
+        let (kernel, expand) = expansion(&layout, &opts);
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let sink: crate::loader::stream::Sink<TensorBatch> = {
             let (pool, opts) = (pool.clone(), opts.clone());
             Arc::new(move || {
-                let mut worker = stream_worker(&layout, &opts, &pool, None);
+                let mut worker = stream_worker(&layout, &opts, &pool, None, kernel.clone());
                 Box::new(move |_k, gatherer, plan| worker.produce(gatherer, plan))
             })
         };
@@ -173,6 +177,7 @@ impl TorchLoader {
                 pool,
                 transfer,
                 decode: None,
+                expand,
             },
             device: opts.device,
             feed: None,
@@ -219,6 +224,7 @@ impl TorchLoader {
             });
         }
         let (layout, transfer) = finish_layout(layout, &opts, gatherer.tail_columns());
+        let (kernel, expand) = expansion(&layout, &opts);
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let lo = &opts.loader;
         let pipeline = Pipeline::start(
@@ -228,7 +234,8 @@ impl TorchLoader {
             end,
             "torch-loader",
             |lane| {
-                let mut worker = stream_worker(&layout, &opts, &pool, decode.clone());
+                let mut worker =
+                    stream_worker(&layout, &opts, &pool, decode.clone(), kernel.clone());
                 let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
                     planner.plan(k, lane);
@@ -243,6 +250,7 @@ impl TorchLoader {
                 pool,
                 transfer,
                 decode,
+                expand,
             },
             device,
             feed: Some(feed),
@@ -320,6 +328,18 @@ impl TorchLoader {
     /// Whether this loader samples from device-resident columns.
     pub fn is_resident(&self) -> bool {
         matches!(self.inner, Inner::Resident(_))
+    }
+
+    /// When streaming a compact batch ([`TorchLoaderOptions::compact`]), how it is expanded
+    /// where it lands: `fused` (one kernel, `expand.cu`: NVRTC-compiled on a GPU, its C++ copy
+    /// on the CPU), `ops` (libtorch operations: [`TorchLoaderOptions::fused_expand`] is off),
+    /// or `ops (...)` with why the kernel could not be loaded. None in resident mode or for a
+    /// batch that is not compact.
+    pub fn compact_expand(&self) -> Option<String> {
+        match &self.inner {
+            Inner::Streaming { expand, .. } => expand.clone(),
+            Inner::Resident(_) => None,
+        }
     }
 
     /// In resident mode, how each batch is gathered: `fused` (one kernel writes the whole
@@ -404,14 +424,34 @@ fn finish_layout(layout: Layout, opts: &TorchLoaderOptions, tails: &[bool]) -> (
     (layout, transfer)
 }
 
+/// How a compact layout's batches are expanded: the fused kernel on the target's side (and
+/// "fused"), or tensor operations ("ops", with why where the kernel could not be loaded); None
+/// for a layout that is not compact.
+fn expansion(layout: &Layout, opts: &TorchLoaderOptions) -> (Option<Arc<Kernel>>, Option<String>) {
+    if !layout.compact {
+        return (None, None);
+    }
+    if !opts.fused_expand {
+        return (None, Some("ops".into()));
+    }
+    match Kernel::for_device(opts.device) {
+        Ok(k) => (Some(Arc::new(k)), Some("fused".into())),
+        // Where NVRTC is missing the operations give the same batch, more slowly; the reason
+        // is kept for `compact_expand`.
+        Err(e) => (None, Some(format!("ops ({e})"))),
+    }
+}
+
 /// One worker of the streaming mode (its staging slots are allocated on first use).
 fn stream_worker(
     layout: &Layout,
     opts: &TorchLoaderOptions,
     pool: &Arc<Mutex<Vec<TensorBatch>>>,
     decode: Option<Arc<DeviceDecode>>,
+    expand: Option<Arc<Kernel>>,
 ) -> StreamWorker {
     StreamWorker {
+        expand,
         decode: decode.map(|d| (d, WorkerDecode::new(opts.device_decode_per_thread))),
         layout: layout.clone(),
         device: opts.device,

@@ -45,6 +45,11 @@ pub struct TorchLoaderOptions {
     /// the gather writes the full batch directly. Some(true) on CPU expands on the host (what the
     /// tests compare).
     pub compact: Option<bool>,
+    /// Expand a compact batch with one fused kernel (`expand.cu`: NVRTC-compiled on a GPU, its
+    /// C++ copy on the CPU) instead of ~40 libtorch operations and their allocations. Default
+    /// on; where NVRTC cannot be loaded the operations run instead (see
+    /// [`TorchLoader::compact_expand`](super::TorchLoader::compact_expand)).
+    pub fused_expand: bool,
     /// Decode frame windows where the batch lands (issue 35): the workers ship each window's
     /// stored frames, tens of bytes each, with a table saying where each goes, and a kernel of
     /// one thread per frame decodes them there (NVRTC-compiled on a GPU; its C++ copy on the
@@ -69,6 +74,7 @@ impl std::fmt::Debug for TorchLoaderOptions {
             .field("resident_fused", &self.resident_fused)
             .field("transform", &self.transform.is_some())
             .field("compact", &self.compact)
+            .field("fused_expand", &self.fused_expand)
             .field("device_decode", &self.device_decode)
             .field("device_decode_per_thread", &self.device_decode_per_thread)
             .finish()
@@ -88,6 +94,7 @@ impl TorchLoaderOptions {
             resident_fused: true,
             transform: None,
             compact: None,
+            fused_expand: true,
             device_decode: false,
             device_decode_per_thread: false,
         }
@@ -140,6 +147,12 @@ impl TorchLoaderOptions {
     /// [`TorchLoaderOptions::compact`]; a transform turns it off).
     pub fn with_compact(mut self, on: bool) -> Self {
         self.compact = Some(on);
+        self
+    }
+    /// Whether a compact batch is expanded by one fused kernel (see
+    /// [`TorchLoaderOptions::fused_expand`]).
+    pub fn with_fused_expand(mut self, on: bool) -> Self {
+        self.fused_expand = on;
         self
     }
     /// A transform run on each host batch before its transfer.

@@ -8,6 +8,7 @@ use tch::Device;
 use super::compact;
 use super::events::CopyDone;
 use super::frame_decode::{DeviceDecode, Twin, WorkerDecode};
+use super::kernel::Kernel;
 use super::layout::{Layout, Slot};
 use super::options::Transform;
 use super::{FloatCast, TensorBatch};
@@ -33,6 +34,8 @@ pub(crate) struct StreamWorker {
     pub(crate) done: Vec<Option<CopyDone>>,
     /// Frames decoded on the device: the loader's twins and this worker's side.
     pub(crate) decode: Option<(Arc<DeviceDecode>, WorkerDecode)>,
+    /// The compact batch's fused expansion on the target's side (None: tensor operations).
+    pub(crate) expand: Option<Arc<Kernel>>,
 }
 
 impl StreamWorker {
@@ -122,7 +125,7 @@ impl StreamWorker {
             shared.shipped(slot.copy_bytes());
             slot = dec.decode(twin, &slot, &self.layout)?;
         }
-        let mut batch = compact::batch(&slot, &self.layout)?;
+        let mut batch = compact::batch(&slot, &self.layout, self.expand.as_deref())?;
         if let Some(f) = &self.transform {
             f(&mut batch)?;
         }
@@ -187,7 +190,7 @@ impl StreamWorker {
             (on, _, _) => on,
         };
         let mut out = match on {
-            Some(on) => compact::batch(&on, &self.layout)?,
+            Some(on) => compact::batch(&on, &self.layout, self.expand.as_deref())?,
             None => self.copy_each(i)?,
         };
         if self.cast != FloatCast::None {
@@ -206,7 +209,8 @@ impl StreamWorker {
     /// it to the device tensor by tensor.
     fn copy_each(&mut self, i: usize) -> Result<TensorBatch> {
         let slot = &self.slots[i];
-        let mut host = compact::batch(slot, &self.layout)?;
+        // Not compact here (a transform turns it off; a compact slot is copied whole).
+        let mut host = compact::batch(slot, &self.layout, None)?;
         if let Some(f) = &self.transform {
             f(&mut host)?;
         }

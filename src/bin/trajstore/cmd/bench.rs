@@ -103,6 +103,15 @@ pub(crate) struct BenchArgs {
     /// C++ copy on the CPU) instead of in the workers.
     #[arg(long, requires = "device")]
     pub(crate) device_decode: bool,
+    /// With --device: ship the full batch (every step's next_observation and flag planes)
+    /// instead of the compact one (next_observation derived on the device from one row a slice,
+    /// the flags from each slice's span): to compare the bytes and the rate.
+    #[arg(long, requires = "device")]
+    pub(crate) full_batch: bool,
+    /// With --device: expand the compact batch with libtorch operations (~40 small kernels)
+    /// instead of the one fused kernel (NVRTC on a GPU): to compare the two.
+    #[arg(long, requires = "device", conflicts_with = "full_batch")]
+    pub(crate) ops_expand: bool,
     /// With --device-decode: a GPU thread decodes each frame instead of a warp of 32 lanes.
     #[arg(long, requires = "device_decode")]
     pub(crate) device_decode_per_thread: bool,

@@ -37,7 +37,11 @@ pub(crate) fn torch_bench(
             .with_resident(a.resident_budget)
             .with_resident_fused(!a.resident_unfused);
     }
+    if a.full_batch {
+        opts = opts.with_compact(false);
+    }
     opts = opts
+        .with_fused_expand(!a.ops_expand)
         .with_device_decode(a.device_decode)
         .with_device_decode_per_thread(a.device_decode_per_thread);
     let sync = || {
@@ -68,6 +72,7 @@ pub(crate) fn torch_bench(
     let secs = t.elapsed().as_secs_f64();
     let transfer = loader.transfer_bytes();
     let gather = loader.resident_gather();
+    let expand = loader.compact_expand();
     let device_decode = loader.decodes_on_device();
     let shipped = loader.device_decode_bytes();
     drop(loader);
@@ -90,6 +95,7 @@ pub(crate) fn torch_bench(
         "device": device,
         "resident": a.resident,
         "resident_gather": gather,
+        "compact_expand": expand,
         "device_decode": device_decode,
         "device_decode_bytes_per_batch": shipped,
         "device_decode_kernel": device_decode.then_some(if a.device_decode_per_thread { "thread" } else { "warp" }),
@@ -130,7 +136,10 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         match (t["resident_gather"].as_str(), t["device_decode"].as_bool()) {
             (Some(g), _) => format!(", resident, {g}"),
             (None, Some(true)) => ", frames decoded on the device".to_string(),
-            _ => String::new(),
+            _ => match t["compact_expand"].as_str() {
+                Some(e) => format!(", compact batch expanded by {e}"),
+                None => String::new(),
+            },
         },
         f("batches_per_s"),
         HumanCount(f("transitions_per_s") as u64),
