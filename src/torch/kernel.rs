@@ -36,7 +36,8 @@ const DECODE_WARP_NAME: &CStr = c"trajstore_decode_frames_warp";
 /// Threads per block of the frame decoder: one frame per thread, or four warps of a frame each.
 const DECODE_BLOCK: u32 = 64;
 const DECODE_WARP_BLOCK: u32 = 128;
-/// Threads per block on a GPU: eight warps, one row of the batch each.
+/// Threads per block on a GPU: the resident gather's block copies a slice's words side by side;
+/// the expansion's eight warps take a row each.
 const BLOCK: u32 = 256;
 const ROWS_PER_BLOCK: u64 = BLOCK as u64 / 32;
 
@@ -685,7 +686,8 @@ impl CudaKernel {
 
     unsafe fn launch(&self, l: &Launch, ncols: c_int, b: c_int, len: c_int) -> Result<()> {
         let rows = (l.b as u64) * (l.l as u64);
-        let grid = rows.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as c_uint;
+        // A block a slice.
+        let grid = (l.b as u64).clamp(1, 1 << 20) as c_uint;
         let (mut params, mut cols, mut out) = (l.params, l.cols, l.out);
         let (mut ncols, mut b, mut len) = (ncols, b, len);
         let mut flags = l.flags_offset as i64;
