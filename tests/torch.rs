@@ -497,25 +497,34 @@ fn cuda_batches_equal_the_arrow_data() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), true);
     let s = sampler(&snap, BoundaryPolicy::Pad, 6);
-    let opts = TorchLoaderOptions::new(dev)
-        .with_loader(
-            LoaderOptions::default()
-                .with_workers(2)
-                .with_max_batches(20),
-        )
-        .with_staging_slots(2);
-    let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 6), &COLUMNS, opts);
-    let mut k = 0;
-    while let Some(t) = l.next_batch() {
-        let t = t.unwrap();
-        for (name, x) in t.tensors() {
-            assert_eq!(x.device(), dev, "{name}");
+    // The compact batch (the default on CUDA) expanded by the fused kernel (NVRTC, which
+    // PyTorch's CUDA wheels ship: it must load here) and by libtorch operations; the full batch.
+    for (compact, fused) in [(true, true), (true, false), (false, true)] {
+        let opts = TorchLoaderOptions::new(dev)
+            .with_loader(
+                LoaderOptions::default()
+                    .with_workers(2)
+                    .with_max_batches(20),
+            )
+            .with_staging_slots(2)
+            .with_compact(compact)
+            .with_fused_expand(fused);
+        let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 6), &COLUMNS, opts);
+        let how = l.compact_expand();
+        let want = compact.then_some(if fused { "fused" } else { "ops" });
+        assert_eq!(how.as_deref(), want);
+        let mut k = 0;
+        while let Some(t) = l.next_batch() {
+            let t = t.unwrap();
+            for (name, x) in t.tensors() {
+                assert_eq!(x.device(), dev, "{name}");
+            }
+            let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+            assert_equals_gather(&t, &b, &format!("cuda ({how:?}) #{k}"));
+            k += 1;
         }
-        let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
-        assert_equals_gather(&t, &b, &format!("cuda #{k}"));
-        k += 1;
+        assert_eq!(k, 20);
     }
-    assert_eq!(k, 20);
 }
 
 #[test]
