@@ -1016,7 +1016,11 @@ fn short_last_batch_equals(last: &TensorBatch, want: &Batch, n: i64, fused: bool
                     .collect(),
             },
         };
-        assert_eq!(bytes(&head), want, "short last batch (fused {fused}): {name}");
+        assert_eq!(
+            bytes(&head),
+            want,
+            "short last batch (fused {fused}): {name}"
+        );
         if t.kind() != Kind::Int64 {
             let pad = bytes(&t.narrow(0, n, 24 - n));
             assert!(

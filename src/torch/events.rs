@@ -19,6 +19,7 @@ struct Runtime {
     create: Create,
     record: Record,
     synchronize: OnEvent,
+    query: OnEvent,
     destroy: OnEvent,
 }
 
@@ -42,11 +43,12 @@ fn runtime() -> Option<&'static Runtime> {
                     let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
                     (!p.is_null()).then_some(p)
                 };
-                let (Some(s), Some(c), Some(r), Some(w), Some(d)) = (
+                let (Some(s), Some(c), Some(r), Some(w), Some(q), Some(d)) = (
                     sym(c"cudaSetDevice"),
                     sym(c"cudaEventCreateWithFlags"),
                     sym(c"cudaEventRecord"),
                     sym(c"cudaEventSynchronize"),
+                    sym(c"cudaEventQuery"),
                     sym(c"cudaEventDestroy"),
                 ) else {
                     continue;
@@ -59,6 +61,7 @@ fn runtime() -> Option<&'static Runtime> {
                         create: std::mem::transmute::<*mut c_void, Create>(c),
                         record: std::mem::transmute::<*mut c_void, Record>(r),
                         synchronize: std::mem::transmute::<*mut c_void, OnEvent>(w),
+                        query: std::mem::transmute::<*mut c_void, OnEvent>(q),
                         destroy: std::mem::transmute::<*mut c_void, OnEvent>(d),
                     }
                 });
@@ -105,6 +108,15 @@ impl CopyDone {
     pub(crate) fn wait(&self) -> bool {
         // SAFETY: a live event.
         unsafe { (self.rt.synchronize)(self.event) == 0 }
+    }
+}
+
+impl CopyDone {
+    /// Whether the work recorded before the event has finished, without blocking (false while
+    /// it runs, or if the runtime answered an error).
+    pub(crate) fn finished(&self) -> bool {
+        // SAFETY: a live event; cudaEventQuery returns 0 (cudaSuccess) once it has completed.
+        unsafe { (self.rt.query)(self.event) == 0 }
     }
 }
 

@@ -11,12 +11,13 @@
 //! one `index_select` per column and about a dozen small element-wise kernels
 //! ([`Resident::gather_kind`] says which).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
+use super::events::CopyDone;
 use super::kernel::{Kernel, Launch};
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
@@ -88,7 +89,9 @@ pub(crate) struct Resident {
     device: Device,
     /// The loader's workers: each plans its batches and writes their per-slice parameters
     /// into a host tensor (pinned on CUDA), in batch order.
-    params: Pipeline<Result<Tensor>>,
+    params: Pipeline<Result<HostParams>>,
+    /// Pinned parameter buffers whose copy to the device has been issued, each with its event.
+    pool: ParamsPool,
     /// Per requested column: its device tensor, whether it is the derived next observation,
     /// and its Arrow element type.
     columns: Vec<(String, Tensor, bool, DataType)>,
@@ -151,6 +154,22 @@ impl Fused {
     }
 }
 
+/// One batch's parameters on the host, and on CUDA the event that says when their copy to the
+/// device is done, so that the buffer can be filled again.
+struct HostParams {
+    t: Tensor,
+    done: Option<CopyDone>,
+}
+
+/// Pinned parameter buffers handed back after their copy was issued (CUDA). A worker takes one
+/// whose copy has finished instead of pinning a new tensor each batch: `pin_memory` costs an
+/// allocation and, with PyTorch 2.11, prints a deprecation warning on every call (tch passes the
+/// device it no longer takes), two lines of stderr a batch.
+type ParamsPool = Arc<Mutex<Vec<HostParams>>>;
+
+/// Buffers the pool keeps at most (more are in flight only with a deep prefetch).
+const POOL_MAX: usize = 64;
+
 /// What a worker needs to plan a batch and write its parameters.
 struct Planner {
     sampler: Arc<dyn Sampler>,
@@ -164,6 +183,7 @@ struct Planner {
     l: usize,
     /// Where the parameters are pinned (None: pageable host memory, on CPU).
     pin: Option<Device>,
+    pool: ParamsPool,
 }
 
 /// Rows of the per-slice parameter tensor, in slice positions `pos` (`0..L`) where a row is
@@ -288,7 +308,9 @@ impl Resident {
                 Err(e) => Err(e.to_string()),
             }
         };
+        let pool: ParamsPool = Arc::new(Mutex::new(Vec::new()));
         let planner = Arc::new(Planner {
+            pool: pool.clone(),
             per_epoch: sampler.batches_per_epoch(),
             sampler,
             episode_flags: gatherer.episode_flags().to_vec(),
@@ -309,6 +331,7 @@ impl Resident {
             layout,
             device,
             params,
+            pool,
             columns,
             offsets,
             fused,
@@ -329,15 +352,23 @@ impl Resident {
 
     pub(crate) fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
         let host = self.params.next_item()?;
-        Some(host.and_then(|p| self.batch(&p)))
+        Some(host.and_then(|p| self.batch(p)))
     }
 
     /// The batch of the parameters `host` (`[P_ROWS, B]`), gathered on the device.
-    fn batch(&self, host: &Tensor) -> Result<TensorBatch> {
+    fn batch(&self, host: HostParams) -> Result<TensorBatch> {
         let (b, l) = (self.layout.b as i64, self.layout.l as i64);
-        // From pinned memory on CUDA (the caching host allocator keeps the block until the copy
-        // is done), without waiting; on CPU the workers' tensor itself.
-        let params = host.f_to_device_(self.device, Kind::Int64, true, false)?;
+        // From pinned memory on CUDA, without waiting; on CPU the workers' tensor itself.
+        let params = host.t.f_to_device_(self.device, Kind::Int64, true, false)?;
+        // The buffer goes back to the workers with an event after its copy; where the event
+        // cannot be recorded it is dropped (the caching host allocator keeps the block until
+        // the copy is done).
+        if host.done.as_ref().is_some_and(CopyDone::record) {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < POOL_MAX {
+                pool.push(host);
+            }
+        }
         if let Ok(fused) = &self.fused {
             return self.fused_batch(fused, params);
         }
@@ -481,7 +512,7 @@ impl Planner {
     /// episode's first row, length, flags, position, id, and last valid position in the slice;
     /// slices past the plan (a short last batch) are padding. `[P_ROWS, B]` `int64`, pinned
     /// on CUDA.
-    fn params(&self, k: u64, plan: &mut Vec<SliceRef>) -> Result<Tensor> {
+    fn params(&self, k: u64, plan: &mut Vec<SliceRef>) -> Result<HostParams> {
         let (b, l) = (self.b, self.l);
         self.sampler.plan(
             crate::loader::global_batch(k, self.rank, self.world, self.per_epoch),
@@ -496,10 +527,7 @@ impl Planner {
                 ),
             ));
         }
-        let mut t = Tensor::f_empty([P_ROWS as i64, b as i64], (Kind::Int64, Device::Cpu))?;
-        if let Some(d) = self.pin {
-            t = t.f_pin_memory(d)?;
-        }
+        let HostParams { t, done } = self.buffer()?;
         // SAFETY: `t` is a contiguous CPU int64 tensor of P_ROWS * b elements that only this
         // function refers to until it returns it.
         let params =
@@ -556,7 +584,33 @@ impl Planner {
             params[p(P_START)] = s.start;
             params[p(P_SLICE_END)] = if hi > lo { hi - 1 } else { -1 };
         }
-        Ok(t)
+        Ok(HostParams { t, done })
+    }
+
+    /// A `[P_ROWS, B]` int64 buffer for one batch's parameters: on CUDA a pinned one from the
+    /// pool whose copy has finished, else a newly pinned one with its event; on the CPU a new
+    /// tensor (the batch keeps it: its ids are views of it).
+    fn buffer(&self) -> Result<HostParams> {
+        let shape = [P_ROWS as i64, self.b as i64];
+        let Some(d) = self.pin else {
+            let t = Tensor::f_empty(shape, (Kind::Int64, Device::Cpu))?;
+            return Ok(HostParams { t, done: None });
+        };
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let ready = pool
+                .iter()
+                .position(|h| h.done.as_ref().is_some_and(CopyDone::finished));
+            if let Some(i) = ready {
+                return Ok(pool.swap_remove(i));
+            }
+        }
+        let t = Tensor::f_empty(shape, (Kind::Int64, Device::Cpu))?.f_pin_memory(d)?;
+        let done = match d {
+            Device::Cuda(n) => CopyDone::new(n),
+            _ => None,
+        };
+        Ok(HostParams { t, done })
     }
 }
 
