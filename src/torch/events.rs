@@ -21,7 +21,22 @@ struct Runtime {
     synchronize: OnEvent,
     query: OnEvent,
     destroy: OnEvent,
+    attributes: Option<Attributes>,
 }
+
+type Attributes = unsafe extern "C" fn(*mut PointerAttributes, *const c_void) -> c_int;
+
+/// `cudaPointerAttributes` (CUDA 11 and later).
+#[repr(C)]
+struct PointerAttributes {
+    kind: c_int,
+    device: c_int,
+    device_pointer: *mut c_void,
+    host_pointer: *mut c_void,
+}
+
+/// `cudaMemoryTypeHost`: page-locked host memory.
+const MEMORY_HOST: c_int = 1;
 
 /// `cudaEventDisableTiming`: no timestamps, the cheapest event to record and wait on.
 const DISABLE_TIMING: u32 = 0x02;
@@ -63,6 +78,8 @@ fn runtime() -> Option<&'static Runtime> {
                         synchronize: std::mem::transmute::<*mut c_void, OnEvent>(w),
                         query: std::mem::transmute::<*mut c_void, OnEvent>(q),
                         destroy: std::mem::transmute::<*mut c_void, OnEvent>(d),
+                        attributes: sym(c"cudaPointerGetAttributes")
+                            .map(|a| std::mem::transmute::<*mut c_void, Attributes>(a)),
                     }
                 });
             }
@@ -128,4 +145,18 @@ impl Drop for CopyDone {
             (self.rt.destroy)(self.event);
         }
     }
+}
+
+/// Whether `ptr` is page-locked host memory, as the CUDA runtime that libtorch_cuda loaded says
+/// (None where it is not loaded or does not answer).
+pub(crate) fn is_pinned(ptr: *mut c_void) -> Option<bool> {
+    let get = runtime()?.attributes?;
+    let mut a = PointerAttributes {
+        kind: 0,
+        device: 0,
+        device_pointer: std::ptr::null_mut(),
+        host_pointer: std::ptr::null_mut(),
+    };
+    // SAFETY: a valid out-pointer of the runtime's struct; any pointer value may be asked about.
+    (unsafe { get(&mut a, ptr) } == 0).then_some(a.kind == MEMORY_HOST)
 }

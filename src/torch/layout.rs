@@ -266,7 +266,7 @@ impl Slot {
             .map(|(shape, kind)| {
                 let t = Tensor::f_empty(shape.as_slice(), (*kind, Device::Cpu))?;
                 Ok(match pin {
-                    Some(d) => t.f_pin_memory(d)?,
+                    Some(d) => super::pin(&t, d)?,
                     None => t,
                 })
             })
@@ -281,7 +281,7 @@ impl Slot {
         let (total, pieces) = packed_pieces(layout);
         let mut buf = Tensor::f_empty([total.max(1)], (Kind::Uint8, Device::Cpu))?;
         if let Some(d) = pin {
-            buf = buf.f_pin_memory(d)?;
+            buf = super::pin(&buf, d)?;
         }
         Self::views_of(buf, pieces, layout.decodes())
     }

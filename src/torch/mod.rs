@@ -388,7 +388,10 @@ pub fn pinned_copy_bandwidth(bytes: usize, device: Device, iters: usize) -> Resu
         ));
     };
     check_device(device)?;
-    let host = Tensor::f_zeros([bytes as i64], (Kind::Uint8, Device::Cpu))?.f_pin_memory(device)?;
+    let host = pin(
+        &Tensor::f_zeros([bytes as i64], (Kind::Uint8, Device::Cpu))?,
+        device,
+    )?;
     let mut times = Vec::with_capacity(iters);
     for i in 0..iters.max(1) + 3 {
         tch::Cuda::synchronize(n as i64);
@@ -403,4 +406,17 @@ pub fn pinned_copy_bandwidth(bytes: usize, device: Device, iters: usize) -> Resu
     }
     times.sort_by(f64::total_cmp);
     Ok(bytes as f64 / times[times.len() / 2])
+}
+
+/// A pinned copy of host tensor `t` for copies to `device`. Through `_pin_memory`: tch passes a
+/// device to `pin_memory`, which PyTorch 2.11 deprecates with a warning on stderr at every call
+/// (and again from the `is_pinned` it calls), two lines a batch where a loader pins per batch.
+pub(crate) fn pin(t: &Tensor, device: Device) -> Result<Tensor> {
+    Ok(t.f_internal_pin_memory(device)?)
+}
+
+/// Whether host tensor `t` lies in pinned memory: asked of the CUDA runtime (no warning), or of
+/// libtorch where the runtime's symbols cannot be found.
+pub(crate) fn is_pinned(t: &Tensor, device: Device) -> bool {
+    events::is_pinned(t.data_ptr()).unwrap_or_else(|| t.is_pinned(device))
 }

@@ -605,7 +605,7 @@ impl Planner {
                 return Ok(pool.swap_remove(i));
             }
         }
-        let t = Tensor::f_empty(shape, (Kind::Int64, Device::Cpu))?.f_pin_memory(d)?;
+        let t = super::pin(&Tensor::f_empty(shape, (Kind::Int64, Device::Cpu))?, d)?;
         let done = match d {
             Device::Cuda(n) => CopyDone::new(n),
             _ => None,
@@ -641,7 +641,7 @@ fn upload(snap: &Snapshot, u: &Upload, device: Device) -> Result<Tensor> {
         (Kind::Uint8, Device::Cpu),
     )?;
     if let Device::Cuda(_) = device {
-        chunk = chunk.f_pin_memory(device)?;
+        chunk = super::pin(&chunk, device)?;
     }
     let mut row = ZERO_ROW + 1;
     // Copies `bytes` (whole steps) into the chunk and from there into rows `row..` of `dst`.

@@ -235,10 +235,10 @@ pub(crate) fn repin(batch: TensorBatch, device: Device) -> Result<TensorBatch> {
                 ),
             ));
         }
-        Ok(if t.is_pinned(device) {
+        Ok(if super::is_pinned(t, device) {
             t.shallow_clone()
         } else {
-            t.f_pin_memory(device)?
+            super::pin(t, device)?
         })
     })
 }
