@@ -27,6 +27,15 @@ pub(crate) fn batch(slot: &Slot, layout: &Layout, kernel: Option<&Kernel>) -> Re
     }
 }
 
+/// The position of the observation shipped whole (what derived tails come from), if any.
+fn observation(layout: &Layout) -> Option<usize> {
+    layout
+        .columns
+        .iter()
+        .zip(&layout.tails)
+        .position(|((name, _, _), &tail)| name == col::OBSERVATION && !tail)
+}
+
 /// Byte alignment of each piece of the fused expansion's output buffer.
 const ALIGN: i64 = 16;
 
@@ -41,11 +50,7 @@ fn expand_fused(
 ) -> Result<TensorBatch> {
     let (b, l) = (layout.b as i64, layout.l as i64);
     let device = spans.device();
-    let obs = layout
-        .columns
-        .iter()
-        .zip(&layout.tails)
-        .position(|((name, _, _), &tail)| name == col::OBSERVATION && !tail);
+    let obs = observation(layout);
     // The derived columns: (column, its observation [B, R, ...] contiguous, offset in the buffer).
     let spans = spans.f_contiguous()?;
     let mut derived = Vec::new();
@@ -163,11 +168,7 @@ fn expand(
     let is_last = slice_end.f_logical_and(&bit(CompactInto::LAST)?)?;
     let terminated = slice_end.f_logical_and(&bit(CompactInto::TERMINATED)?)?;
     let truncated = slice_end.f_logical_and(&bit(CompactInto::TRUNCATED)?)?;
-    let obs = layout
-        .columns
-        .iter()
-        .zip(&layout.tails)
-        .position(|((name, _, _), &tail)| name == col::OBSERVATION && !tail);
+    let obs = observation(layout);
     let mut out = Vec::with_capacity(columns.len());
     for (((((name, _, _), dt), &tail), t), &lead) in layout
         .columns

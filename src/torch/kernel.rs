@@ -625,6 +625,58 @@ impl CudaKernel {
         // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
         // addresses), on the legacy default stream.
         unsafe {
+            self.launch_1d(
+                function,
+                grid,
+                block,
+                &mut args,
+                "cuLaunchKernel (frame decoder)",
+            )
+        }
+    }
+
+    /// Launches the expansion of `items` work items (a warp each) on the default stream.
+    ///
+    /// # Safety
+    /// As [`Kernel::expand`].
+    unsafe fn launch_expand(&self, args: &ExpandArgs, items: u64) -> Result<()> {
+        let grid = items.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as c_uint;
+        let (mut a, mut first, mut end) = (*args, 0i64, items as i64);
+        let mut params: [*mut c_void; 3] = [
+            (&mut a as *mut ExpandArgs).cast(),
+            (&mut first as *mut i64).cast(),
+            (&mut end as *mut i64).cast(),
+        ];
+        // SAFETY: the kernel's arguments in its order and types (the struct by value, laid out
+        // as `expand.cu`'s); the null stream is the legacy default stream.
+        unsafe {
+            self.launch_1d(
+                self.expand,
+                grid,
+                BLOCK,
+                &mut params,
+                "cuLaunchKernel (expand)",
+            )
+        }
+    }
+
+    /// Launches `function` on a one-dimensional grid of `grid` blocks of `block` threads on the
+    /// legacy default stream (where libtorch's work of this thread runs), after making the
+    /// device's primary context current.
+    ///
+    /// # Safety
+    /// `args` are pointers to the kernel's arguments, in its parameter order and of its types;
+    /// every address they hold is valid for what the kernel reads and writes.
+    unsafe fn launch_1d(
+        &self,
+        function: CuFunction,
+        grid: c_uint,
+        block: u32,
+        args: &mut [*mut c_void],
+        what: &str,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; the null stream is the legacy default stream.
+        unsafe {
             self.driver
                 .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
             self.driver.check(
@@ -641,49 +693,13 @@ impl CudaKernel {
                     args.as_mut_ptr(),
                     std::ptr::null_mut(),
                 ),
-                "cuLaunchKernel (frame decoder)",
+                what,
             )
         }
     }
 
     /// # Safety
     /// As [`Kernel::run`].
-    /// Launches the expansion of `items` work items (a warp each) on the default stream.
-    ///
-    /// # Safety
-    /// As [`Kernel::expand`].
-    unsafe fn launch_expand(&self, args: &ExpandArgs, items: u64) -> Result<()> {
-        let grid = items.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as c_uint;
-        let (mut a, mut first, mut end) = (*args, 0i64, items as i64);
-        let mut params: [*mut c_void; 3] = [
-            (&mut a as *mut ExpandArgs).cast(),
-            (&mut first as *mut i64).cast(),
-            (&mut end as *mut i64).cast(),
-        ];
-        // SAFETY: the kernel's arguments in its order and types (the struct by value, laid out
-        // as `expand.cu`'s); the null stream is the legacy default stream.
-        unsafe {
-            self.driver
-                .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
-            self.driver.check(
-                (self.driver.launch_kernel)(
-                    self.expand,
-                    grid,
-                    1,
-                    1,
-                    BLOCK,
-                    1,
-                    1,
-                    0,
-                    std::ptr::null_mut(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-                "cuLaunchKernel (expand)",
-            )
-        }
-    }
-
     unsafe fn launch(&self, l: &Launch, ncols: c_int, b: c_int, len: c_int) -> Result<()> {
         let rows = (l.b as u64) * (l.l as u64);
         // A block a slice.
@@ -705,26 +721,7 @@ impl CudaKernel {
         ];
         // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
         // addresses); the null stream is the legacy default stream libtorch's work is on.
-        unsafe {
-            self.driver
-                .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
-            self.driver.check(
-                (self.driver.launch_kernel)(
-                    self.function,
-                    grid,
-                    1,
-                    1,
-                    BLOCK,
-                    1,
-                    1,
-                    0,
-                    std::ptr::null_mut(),
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-                "cuLaunchKernel",
-            )
-        }
+        unsafe { self.launch_1d(self.function, grid, BLOCK, &mut args, "cuLaunchKernel") }
     }
 }
 
