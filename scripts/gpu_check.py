@@ -342,7 +342,8 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    pinned_copy_batches_per_s=copy_bps, over_pinned_copy=t["batches_per_s"] / copy_bps,
                    full_batch_pinned_copy_gb_per_s=anchor(int(nbytes)),
                    synced_pinned_copy_gb_per_s=t.get("pinned_copy_gb_per_s"), batch_mb=nbytes / 1e6,
-                   transfer_mb=sent / 1e6, expand=t.get("compact_expand"))
+                   transfer_mb=sent / 1e6, expand=t.get("compact_expand"),
+                   **{f"worker_{k}_us": v for k, v in (t.get("worker_us_per_batch") or {}).items() if k != "batches"})
     # Beside it, 4 workers: the compact batch expanded by libtorch operations (~40 small kernels
     # a batch, --ops-expand), and the full batch shipped as it is (--full-batch).
     for variant in ("--ops-expand", "--full-batch"):
@@ -352,11 +353,12 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
         sent = int(t.get("transfer_bytes_per_batch") or 0)
         run.figure(f"rust_cuda_4w_{variant[2:].replace('-', '_')}", batches_per_s=t["batches_per_s"],
                    transfer_mb=sent / 1e6, expand=t.get("compact_expand"),
+                   **{f"worker_{k}_us": v for k, v in (t.get("worker_us_per_batch") or {}).items() if k != "batches"},
                    pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent if sent else None)
     # Resident: the fused kernel (one NVRTC-compiled kernel a batch) and, beside it in the same
     # run, the same batches by libtorch operations (--resident-unfused).
     for slices in (B, 4096, 16384):
-        it = str(max(50, int(iters) * B // slices))
+        it = str(max(150, int(iters) * B // slices))
         rates = {}
         for unfused in (False, True):
             flag = ["--resident-unfused"] if unfused else []

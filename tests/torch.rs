@@ -377,6 +377,31 @@ fn a_large_resident_batch_is_gathered_in_row_ranges_equal_to_streaming() {
     }
 }
 
+/// The workers' time is accounted per batch (what `bench --device` reports): every batch they
+/// produced, with time spent gathering; none in resident mode.
+#[test]
+fn streaming_workers_account_for_their_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), false);
+    let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 9), &COLUMNS, cpu(2, 6));
+    let mut n = 0;
+    for b in l.by_ref() {
+        b.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 6);
+    let t = l.worker_times().unwrap();
+    assert_eq!(t.batches, 6, "{t:?}");
+    assert!(t.gather_ns > 0 && t.device_ns > 0, "{t:?}");
+    let r = loader(
+        &snap,
+        uniform(BoundaryPolicy::Pad, 9),
+        &COLUMNS,
+        cpu(2, 2).with_resident(1 << 30),
+    );
+    assert_eq!(r.worker_times(), None);
+}
+
 #[test]
 fn the_resident_kernel_compiles_for_a_gpu_with_nvrtc() {
     // NVRTC needs no GPU: where PyTorch's CUDA wheels put it beside libtorch (as

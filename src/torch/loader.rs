@@ -10,7 +10,7 @@ use super::kernel::Kernel;
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
 use super::resident::Resident;
-use super::streaming::StreamWorker;
+use super::streaming::{StreamWorker, WorkerTimes, WorkerTimesTotal};
 use super::{TensorBatch, check_device};
 use crate::error::{Error, Result};
 use crate::loader::{Feed, Pipeline, Run, WorkerPlans, check_in_flight};
@@ -49,6 +49,8 @@ pub(crate) enum Inner {
         decode: Option<Arc<DeviceDecode>>,
         /// How a compact batch is expanded ([`TorchLoader::compact_expand`]).
         expand: Option<String>,
+        /// Where the workers' time goes ([`TorchLoader::worker_times`]).
+        times: Arc<WorkerTimes>,
     },
     Resident(Box<Resident>),
 }
@@ -163,10 +165,12 @@ impl TorchLoader {
         let (layout, transfer) = finish_layout(layout, &opts, &source.tail_columns());
         let (kernel, expand) = expansion(&layout, &opts);
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
+        let times = Arc::new(WorkerTimes::default());
         let sink: crate::loader::stream::Sink<TensorBatch> = {
-            let (pool, opts) = (pool.clone(), opts.clone());
+            let (pool, opts, times) = (pool.clone(), opts.clone(), times.clone());
             Arc::new(move || {
                 let mut worker = stream_worker(&layout, &opts, &pool, None, kernel.clone());
+                worker.times = times.clone();
                 Box::new(move |_k, gatherer, plan| worker.produce(gatherer, plan))
             })
         };
@@ -178,6 +182,7 @@ impl TorchLoader {
                 transfer,
                 decode: None,
                 expand,
+                times,
             },
             device: opts.device,
             feed: None,
@@ -226,6 +231,7 @@ impl TorchLoader {
         let (layout, transfer) = finish_layout(layout, &opts, gatherer.tail_columns());
         let (kernel, expand) = expansion(&layout, &opts);
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
+        let times = Arc::new(WorkerTimes::default());
         let lo = &opts.loader;
         let pipeline = Pipeline::start(
             lo.workers,
@@ -236,6 +242,7 @@ impl TorchLoader {
             |lane| {
                 let mut worker =
                     stream_worker(&layout, &opts, &pool, decode.clone(), kernel.clone());
+                worker.times = times.clone();
                 let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
                     planner.plan(k, lane);
@@ -251,6 +258,7 @@ impl TorchLoader {
                 transfer,
                 decode,
                 expand,
+                times,
             },
             device,
             feed: Some(feed),
@@ -338,6 +346,17 @@ impl TorchLoader {
     pub fn compact_expand(&self) -> Option<String> {
         match &self.inner {
             Inner::Streaming { expand, .. } => expand.clone(),
+            Inner::Resident(_) => None,
+        }
+    }
+
+    /// When streaming, where the workers' time has gone since the loader started: batches, and
+    /// nanoseconds summed over every worker waiting for a staging slot, gathering, and issuing
+    /// the rest (see [`WorkerTimesTotal`]); None in resident mode. Two readings give the means
+    /// of the batches between them.
+    pub fn worker_times(&self) -> Option<WorkerTimesTotal> {
+        match &self.inner {
+            Inner::Streaming { times, .. } => Some(times.total()),
             Inner::Resident(_) => None,
         }
     }
@@ -451,6 +470,7 @@ fn stream_worker(
     expand: Option<Arc<Kernel>>,
 ) -> StreamWorker {
     StreamWorker {
+        times: Arc::default(),
         expand,
         decode: decode.map(|d| (d, WorkerDecode::new(opts.device_decode_per_thread))),
         layout: layout.clone(),

@@ -38,6 +38,7 @@ pub use kernel::compile_for as compile_resident_kernel;
 pub use loader::TorchLoader;
 pub use options::{TorchLoaderOptions, Transform};
 pub use resident::resident_bytes;
+pub use streaming::WorkerTimesTotal;
 
 /// Parses `cpu`, `cuda` (device 0) or `cuda:N`. A CUDA device is checked against libtorch
 /// ([`cuda_available`], [`cuda_device_count`]); `cpu` makes no CUDA call at all.

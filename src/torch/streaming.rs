@@ -1,7 +1,9 @@
 //! The streaming mode: workers gather into host slots (pinned on CUDA) and copy batches to the
 //! device without blocking.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tch::Device;
 
@@ -16,7 +18,54 @@ use crate::error::{Error, Result};
 use crate::gather::Gatherer;
 use crate::index::SliceRef;
 
+/// Where the streaming workers' time goes, summed over every worker and batch: waiting for a
+/// staging slot's copy, gathering into it, and everything after (on CUDA: the copy's issue, the
+/// device allocation, views, the expansion or decode, the event; on the CPU: expansion, decode,
+/// transform, cast). `bench --device` reports the means per batch.
+#[derive(Default)]
+pub(crate) struct WorkerTimes {
+    batches: AtomicU64,
+    wait_ns: AtomicU64,
+    gather_ns: AtomicU64,
+    device_ns: AtomicU64,
+}
+
+/// Where a streaming loader's workers spent their time ([`super::TorchLoader::worker_times`]):
+/// batches and nanoseconds summed over every worker since the loader started.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkerTimesTotal {
+    /// Batches the workers produced.
+    pub batches: u64,
+    /// Waiting for a staging slot's earlier copy to finish.
+    pub wait_ns: u64,
+    /// Gathering into the slot.
+    pub gather_ns: u64,
+    /// What follows the gather until the batch is handed over.
+    pub device_ns: u64,
+}
+
+impl WorkerTimes {
+    fn add(&self, wait: Instant, gather: Instant, device: Instant, end: Instant) {
+        let ns = |a: Instant, b: Instant| b.duration_since(a).as_nanos() as u64;
+        self.wait_ns.fetch_add(ns(wait, gather), Relaxed);
+        self.gather_ns.fetch_add(ns(gather, device), Relaxed);
+        self.device_ns.fetch_add(ns(device, end), Relaxed);
+        self.batches.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn total(&self) -> WorkerTimesTotal {
+        WorkerTimesTotal {
+            batches: self.batches.load(Relaxed),
+            wait_ns: self.wait_ns.load(Relaxed),
+            gather_ns: self.gather_ns.load(Relaxed),
+            device_ns: self.device_ns.load(Relaxed),
+        }
+    }
+}
+
 pub(crate) struct StreamWorker {
+    /// Where this worker's time goes (shared by the loader's workers).
+    pub(crate) times: Arc<WorkerTimes>,
     pub(crate) layout: Layout,
     pub(crate) device: Device,
     /// The device whose pinned memory staging uses (None: pageable host memory).
@@ -115,12 +164,15 @@ impl StreamWorker {
         plan: &[SliceRef],
         twin: Option<&Twin>,
     ) -> Result<TensorBatch> {
+        let start = Instant::now();
         let recycled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut slot = match recycled.and_then(|b| Slot::reclaim(b, &self.layout)) {
             Some(s) => s,
             None => Slot::alloc(&self.layout, self.pin)?,
         };
+        let gathering = Instant::now();
         self.fill(&mut slot, gatherer, plan, Slot::alloc)?;
+        let gathered = Instant::now();
         if let (Some(twin), Some((shared, dec))) = (twin, self.decode.as_mut()) {
             shared.shipped(slot.copy_bytes());
             slot = dec.decode(twin, &slot, &self.layout)?;
@@ -138,6 +190,7 @@ impl StreamWorker {
             let cast = self.cast;
             batch = batch.try_map(|t| Ok(t.f_to_kind(cast.apply(t.kind()))?))?;
         }
+        self.times.add(start, gathering, gathered, Instant::now());
         Ok(batch)
     }
 
@@ -149,6 +202,7 @@ impl StreamWorker {
         plan: &[SliceRef],
         twin: Option<&Twin>,
     ) -> Result<TensorBatch> {
+        let start = Instant::now();
         let i = self.next_slot;
         self.next_slot = (i + 1) % self.max_slots;
         if i == self.slots.len() {
@@ -167,10 +221,12 @@ impl StreamWorker {
                 self.pending.iter_mut().for_each(|p| *p = false);
             }
         }
+        let gathering = Instant::now();
         let mut slot = std::mem::replace(&mut self.slots[i], Slot::empty());
         let filled = self.fill(&mut slot, gatherer, plan, Slot::alloc_packed);
         self.slots[i] = slot;
         filled?;
+        let gathered = Instant::now();
         let slot = &self.slots[i];
         // Without a transform or a widened column (a compact slot widens on the device), the
         // whole slot in one copy (one allocation on the device), handed out as views of it or
@@ -202,6 +258,7 @@ impl StreamWorker {
             self.done[i] = None;
         }
         self.pending[i] = true;
+        self.times.add(start, gathering, gathered, Instant::now());
         Ok(out)
     }
 

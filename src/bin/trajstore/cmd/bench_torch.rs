@@ -61,6 +61,7 @@ pub(crate) fn torch_bench(
         loader.recycle(b);
     }
     sync();
+    let before = loader.worker_times();
     let t = Instant::now();
     let mut n = 0u64;
     while let Some(b) = loader.next_batch() {
@@ -70,6 +71,17 @@ pub(crate) fn torch_bench(
     }
     sync();
     let secs = t.elapsed().as_secs_f64();
+    // The workers' time per batch over the measured half (they run ahead by the prefetch).
+    let worker = loader.worker_times().zip(before).and_then(|(a, b)| {
+        let n = a.batches.checked_sub(b.batches).filter(|&n| n > 0)? as f64;
+        let us = |x: u64, y: u64| x.saturating_sub(y) as f64 / n / 1e3;
+        Some(json!({
+            "batches": n,
+            "wait": us(a.wait_ns, b.wait_ns),
+            "gather": us(a.gather_ns, b.gather_ns),
+            "device": us(a.device_ns, b.device_ns),
+        }))
+    });
     let transfer = loader.transfer_bytes();
     let gather = loader.resident_gather();
     let expand = loader.compact_expand();
@@ -96,6 +108,7 @@ pub(crate) fn torch_bench(
         "resident": a.resident,
         "resident_gather": gather,
         "compact_expand": expand,
+        "worker_us_per_batch": worker,
         "device_decode": device_decode,
         "device_decode_bytes_per_batch": shipped,
         "device_decode_kernel": device_decode.then_some(if a.device_decode_per_thread { "thread" } else { "warp" }),
@@ -146,6 +159,17 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         f("gb_per_s"),
         f("setup_s")
     );
+    let w = &t["worker_us_per_batch"];
+    if w.is_object() {
+        let g = |k: &str| w[k].as_f64().unwrap_or(f64::NAN);
+        outln!(
+            "one worker, per batch   waiting for a slot {:.1} µs, gathering {:.1} µs, then {:.1} µs \
+             to hand it over (on CUDA: the copy's issue, views, expansion, event)",
+            g("wait"),
+            g("gather"),
+            g("device")
+        );
+    }
     if t["pinned_copy_gb_per_s"].is_number() {
         outln!(
             "pinned H2D copy        {:>10.2} GB/s of the {} each batch's copy carries: {:.0} \
