@@ -51,7 +51,8 @@ fn expand_fused(
     let (b, l) = (layout.b as i64, layout.l as i64);
     let device = spans.device();
     let obs = observation(layout);
-    // The derived columns: (column, its observation [B, R, ...] contiguous, offset in the buffer).
+    // The derived columns: (column, its observation [B, R, ...] contiguous, its tail, offset
+    // and bytes in the buffer).
     let spans = spans.f_contiguous()?;
     let mut derived = Vec::new();
     let mut size = 6 * b * l;
@@ -62,7 +63,7 @@ fn expand_fused(
         let src = columns[o].f_contiguous()?;
         size = (size + ALIGN - 1) / ALIGN * ALIGN;
         let bytes = src.numel() as i64 * src.kind().elt_size_in_bytes() as i64;
-        derived.push((i, src, columns[i].f_contiguous()?, size));
+        derived.push((i, src, columns[i].f_contiguous()?, size, bytes));
         size += bytes;
     }
     if derived.len() > EXPAND_TAILS {
@@ -79,7 +80,7 @@ fn expand_fused(
         ntails: derived.len() as i64,
         ..Default::default()
     };
-    for (slot, (i, src, tail, off)) in args.tails.iter_mut().zip(&derived) {
+    for (slot, (i, src, tail, off, _)) in args.tails.iter_mut().zip(&derived) {
         let shape = src.size();
         let row = shape[2..].iter().product::<i64>() * src.kind().elt_size_in_bytes() as i64;
         *slot = ExpandTail {
@@ -115,12 +116,10 @@ fn expand_fused(
         .enumerate()
     {
         let full = match derived.iter().find(|d| d.0 == i) {
-            Some((_, src, _, off)) => {
-                let bytes = src.numel() as i64 * src.kind().elt_size_in_bytes() as i64;
-                buf.f_narrow(0, *off, bytes)?
-                    .f_view_dtype(src.kind())?
-                    .f_view(src.size().as_slice())?
-            }
+            Some((_, src, _, off, bytes)) => buf
+                .f_narrow(0, *off, *bytes)?
+                .f_view_dtype(src.kind())?
+                .f_view(src.size().as_slice())?,
             None => t.shallow_clone(),
         };
         out.push((name.clone(), widen(window_view(&full, lead)?, dt)?));

@@ -169,8 +169,8 @@ impl TorchLoader {
         let sink: crate::loader::stream::Sink<TensorBatch> = {
             let (pool, opts, times) = (pool.clone(), opts.clone(), times.clone());
             Arc::new(move || {
-                let mut worker = stream_worker(&layout, &opts, &pool, None, kernel.clone());
-                worker.times = times.clone();
+                let mut worker =
+                    stream_worker(&layout, &opts, &pool, None, kernel.clone(), times.clone());
                 Box::new(move |_k, gatherer, plan| worker.produce(gatherer, plan))
             })
         };
@@ -240,9 +240,14 @@ impl TorchLoader {
             end,
             "torch-loader",
             |lane| {
-                let mut worker =
-                    stream_worker(&layout, &opts, &pool, decode.clone(), kernel.clone());
-                worker.times = times.clone();
+                let mut worker = stream_worker(
+                    &layout,
+                    &opts,
+                    &pool,
+                    decode.clone(),
+                    kernel.clone(),
+                    times.clone(),
+                );
                 let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
                     planner.plan(k, lane);
@@ -468,9 +473,10 @@ fn stream_worker(
     pool: &Arc<Mutex<Vec<TensorBatch>>>,
     decode: Option<Arc<DeviceDecode>>,
     expand: Option<Arc<Kernel>>,
+    times: Arc<WorkerTimes>,
 ) -> StreamWorker {
     StreamWorker {
-        times: Arc::default(),
+        times,
         expand,
         decode: decode.map(|d| (d, WorkerDecode::new(opts.device_decode_per_thread))),
         layout: layout.clone(),
