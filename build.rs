@@ -14,17 +14,53 @@
 
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    println!("cargo::rustc-check-cfg=cfg(trajstore_no_use_count)");
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
     }
     host_kernel();
     let Some(lib) = std::env::var_os("DEP_TCH_LIBTORCH_LIB") else {
         println!("cargo:warning=torch-sys did not say where libtorch is; no rpath set");
+        println!("cargo:rustc-cfg=trajstore_no_use_count");
         return;
     };
     let lib = std::path::PathBuf::from(lib);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    use_count(&lib);
 }
+
+/// The device ring's reference counts (`src/torch/use_count.cc`), compiled against the headers
+/// of the libtorch torch-sys links (`lib/../include`). Where they are missing the ring is left
+/// out (`trajstore_no_use_count`): every batch then gets a new device buffer, as before it.
+#[cfg(feature = "torch")]
+fn use_count(lib: &std::path::Path) {
+    println!("cargo:rerun-if-changed=src/torch/use_count.cc");
+    let include = lib.join("..").join("include");
+    if !include
+        .join("ATen")
+        .join("core")
+        .join("TensorBody.h")
+        .exists()
+    {
+        println!(
+            "cargo:warning=no libtorch headers under {}: the device ring is off",
+            include.display()
+        );
+        println!("cargo:rustc-cfg=trajstore_no_use_count");
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .file("src/torch/use_count.cc")
+        .std("c++17")
+        .include(&include)
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false)
+        .compile("trajstore_use_count");
+}
+
+#[cfg(not(feature = "torch"))]
+fn use_count(_: &std::path::Path) {}
 
 /// The kernels as C++ for the CPU (`torch::kernel`, `torch::frame_decode`).
 #[cfg(feature = "torch")]

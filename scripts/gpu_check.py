@@ -343,10 +343,13 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    full_batch_pinned_copy_gb_per_s=anchor(int(nbytes)),
                    synced_pinned_copy_gb_per_s=t.get("pinned_copy_gb_per_s"), batch_mb=nbytes / 1e6,
                    transfer_mb=sent / 1e6, expand=t.get("compact_expand"),
+                   ring_replaced=(t.get("device_ring") or {}).get("replaced"),
                    **{f"worker_{k}_us": v for k, v in (t.get("worker_us_per_batch") or {}).items() if k != "batches"})
     # Beside it, 4 workers: the compact batch expanded by libtorch operations (~40 small kernels
-    # a batch, --ops-expand), and the full batch shipped as it is (--full-batch).
-    for variant in ("--ops-expand", "--full-batch"):
+    # a batch, --ops-expand), the full batch shipped as it is (--full-batch), and a new device
+    # allocation and views a batch on the default stream instead of the device ring
+    # (--no-device-ring).
+    for variant in ("--ops-expand", "--full-batch", "--no-device-ring"):
         p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--num-slices", B, "--slice-len", L,
                     "--columns", cols, "--workers", 4, "--iters", iters, variant, "--json"], env=env_for(run))
         t = json.loads(p.stdout)["torch"]
@@ -356,19 +359,21 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    **{f"worker_{k}_us": v for k, v in (t.get("worker_us_per_batch") or {}).items() if k != "batches"},
                    pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent if sent else None)
     # Resident: the fused kernel (one NVRTC-compiled kernel a batch) and, beside it in the same
-    # run, the same batches by libtorch operations (--resident-unfused).
+    # run, the same batches by libtorch operations (--resident-unfused). 8 workers plan the
+    # batches: with the default 2, planning 16384 slices a batch bounded the H200 runs (2.9e9
+    # against 3.8e9 transitions/s with 4 or 8).
     for slices in (B, 4096, 16384):
-        it = str(max(150, int(iters) * B // slices))
+        it = str(max(300, int(iters) * B // slices))
         rates = {}
         for unfused in (False, True):
             flag = ["--resident-unfused"] if unfused else []
             p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget",
                         "60GiB", *flag, "--num-slices", slices, "--slice-len", L, "--columns", cols, "--iters", it,
-                        "--json"], env=env_for(run))
+                        "--workers", 8, "--json"], env=env_for(run))
             t = json.loads(p.stdout)["torch"]
             rates[unfused] = t
         t, u = rates[False], rates[True]
-        run.figure(f"rust_resident_{slices}x{L}", transitions_per_s=t["transitions_per_s"],
+        run.figure(f"rust_resident_{slices}x{L}", workers=8, transitions_per_s=t["transitions_per_s"],
                    batches_per_s=t["batches_per_s"], setup_s=t["setup_s"], gather=t.get("resident_gather"),
                    unfused_transitions_per_s=u["transitions_per_s"],
                    over_unfused=t["transitions_per_s"] / u["transitions_per_s"])

@@ -751,6 +751,118 @@ fn a_short_last_batch_of_an_epoch_is_padded() {
     }
 }
 
+/// The device ring (its CPU stand-in here; `cuda_device_ring_never_overwrites_a_held_batch` on a
+/// GPU): batches copied into a ring of buffers (or, resident, gathered into the output ring)
+/// equal the gather, compact or not; a batch the
+/// caller holds, or a view taken from one, keeps its values while later batches are made (the
+/// ring grows, then replaces held buffers rather than overwrite them); a caller that drops each
+/// batch gets buffers reused, with none replaced.
+#[test]
+fn the_device_ring_never_overwrites_a_held_batch() {
+    ring_keeps_held_batches(Device::Cpu);
+}
+
+fn ring_keeps_held_batches(dev: Device) {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path(), true);
+    let s = sampler(&snap, BoundaryPolicy::Pad, 8);
+    let n = 40u64;
+    // `step` (UInt32) is widened after the copy, which the ring does not do: it is left out here
+    // and turns the ring off below.
+    let cols = &COLUMNS[..4];
+    let opts = |mode: &str| {
+        let o = TorchLoaderOptions::new(dev)
+            .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(n))
+            .with_ring_on_cpu(true)
+            .with_compact(mode == "compact");
+        match mode {
+            "resident" => o.with_resident(1 << 30),
+            _ => o,
+        }
+    };
+    for compact in ["full", "compact", "resident"] {
+        // Every batch held to the end (past the rings' size), and a view of the first.
+        let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 8), cols, opts(compact));
+        let first = l.next_batch().unwrap().unwrap();
+        let view = first.get("observation").unwrap().narrow(0, 2, 3);
+        drop(first);
+        let held: Vec<TensorBatch> = l.by_ref().map(|t| t.unwrap()).collect();
+        let stats = l.device_ring();
+        assert_eq!(
+            stats.batches, n,
+            "compact={compact}: every batch through a ring"
+        );
+        assert!(stats.replaced > 0, "compact={compact}: {stats:?}");
+        let b0 = gathered(&snap, s.as_ref(), cols, 0);
+        let obs = &b0.columns.iter().find(|c| c.name == "observation").unwrap();
+        let row = obs.data.len() / b0.num_slices;
+        assert_eq!(
+            bytes(&view),
+            &obs.data[2 * row..5 * row],
+            "compact={compact}: the view"
+        );
+        for (k, t) in held.iter().enumerate() {
+            let b = gathered(&snap, s.as_ref(), cols, k as u64 + 1);
+            assert_equals_gather(t, &b, &format!("ring compact={compact} #{}", k + 1));
+        }
+        // Each batch dropped as the next comes: buffers go round, none replaced.
+        let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 8), cols, opts(compact));
+        let mut k = 0;
+        while let Some(t) = l.next_batch() {
+            let b = gathered(&snap, s.as_ref(), cols, k);
+            assert_equals_gather(&t.unwrap(), &b, &format!("ring compact={compact} #{k}"));
+            k += 1;
+        }
+        assert_eq!(k, n);
+        let stats = l.device_ring();
+        assert_eq!((stats.batches, stats.replaced), (n, 0), "compact={compact}");
+    }
+    // A cast: the floats cast after the copy, the rest as gathered.
+    let opts_cast = opts("compact").with_cast(FloatCast::BFloat16);
+    let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 8), cols, opts_cast);
+    for k in 0..3 {
+        let t = l.next_batch().unwrap().unwrap();
+        let b = gathered(&snap, s.as_ref(), cols, k);
+        for c in &b.columns {
+            let x = t.get(&c.name).unwrap();
+            let want = Tensor::from_slice(&c.data)
+                .view_dtype(trajstore::torch::kind_of(&c.data_type).unwrap())
+                .view(x.size().as_slice());
+            let want = want.to_kind(FloatCast::BFloat16.apply(want.kind()));
+            assert_eq!(x.kind(), want.kind(), "{}", c.name);
+            assert!(
+                x.to_device(Device::Cpu).equal(&want),
+                "cast #{k} {}",
+                c.name
+            );
+        }
+    }
+    assert_eq!(l.device_ring().batches, 3);
+    drop(l);
+    // Dropped with workers mid-stream: they stop.
+    let mut l = loader(
+        &snap,
+        uniform(BoundaryPolicy::Pad, 8),
+        cols,
+        opts("compact"),
+    );
+    assert!(l.next_batch().unwrap().is_ok());
+    drop(l);
+    // Off, or with a widened column: no ring.
+    for (cols, ring) in [(cols, false), (&COLUMNS[..], true)] {
+        let opts = opts("full").with_device_ring(ring);
+        let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 8), cols, opts);
+        assert!(l.next_batch().unwrap().is_ok());
+        assert_eq!(l.device_ring().batches, 0);
+    }
+}
+
+#[test]
+fn cuda_device_ring_never_overwrites_a_held_batch() {
+    let Some(dev) = cuda() else { return };
+    ring_keeps_held_batches(dev);
+}
+
 /// An exact, order-sensitive checksum of every tensor of a batch, computed where the batch is
 /// (integer arithmetic on the raw bytes, so the GPU and the CPU agree bit for bit).
 fn checksum(t: &TensorBatch) -> Tensor {

@@ -48,96 +48,123 @@ fn expand_fused(
     spans: &Tensor,
     meta: &Tensor,
 ) -> Result<TensorBatch> {
-    let (b, l) = (layout.b as i64, layout.l as i64);
-    let device = spans.device();
-    let obs = observation(layout);
-    // The derived columns: (column, its observation [B, R, ...] contiguous, its tail, offset
-    // and bytes in the buffer).
-    let spans = spans.f_contiguous()?;
-    let mut derived = Vec::new();
-    let mut size = 6 * b * l;
-    for (i, &tail) in layout.tails.iter().enumerate() {
-        let Some(o) = obs.filter(|_| tail) else {
-            continue;
-        };
-        let src = columns[o].f_contiguous()?;
-        size = (size + ALIGN - 1) / ALIGN * ALIGN;
-        let bytes = src.numel() as i64 * src.kind().elt_size_in_bytes() as i64;
-        derived.push((i, src, columns[i].f_contiguous()?, size, bytes));
-        size += bytes;
-    }
-    if derived.len() > EXPAND_TAILS {
+    let Some(fused) = Fused::new(layout, columns, spans, meta)? else {
         // Never in practice (one next_observation): the operations handle any number.
-        return expand(layout, columns, &spans, meta);
-    }
-    let buf = Tensor::f_empty([size.max(1)], (Kind::Uint8, device))?;
-    let base = buf.data_ptr() as u64;
-    let mut args = ExpandArgs {
-        spans: spans.data_ptr() as u64,
-        flags: base,
-        b,
-        l,
-        ntails: derived.len() as i64,
-        ..Default::default()
+        return expand(layout, columns, spans, meta);
     };
-    for (slot, (i, src, tail, off, _)) in args.tails.iter_mut().zip(&derived) {
-        let shape = src.size();
-        let row = shape[2..].iter().product::<i64>() * src.kind().elt_size_in_bytes() as i64;
-        *slot = ExpandTail {
-            obs: src.data_ptr() as u64,
-            tail: tail.data_ptr() as u64,
-            out: base + *off as u64,
-            rows: shape[1],
-            row,
-            lead: layout.leads[*i] as i64,
+    // SAFETY: `fused.args` addresses live tensors on the kernel's side (`Fused::new`). On a GPU
+    // the launch is on the default stream, which this thread's allocations and later uses of
+    // these tensors order after, and the tensors stay referenced by the batch or freed into the
+    // caching allocator in stream order.
+    unsafe { kernel.expand(&fused.args, std::ptr::null_mut())? };
+    Ok(fused.batch)
+}
+
+/// One compact batch's fused expansion, made ready: the output buffer (the six flag planes,
+/// then each derived column), the kernel's arguments, and the full batch as views of the
+/// columns shipped whole and of the output. The device ring makes one per device buffer, once.
+pub(crate) struct Fused {
+    pub(crate) args: ExpandArgs,
+    pub(crate) batch: TensorBatch,
+    /// The tensors `args` addresses, besides the batch's views: the spans and the derived
+    /// columns' observations and tails as contiguous tensors (the slot's own when they were),
+    /// and the output buffer.
+    _inputs: Vec<Tensor>,
+    _out: Tensor,
+}
+
+impl Fused {
+    /// The expansion of the compact batch `columns`, `spans`, `meta` (a slot's, on one device);
+    /// None where it derives more columns than the kernel takes.
+    pub(crate) fn new(
+        layout: &Layout,
+        columns: &[Tensor],
+        spans: &Tensor,
+        meta: &Tensor,
+    ) -> Result<Option<Self>> {
+        let (b, l) = (layout.b as i64, layout.l as i64);
+        let device = spans.device();
+        let obs = observation(layout);
+        // The derived columns: (column, its observation [B, R, ...] contiguous, its tail, offset
+        // and bytes in the buffer).
+        let spans = spans.f_contiguous()?;
+        let mut derived = Vec::new();
+        let mut size = 6 * b * l;
+        for (i, &tail) in layout.tails.iter().enumerate() {
+            let Some(o) = obs.filter(|_| tail) else {
+                continue;
+            };
+            let src = columns[o].f_contiguous()?;
+            size = (size + ALIGN - 1) / ALIGN * ALIGN;
+            let bytes = src.numel() as i64 * src.kind().elt_size_in_bytes() as i64;
+            derived.push((i, src, columns[i].f_contiguous()?, size, bytes));
+            size += bytes;
+        }
+        if derived.len() > EXPAND_TAILS {
+            return Ok(None);
+        }
+        let buf = Tensor::f_empty([size.max(1)], (Kind::Uint8, device))?;
+        let base = buf.data_ptr() as u64;
+        let mut args = ExpandArgs {
+            spans: spans.data_ptr() as u64,
+            flags: base,
+            b,
+            l,
+            ntails: derived.len() as i64,
+            ..Default::default()
         };
-    }
-    // SAFETY: every address is a live tensor on the kernel's side (the slot's, the new buffer)
-    // of the sizes `expand.cu` reads and writes: spans `[B, 3]` int32 (contiguous), six
-    // `[B, L]` planes from `base`, per derived column its contiguous observation `[B, R, row]`,
-    // tail `[B, row]` and `B * R * row` bytes at its offset. On a GPU the launch is on the
-    // default stream, which this thread's allocations and later uses of these tensors order
-    // after, and the tensors stay referenced by the batch or freed into the caching allocator
-    // in stream order.
-    unsafe { kernel.expand(&args)? };
-    let plane = |k: i64| -> Result<Tensor> {
-        Ok(buf
-            .f_narrow(0, k * b * l, b * l)?
-            .f_view_dtype(Kind::Bool)?
-            .f_view([b, l])?)
-    };
-    let mut out = Vec::with_capacity(columns.len());
-    for (i, ((((name, _, _), dt), t), &lead)) in layout
-        .columns
-        .iter()
-        .zip(&layout.types)
-        .zip(columns)
-        .zip(&layout.leads)
-        .enumerate()
-    {
-        let full = match derived.iter().find(|d| d.0 == i) {
-            Some((_, src, _, off, bytes)) => buf
-                .f_narrow(0, *off, *bytes)?
-                .f_view_dtype(src.kind())?
-                .f_view(src.size().as_slice())?,
-            None => t.shallow_clone(),
+        for (slot, (i, src, tail, off, _)) in args.tails.iter_mut().zip(&derived) {
+            let shape = src.size();
+            let row = shape[2..].iter().product::<i64>() * src.kind().elt_size_in_bytes() as i64;
+            *slot = ExpandTail {
+                obs: src.data_ptr() as u64,
+                tail: tail.data_ptr() as u64,
+                out: base + *off as u64,
+                rows: shape[1],
+                row,
+                lead: layout.leads[*i] as i64,
+            };
+        }
+        // The addresses above: spans `[B, 3]` int32 (contiguous), six `[B, L]` planes from
+        // `base`, per derived column its contiguous observation `[B, R, row]`, tail `[B, row]`
+        // and `B * R * row` bytes at its offset: what `expand.cu` reads and writes.
+        let plane = |k: i64| -> Result<Tensor> {
+            Ok(buf
+                .f_narrow(0, k * b * l, b * l)?
+                .f_view_dtype(Kind::Bool)?
+                .f_view([b, l])?)
         };
-        out.push((name.clone(), widen(window_view(&full, lead)?, dt)?));
+        let mut out = Vec::with_capacity(columns.len());
+        for (i, ((((name, _, _), dt), t), &lead)) in layout
+            .columns
+            .iter()
+            .zip(&layout.types)
+            .zip(columns)
+            .zip(&layout.leads)
+            .enumerate()
+        {
+            let full = match derived.iter().find(|d| d.0 == i) {
+                Some((_, src, _, off, bytes)) => buf
+                    .f_narrow(0, *off, *bytes)?
+                    .f_view_dtype(src.kind())?
+                    .f_view(src.size().as_slice())?,
+                None => t.shallow_clone(),
+            };
+            out.push((name.clone(), widen(window_view(&full, lead)?, dt)?));
+        }
+        let batch = TensorBatch::of_planes(out, plane, meta.f_select(0, 0)?, meta.f_select(0, 1)?)?;
+        let mut inputs = vec![spans];
+        for (_, src, tail, _, _) in derived {
+            inputs.push(src);
+            inputs.push(tail);
+        }
+        Ok(Some(Self {
+            args,
+            batch,
+            _inputs: inputs,
+            _out: buf,
+        }))
     }
-    Ok(TensorBatch {
-        columns: out,
-        mask: plane(0)?,
-        is_first: plane(1)?,
-        is_last: plane(2)?,
-        terminated: plane(3)?,
-        truncated: plane(4)?,
-        slice_end: plane(5)?,
-        episode_id: meta.f_select(0, 0)?,
-        start_step: meta.f_select(0, 1)?,
-        flag_base: None,
-        meta_base: None,
-        base_columns: Vec::new(),
-    })
 }
 
 /// The full batch of a compact slot's tensors: `columns` in layout order (tail columns `[B,
@@ -184,6 +211,7 @@ fn expand(
         out.push((name.clone(), widen(full, dt)?));
     }
     Ok(TensorBatch {
+        ready: None,
         columns: out,
         mask,
         is_first,

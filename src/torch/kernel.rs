@@ -216,9 +216,9 @@ impl Kernel {
     /// # Safety
     /// Every address in `args` is valid on this kernel's side: `spans` `[b, 3]` int32, `flags`
     /// `6 * b * l` bytes, and per derived column `obs` and `out` `b * rows * row` bytes, `tail`
-    /// `b * row`. On CUDA they must stay allocated until the launch is done on the default
-    /// stream.
-    pub(crate) unsafe fn expand(&self, args: &ExpandArgs) -> Result<()> {
+    /// `b * row`. On CUDA they must stay allocated until the launch is done on `stream` (null:
+    /// the legacy default stream) and be ordered on it after what writes them.
+    pub(crate) unsafe fn expand(&self, args: &ExpandArgs, stream: *mut c_void) -> Result<()> {
         if args.ntails < 0 || args.ntails as usize > EXPAND_TAILS {
             return Err(Error::argument(
                 "columns",
@@ -233,7 +233,7 @@ impl Kernel {
                 Ok(())
             },
             // SAFETY: the caller's contract.
-            Self::Cuda(k) => unsafe { k.launch_expand(args, items) },
+            Self::Cuda(k) => unsafe { k.launch_expand(args, items, stream) },
         }
     }
 }
@@ -627,19 +627,24 @@ impl CudaKernel {
         unsafe {
             self.launch_1d(
                 function,
-                grid,
-                block,
+                (grid, block),
                 &mut args,
+                std::ptr::null_mut(),
                 "cuLaunchKernel (frame decoder)",
             )
         }
     }
 
-    /// Launches the expansion of `items` work items (a warp each) on the default stream.
+    /// Launches the expansion of `items` work items (a warp each) on `stream`.
     ///
     /// # Safety
     /// As [`Kernel::expand`].
-    unsafe fn launch_expand(&self, args: &ExpandArgs, items: u64) -> Result<()> {
+    unsafe fn launch_expand(
+        &self,
+        args: &ExpandArgs,
+        items: u64,
+        stream: *mut c_void,
+    ) -> Result<()> {
         let grid = items.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as c_uint;
         let (mut a, mut first, mut end) = (*args, 0i64, items as i64);
         let mut params: [*mut c_void; 3] = [
@@ -648,21 +653,21 @@ impl CudaKernel {
             (&mut end as *mut i64).cast(),
         ];
         // SAFETY: the kernel's arguments in its order and types (the struct by value, laid out
-        // as `expand.cu`'s); the null stream is the legacy default stream.
+        // as `expand.cu`'s), on the caller's stream.
         unsafe {
             self.launch_1d(
                 self.expand,
-                grid,
-                BLOCK,
+                (grid, BLOCK),
                 &mut params,
+                stream,
                 "cuLaunchKernel (expand)",
             )
         }
     }
 
-    /// Launches `function` on a one-dimensional grid of `grid` blocks of `block` threads on the
-    /// legacy default stream (where libtorch's work of this thread runs), after making the
-    /// device's primary context current.
+    /// Launches `function` on a one-dimensional grid of `grid.0` blocks of `grid.1` threads on
+    /// `stream` (null: the legacy default stream, where libtorch's work of this thread runs),
+    /// after making the device's primary context current.
     ///
     /// # Safety
     /// `args` are pointers to the kernel's arguments, in its parameter order and of its types;
@@ -670,12 +675,12 @@ impl CudaKernel {
     unsafe fn launch_1d(
         &self,
         function: CuFunction,
-        grid: c_uint,
-        block: u32,
+        (grid, block): (c_uint, u32),
         args: &mut [*mut c_void],
+        stream: *mut c_void,
         what: &str,
     ) -> Result<()> {
-        // SAFETY: the caller's contract; the null stream is the legacy default stream.
+        // SAFETY: the caller's contract (a stream of this device, or null).
         unsafe {
             self.driver
                 .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
@@ -689,7 +694,7 @@ impl CudaKernel {
                     1,
                     1,
                     0,
-                    std::ptr::null_mut(),
+                    stream,
                     args.as_mut_ptr(),
                     std::ptr::null_mut(),
                 ),
@@ -721,7 +726,15 @@ impl CudaKernel {
         ];
         // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
         // addresses); the null stream is the legacy default stream libtorch's work is on.
-        unsafe { self.launch_1d(self.function, grid, BLOCK, &mut args, "cuLaunchKernel") }
+        unsafe {
+            self.launch_1d(
+                self.function,
+                (grid, BLOCK),
+                &mut args,
+                std::ptr::null_mut(),
+                "cuLaunchKernel",
+            )
+        }
     }
 }
 

@@ -286,6 +286,13 @@ impl Slot {
         Self::views_of(buf, pieces, layout.decodes())
     }
 
+    /// A packed slot on `device` (a device ring's buffer, `device_ring.rs`).
+    pub(crate) fn alloc_packed_on(layout: &Layout, device: Device) -> Result<Self> {
+        let (total, pieces) = packed_pieces(layout);
+        let buf = Tensor::f_empty([total.max(1)], (Kind::Uint8, device))?;
+        Self::views_of(buf, pieces, layout.decodes())
+    }
+
     /// The slot's tensors as views of `buf` (the last an arena if `arena`).
     fn views_of(buf: Tensor, pieces: Arc<[Piece]>, arena: bool) -> Result<Self> {
         let views = pieces
@@ -484,30 +491,21 @@ impl Slot {
     /// A batch of views of the slot's tensors (sharing their memory). A compact slot's batch is
     /// [`super::compact::batch`].
     pub(crate) fn view(&self, layout: &Layout) -> Result<TensorBatch> {
-        let flag = |i: i64| self.flags.f_select(0, i);
-        Ok(TensorBatch {
-            columns: layout
-                .columns
-                .iter()
-                .zip(&layout.types)
-                .zip(&self.columns)
-                .zip(&layout.leads)
-                .map(|((((n, _, _), dt), t), &lead)| {
-                    Ok((n.clone(), widen(window_view(t, lead)?, dt)?))
-                })
-                .collect::<Result<_>>()?,
-            mask: flag(0)?,
-            is_first: flag(1)?,
-            is_last: flag(2)?,
-            terminated: flag(3)?,
-            truncated: flag(4)?,
-            slice_end: flag(5)?,
-            episode_id: self.meta.f_select(0, 0)?,
-            start_step: self.meta.f_select(0, 1)?,
-            flag_base: Some(self.flags.shallow_clone()),
-            meta_base: Some(self.meta.shallow_clone()),
-            base_columns: self.columns.iter().map(Tensor::shallow_clone).collect(),
-        })
+        let columns = layout
+            .columns
+            .iter()
+            .zip(&layout.types)
+            .zip(&self.columns)
+            .zip(&layout.leads)
+            .map(|((((n, _, _), dt), t), &lead)| Ok((n.clone(), widen(window_view(t, lead)?, dt)?)))
+            .collect::<Result<_>>()?;
+        let flag = |i: i64| Ok(self.flags.f_select(0, i)?);
+        let (ids, starts) = (self.meta.f_select(0, 0)?, self.meta.f_select(0, 1)?);
+        let mut batch = TensorBatch::of_planes(columns, flag, ids, starts)?;
+        batch.flag_base = Some(self.flags.shallow_clone());
+        batch.meta_base = Some(self.meta.shallow_clone());
+        batch.base_columns = self.columns.iter().map(Tensor::shallow_clone).collect();
+        Ok(batch)
     }
 }
 

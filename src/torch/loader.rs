@@ -5,12 +5,16 @@ use std::sync::{Arc, Mutex};
 
 use tch::Device;
 
+use super::device_ring::DeviceRing;
+use super::device_ring::{DeviceRingStats, RingCounts};
 use super::frame_decode::{DeviceDecode, WorkerDecode};
+use super::handover::{HostSlots, Issuer, Produced};
+use super::handover::{WorkerTimes, WorkerTimesTotal};
 use super::kernel::Kernel;
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
 use super::resident::Resident;
-use super::streaming::{StreamWorker, WorkerTimes, WorkerTimesTotal};
+use super::streaming::StreamWorker;
 use super::{TensorBatch, check_device};
 use crate::error::{Error, Result};
 use crate::loader::{Feed, Pipeline, Run, WorkerPlans, check_in_flight};
@@ -19,11 +23,14 @@ use crate::loader::{Feed, Pipeline, Run, WorkerPlans, check_in_flight};
 /// sampler's batch [`crate::loader::global_batch`], whatever the number of workers, and equal (bit for bit,
 /// before any cast) to what [`crate::gather::Gatherer::gather`] makes of that plan.
 ///
-/// - **CUDA**: each worker owns a ring of pinned staging slots allocated once; it gathers a batch
-///   straight into a slot (no intermediate buffer), applies the transform, and issues a
-///   non-blocking host-to-device copy. A slot is reused only after a device synchronisation that
-///   follows its copy. Copies go on the current (default) stream, so kernels the training loop
-///   queues after receiving a batch see its data.
+/// - **CUDA**: the workers gather each batch straight into a pinned staging slot (shared by the
+///   loader's workers, allocated once) and hand it over; [`TorchLoader::next_batch`] issues its
+///   one copy on the loader's own stream into the device ring (buffers whose views were made
+///   once; a buffer the caller still refers to is never overwritten) and makes the default
+///   stream wait for it, so kernels the training loop queues after receiving a batch see its
+///   data. A slot is refilled only after an event recorded after its copy has completed. With a
+///   transform or a widened column (or [`TorchLoaderOptions::with_device_ring`] off) the
+///   worker copies each batch into a new device allocation on the default stream instead.
 /// - **CPU**: workers gather straight into the batch's tensors (no extra copy); no CUDA function
 ///   is called. [`TorchLoader::recycle`] hands tensors back for reuse.
 /// - **Resident** ([`TorchLoaderOptions::with_resident`]): the columns are uploaded once and
@@ -51,19 +58,25 @@ pub(crate) enum Inner {
         expand: Option<String>,
         /// Where the workers' time goes ([`TorchLoader::worker_times`]).
         times: Arc<WorkerTimes>,
+        /// The device ring's batches ([`TorchLoader::device_ring`]).
+        rings: Arc<RingCounts>,
+        /// Where the workers hand gathered host slots over (None: they hand batches over), and
+        /// the consumer's side, which copies them into the device ring.
+        host: Option<Arc<HostSlots>>,
+        issuer: Box<Issuer>,
     },
     Resident(Box<Resident>),
 }
 
 /// The workers of the streaming mode: over local datasets, or over a stream's windows.
 pub(crate) enum Batches {
-    Local(Pipeline<Result<TensorBatch>>),
+    Local(Pipeline<Result<Produced>>),
     #[cfg(feature = "remote")]
-    Stream(Box<crate::loader::stream::Runs<TensorBatch>>),
+    Stream(Box<crate::loader::stream::Runs<Produced>>),
 }
 
 impl Batches {
-    fn next_item(&mut self) -> Option<Result<TensorBatch>> {
+    fn next_item(&mut self) -> Option<Result<Produced>> {
         match self {
             Batches::Local(p) => p.next_item(),
             #[cfg(feature = "remote")]
@@ -166,11 +179,14 @@ impl TorchLoader {
         let (kernel, expand) = expansion(&layout, &opts);
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let times = Arc::new(WorkerTimes::default());
-        let sink: crate::loader::stream::Sink<TensorBatch> = {
-            let (pool, opts, times) = (pool.clone(), opts.clone(), times.clone());
+        let rings = Arc::new(RingCounts::default());
+        let (host, issuer) = handover(&layout, &opts, &kernel, &times, &rings);
+        let sink: crate::loader::stream::Sink<Produced> = {
+            let (pool, opts, times, host) =
+                (pool.clone(), opts.clone(), times.clone(), host.clone());
             Arc::new(move || {
-                let mut worker =
-                    stream_worker(&layout, &opts, &pool, None, kernel.clone(), times.clone());
+                let shared = (times.clone(), host.clone());
+                let mut worker = stream_worker(&layout, &opts, &pool, None, kernel.clone(), shared);
                 Box::new(move |_k, gatherer, plan| worker.produce(gatherer, plan))
             })
         };
@@ -183,6 +199,9 @@ impl TorchLoader {
                 decode: None,
                 expand,
                 times,
+                rings,
+                host,
+                issuer,
             },
             device: opts.device,
             feed: None,
@@ -232,6 +251,8 @@ impl TorchLoader {
         let (kernel, expand) = expansion(&layout, &opts);
         let pool: Arc<Mutex<Vec<TensorBatch>>> = Arc::new(Mutex::new(Vec::new()));
         let times = Arc::new(WorkerTimes::default());
+        let rings = Arc::new(RingCounts::default());
+        let (host, issuer) = handover(&layout, &opts, &kernel, &times, &rings);
         let lo = &opts.loader;
         let pipeline = Pipeline::start(
             lo.workers,
@@ -246,7 +267,7 @@ impl TorchLoader {
                     &pool,
                     decode.clone(),
                     kernel.clone(),
-                    times.clone(),
+                    (times.clone(), host.clone()),
                 );
                 let mut planner = WorkerPlans::new(feed.clone());
                 move |k: u64| {
@@ -264,6 +285,9 @@ impl TorchLoader {
                 decode,
                 expand,
                 times,
+                rings,
+                host,
+                issuer,
             },
             device,
             feed: Some(feed),
@@ -276,13 +300,32 @@ impl TorchLoader {
     /// happened in.
     pub fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
         let b = match &mut self.inner {
-            Inner::Streaming { batches, .. } => batches.next_item(),
+            Inner::Streaming {
+                batches, issuer, ..
+            } => batches.next_item().map(|p| {
+                p.and_then(|p| match p {
+                    Produced::Batch(b) => Ok(b),
+                    Produced::Staged(s) => issuer.issue(s),
+                })
+            }),
             Inner::Resident(r) => r.next_batch(),
         };
         if let Some(feed) = &self.feed {
             feed.consumed(TorchLoader::position(self));
         }
         b
+    }
+
+    /// The device rings ([`TorchLoaderOptions::device_ring`]): batches made in buffers whose
+    /// views were made once, and buffers allocated because the user still held every one. In
+    /// streaming mode the workers' rings (zero batches where none runs: on the CPU, or with a
+    /// transform, a widened column or the device decode); in resident mode the output
+    /// ring of the fused gather (zero batches without it, or with a widened column).
+    pub fn device_ring(&self) -> DeviceRingStats {
+        match &self.inner {
+            Inner::Streaming { rings, .. } => rings.stats(),
+            Inner::Resident(r) => r.ring_stats(),
+        }
     }
 
     /// The number of the batch [`TorchLoader::next_batch`] returns next.
@@ -466,6 +509,32 @@ fn expansion(layout: &Layout, opts: &TorchLoaderOptions) -> (Option<Arc<Kernel>>
     }
 }
 
+/// Whether the workers hand gathered host slots to the consumer's device ring (on CUDA, or its
+/// CPU stand-in, without a transform or a layout the ring cannot take), and the consumer's
+/// side.
+fn handover(
+    layout: &Layout,
+    opts: &TorchLoaderOptions,
+    kernel: &Option<Arc<Kernel>>,
+    times: &Arc<WorkerTimes>,
+    rings: &Arc<RingCounts>,
+) -> (Option<Arc<HostSlots>>, Box<Issuer>) {
+    let staged = opts.device_ring
+        && (matches!(opts.device, Device::Cuda(_)) || opts.ring_on_cpu)
+        && opts.transform.is_none()
+        && DeviceRing::fits(layout, kernel.as_deref());
+    let lo = &opts.loader;
+    let host = staged.then(|| HostSlots::new(lo.workers, lo.prefetch, opts.staging_slots));
+    let issuer = Issuer::new(
+        layout,
+        (opts.device, opts.cast),
+        kernel.clone(),
+        rings.clone(),
+        times.clone(),
+    );
+    (host, Box::new(issuer))
+}
+
 /// One worker of the streaming mode (its staging slots are allocated on first use).
 fn stream_worker(
     layout: &Layout,
@@ -473,10 +542,11 @@ fn stream_worker(
     pool: &Arc<Mutex<Vec<TensorBatch>>>,
     decode: Option<Arc<DeviceDecode>>,
     expand: Option<Arc<Kernel>>,
-    times: Arc<WorkerTimes>,
+    (times, staged): (Arc<WorkerTimes>, Option<Arc<HostSlots>>),
 ) -> StreamWorker {
     StreamWorker {
         times,
+        staged,
         expand,
         decode: decode.map(|d| (d, WorkerDecode::new(opts.device_decode_per_thread))),
         layout: layout.clone(),
@@ -494,6 +564,15 @@ fn stream_worker(
         next_slot: 0,
         pending: Vec::new(),
         done: Vec::new(),
+    }
+}
+
+impl Drop for TorchLoader {
+    fn drop(&mut self) {
+        // Workers waiting for a host slot stop waiting (the pipeline joins them next).
+        if let Inner::Streaming { host: Some(h), .. } = &self.inner {
+            h.close();
+        }
     }
 }
 

@@ -19,13 +19,16 @@
 //! ```
 
 mod compact;
+mod device_ring;
 mod events;
 mod frame_decode;
+mod handover;
 mod kernel;
 mod layout;
 mod loader;
 mod options;
 mod resident;
+mod resident_ring;
 mod streaming;
 
 use arrow::datatypes::DataType;
@@ -33,12 +36,13 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
 
+pub use device_ring::DeviceRingStats;
+pub use handover::WorkerTimesTotal;
 #[doc(hidden)]
 pub use kernel::compile_for as compile_resident_kernel;
 pub use loader::TorchLoader;
 pub use options::{TorchLoaderOptions, Transform};
 pub use resident::resident_bytes;
-pub use streaming::WorkerTimesTotal;
 
 /// Parses `cpu`, `cuda` (device 0) or `cuda:N`. A CUDA device is checked against libtorch
 /// ([`cuda_available`], [`cuda_device_count`]); `cpu` makes no CUDA call at all.
@@ -257,6 +261,11 @@ pub const FLAG_NAMES: [&str; 6] = [
 /// metadata, all on the loader's device.
 #[derive(Debug)]
 pub struct TensorBatch {
+    /// Where the batch lies in a worker's device ring: the event recorded after its copy (and
+    /// expansion) on the worker's stream. [`TorchLoader::next_batch`] makes the default stream
+    /// wait on it. Declared first so that it is dropped first: its last holder waits for the
+    /// copy before the tensors' memory can go back to the allocator.
+    pub(crate) ready: Option<std::sync::Arc<device_ring::Ready>>,
     /// The gathered columns in request order.
     pub columns: Vec<(String, Tensor)>,
     /// `Bool [B, L]`: true where the step holds data, false where it is padding.
@@ -285,6 +294,31 @@ pub struct TensorBatch {
 }
 
 impl TensorBatch {
+    /// A batch of `columns`, the six flag planes `plane(0..6)` in [`FLAG_NAMES`] order, and the
+    /// per-slice ids and start steps, holding no host slot.
+    pub(crate) fn of_planes(
+        columns: Vec<(String, Tensor)>,
+        plane: impl Fn(i64) -> Result<Tensor>,
+        episode_id: Tensor,
+        start_step: Tensor,
+    ) -> Result<Self> {
+        Ok(Self {
+            ready: None,
+            columns,
+            mask: plane(0)?,
+            is_first: plane(1)?,
+            is_last: plane(2)?,
+            terminated: plane(3)?,
+            truncated: plane(4)?,
+            slice_end: plane(5)?,
+            episode_id,
+            start_step,
+            flag_base: None,
+            meta_base: None,
+            base_columns: Vec::new(),
+        })
+    }
+
     /// The column `name`, or one of the flags (`mask`, `is_first`, ...) or `episode_id` /
     /// `start_step` when no gathered column has that name.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
@@ -348,6 +382,7 @@ impl TensorBatch {
     /// be recycled.
     pub(crate) fn try_map(&self, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Self> {
         let mut out = TensorBatch {
+            ready: self.ready.clone(),
             columns: self
                 .columns
                 .iter()

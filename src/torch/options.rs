@@ -57,6 +57,16 @@ pub struct TorchLoaderOptions {
     /// ([`crate::FrameStack::with_window`]) and a local dataset; not with a transform or in
     /// resident mode. Default off (the workers decode).
     pub device_decode: bool,
+    /// On CUDA, copy each batch into a ring of device buffers whose tensor views were made once,
+    /// on the worker's own stream (see [`TorchLoader::device_ring`](super::TorchLoader::device_ring)):
+    /// a held batch is never overwritten, the training thread only waits on an event. Default
+    /// on; off (or with a transform, a widened column or the device decode) each batch
+    /// gets a new device allocation and views on the default stream.
+    pub device_ring: bool,
+    /// Runs the device ring on the CPU, with host buffers standing for the device's (what tests
+    /// without a GPU check). Default off.
+    #[doc(hidden)]
+    pub ring_on_cpu: bool,
     /// With `device_decode` on CUDA, a thread decodes each frame instead of a warp (32 lanes
     /// that write each copy's bytes together): to compare the two. Default off.
     pub device_decode_per_thread: bool,
@@ -70,6 +80,7 @@ impl std::fmt::Debug for TorchLoaderOptions {
             .field("staging_slots", &self.staging_slots)
             .field("cast", &self.cast)
             .field("pin_output", &self.pin_output)
+            .field("device_ring", &self.device_ring)
             .field("resident_budget", &self.resident_budget)
             .field("resident_fused", &self.resident_fused)
             .field("transform", &self.transform.is_some())
@@ -97,6 +108,8 @@ impl TorchLoaderOptions {
             fused_expand: true,
             device_decode: false,
             device_decode_per_thread: false,
+            device_ring: true,
+            ring_on_cpu: false,
         }
     }
 
@@ -112,6 +125,19 @@ impl TorchLoaderOptions {
         self.device_decode = on;
         self
     }
+    /// Whether CUDA batches go through the device ring ([`TorchLoaderOptions::device_ring`]).
+    pub fn with_device_ring(mut self, on: bool) -> Self {
+        self.device_ring = on;
+        self
+    }
+
+    /// The device ring on the CPU ([`TorchLoaderOptions::ring_on_cpu`]), for tests.
+    #[doc(hidden)]
+    pub fn with_ring_on_cpu(mut self, on: bool) -> Self {
+        self.ring_on_cpu = on;
+        self
+    }
+
     /// Sets workers, queue depth, first batch and batch count.
     pub fn with_loader(mut self, loader: LoaderOptions) -> Self {
         self.loader = loader;

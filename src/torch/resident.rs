@@ -17,10 +17,15 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
 
+use super::device_ring::pick;
 use super::events::CopyDone;
 use super::kernel::{Kernel, Launch};
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
+use super::resident_ring::{
+    Fused, OutRing, OutSlot, P_EP_ID, P_FINAL, P_FIRST, P_HI, P_LAST_STEP, P_LO, P_ROW0, P_ROWS,
+    P_SLICE_END, P_START, P_TERMINATED, P_TRUNCATED, fused_views, out_slot,
+};
 use super::{FloatCast, TensorBatch, storage_kind, widen};
 use crate::error::{Error, Result};
 use crate::format::col;
@@ -99,59 +104,10 @@ pub(crate) struct Resident {
     offsets: Tensor,
     /// The fused gather, or why there is none.
     fused: std::result::Result<Fused, String>,
-}
-
-/// The fused gather's fixed parts: the kernel, its column table (`[ncols, 4]` int64: source
-/// address, row bytes, derived, output offset), and the packed output's layout.
-struct Fused {
-    kernel: Kernel,
-    /// The table on a GPU (None on the CPU, where `host_table` is used).
-    table: Option<Tensor>,
-    /// Per column: its byte offset in the output, its device kind and the bytes of a row.
-    offsets: Vec<(usize, Kind, usize)>,
-    /// The table on the host (the CPU fills in output addresses per batch).
-    host_table: Vec<i64>,
-    flags_offset: usize,
-    total: usize,
-}
-
-impl Fused {
-    /// The column table and output layout of `columns` for batches of `b` × `l` steps.
-    fn new(
-        kernel: Kernel,
-        columns: &[(String, Tensor, bool, DataType)],
-        b: usize,
-        l: usize,
-        device: Device,
-    ) -> Result<Self> {
-        let align = |n: usize| n.div_ceil(16) * 16;
-        let (mut table, mut offsets, mut at) = (Vec::new(), Vec::new(), 0usize);
-        for (_, t, derived, _) in columns {
-            let row = t.size()[1..].iter().product::<i64>().max(1) as usize
-                * t.kind().elt_size_in_bytes();
-            table.extend([t.data_ptr() as i64, row as i64, *derived as i64, at as i64]);
-            offsets.push((at, t.kind(), row));
-            at = align(at + b * l * row);
-        }
-        let flags_offset = at;
-        let host_table = table;
-        let table = match device {
-            Device::Cpu => None,
-            _ => Some(
-                Tensor::f_from_slice(&host_table)?
-                    .f_view([columns.len() as i64, 4])?
-                    .f_to_device(device)?,
-            ),
-        };
-        Ok(Self {
-            kernel,
-            table,
-            offsets,
-            host_table,
-            flags_offset,
-            total: flags_offset + 6 * b * l,
-        })
-    }
+    /// Output buffers with their views made once (with the fused gather, without a widened
+    /// column), reused when nothing outside the ring holds them (`device_ring.rs`); None: a
+    /// new buffer and views a batch.
+    ring: Option<OutRing>,
 }
 
 /// One batch's parameters on the host, and on CUDA the event that says when their copy to the
@@ -185,25 +141,6 @@ struct Planner {
     pin: Option<Device>,
     pool: ParamsPool,
 }
-
-/// Rows of the per-slice parameter tensor, in slice positions `pos` (`0..L`) where a row is
-/// about steps: the first row gathered (`row0 + pos` is the row of position `pos`), the valid
-/// positions `lo..hi`, the positions of the episode's first and last steps (maybe outside
-/// `0..L`), the row of its final observation, its end flags, its id, the slice's start step and
-/// its last valid position (`slice_end`). Everything that is per slice is computed here by the
-/// workers, so that the device only expands it along `L`.
-const P_ROW0: usize = 0;
-const P_LO: usize = 1;
-const P_HI: usize = 2;
-const P_FIRST: usize = 3;
-const P_LAST_STEP: usize = 4;
-const P_FINAL: usize = 5;
-const P_TERMINATED: usize = 6;
-const P_TRUNCATED: usize = 7;
-const P_EP_ID: usize = 8;
-const P_START: usize = 9;
-const P_SLICE_END: usize = 10;
-const P_ROWS: usize = 11;
 
 /// Every uploaded tensor's row 0 is zeros (what invalid positions read); the transitions
 /// follow from row 1, then the final observations.
@@ -327,6 +264,11 @@ impl Resident {
             let mut plan = Vec::new();
             move |k: u64| planner.params(k, &mut plan)
         })?;
+        let ring = (opts.device_ring
+            && fused.is_ok()
+            && !layout.widens()
+            && !cfg!(trajstore_no_use_count))
+        .then(OutRing::default);
         Ok(Self {
             layout,
             device,
@@ -335,7 +277,17 @@ impl Resident {
             columns,
             offsets,
             fused,
+            ring,
         })
+    }
+
+    /// The output ring's batches and buffers allocated in place of held ones (zero batches
+    /// without a ring).
+    pub(crate) fn ring_stats(&self) -> super::DeviceRingStats {
+        self.ring
+            .as_ref()
+            .map(|r| r.counts.stats())
+            .unwrap_or_default()
     }
 
     /// How batches are gathered: `fused` (one kernel a batch), or `unfused: ` and why.
@@ -352,7 +304,47 @@ impl Resident {
 
     pub(crate) fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
         let host = self.params.next_item()?;
-        Some(host.and_then(|p| self.batch(p)))
+        Some(host.and_then(|p| match self.ring.is_some() {
+            true => self.ring_batch(p),
+            false => self.batch(p),
+        }))
+    }
+
+    /// The batch of `host` through the output ring: its parameters copied into a free buffer's,
+    /// one launch of the fused gather, the views made once handed out.
+    fn ring_batch(&mut self, host: HostParams) -> Result<TensorBatch> {
+        let Ok(fused) = &self.fused else {
+            unreachable!("the ring is made with the fused gather")
+        };
+        let ring = self.ring.as_mut().expect("ring_batch runs with a ring");
+        let (layout, columns, device) = (&self.layout, &self.columns, self.device);
+        let i = pick(
+            &mut ring.slots,
+            &mut ring.next,
+            |s: &OutSlot| s.held.by_others(&s.batch),
+            || out_slot(fused, columns, layout, device),
+            &ring.counts,
+        )?;
+        let slot = &mut ring.slots[i];
+        let bytes = host.t.numel() * 8;
+        let copied = match device {
+            // SAFETY: `host.t` is the pinned `[P_ROWS, B]` int64 buffer, kept out of the pool
+            // until an event after this copy completes (`give_back`); `slot.params` the same
+            // shape on the device, kept by the ring; both on the default stream.
+            Device::Cuda(n) => unsafe {
+                super::events::copy_on_default(n, slot.params.data_ptr(), host.t.data_ptr(), bytes)
+            },
+            _ => false,
+        };
+        if !copied {
+            slot.params.f_copy_(&host.t)?;
+        }
+        give_back(&self.pool, host);
+        // SAFETY: as in `fused_batch`, with the slot's parameters, table and output (made once
+        // by `out_slot`, kept by the ring) on the default stream, where the slot's last batch's
+        // uses were queued before the caller dropped it.
+        unsafe { fused.kernel.run(&slot.launch)? };
+        slot.batch.try_map(|t| Ok(t.shallow_clone()))
     }
 
     /// The batch of the parameters `host` (`[P_ROWS, B]`), gathered on the device.
@@ -360,15 +352,7 @@ impl Resident {
         let (b, l) = (self.layout.b as i64, self.layout.l as i64);
         // From pinned memory on CUDA, without waiting; on CPU the workers' tensor itself.
         let params = host.t.f_to_device_(self.device, Kind::Int64, true, false)?;
-        // The buffer goes back to the workers with an event after its copy; where the event
-        // cannot be recorded it is dropped (the caching host allocator keeps the block until
-        // the copy is done).
-        if host.done.as_ref().is_some_and(CopyDone::record) {
-            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-            if pool.len() < POOL_MAX {
-                pool.push(host);
-            }
-        }
+        give_back(&self.pool, host);
         if let Ok(fused) = &self.fused {
             return self.fused_batch(fused, params);
         }
@@ -412,6 +396,7 @@ impl Resident {
         let truncated = is_last.f_logical_and(&row(P_TRUNCATED)?)?;
         let slice_end = pos.f_eq_tensor(&row(P_SLICE_END)?)?;
         Ok(TensorBatch {
+            ready: None,
             columns,
             mask,
             is_first,
@@ -486,24 +471,19 @@ impl Resident {
             columns.push((name.clone(), widen(t, dt)?));
         }
         // The six flag planes, one [6, B, L] view and a plane of it each.
-        let planes = flags
-            .f_view_dtype(Kind::Bool)?
-            .f_view([6, b as i64, l as i64])?;
-        let plane = |k: usize| planes.f_select(0, k as i64);
-        Ok(TensorBatch {
-            columns,
-            mask: plane(0)?,
-            is_first: plane(1)?,
-            is_last: plane(2)?,
-            terminated: plane(3)?,
-            truncated: plane(4)?,
-            slice_end: plane(5)?,
-            episode_id: params.f_select(0, P_EP_ID as i64)?,
-            start_step: params.f_select(0, P_START as i64)?,
-            flag_base: None,
-            meta_base: None,
-            base_columns: Vec::new(),
-        })
+        fused_views(columns, flags, &params, b, l)
+    }
+}
+
+/// Hands `host`'s buffer back to the workers' pool once its copy has an event after it; where
+/// none could be recorded it is dropped (the caching host allocator keeps the block until the
+/// copy is done).
+fn give_back(pool: &ParamsPool, host: HostParams) {
+    if host.done.as_ref().is_some_and(CopyDone::record) {
+        let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < POOL_MAX {
+            pool.push(host);
+        }
     }
 }
 

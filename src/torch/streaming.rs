@@ -1,7 +1,7 @@
-//! The streaming mode: workers gather into host slots (pinned on CUDA) and copy batches to the
-//! device without blocking.
+//! The streaming mode: workers gather into host slots (pinned on CUDA) and hand them to the
+//! consumer's device ring (`handover.rs`), or, where the ring cannot take the batch, copy it to
+//! the device themselves without blocking.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -10,6 +10,7 @@ use tch::Device;
 use super::compact;
 use super::events::CopyDone;
 use super::frame_decode::{DeviceDecode, Twin, WorkerDecode};
+use super::handover::{HostSlots, Produced, WorkerTimes};
 use super::kernel::Kernel;
 use super::layout::{Layout, Slot};
 use super::options::Transform;
@@ -17,51 +18,6 @@ use super::{FloatCast, TensorBatch};
 use crate::error::{Error, Result};
 use crate::gather::Gatherer;
 use crate::index::SliceRef;
-
-/// Where the streaming workers' time goes, summed over every worker and batch: waiting for a
-/// staging slot's copy, gathering into it, and everything after (on CUDA: the copy's issue, the
-/// device allocation, views, the expansion or decode, the event; on the CPU: expansion, decode,
-/// transform, cast). `bench --device` reports the means per batch.
-#[derive(Default)]
-pub(crate) struct WorkerTimes {
-    batches: AtomicU64,
-    wait_ns: AtomicU64,
-    gather_ns: AtomicU64,
-    device_ns: AtomicU64,
-}
-
-/// Where a streaming loader's workers spent their time ([`super::TorchLoader::worker_times`]):
-/// batches and nanoseconds summed over every worker since the loader started.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WorkerTimesTotal {
-    /// Batches the workers produced.
-    pub batches: u64,
-    /// Waiting for a staging slot's earlier copy to finish.
-    pub wait_ns: u64,
-    /// Gathering into the slot.
-    pub gather_ns: u64,
-    /// What follows the gather until the batch is handed over.
-    pub device_ns: u64,
-}
-
-impl WorkerTimes {
-    fn add(&self, wait: Instant, gather: Instant, device: Instant, end: Instant) {
-        let ns = |a: Instant, b: Instant| b.duration_since(a).as_nanos() as u64;
-        self.wait_ns.fetch_add(ns(wait, gather), Relaxed);
-        self.gather_ns.fetch_add(ns(gather, device), Relaxed);
-        self.device_ns.fetch_add(ns(device, end), Relaxed);
-        self.batches.fetch_add(1, Relaxed);
-    }
-
-    pub(crate) fn total(&self) -> WorkerTimesTotal {
-        WorkerTimesTotal {
-            batches: self.batches.load(Relaxed),
-            wait_ns: self.wait_ns.load(Relaxed),
-            gather_ns: self.gather_ns.load(Relaxed),
-            device_ns: self.device_ns.load(Relaxed),
-        }
-    }
-}
 
 pub(crate) struct StreamWorker {
     /// Where this worker's time goes (shared by the loader's workers).
@@ -85,6 +41,9 @@ pub(crate) struct StreamWorker {
     pub(crate) decode: Option<(Arc<DeviceDecode>, WorkerDecode)>,
     /// The compact batch's fused expansion on the target's side (None: tensor operations).
     pub(crate) expand: Option<Arc<Kernel>>,
+    /// The loader's shared host slots where batches go through the consumer's device ring
+    /// (`handover.rs`): the worker gathers into one and hands it over.
+    pub(crate) staged: Option<Arc<HostSlots>>,
 }
 
 impl StreamWorker {
@@ -94,22 +53,22 @@ impl StreamWorker {
         &mut self,
         gatherer: &Arc<Gatherer>,
         plan: &[SliceRef],
-    ) -> Result<TensorBatch> {
+    ) -> Result<Produced> {
         let Some((shared, dec)) = &mut self.decode else {
             return self.produce(gatherer, plan);
         };
         let twin = dec.twin(shared, gatherer)?;
         self.produce_with(&twin.stored, plan, Some(&twin))
+            .map(Produced::Batch)
     }
 
     /// Gathers `plan` (made by a loader's worker, or a stream's for its window) with
     /// `gatherer` into a batch on the target device.
-    pub(crate) fn produce(
-        &mut self,
-        gatherer: &Gatherer,
-        plan: &[SliceRef],
-    ) -> Result<TensorBatch> {
-        self.produce_with(gatherer, plan, None)
+    pub(crate) fn produce(&mut self, gatherer: &Gatherer, plan: &[SliceRef]) -> Result<Produced> {
+        if self.staged.is_some() {
+            return self.produce_staged(gatherer, plan);
+        }
+        self.produce_with(gatherer, plan, None).map(Produced::Batch)
     }
 
     fn produce_with(
@@ -118,20 +77,27 @@ impl StreamWorker {
         plan: &[SliceRef],
         twin: Option<&Twin>,
     ) -> Result<TensorBatch> {
-        let n = plan.len();
-        if n > self.layout.b {
-            return Err(Error::argument(
-                "sampler",
-                format!(
-                    "the sampler planned {n} slices for a batch of {}",
-                    self.layout.b
-                ),
-            ));
-        }
+        check_plan(plan, &self.layout)?;
         match self.device {
             Device::Cuda(index) => self.produce_cuda(index, gatherer, plan, twin),
             _ => self.produce_host(gatherer, plan, twin),
         }
+    }
+
+    /// Gathers `plan` into one of the loader's shared host slots and hands it over: the
+    /// consumer copies it into its device ring (`handover.rs`).
+    fn produce_staged(&mut self, gatherer: &Gatherer, plan: &[SliceRef]) -> Result<Produced> {
+        check_plan(plan, &self.layout)?;
+        let host = self.staged.clone().expect("produce checked it");
+        let start = Instant::now();
+        let (mut slot, done) = host.take(&self.layout, self.pin)?;
+        let gathering = Instant::now();
+        let filled = self.fill(&mut slot, gatherer, plan, Slot::alloc_packed);
+        let staged = host.staged(slot, done);
+        filled?;
+        let now = Instant::now();
+        self.times.add(start, gathering, now, now);
+        Ok(Produced::Staged(staged))
     }
 
     /// Gathers `plan` into `slot`; where its arena of stored frames was too small, into a new
@@ -277,6 +243,18 @@ impl StreamWorker {
         let device = self.device;
         host.try_map(|t| Ok(t.f_to_device_(device, t.kind(), true, false)?))
     }
+}
+
+/// A plan of at most B slices.
+fn check_plan(plan: &[SliceRef], layout: &Layout) -> Result<()> {
+    let n = plan.len();
+    if n > layout.b {
+        return Err(Error::argument(
+            "sampler",
+            format!("the sampler planned {n} slices for a batch of {}", layout.b),
+        ));
+    }
+    Ok(())
 }
 
 /// Pins every tensor of `batch` that is not pinned (a transform's new tensors) so that the

@@ -715,6 +715,8 @@ fn the_torch_loader_hands_out_frame_windows_as_views() {
             .with_loader(LoaderOptions::default().with_workers(2).with_max_batches(3))
             .with_compact(compact)
     };
+    // Also through the device ring's CPU stand-in: windows copied into buffers made once.
+    let ring = |compact: bool, ring: bool| opts(compact).with_ring_on_cpu(ring);
     let valid = |batch: &TensorBatch, name: &str| {
         let mask = batch.get("mask").unwrap();
         let t = batch.get(name).unwrap().to_kind(tch::Kind::Uint8);
@@ -724,12 +726,11 @@ fn the_torch_loader_hands_out_frame_windows_as_views() {
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    for compact in [false, true] {
-        let got: Vec<TensorBatch> = TorchLoader::new(&source(true), opts(compact))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+    for (compact, on) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mut loader = TorchLoader::new(&source(true), ring(compact, on)).unwrap();
+        let got: Vec<TensorBatch> = loader.by_ref().map(Result::unwrap).collect();
         assert_eq!(got.len(), 3);
+        assert_eq!(loader.device_ring().batches, if on { 3 } else { 0 });
         for (n, (w, s)) in got.iter().zip(&stacks).enumerate() {
             for name in ["observation", "next_observation"] {
                 let t = w.get(name).unwrap();
@@ -737,7 +738,7 @@ fn the_torch_loader_hands_out_frame_windows_as_views() {
                 assert_eq!(t.size(), [b as i64, l as i64, k as i64, 12, 10]);
                 let row = ((l + k - 1) as i64) * frame;
                 assert_eq!(t.stride(), [row, frame, frame, 10, 1], "{name}");
-                let what = format!("compact {compact} batch {n} {name}");
+                let what = format!("compact {compact} ring {on} batch {n} {name}");
                 assert!(valid(w, name) == valid(s, name), "{what}");
             }
             assert!(valid(w, "action") == valid(s, "action"));

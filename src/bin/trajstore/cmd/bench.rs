@@ -112,6 +112,11 @@ pub(crate) struct BenchArgs {
     /// instead of the one fused kernel (NVRTC on a GPU): to compare the two.
     #[arg(long, requires = "device", conflicts_with = "full_batch")]
     pub(crate) ops_expand: bool,
+    /// With --device cuda: give each batch a new device allocation and views, made by the worker
+    /// on the default stream, instead of the device ring (buffers and views made once, the copy
+    /// on the worker's own stream): to compare the two.
+    #[arg(long, requires = "device")]
+    pub(crate) no_device_ring: bool,
     /// With --device-decode: a GPU thread decodes each frame instead of a warp of 32 lanes.
     #[arg(long, requires = "device_decode")]
     pub(crate) device_decode_per_thread: bool,

@@ -42,6 +42,7 @@ pub(crate) fn torch_bench(
     }
     opts = opts
         .with_fused_expand(!a.ops_expand)
+        .with_device_ring(!a.no_device_ring)
         .with_device_decode(a.device_decode)
         .with_device_decode_per_thread(a.device_decode_per_thread);
     let sync = || {
@@ -62,6 +63,7 @@ pub(crate) fn torch_bench(
     }
     sync();
     let before = loader.worker_times();
+    let before_ring = loader.device_ring();
     let t = Instant::now();
     let mut n = 0u64;
     while let Some(b) = loader.next_batch() {
@@ -80,11 +82,19 @@ pub(crate) fn torch_bench(
             "wait": us(a.wait_ns, b.wait_ns),
             "gather": us(a.gather_ns, b.gather_ns),
             "device": us(a.device_ns, b.device_ns),
+            // The consumer's time issuing a ring batch's copy (per batch it issued).
+            "consumer_issue": (a.issued > b.issued).then(|| {
+                a.issue_ns.saturating_sub(b.issue_ns) as f64 / (a.issued - b.issued) as f64 / 1e3
+            }),
         }))
     });
     let transfer = loader.transfer_bytes();
     let gather = loader.resident_gather();
     let expand = loader.compact_expand();
+    let ring = {
+        let (a, b) = (loader.device_ring(), before_ring);
+        json!({"batches": a.batches - b.batches, "replaced": a.replaced - b.replaced})
+    };
     let device_decode = loader.decodes_on_device();
     let shipped = loader.device_decode_bytes();
     drop(loader);
@@ -108,6 +118,7 @@ pub(crate) fn torch_bench(
         "resident": a.resident,
         "resident_gather": gather,
         "compact_expand": expand,
+        "device_ring": ring,
         "worker_us_per_batch": worker,
         "device_decode": device_decode,
         "device_decode_bytes_per_batch": shipped,
@@ -149,10 +160,16 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         match (t["resident_gather"].as_str(), t["device_decode"].as_bool()) {
             (Some(g), _) => format!(", resident, {g}"),
             (None, Some(true)) => ", frames decoded on the device".to_string(),
-            _ => match t["compact_expand"].as_str() {
-                Some(e) => format!(", compact batch expanded by {e}"),
-                None => String::new(),
-            },
+            _ => {
+                let ring = match t["device_ring"]["batches"].as_u64() {
+                    Some(n) if n > 0 => ", device ring",
+                    _ => "",
+                };
+                match t["compact_expand"].as_str() {
+                    Some(e) => format!("{ring}, compact batch expanded by {e}"),
+                    None => ring.to_string(),
+                }
+            }
         },
         f("batches_per_s"),
         HumanCount(f("transitions_per_s") as u64),
@@ -164,11 +181,18 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         let g = |k: &str| w[k].as_f64().unwrap_or(f64::NAN);
         outln!(
             "one worker, per batch   waiting for a slot {:.1} µs, gathering {:.1} µs, then {:.1} µs \
-             to hand it over (on CUDA: the copy's issue, views, expansion, event)",
+             to hand it over (on CUDA without the device ring: the copy's issue, views, \
+             expansion, event)",
             g("wait"),
             g("gather"),
             g("device")
         );
+        if w["consumer_issue"].is_number() {
+            outln!(
+                "the consumer, per batch {:.1} µs issuing its copy into the device ring",
+                g("consumer_issue")
+            );
+        }
     }
     if t["pinned_copy_gb_per_s"].is_number() {
         outln!(
