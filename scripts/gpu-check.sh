@@ -22,8 +22,36 @@ limit=$((64 * 1024 * 1024))
 build() {
     local dir="${1:-gpu-bundle}"
     eval "$(scripts/setup-libtorch.sh)"
-    local flags=(--release --no-default-features --features cli,torch)
-    cargo build "${flags[@]}" --bin trajstore
+    # GPU_CHECK_PROFILE=dev (what CI builds, after scripts/test.sh): the binaries scripts/test.sh
+    # built, its torch stage's features and profile (nothing is compiled again; a release build
+    # of the whole graph takes a fresh 2-core machine about 25 minutes), not compressed and not
+    # held to the 64 MiB a device call carries: a bundle for a device is the release one, the
+    # loader-only CLI.
+    local profile="${GPU_CHECK_PROFILE:-release}" out=release flags
+    case "$profile" in
+        release) flags=(--release --no-default-features --features cli,torch) ;;
+        dev)
+            out=debug
+            # scripts/test.sh's torch stage: `video` where libdav1d installs.
+            flags=(--features torch,fault-injection)
+            scripts/setup-video.sh >/dev/null 2>&1 && flags=(--features torch,fault-injection,video)
+            ;;
+        *) echo "GPU_CHECK_PROFILE=$profile: release or dev" >&2; exit 2 ;;
+    esac
+    # The Python package as a wheel would install it (the interpreter only names the ABI: abi3).
+    # The dev build is scripts/test-python.sh's, selection and features alike (nothing new); it
+    # comes first because it also links target/debug/trajstore, without the torch feature.
+    if [ "$profile" = release ]; then
+        PYO3_PYTHON="$VIRTUAL_ENV/bin/python" PYO3_BUILD_EXTENSION_MODULE=1 cargo build --release -p trajstore-python
+    else
+        PYO3_PYTHON="$(scripts/setup-python-tests.sh | tail -n 1)" PYO3_BUILD_EXTENSION_MODULE=1 \
+            cargo build -p trajstore -p trajstore-python --features trajstore/fault-injection --lib --bins --tests
+    fi
+    # With --tests in a dev build: the dev-dependencies take part in feature resolution when
+    # tests are built, and a binary built without them would compile the graph again.
+    local tests_too=()
+    [ "$profile" = dev ] && tests_too=(--tests)
+    cargo build "${flags[@]}" --bin trajstore "${tests_too[@]}"
     local tests
     tests=$(cargo test "${flags[@]}" --test torch --test torch_cpu_only --test torch_oom --no-run --message-format=json |
         python3 -c 'import json,sys
@@ -31,20 +59,20 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])')
-    # The Python package as a wheel would install it (the interpreter only names the ABI: abi3).
-    PYO3_PYTHON="$VIRTUAL_ENV/bin/python" PYO3_BUILD_EXTENSION_MODULE=1 cargo build --release -p trajstore-python
     local target="${CARGO_TARGET_DIR:-target}"
     rm -rf "$dir" && mkdir -p "$dir/python/trajstore" "$dir/python/tests" "$dir/wheels"
-    strip -o "$dir/trajstore" "$target/release/trajstore"
+    strip -o "$dir/trajstore" "$target/$out/trajstore"
     while read -r name exe; do strip -o "$dir/test-$name" "$exe"; done <<< "$tests"
     cp python/trajstore/*.py python/trajstore/py.typed "$dir/python/trajstore/"
-    strip -o "$dir/python/trajstore/_native.abi3.so" "$target/release/lib_native.so"
+    strip -o "$dir/python/trajstore/_native.abi3.so" "$target/$out/lib_native.so"
     # xz: the binaries are 130 MB stripped, ~25 MB compressed; run.sh unpacks them.
-    xz -9 -T0 "$dir/trajstore" "$dir"/test-* "$dir/python/trajstore/_native.abi3.so"
+    if [ "$profile" = release ]; then
+        xz -9 -T0 "$dir/trajstore" "$dir"/test-* "$dir/python/trajstore/_native.abi3.so"
+    fi
     cp python/tests/{conftest.py,trajref.py,growing.py,test_cuda.py,test_cpu_no_cuda.py} "$dir/python/tests/"
     cp scripts/gpu_check.py "$dir/"
     wheels "$dir/wheels"
-    atari "$dir/atari" "$target/release/trajstore"
+    atari "$dir/atari" "$target/$out/trajstore"
     cat > "$dir/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # The GPU check's second half (scripts/gpu-check.sh): run.sh OUT [--quick] [--transitions N].
@@ -88,6 +116,10 @@ RUN
     chmod +x "$dir/run.sh" "$dir/gpu_check.py"
     local size
     size=$(du -sb "$dir" | cut -f1)
+    if [ "$profile" != release ]; then
+        echo "bundle ($profile): $dir, $((size / 1024 / 1024)) MiB (a device takes a release bundle)" >&2
+        return 0
+    fi
     echo "bundle: $dir, $((size / 1024 / 1024)) MiB ($size bytes; limit 64 MiB)" >&2
     if [ "$size" -ge "$limit" ]; then
         echo "the bundle is over 64 MiB: a device call cannot carry it" >&2
