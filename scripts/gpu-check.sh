@@ -24,7 +24,7 @@ build() {
     eval "$(scripts/setup-libtorch.sh)"
     # GPU_CHECK_PROFILE=dev (what CI builds, after scripts/test.sh): the binaries scripts/test.sh
     # built, its torch stage's features and profile (nothing is compiled again; a release build
-    # of the whole graph takes a fresh 2-core machine about 25 minutes), not compressed and not
+    # of the whole graph takes a fresh 2-core machine about 20 minutes), not compressed and not
     # held to the 64 MiB a device call carries: a bundle for a device is the release one, the
     # loader-only CLI.
     local profile="${GPU_CHECK_PROFILE:-release}" out=release flags

@@ -162,9 +162,12 @@ pub(crate) struct FrameSource {
 
 /// The decoders of one frame column, in shards: a thread takes from, and gives back to, the
 /// shard of its own number, so that the workers of a many-core machine do not all lock one
-/// mutex twice per slice (a 32 x (4-stack) batch is 32 slices; 16 workers of the H200's host
-/// delivered 29,000 such batches a second, a million locks of one mutex). A shard's lock is
-/// then almost always uncontended and its cache line stays with its thread.
+/// mutex twice per slice (a 32 x (4-stack) batch is 32 slices; 15 workers of the H200's host
+/// delivered 29,000 such batches a second, nearly two million locks of one mutex). A shard's
+/// lock is then almost always uncontended and its cache line stays with its thread. A thread
+/// whose shard is empty takes an idle decoder from another shard before it makes one, so that
+/// there are no more decoders than threads ever decoded at once (each holds a zstd context
+/// and the dictionary's tables), however many threads come and go.
 struct Decoders {
     shards: Box<[Shard]>,
 }
@@ -188,9 +191,22 @@ impl Decoders {
         Self { shards }
     }
 
-    /// The shard of the calling thread.
-    fn shard(&self) -> &Mutex<Vec<Worker>> {
-        &self.shards[thread_number() % self.shards.len()].0
+    /// The shard of the calling thread, and an idle decoder: its shard's, else another shard's
+    /// that is not locked at the moment.
+    fn take(&self) -> (&Mutex<Vec<Worker>>, Option<Worker>) {
+        let n = self.shards.len();
+        let own = thread_number() % n;
+        let pool = &self.shards[own].0;
+        let mut d = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        for i in (1..n).map(|i| (own + i) % n) {
+            if d.is_some() {
+                break;
+            }
+            if let Ok(mut other) = self.shards[i].0.try_lock() {
+                d = other.pop();
+            }
+        }
+        (pool, d)
     }
 }
 
@@ -305,8 +321,7 @@ impl FrameSource {
     }
 
     fn decoder(&self) -> Result<Pooled<'_>> {
-        let pool = self.decoders.shard();
-        let d = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let (pool, d) = self.decoders.take();
         let d = match d {
             Some(d) => d,
             None => Worker {
