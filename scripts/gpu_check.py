@@ -359,34 +359,37 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    **{f"worker_{k}_us": v for k, v in (t.get("worker_us_per_batch") or {}).items() if k != "batches"},
                    pinned_copy_batches_per_s=anchor(sent) * 1e9 / sent if sent else None)
     # Resident: the fused kernel (one NVRTC-compiled kernel a batch) and, beside it in the same
-    # run, the same batches by libtorch operations (--resident-unfused). 8 workers plan the
-    # batches: with the default 2, planning 16384 slices a batch bounded the H200 runs (2.9e9
-    # against 3.8e9 transitions/s with 4 or 8).
+    # run, the same batches by libtorch operations (--resident-unfused) and by the fused kernel
+    # reading each batch's parameters in the workers' pinned buffer instead of a copy issued
+    # before it (--resident-mapped-params). 8 workers plan the batches: with the default 2,
+    # planning 16384 slices a batch bounded the H200 runs (2.9e9 against 3.8e9 transitions/s
+    # with 4 or 8).
+    variants = {"fused": [], "unfused": ["--resident-unfused"], "mapped": ["--resident-mapped-params"]}
     for slices in (B, 4096, 16384):
         it = str(max(300, int(iters) * B // slices))
         rates = {}
-        for unfused in (False, True):
-            flag = ["--resident-unfused"] if unfused else []
+        for name, flag in variants.items():
             p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget",
                         "60GiB", *flag, "--num-slices", slices, "--slice-len", L, "--columns", cols, "--iters", it,
                         "--workers", 8, "--json"], env=env_for(run))
-            t = json.loads(p.stdout)["torch"]
-            rates[unfused] = t
-        t, u = rates[False], rates[True]
+            rates[name] = json.loads(p.stdout)["torch"]
+        t, u, m = rates["fused"], rates["unfused"], rates["mapped"]
         run.figure(f"rust_resident_{slices}x{L}", workers=8, transitions_per_s=t["transitions_per_s"],
                    batches_per_s=t["batches_per_s"], setup_s=t["setup_s"], gather=t.get("resident_gather"),
                    unfused_transitions_per_s=u["transitions_per_s"],
-                   over_unfused=t["transitions_per_s"] / u["transitions_per_s"])
+                   over_unfused=t["transitions_per_s"] / u["transitions_per_s"],
+                   mapped_transitions_per_s=m["transitions_per_s"], mapped_gather=m.get("resident_gather"),
+                   mapped_over_fused=m["transitions_per_s"] / t["transitions_per_s"])
     # The fixed cost of a resident batch (4 slices x 4 steps: no bandwidth to speak of), which
     # bounds small batches: 1e9 transitions/s at 256 x 64 leaves 16 us a batch.
     fixed = {}
-    for unfused in (False, True):
-        flag = ["--resident-unfused"] if unfused else []
+    for name, flag in variants.items():
         p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "60GiB",
                     *flag, "--num-slices", 4, "--slice-len", 4, "--columns", cols, "--iters",
                     "2000" if a.quick else "20000", "--json"], env=env_for(run))
-        fixed[unfused] = 1e6 / json.loads(p.stdout)["torch"]["batches_per_s"]
-    run.figure("rust_resident_fixed_cost", fused_us_per_batch=fixed[False], unfused_us_per_batch=fixed[True])
+        fixed[name] = 1e6 / json.loads(p.stdout)["torch"]["batches_per_s"]
+    run.figure("rust_resident_fixed_cost", fused_us_per_batch=fixed["fused"], unfused_us_per_batch=fixed["unfused"],
+               mapped_us_per_batch=fixed["mapped"])
     # Refused, not crashed: a budget smaller than the columns.
     p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "1MiB",
                 "--iters", "5"],

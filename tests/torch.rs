@@ -335,18 +335,30 @@ fn resident_sampling_equals_streaming() {
             // The workers plan the batches (and write their parameters) in any order: the
             // batches are the streaming plan's, whatever their number.
             // Fused: the kernel of resident_gather.cu, as the build compiled it for the CPU;
-            // unfused: libtorch operations. Both give the streaming plan's batches.
-            for (workers, fused) in [(1, true), (3, true), (3, false)] {
+            // unfused: libtorch operations; mapped: the fused kernel reading the workers'
+            // parameters in place and copying them into the ring's buffer (the ids and start
+            // steps are views of that copy). All give the streaming plan's batches.
+            for (workers, fused, mapped) in [
+                (1, true, false),
+                (3, true, false),
+                (3, false, false),
+                (2, true, true),
+            ] {
                 let opts = cpu(workers, 9)
                     .with_resident(need)
-                    .with_resident_fused(fused);
-                let mut l = loader(&snap, uniform(policy, 8), &COLUMNS, opts);
+                    .with_resident_fused(fused)
+                    .with_resident_mapped_params(mapped);
+                // The output ring (which the in-place parameters need) holds no widened
+                // column: without `step` (uint32, widened to int64).
+                let cols: &[&str] = if mapped { &COLUMNS[..4] } else { &COLUMNS };
+                let mut l = loader(&snap, uniform(policy, 8), cols, opts);
                 assert!(l.is_resident());
                 let kind = l.resident_gather().unwrap();
                 assert_eq!(kind.starts_with("fused"), fused, "{kind}");
+                assert_eq!(kind.contains("in place"), mapped, "{kind}");
                 for k in 0..9 {
                     let t = l.next_batch().unwrap().unwrap();
-                    let b = gathered(&snap, s.as_ref(), &COLUMNS, k);
+                    let b = gathered(&snap, s.as_ref(), cols, k);
                     let what = format!("resident ({kind}) {policy:?} {workers} workers #{k}");
                     assert_equals_gather(&t, &b, &what);
                 }
@@ -559,16 +571,19 @@ fn cuda_resident_equals_streaming() {
     let snap = dataset(dir.path(), false);
     for policy in [BoundaryPolicy::Pad, "span:3:5".parse().unwrap()] {
         let s = sampler(&snap, policy, 6);
-        // The fused kernel (NVRTC, which PyTorch's CUDA wheels ship: it must load here), and
-        // libtorch operations.
-        for fused in [true, false] {
+        // The fused kernel (NVRTC, which PyTorch's CUDA wheels ship: it must load here),
+        // reading the parameters from a copy on the device or in place in pinned host memory,
+        // and libtorch operations.
+        for (fused, mapped) in [(true, false), (true, true), (false, false)] {
             let opts = TorchLoaderOptions::new(dev)
                 .with_loader(LoaderOptions::default().with_max_batches(5))
                 .with_resident(1 << 30)
-                .with_resident_fused(fused);
+                .with_resident_fused(fused)
+                .with_resident_mapped_params(mapped);
             let mut l = loader(&snap, uniform(policy, 6), &COLUMNS, opts);
             let kind = l.resident_gather().unwrap();
-            assert_eq!(kind == "fused", fused, "{kind}");
+            assert_eq!(kind.starts_with("fused"), fused, "{kind}");
+            assert_eq!(kind.contains("in place"), mapped, "{kind}");
             for k in 0..5 {
                 let t = l.next_batch().unwrap().unwrap();
                 assert_eq!(t.mask.device(), dev);

@@ -52,6 +52,7 @@ unsafe extern "C" {
         flags_offset: i64,
         first_row: i64,
         end_row: i64,
+        params_out: *mut i64,
     );
     fn trajstore_expand_compact_host(args: *const ExpandArgs, first: i64, end: i64);
 }
@@ -126,9 +127,14 @@ pub(crate) enum Kernel {
 
 /// The addresses a launch reads and writes: device addresses for [`Kernel::Cuda`], host ones
 /// for [`Kernel::Host`].
+#[derive(Clone, Copy)]
 pub(crate) struct Launch {
-    /// `[P_ROWS, B]` int64 parameters.
+    /// `[P_ROWS, B]` int64 parameters: on a GPU device memory, or pinned host memory the device
+    /// maps ([`Kernel::mapped_address`]).
     pub params: u64,
+    /// Where the kernel copies the parameters on the device (0: nowhere), for parameters read
+    /// from host memory: the batch's ids and start steps are views of that copy.
+    pub params_out: u64,
     /// `[ncols, 4]` int64 column table (see `resident_gather.cu`).
     pub cols: u64,
     pub ncols: usize,
@@ -196,6 +202,7 @@ impl Kernel {
                             launch.flags_offset as i64,
                             first as i64,
                             end as i64,
+                            launch.params_out as *mut i64,
                         )
                     }
                 };
@@ -208,6 +215,17 @@ impl Kernel {
             }
             // SAFETY: the caller's contract.
             Self::Cuda(k) => unsafe { k.launch(launch, ncols, b, l) },
+        }
+    }
+
+    /// The address at which this kernel reads the host memory at `host`: the same address on
+    /// the CPU; on a GPU the device's mapping of that pinned memory (`cuMemHostGetDevicePointer`:
+    /// every block `cudaHostAlloc` pins, as libtorch's pinned allocator does, is mapped under
+    /// unified addressing). An error names the driver's reason where the memory is not mapped.
+    pub(crate) fn mapped_address(&self, host: u64) -> Result<u64> {
+        match self {
+            Self::Host => Ok(host),
+            Self::Cuda(k) => k.mapped_address(host),
         }
     }
 
@@ -254,6 +272,7 @@ struct Driver {
     module_load_data: unsafe extern "C" fn(*mut CuModule, *const c_void) -> CuResult,
     module_get_function: unsafe extern "C" fn(*mut CuFunction, CuModule, *const c_char) -> CuResult,
     #[allow(clippy::type_complexity)]
+    mem_host_get_device_pointer: unsafe extern "C" fn(*mut u64, *mut c_void, c_uint) -> CuResult,
     launch_kernel: unsafe extern "C" fn(
         CuFunction,
         c_uint,
@@ -334,6 +353,7 @@ impl Driver {
                 ctx_set_current: symbol(lib, "cuCtxSetCurrent")?,
                 module_load_data: symbol(lib, "cuModuleLoadData")?,
                 module_get_function: symbol(lib, "cuModuleGetFunction")?,
+                mem_host_get_device_pointer: symbol(lib, "cuMemHostGetDevicePointer_v2")?,
                 launch_kernel: symbol(lib, "cuLaunchKernel")?,
                 error_string: symbol(lib, "cuGetErrorString")?,
             })
@@ -703,6 +723,22 @@ impl CudaKernel {
         }
     }
 
+    /// The device's address of the pinned host memory at `host` ([`Kernel::mapped_address`]).
+    fn mapped_address(&self, host: u64) -> Result<u64> {
+        let mut device = 0u64;
+        // SAFETY: the driver API with this kernel's context and an out-pointer; the driver only
+        // looks the address up.
+        unsafe {
+            self.driver
+                .check((self.driver.ctx_set_current)(self.ctx), "cuCtxSetCurrent")?;
+            self.driver.check(
+                (self.driver.mem_host_get_device_pointer)(&mut device, host as *mut c_void, 0),
+                "cuMemHostGetDevicePointer (the parameters' pinned buffer, read in place)",
+            )?;
+        }
+        Ok(device)
+    }
+
     /// # Safety
     /// As [`Kernel::run`].
     unsafe fn launch(&self, l: &Launch, ncols: c_int, b: c_int, len: c_int) -> Result<()> {
@@ -710,10 +746,11 @@ impl CudaKernel {
         // A block a slice.
         let grid = (l.b as u64).clamp(1, 1 << 20) as c_uint;
         let (mut params, mut cols, mut out) = (l.params, l.cols, l.out);
+        let mut params_out = l.params_out;
         let (mut ncols, mut b, mut len) = (ncols, b, len);
         let mut flags = l.flags_offset as i64;
         let (mut first, mut end) = (0i64, rows as i64);
-        let mut args: [*mut c_void; 9] = [
+        let mut args: [*mut c_void; 10] = [
             (&mut params as *mut u64).cast(),
             (&mut cols as *mut u64).cast(),
             (&mut ncols as *mut c_int).cast(),
@@ -723,6 +760,7 @@ impl CudaKernel {
             (&mut flags as *mut i64).cast(),
             (&mut first as *mut i64).cast(),
             (&mut end as *mut i64).cast(),
+            (&mut params_out as *mut u64).cast(),
         ];
         // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
         // addresses); the null stream is the legacy default stream libtorch's work is on.

@@ -410,7 +410,8 @@ impl TorchLoader {
     }
 
     /// In resident mode, how each batch is gathered: `fused` (one kernel writes the whole
-    /// batch: NVRTC-compiled on a GPU, its C++ copy on the CPU), or `unfused: ` and why
+    /// batch: NVRTC-compiled on a GPU, its C++ copy on the CPU), `fused, parameters read in
+    /// place` (with [`TorchLoaderOptions::resident_mapped_params`]), or `unfused: ` and why
     /// (libtorch operations: NVRTC could not be loaded, or
     /// [`TorchLoaderOptions::resident_fused`] is off).
     /// None when streaming.

@@ -37,6 +37,12 @@ pub struct TorchLoaderOptions {
     /// Default on; off gathers the same batch with libtorch operations (to compare, or where a
     /// GPU machine lacks NVRTC, which is then used anyway).
     pub resident_fused: bool,
+    /// In resident mode with the output ring, the fused kernel reads each batch's per-slice
+    /// parameters where the workers wrote them (pinned host memory, which the GPU maps) and
+    /// keeps a copy on the device as it gathers, instead of a host-to-device copy of them before
+    /// its launch: one call fewer on the training thread a batch, and at large batches no copy
+    /// ahead of the kernel on the stream. Default off; the GPU check measures both.
+    pub resident_mapped_params: bool,
     /// Transform run on each host batch before the transfer.
     pub transform: Option<Transform>,
     /// Ship the compact batch ([`crate::CompactInto`]: a derived `next_observation` as one row per
@@ -83,6 +89,7 @@ impl std::fmt::Debug for TorchLoaderOptions {
             .field("device_ring", &self.device_ring)
             .field("resident_budget", &self.resident_budget)
             .field("resident_fused", &self.resident_fused)
+            .field("resident_mapped_params", &self.resident_mapped_params)
             .field("transform", &self.transform.is_some())
             .field("compact", &self.compact)
             .field("fused_expand", &self.fused_expand)
@@ -103,6 +110,7 @@ impl TorchLoaderOptions {
             pin_output: false,
             resident_budget: None,
             resident_fused: true,
+            resident_mapped_params: false,
             transform: None,
             compact: None,
             fused_expand: true,
@@ -167,6 +175,12 @@ impl TorchLoaderOptions {
     /// [`TorchLoaderOptions::resident_fused`]).
     pub fn with_resident_fused(mut self, on: bool) -> Self {
         self.resident_fused = on;
+        self
+    }
+    /// Whether the resident kernel reads the parameters in place (see
+    /// [`TorchLoaderOptions::resident_mapped_params`]).
+    pub fn with_resident_mapped_params(mut self, on: bool) -> Self {
+        self.resident_mapped_params = on;
         self
     }
     /// Whether the compact batch is shipped and expanded on the device (see

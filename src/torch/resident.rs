@@ -108,6 +108,11 @@ pub(crate) struct Resident {
     /// column), reused when nothing outside the ring holds them (`device_ring.rs`); None: a
     /// new buffer and views a batch.
     ring: Option<OutRing>,
+    /// With the ring: the kernel reads each batch's parameters in the workers' pinned buffer
+    /// instead of a copy on the device ([`TorchLoaderOptions::resident_mapped_params`]).
+    mapped: bool,
+    /// [`TorchLoaderOptions::resident_mapped_params`] as asked (`mapped` is whether it applies).
+    mapped_asked: bool,
 }
 
 /// One batch's parameters on the host, and on CUDA the event that says when their copy to the
@@ -115,6 +120,8 @@ pub(crate) struct Resident {
 struct HostParams {
     t: Tensor,
     done: Option<CopyDone>,
+    /// Where the fused kernel reads `t` in place (its device mapping on CUDA), once asked.
+    mapped: Option<u64>,
 }
 
 /// Pinned parameter buffers handed back after their copy was issued (CUDA). A worker takes one
@@ -269,6 +276,7 @@ impl Resident {
             && !layout.widens()
             && !cfg!(trajstore_no_use_count))
         .then(OutRing::default);
+        let mapped = opts.resident_mapped_params && ring.is_some();
         Ok(Self {
             layout,
             device,
@@ -278,6 +286,8 @@ impl Resident {
             offsets,
             fused,
             ring,
+            mapped,
+            mapped_asked: opts.resident_mapped_params,
         })
     }
 
@@ -293,6 +303,10 @@ impl Resident {
     /// How batches are gathered: `fused` (one kernel a batch), or `unfused: ` and why.
     pub(crate) fn gather_kind(&self) -> String {
         match &self.fused {
+            Ok(_) if self.mapped => "fused, parameters read in place".to_string(),
+            Ok(_) if self.mapped_asked => "fused, parameters copied (read in place only through \
+                                           the output ring: no widened column, the device ring on)"
+                .to_string(),
             Ok(_) => "fused".to_string(),
             Err(why) => format!("unfused: {why}"),
         }
@@ -312,7 +326,7 @@ impl Resident {
 
     /// The batch of `host` through the output ring: its parameters copied into a free buffer's,
     /// one launch of the fused gather, the views made once handed out.
-    fn ring_batch(&mut self, host: HostParams) -> Result<TensorBatch> {
+    fn ring_batch(&mut self, mut host: HostParams) -> Result<TensorBatch> {
         let Ok(fused) = &self.fused else {
             unreachable!("the ring is made with the fused gather")
         };
@@ -326,6 +340,26 @@ impl Resident {
             &ring.counts,
         )?;
         let slot = &mut ring.slots[i];
+        if self.mapped {
+            let params = match host.mapped {
+                Some(a) => a,
+                None => *host
+                    .mapped
+                    .insert(fused.kernel.mapped_address(host.t.data_ptr() as u64)?),
+            };
+            let launch = Launch {
+                params,
+                params_out: slot.params.data_ptr() as u64,
+                ..slot.launch
+            };
+            // SAFETY: as below, with the parameters read from `host.t` (pinned `[P_ROWS, B]`
+            // int64, at the device's mapping of it on CUDA), which goes back to the workers'
+            // pool only with an event recorded after this launch (`give_back`), and copied by
+            // the kernel into `slot.params` (the same shape on the device, kept by the ring).
+            unsafe { fused.kernel.run(&launch)? };
+            give_back(&self.pool, host);
+            return slot.batch.try_map(|t| Ok(t.shallow_clone()));
+        }
         let bytes = host.t.numel() * 8;
         let copied = match device {
             // SAFETY: `host.t` is the pinned `[P_ROWS, B]` int64 buffer, kept out of the pool
@@ -449,6 +483,7 @@ impl Resident {
         }
         let launch = Launch {
             params: params.data_ptr() as u64,
+            params_out: 0,
             cols,
             ncols: self.columns.len(),
             b,
@@ -507,7 +542,7 @@ impl Planner {
                 ),
             ));
         }
-        let HostParams { t, done } = self.buffer()?;
+        let HostParams { t, done, mapped } = self.buffer()?;
         // SAFETY: `t` is a contiguous CPU int64 tensor of P_ROWS * b elements that only this
         // function refers to until it returns it.
         let params =
@@ -564,7 +599,7 @@ impl Planner {
             params[p(P_START)] = s.start;
             params[p(P_SLICE_END)] = if hi > lo { hi - 1 } else { -1 };
         }
-        Ok(HostParams { t, done })
+        Ok(HostParams { t, done, mapped })
     }
 
     /// A `[P_ROWS, B]` int64 buffer for one batch's parameters: on CUDA a pinned one from the
@@ -574,7 +609,11 @@ impl Planner {
         let shape = [P_ROWS as i64, self.b as i64];
         let Some(d) = self.pin else {
             let t = Tensor::f_empty(shape, (Kind::Int64, Device::Cpu))?;
-            return Ok(HostParams { t, done: None });
+            return Ok(HostParams {
+                t,
+                done: None,
+                mapped: None,
+            });
         };
         {
             let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -590,7 +629,11 @@ impl Planner {
             Device::Cuda(n) => CopyDone::new(n),
             _ => None,
         };
-        Ok(HostParams { t, done })
+        Ok(HostParams {
+            t,
+            done,
+            mapped: None,
+        })
     }
 }
 

@@ -14,7 +14,10 @@
 // the row gathered at position 0 (`row0`; row r of an uploaded tensor is transition r - 1, row 0
 // is zeros), the valid positions lo..hi, the positions of the episode's first and last steps, the
 // row of its final observation, its terminated and truncated flags, its id, its start step and
-// the slice's last valid position.
+// the slice's last valid position. `params` may be pinned host memory the device maps (the
+// workers' buffer, read in place: no copy a batch); then `params_out`, when not null, receives
+// a copy on the device (the batch's episode ids and start steps are views of it), written by the
+// call that gathers each slice's step 0.
 // Columns, `cols` [ncols, 4] int64: the source tensor's address, the bytes of one row, whether it
 // is the derived next observation (rows one step later, the final observation after the last
 // step), and the column's byte offset in `out` (on the CPU, `out` is 0 and each column's output
@@ -40,6 +43,7 @@
 #define TRAJSTORE_P_TERMINATED 6
 #define TRAJSTORE_P_TRUNCATED 7
 #define TRAJSTORE_P_SLICE_END 10
+#define TRAJSTORE_P_ROWS 11
 
 extern "C" __global__ void trajstore_resident_gather(
     const long long* __restrict__ params,
@@ -50,7 +54,8 @@ extern "C" __global__ void trajstore_resident_gather(
     unsigned char* out,
     long long flags_offset,
     long long first_row,
-    long long end_row)
+    long long end_row,
+    long long* __restrict__ params_out)
 {
     const long long n = (long long)B * L;
     for (long long b = first_row / L + blockIdx.x; b < B && b * L < end_row; b += gridDim.x) {
@@ -59,6 +64,11 @@ extern "C" __global__ void trajstore_resident_gather(
         const long long j1 = end_row - b * L < L ? end_row - b * L : L;
         if (j0 >= j1) {
             continue;
+        }
+        if (params_out != 0 && j0 == 0) {
+            for (long long r = threadIdx.x; r < TRAJSTORE_P_ROWS; r += blockDim.x) {
+                params_out[r * B + b] = params[r * B + b];
+            }
         }
         const long long row0 = params[TRAJSTORE_P_ROW0 * (long long)B + b];
         const long long lo = params[TRAJSTORE_P_LO * (long long)B + b];

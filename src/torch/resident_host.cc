@@ -11,6 +11,7 @@
 extern "C" void trajstore_resident_gather_host(const long long* params, const long long* cols,
                                                int ncols, int B, int L, unsigned char* out,
                                                long long flags_offset, long long first_row,
-                                               long long end_row) {
-    trajstore_resident_gather(params, cols, ncols, B, L, out, flags_offset, first_row, end_row);
+                                               long long end_row, long long* params_out) {
+    trajstore_resident_gather(params, cols, ncols, B, L, out, flags_offset, first_row, end_row,
+                              params_out);
 }

@@ -131,6 +131,7 @@ pub(super) fn out_slot(
     };
     let mut launch = Launch {
         params: params.data_ptr() as u64,
+        params_out: 0,
         cols,
         ncols: columns.len(),
         b,

@@ -157,6 +157,19 @@ fn bench_on_a_torch_device() {
         let gather = v["torch"]["resident_gather"].as_str().unwrap();
         assert!(gather.starts_with("unfused"), "{gather}");
         assert_eq!(v["torch"]["batches"].as_u64(), Some(10));
+        // The fused kernel reading each batch's parameters in place (the workers' buffer).
+        let (code, out, err) = run(&[
+            &args[..],
+            &["cpu", "--resident", "--resident-mapped-params"],
+        ]
+        .concat());
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["torch"]["resident_gather"],
+            "fused, parameters read in place"
+        );
+        assert_eq!(v["torch"]["batches"].as_u64(), Some(10));
         let (code, _, err) = run(&[&args[..], &["tpu"]].concat());
         assert_eq!(code, 1);
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");

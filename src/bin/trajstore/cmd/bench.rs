@@ -98,6 +98,11 @@ pub(crate) struct BenchArgs {
     /// to compare the two.
     #[arg(long, requires = "resident")]
     pub(crate) resident_unfused: bool,
+    /// With --resident: the fused kernel reads each batch's per-slice parameters in the
+    /// workers' pinned buffer (mapped by the GPU) instead of a copy to the device before its
+    /// launch: to compare the two.
+    #[arg(long, requires = "resident", conflicts_with = "resident_unfused")]
+    pub(crate) resident_mapped_params: bool,
     /// With --device and --frame-window: ship each window's stored frames (tens of bytes each)
     /// and decode them where the batch lands (a kernel of one thread per frame on a GPU, its
     /// C++ copy on the CPU) instead of in the workers.

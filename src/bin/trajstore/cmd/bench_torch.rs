@@ -35,7 +35,8 @@ pub(crate) fn torch_bench(
     if a.resident {
         opts = opts
             .with_resident(a.resident_budget)
-            .with_resident_fused(!a.resident_unfused);
+            .with_resident_fused(!a.resident_unfused)
+            .with_resident_mapped_params(a.resident_mapped_params);
     }
     if a.full_batch {
         opts = opts.with_compact(false);
