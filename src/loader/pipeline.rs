@@ -3,7 +3,7 @@
 //! threads that produce numbered items into a bounded queue consumed in order ([`Pipeline`]).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -209,28 +209,83 @@ pub(crate) struct Pipeline<T> {
 /// How far ahead of the consumer workers may go: item `k` is produced only once the consumer
 /// asked for item `k - ahead` (so at most `ahead` items exist besides the consumer's, however
 /// unevenly the workers run; without it, items finished out of order pile up in `pending`).
+///
+/// Each step of the consumer lets exactly one more item be produced, whose worker is known
+/// (worker `w` produces items `first + w + i * workers`), so only that worker is woken, and only
+/// when it is waiting: no system call a batch while the workers keep up, and never every
+/// worker woken for one of them to go on (a condition variable shared by all, notified to all,
+/// cost the consumer a wake-up of every waiting worker per batch).
 pub(crate) struct Window {
-    next: Mutex<u64>,
-    moved: Condvar,
+    /// The consumer's next item.
+    next: AtomicU64,
     ahead: u64,
+    first: u64,
+    /// Per worker: the item it waits to produce (`u64::MAX`: not waiting), under its own lock.
+    waits: Vec<Wait>,
+}
+
+struct Wait {
+    item: AtomicU64,
+    lock: Mutex<()>,
+    moved: Condvar,
 }
 
 impl Window {
-    /// Blocks until item `k` may be produced; `false` when the pipeline stops meanwhile.
-    fn wait_for(&self, k: u64, stop: &AtomicBool) -> bool {
-        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-        while k >= next.saturating_add(self.ahead) {
-            if stop.load(Ordering::SeqCst) {
-                return false;
+    fn new(first: u64, ahead: u64, workers: usize) -> Self {
+        Self {
+            next: AtomicU64::new(first),
+            ahead,
+            first,
+            waits: (0..workers)
+                .map(|_| Wait {
+                    item: AtomicU64::new(u64::MAX),
+                    lock: Mutex::new(()),
+                    moved: Condvar::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn allows(&self, k: u64) -> bool {
+        k < self.next.load(Ordering::SeqCst).saturating_add(self.ahead)
+    }
+
+    /// Blocks worker `w` until item `k` may be produced; `false` when the pipeline stops
+    /// meanwhile.
+    fn wait_for(&self, w: usize, k: u64, stop: &AtomicBool) -> bool {
+        if !self.allows(k) {
+            let wait = &self.waits[w];
+            let mut g = wait.lock.lock().unwrap_or_else(|e| e.into_inner());
+            // Published before `next` is read again (both sequentially consistent): either the
+            // consumer's advance sees this item and notifies under the lock, which this thread
+            // holds until `wait` releases it, or this thread sees the advance.
+            wait.item.store(k, Ordering::SeqCst);
+            while !self.allows(k) && !stop.load(Ordering::SeqCst) {
+                g = wait.moved.wait(g).unwrap_or_else(|e| e.into_inner());
             }
-            next = self.moved.wait(next).unwrap_or_else(|e| e.into_inner());
+            wait.item.store(u64::MAX, Ordering::SeqCst);
         }
         !stop.load(Ordering::SeqCst)
     }
 
+    /// The consumer's next item is `next` (one more than before; `u64::MAX` to stop): wakes the
+    /// worker of the item that may now be produced, if it waits for it (every waiting worker
+    /// when stopping).
     fn advance(&self, next: u64) {
-        *self.next.lock().unwrap_or_else(|e| e.into_inner()) = next;
-        self.moved.notify_all();
+        self.next.store(next, Ordering::SeqCst);
+        let wake = |wait: &Wait| {
+            if wait.item.load(Ordering::SeqCst) != u64::MAX {
+                let _g = wait.lock.lock().unwrap_or_else(|e| e.into_inner());
+                wait.moved.notify_one();
+            }
+        };
+        let newly = next.saturating_add(self.ahead) - 1;
+        if next == u64::MAX || newly < self.first {
+            self.waits.iter().for_each(wake);
+        } else {
+            let n = self.waits.len() as u64;
+            wake(&self.waits[((newly - self.first) % n) as usize]);
+        }
     }
 }
 
@@ -250,13 +305,12 @@ impl<T: Send + 'static> Pipeline<T> {
         F: FnMut(u64) -> T + Send + 'static,
     {
         let workers = workers.max(1);
-        let (tx, rx) = sync_channel(prefetch.max(1));
+        let ahead = workers + prefetch.max(1);
+        // Room for every item the window lets exist, so that a worker never blocks on a full
+        // queue (and the consumer never has to wake one there): the window alone bounds them.
+        let (tx, rx) = sync_channel(ahead);
         let stop = Arc::new(AtomicBool::new(false));
-        let window = Arc::new(Window {
-            next: Mutex::new(first),
-            moved: Condvar::new(),
-            ahead: (workers + prefetch.max(1)) as u64,
-        });
+        let window = Arc::new(Window::new(first, ahead as u64, workers));
         let handles = (0..workers)
             .map(|w| {
                 let lane = Lane {
@@ -268,7 +322,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 let (tx, stop, window) = (tx.clone(), stop.clone(), window.clone());
                 std::thread::Builder::new()
                     .name(format!("trajstore-{name}-{w}"))
-                    .spawn(move || run_lane(lane, produce, tx, stop, &window))
+                    .spawn(move || run_lane((w, lane), produce, tx, stop, &window))
                     .map_err(|e| {
                         Error::argument(
                             "workers",
@@ -327,7 +381,7 @@ impl<T> Drop for Pipeline<T> {
 }
 
 pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
-    lane: Lane,
+    (w, lane): (usize, Lane),
     mut produce: F,
     tx: SyncSender<Produced<T>>,
     stop: Arc<AtomicBool>,
@@ -335,7 +389,7 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
 ) {
     let mut k = lane.first;
     while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
-        if !window.wait_for(k, &stop) {
+        if !window.wait_for(w, k, &stop) {
             return;
         }
         // Not `crate::guard::quietly`: this panic is a bug, not bad input, and the
@@ -354,7 +408,77 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
 
 #[cfg(test)]
 mod tests {
-    use super::global_batch;
+    use super::{Pipeline, global_batch};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// Runs `f` on a thread of its own and fails if it has not returned within 60 s (a worker
+    /// left waiting for a wake-up that never comes hangs instead of failing).
+    fn within_a_minute(f: impl FnOnce() + Send + 'static) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(()) => h.join().unwrap(),
+            // The thread panicked (its assertion is the failure) or hangs.
+            Err(_) if h.is_finished() => h.join().unwrap(),
+            Err(_) => panic!("still running after 60 s: a worker was never woken"),
+        }
+    }
+
+    #[test]
+    fn items_come_in_order_and_no_worker_runs_past_the_window() {
+        within_a_minute(items_in_order);
+    }
+
+    fn items_in_order() {
+        for (workers, prefetch) in [(1, 1), (2, 1), (4, 2), (8, 4), (3, 7)] {
+            let ahead = (workers + prefetch) as u64;
+            // The consumer's next item as the workers see it, and the furthest any item was
+            // produced past it.
+            let next = Arc::new(AtomicU64::new(10));
+            let worst = Arc::new(AtomicU64::new(0));
+            let mut p = Pipeline::start(workers, prefetch, 10, Some(410), "test", |_| {
+                let (next, worst) = (next.clone(), worst.clone());
+                move |k: u64| {
+                    let past = k - next.load(Ordering::SeqCst);
+                    worst.fetch_max(past, Ordering::SeqCst);
+                    k * 3
+                }
+            })
+            .unwrap();
+            for k in 10..410 {
+                if k % 50 == 0 {
+                    // A slow consumer: every worker reaches the window and waits there.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                assert_eq!(p.next_item(), Some(k * 3), "{workers} workers");
+                next.store(k + 1, Ordering::SeqCst);
+            }
+            assert_eq!(p.next_item(), None);
+            // The window moves to k + 1 as `next_item` hands item k out, a moment before this
+            // thread records it: hence at most `ahead` past the recorded position, not less.
+            let worst = worst.load(Ordering::SeqCst);
+            assert!(
+                worst <= ahead,
+                "{workers} workers, prefetch {prefetch}: {worst} ahead"
+            );
+        }
+    }
+
+    #[test]
+    fn dropping_a_pipeline_whose_workers_wait_returns() {
+        within_a_minute(|| {
+            let mut p = Pipeline::start(8, 1, 0, None, "test", |_| |k: u64| k).unwrap();
+            assert_eq!(p.next_item(), Some(0));
+            // Every worker is now waiting for the window: dropping wakes and joins them.
+            std::thread::sleep(Duration::from_millis(20));
+            drop(p);
+        });
+    }
 
     #[test]
     fn ranks_split_each_epoch_evenly_and_stay_inside_it() {

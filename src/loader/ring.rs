@@ -34,36 +34,62 @@ pub struct StagedBatch {
     pub num_slices: usize,
 }
 
+/// Which batch may fill each slot next. A release wakes only the workers waiting for that
+/// slot, and none when none waits: the consumer (the training thread, in Python) makes no system
+/// call for a release while the workers are busy, and never wakes every worker for one of them
+/// to go on.
 #[derive(Debug)]
 pub(crate) struct Gate {
+    state: Mutex<GateState>,
+    /// Per slot: where the workers waiting for it sleep.
+    changed: Vec<Condvar>,
+}
+
+#[derive(Debug)]
+struct GateState {
     /// Per slot: the only batch number allowed to fill it next.
-    free_for: Mutex<(Vec<u64>, bool)>,
-    changed: Condvar,
+    free_for: Vec<u64>,
+    /// Per slot: how many workers wait for it.
+    waiting: Vec<u32>,
+    stopped: bool,
 }
 
 impl Gate {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<u64>, bool)> {
-        self.free_for.lock().unwrap_or_else(|e| e.into_inner())
+    fn new(free_for: Vec<u64>) -> Self {
+        Self {
+            changed: free_for.iter().map(|_| Condvar::new()).collect(),
+            state: Mutex::new(GateState {
+                waiting: vec![0; free_for.len()],
+                free_for,
+                stopped: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Blocks until batch `k` may fill its slot; `false` if the loader stopped meanwhile.
     pub(crate) fn wait_for(&self, k: u64) -> bool {
         let mut g = self.lock();
+        let s = (k % g.free_for.len() as u64) as usize;
         loop {
-            if g.1 {
+            if g.stopped {
                 return false;
             }
-            let n = g.0.len() as u64;
-            if g.0[(k % n) as usize] == k {
+            if g.free_for[s] == k {
                 return true;
             }
-            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
+            g.waiting[s] += 1;
+            g = self.changed[s].wait(g).unwrap_or_else(|e| e.into_inner());
+            g.waiting[s] -= 1;
         }
     }
 
     pub(crate) fn stop(&self) {
-        self.lock().1 = true;
-        self.changed.notify_all();
+        self.lock().stopped = true;
+        self.changed.iter().for_each(Condvar::notify_all);
     }
 }
 
@@ -116,10 +142,7 @@ impl<S: StagingSlot + ?Sized> Ring<S> {
             start + (s + n - start % n) % n
         };
         Ok(Self {
-            gate: Gate {
-                free_for: Mutex::new(((0..n as u64).map(first_for).collect(), false)),
-                changed: Condvar::new(),
-            },
+            gate: Gate::new((0..n as u64).map(first_for).collect()),
             tails: slots[0].tails(),
             slots: slots.into_iter().map(Mutex::new).collect(),
             slice_len,
@@ -152,10 +175,17 @@ impl<S: StagingSlot + ?Sized> Ring<S> {
 
     /// Hands batch `number`'s slot back (the consumer is at `position`).
     pub(crate) fn release(&self, number: u64, position: u64) -> Result<()> {
-        let mut g = self.gate.lock();
-        let n = self.slots.len() as u64;
+        self.gate.release(number, position)
+    }
+}
+
+impl Gate {
+    /// Hands batch `number`'s slot to batch `number + slots` (the consumer is at `position`).
+    fn release(&self, number: u64, position: u64) -> Result<()> {
+        let mut g = self.lock();
+        let n = g.free_for.len() as u64;
         let s = (number % n) as usize;
-        if number >= position || g.0[s] != number {
+        if number >= position || g.free_for[s] != number {
             return Err(Error::argument(
                 "number",
                 format!(
@@ -164,9 +194,81 @@ impl<S: StagingSlot + ?Sized> Ring<S> {
                 ),
             ));
         }
-        g.0[s] = number + n;
+        g.free_for[s] = number + n;
+        // Several may wait for one slot (for batches `slots` apart): each checks its number.
+        let waiting = g.waiting[s] > 0;
         drop(g);
-        self.gate.changed.notify_all();
+        if waiting {
+            self.changed[s].notify_all();
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Gate;
+    use std::sync::Arc;
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+
+    #[test]
+    fn workers_waiting_at_the_gate_are_woken_by_each_release_in_order() {
+        // 3 slots, 5 workers taking batches w, w + 5, ...: most of them wait at the gate, some
+        // for the same slot (batches 3 apart), and each release must wake the right one.
+        let (slots, workers, batches) = (3u64, 5u64, 300u64);
+        let gate = Arc::new(Gate::new((0..slots).collect()));
+        let (filled, done) = channel();
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let (gate, filled) = (gate.clone(), filled.clone());
+                std::thread::spawn(move || {
+                    for k in (w..batches).step_by(workers as usize) {
+                        if !gate.wait_for(k) {
+                            return;
+                        }
+                        filled.send(k).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut got = std::collections::BTreeSet::new();
+        for position in 0..batches {
+            // Batch `position` is filled (its slot was free) before the consumer takes it.
+            while !got.contains(&position) {
+                let k = done
+                    .recv_timeout(Duration::from_secs(60))
+                    .expect("a worker was never woken");
+                assert!(
+                    k < position + slots,
+                    "batch {k} filled before its slot was free"
+                );
+                got.insert(k);
+            }
+            if position % 37 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            gate.release(position, position + 1).unwrap();
+        }
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        // A batch released twice, or not yet taken, is refused.
+        assert!(gate.release(0, batches).is_err());
+        assert!(gate.release(batches + 10, batches).is_err());
+    }
+
+    #[test]
+    fn stopping_wakes_every_waiting_worker() {
+        let gate = Arc::new(Gate::new(vec![0, 1]));
+        let (tx, rx) = channel();
+        for k in [2u64, 3, 4, 5] {
+            let (gate, tx) = (gate.clone(), tx.clone());
+            std::thread::spawn(move || tx.send(gate.wait_for(k)).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        gate.stop();
+        for _ in 0..4 {
+            let r = rx.recv_timeout(Duration::from_secs(60));
+            assert_eq!(r, Ok(false), "woken, and told the loader stopped");
+        }
     }
 }
