@@ -113,6 +113,9 @@ pub(crate) struct HostSlots {
     made: AtomicUsize,
     cap: usize,
     closed: AtomicBool,
+    /// Workers waiting for a slot, changed and read under `free`'s lock: a slot given back
+    /// notifies only when one waits (no system call a batch on the consumer's thread otherwise).
+    waiting: AtomicUsize,
 }
 
 impl HostSlots {
@@ -124,6 +127,7 @@ impl HostSlots {
             made: AtomicUsize::new(0),
             cap: workers * per_worker.max(2) + prefetch + 2,
             closed: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -165,20 +169,24 @@ impl HostSlots {
                 }
                 return Ok((slot, d));
             }
+            self.waiting.fetch_add(1, Relaxed);
             free = self
                 .returned
                 .wait_timeout(free, Duration::from_millis(50))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            self.waiting.fetch_sub(1, Relaxed);
         }
     }
 
     fn give(&self, slot: Slot, done: Option<CopyDone>) {
-        self.free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((slot, done));
-        self.returned.notify_one();
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.push((slot, done));
+        let waiting = self.waiting.load(Relaxed) > 0;
+        drop(free);
+        if waiting {
+            self.returned.notify_one();
+        }
     }
 
     /// Wakes and stops workers waiting for a slot (the loader is being dropped).
