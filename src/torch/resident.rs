@@ -357,7 +357,7 @@ impl Resident {
             // pool only with an event recorded after this launch (`give_back`), and copied by
             // the kernel into `slot.params` (the same shape on the device, kept by the ring).
             unsafe { fused.kernel.run(&launch)? };
-            give_back(&self.pool, host);
+            give_back(&self.pool, host, self.device);
             return slot.batch.try_map(|t| Ok(t.shallow_clone()));
         }
         let bytes = host.t.numel() * 8;
@@ -373,7 +373,7 @@ impl Resident {
         if !copied {
             slot.params.f_copy_(&host.t)?;
         }
-        give_back(&self.pool, host);
+        give_back(&self.pool, host, self.device);
         // SAFETY: as in `fused_batch`, with the slot's parameters, table and output (made once
         // by `out_slot`, kept by the ring) on the default stream, where the slot's last batch's
         // uses were queued before the caller dropped it.
@@ -386,7 +386,7 @@ impl Resident {
         let (b, l) = (self.layout.b as i64, self.layout.l as i64);
         // From pinned memory on CUDA, without waiting; on CPU the workers' tensor itself.
         let params = host.t.f_to_device_(self.device, Kind::Int64, true, false)?;
-        give_back(&self.pool, host);
+        give_back(&self.pool, host, self.device);
         if let Ok(fused) = &self.fused {
             return self.fused_batch(fused, params);
         }
@@ -510,16 +510,26 @@ impl Resident {
     }
 }
 
-/// Hands `host`'s buffer back to the workers' pool once its copy has an event after it; where
-/// none could be recorded it is dropped (the caching host allocator keeps the block until the
-/// copy is done).
-fn give_back(pool: &ParamsPool, host: HostParams) {
-    if host.done.as_ref().is_some_and(CopyDone::record) {
+/// Hands `host`'s buffer back to the workers' pool with an event after what reads it on the
+/// default stream (its copy, or the kernel that reads it in place). Where no event could be
+/// recorded, or the pool is full, it is freed only after the device is synchronized: libtorch's
+/// pinned allocator does not know of the copy or kernel issued here, and would hand the block to
+/// the next pinned tensor while they still read it.
+fn give_back(pool: &ParamsPool, host: HostParams, device: Device) {
+    let host = if host.done.as_ref().is_some_and(CopyDone::record) {
         let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < POOL_MAX {
             pool.push(host);
+            return;
         }
+        host
+    } else {
+        host
+    };
+    if let Device::Cuda(n) = device {
+        tch::Cuda::synchronize(n as i64);
     }
+    drop(host);
 }
 
 impl Planner {
