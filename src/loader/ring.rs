@@ -91,6 +91,30 @@ impl Gate {
         self.lock().stopped = true;
         self.changed.iter().for_each(Condvar::notify_all);
     }
+
+    /// Hands batch `number`'s slot to batch `number + slots` (the consumer is at `position`).
+    fn release(&self, number: u64, position: u64) -> Result<()> {
+        let mut g = self.lock();
+        let n = g.free_for.len() as u64;
+        let s = (number % n) as usize;
+        if number >= position || g.free_for[s] != number {
+            return Err(Error::argument(
+                "number",
+                format!(
+                    "batch {number} is not held by the consumer (released already, or not \
+                     returned yet)"
+                ),
+            ));
+        }
+        g.free_for[s] = number + n;
+        // Several may wait for one slot (for batches `slots` apart): each checks its number.
+        let waiting = g.waiting[s] > 0;
+        drop(g);
+        if waiting {
+            self.changed[s].notify_all();
+        }
+        Ok(())
+    }
 }
 
 impl<S: StagingSlot + ?Sized> StagingSlot for Box<S> {
@@ -176,32 +200,6 @@ impl<S: StagingSlot + ?Sized> Ring<S> {
     /// Hands batch `number`'s slot back (the consumer is at `position`).
     pub(crate) fn release(&self, number: u64, position: u64) -> Result<()> {
         self.gate.release(number, position)
-    }
-}
-
-impl Gate {
-    /// Hands batch `number`'s slot to batch `number + slots` (the consumer is at `position`).
-    fn release(&self, number: u64, position: u64) -> Result<()> {
-        let mut g = self.lock();
-        let n = g.free_for.len() as u64;
-        let s = (number % n) as usize;
-        if number >= position || g.free_for[s] != number {
-            return Err(Error::argument(
-                "number",
-                format!(
-                    "batch {number} is not held by the consumer (released already, or not \
-                     returned yet)"
-                ),
-            ));
-        }
-        g.free_for[s] = number + n;
-        // Several may wait for one slot (for batches `slots` apart): each checks its number.
-        let waiting = g.waiting[s] > 0;
-        drop(g);
-        if waiting {
-            self.changed[s].notify_all();
-        }
-        Ok(())
     }
 }
 

@@ -108,11 +108,9 @@ pub(crate) struct Resident {
     /// column), reused when nothing outside the ring holds them (`device_ring.rs`); None: a
     /// new buffer and views a batch.
     ring: Option<OutRing>,
-    /// With the ring: the kernel reads each batch's parameters in the workers' pinned buffer
-    /// instead of a copy on the device ([`TorchLoaderOptions::resident_mapped_params`]).
+    /// The kernel reads each batch's parameters in the workers' pinned buffer instead of a copy
+    /// on the device ([`TorchLoaderOptions::resident_mapped_params`]): through the ring only.
     mapped: bool,
-    /// [`TorchLoaderOptions::resident_mapped_params`] as asked (`mapped` is whether it applies).
-    mapped_asked: bool,
 }
 
 /// One batch's parameters on the host, and on CUDA the event that says when their copy to the
@@ -276,7 +274,6 @@ impl Resident {
             && !layout.widens()
             && !cfg!(trajstore_no_use_count))
         .then(OutRing::default);
-        let mapped = opts.resident_mapped_params && ring.is_some();
         Ok(Self {
             layout,
             device,
@@ -286,8 +283,7 @@ impl Resident {
             offsets,
             fused,
             ring,
-            mapped,
-            mapped_asked: opts.resident_mapped_params,
+            mapped: opts.resident_mapped_params,
         })
     }
 
@@ -303,8 +299,10 @@ impl Resident {
     /// How batches are gathered: `fused` (one kernel a batch), or `unfused: ` and why.
     pub(crate) fn gather_kind(&self) -> String {
         match &self.fused {
-            Ok(_) if self.mapped => "fused, parameters read in place".to_string(),
-            Ok(_) if self.mapped_asked => "fused, parameters copied (read in place only through \
+            Ok(_) if self.mapped && self.ring.is_some() => {
+                "fused, parameters read in place".to_string()
+            }
+            Ok(_) if self.mapped => "fused, parameters copied (read in place only through \
                                            the output ring: no widened column, the device ring on)"
                 .to_string(),
             Ok(_) => "fused".to_string(),
@@ -516,16 +514,13 @@ impl Resident {
 /// pinned allocator does not know of the copy or kernel issued here, and would hand the block to
 /// the next pinned tensor while they still read it.
 fn give_back(pool: &ParamsPool, host: HostParams, device: Device) {
-    let host = if host.done.as_ref().is_some_and(CopyDone::record) {
+    if host.done.as_ref().is_some_and(CopyDone::record) {
         let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < POOL_MAX {
             pool.push(host);
             return;
         }
-        host
-    } else {
-        host
-    };
+    }
     if let Device::Cuda(n) = device {
         tch::Cuda::synchronize(n as i64);
     }
