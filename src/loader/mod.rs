@@ -19,7 +19,7 @@ pub mod stream;
 pub(crate) use feed::Feed;
 pub use feed::FollowStats;
 pub use pipeline::{MAX_WORKERS, global_batch};
-pub(crate) use pipeline::{Pipeline, WorkerPlans, check_in_flight, check_rank, loader_end};
+pub(crate) use pipeline::{Pipeline, WorkerPlans, burst, check_in_flight, check_rank, loader_end};
 pub use ring::{StagedBatch, StagingSlot};
 #[cfg(feature = "remote")]
 pub use spec::StreamFollow;
@@ -42,7 +42,10 @@ pub use stream::{StreamLoader, StreamStats};
 pub struct LoaderOptions {
     /// Background worker threads (each samples and gathers whole batches). Default 2.
     pub workers: usize,
-    /// Batches gathered ahead of the consumer (queue depth). Default 4.
+    /// Batches gathered ahead of the consumer (queue depth). Default 4. With batches small
+    /// enough, a [`Loader`] lets each worker run up to 3 more batches ahead (64 MiB in all at
+    /// most, and within [`crate::sample::max_batch_bytes`]), so that workers faster than the
+    /// consumer are woken once every few batches, not once a batch.
     pub prefetch: usize,
     /// Stop after this many batches (default: endless, or one epoch for epoch samplers).
     pub max_batches: Option<u64>,
@@ -469,23 +472,24 @@ impl Loader {
         check_in_flight(batch_bytes, &opts)?;
         let pool = Recycler::default();
         feed.consumed(start);
-        let pipeline =
-            Pipeline::start(opts.workers, opts.prefetch, start, end, "loader", |lane| {
-                let pool = pool.clone();
-                let mut planner = WorkerPlans::new(feed.clone());
-                move |k: u64| {
-                    planner.plan(k, lane);
-                    let mut batch = pool.take();
-                    if let Err(e) = planner.gatherer().gather(planner.current(), &mut batch) {
-                        // Only a sampler that plans outside its snapshot gets here (a bug, see
-                        // `next_batch`); the panic reaches the consumer.
-                        panic!(
-                            "batch {k}: the sampler planned a batch the gatherer cannot gather: {e}"
-                        );
-                    }
-                    batch
+        let burst = burst(batch_bytes, opts.workers, opts.prefetch);
+        let depth = (opts.workers, opts.prefetch, burst);
+        let pipeline = Pipeline::start(depth, start, end, "loader", |lane| {
+            let pool = pool.clone();
+            let mut planner = WorkerPlans::new(feed.clone());
+            move |k: u64| {
+                planner.plan(k, lane);
+                let mut batch = pool.take();
+                if let Err(e) = planner.gatherer().gather(planner.current(), &mut batch) {
+                    // Only a sampler that plans outside its snapshot gets here (a bug, see
+                    // `next_batch`); the panic reaches the consumer.
+                    panic!(
+                        "batch {k}: the sampler planned a batch the gatherer cannot gather: {e}"
+                    );
                 }
-            })?;
+                batch
+            }
+        })?;
         Ok(Self {
             pipeline,
             pool,

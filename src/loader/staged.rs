@@ -83,9 +83,9 @@ impl StagedLoader {
             batch_bytes,
             sampler.slice_len() as usize,
         )?);
+        // Bursts of 1: the caller's slots bound the batches in flight anyway.
         let pipeline = Pipeline::start(
-            opts.workers,
-            opts.prefetch,
+            (opts.workers, opts.prefetch, 1),
             start,
             end,
             "staged-loader",

@@ -254,9 +254,9 @@ impl TorchLoader {
         let rings = Arc::new(RingCounts::default());
         let (host, issuer) = handover(&layout, &opts, &kernel, &times, &rings);
         let lo = &opts.loader;
+        // Bursts of 1: the pinned host slots hold `workers + prefetch` batches and a few more.
         let pipeline = Pipeline::start(
-            lo.workers,
-            lo.prefetch,
+            (lo.workers, lo.prefetch, 1),
             start,
             end,
             "torch-loader",

@@ -441,7 +441,8 @@ impl<T: Send + 'static> Run<T> {
                 .map_err(|e| Error::io(&stream.mirror, e))?
         };
         let pipeline =
-            Pipeline::start(opts.workers, opts.prefetch, start, end, "stream", |_lane| {
+            // Bursts of 1: the windows' schedule counts on `workers + prefetch` batches ahead.
+            Pipeline::start((opts.workers, opts.prefetch, 1), start, end, "stream", |_lane| {
                 let shared = shared.clone();
                 let mut produce = sink();
                 let mut plan: Vec<SliceRef> = Vec::new();
