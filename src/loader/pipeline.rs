@@ -2,9 +2,7 @@
 //! worker produces ([`Lane`]), its plans with optional read-ahead ([`WorkerPlans`]), and a pool of
 //! threads that produce numbered items into a bounded queue consumed in order ([`Pipeline`]).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -236,13 +234,112 @@ impl Lane {
     }
 }
 
-pub(crate) type Produced<T> = (u64, std::thread::Result<T>);
+type Produced<T> = std::thread::Result<T>;
 
-/// Background workers producing numbered items into a bounded queue, consumed in number order
-/// whatever the number of workers: the machinery shared by [`Loader`] and the torch loader.
+/// The items the window lets exist, in cells: item `k` in cell `k % cells` (free by then: the
+/// window lets `k` be produced only once the consumer took item `k - cells`). The consumer
+/// waits for the one item it needs next, and a worker wakes it only with that item: an item
+/// finished before the ones ahead of it is left in its cell without a wake-up (a queue woke
+/// the consumer for every item, to set aside the ones that came early).
+struct Delivery<T> {
+    cells: Box<[Cell<T>]>,
+    /// The item the consumer waits for (`u64::MAX`: none), published before it looks at the
+    /// item's cell again, under `lock`.
+    waiting_for: AtomicU64,
+    /// Workers still running: the consumer stops waiting when none is left.
+    live: AtomicUsize,
+    /// Times a worker woke the consumer with the item it waited for.
+    woken: AtomicU64,
+    lock: Mutex<()>,
+    arrived: Condvar,
+}
+
+/// On a cache line of its own: neighbouring cells are written by different workers.
+#[repr(align(128))]
+struct Cell<T> {
+    ready: AtomicBool,
+    item: Mutex<Option<Produced<T>>>,
+}
+
+impl<T> Delivery<T> {
+    fn new(cells: usize, workers: usize) -> Self {
+        Self {
+            cells: (0..cells)
+                .map(|_| Cell {
+                    ready: AtomicBool::new(false),
+                    item: Mutex::new(None),
+                })
+                .collect(),
+            waiting_for: AtomicU64::new(u64::MAX),
+            live: AtomicUsize::new(workers),
+            woken: AtomicU64::new(0),
+            lock: Mutex::new(()),
+            arrived: Condvar::new(),
+        }
+    }
+
+    fn cell(&self, k: u64) -> &Cell<T> {
+        &self.cells[(k % self.cells.len() as u64) as usize]
+    }
+
+    /// Leaves item `k` in its cell; wakes the consumer if it waits for `k`.
+    fn put(&self, k: u64, item: Produced<T>) {
+        let cell = self.cell(k);
+        *cell.item.lock().unwrap_or_else(|e| e.into_inner()) = Some(item);
+        // Sequentially consistent with the consumer's `waiting_for` and `ready`: either it sees
+        // the item ready, or this thread sees it waiting and wakes it under the lock, which it
+        // holds until it waits.
+        cell.ready.store(true, Ordering::SeqCst);
+        if self.waiting_for.load(Ordering::SeqCst) == k {
+            self.woken.fetch_add(1, Ordering::Relaxed);
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.arrived.notify_one();
+    }
+
+    /// Item `k`, waiting for it; `None` once no worker is left to produce it.
+    fn take(&self, k: u64) -> Option<Produced<T>> {
+        let cell = self.cell(k);
+        if !cell.ready.load(Ordering::SeqCst) {
+            let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.waiting_for.store(k, Ordering::SeqCst);
+            while !cell.ready.load(Ordering::SeqCst) && self.live.load(Ordering::SeqCst) > 0 {
+                g = self.arrived.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+            self.waiting_for.store(u64::MAX, Ordering::SeqCst);
+        }
+        let item = cell.item.lock().unwrap_or_else(|e| e.into_inner()).take();
+        cell.ready.store(false, Ordering::SeqCst);
+        item
+    }
+
+    /// Drops the items left in the cells.
+    fn clear(&self) {
+        for cell in self.cells.iter() {
+            cell.item.lock().unwrap_or_else(|e| e.into_inner()).take();
+            cell.ready.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Counts a worker out of [`Delivery::live`] however its thread ends, waking the consumer.
+struct Leaving<'a, T>(&'a Delivery<T>);
+
+impl<T> Drop for Leaving<'_, T> {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+        self.0.wake();
+    }
+}
+
+/// Background workers producing numbered items, consumed in number order whatever the number of
+/// workers: the machinery shared by [`Loader`] and the torch loader.
 pub(crate) struct Pipeline<T> {
-    rx: Option<Receiver<Produced<T>>>,
-    pending: BTreeMap<u64, std::thread::Result<T>>,
+    delivery: Arc<Delivery<T>>,
     pub(crate) next: u64,
     end: Option<u64>,
     stop: Arc<AtomicBool>,
@@ -362,40 +459,43 @@ impl<T: Send + 'static> Pipeline<T> {
     {
         let (workers, burst) = (workers.max(1), burst.clamp(1, MAX_BURST));
         let ahead = workers * burst + prefetch.max(1);
-        // Room for every item the window lets exist, so that a worker never blocks on a full
-        // queue (and the consumer never has to wake one there): the window alone bounds them.
-        let (tx, rx) = sync_channel(ahead);
+        // A cell for every item the window lets exist: the window alone bounds them.
+        let delivery = Arc::new(Delivery::new(ahead, workers));
         let stop = Arc::new(AtomicBool::new(false));
         let window = Arc::new(Window::new(first, ahead as u64, burst as u64, workers));
-        let handles = (0..workers)
-            .map(|w| {
-                let lane = Lane {
-                    first: first.saturating_add(w as u64),
-                    step: workers as u64,
-                    end,
-                };
-                let produce = make(lane);
-                let (tx, stop, window) = (tx.clone(), stop.clone(), window.clone());
-                std::thread::Builder::new()
-                    .name(format!("trajstore-{name}-{w}"))
-                    .spawn(move || run_lane((w, lane), produce, tx, stop, &window))
-                    .map_err(|e| {
-                        Error::argument(
-                            "workers",
-                            format!("cannot start a {name} thread (worker {w}): {e}"),
-                        )
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            rx: Some(rx),
-            pending: BTreeMap::new(),
+        let mut pipeline = Self {
+            delivery,
             next: first,
             end,
             stop,
             window,
-            workers: handles,
-        })
+            workers: Vec::with_capacity(workers),
+        };
+        for w in 0..workers {
+            let lane = Lane {
+                first: first.saturating_add(w as u64),
+                step: workers as u64,
+                end,
+            };
+            let produce = make(lane);
+            let (delivery, stop, window) = (
+                pipeline.delivery.clone(),
+                pipeline.stop.clone(),
+                pipeline.window.clone(),
+            );
+            let handle = std::thread::Builder::new()
+                .name(format!("trajstore-{name}-{w}"))
+                .spawn(move || run_lane((w, lane), produce, &delivery, stop, &window))
+                .map_err(|e| {
+                    // Dropping `pipeline` stops and joins the workers already started.
+                    Error::argument(
+                        "workers",
+                        format!("cannot start a {name} thread (worker {w}): {e}"),
+                    )
+                })?;
+            pipeline.workers.push(handle);
+        }
+        Ok(pipeline)
     }
 
     /// The next item in number order, blocking until it is ready; `None` at the end. A worker's
@@ -404,15 +504,10 @@ impl<T: Send + 'static> Pipeline<T> {
         if self.end.is_some_and(|e| self.next >= e) {
             return None;
         }
-        loop {
-            if let Some(b) = self.pending.remove(&self.next) {
-                self.next += 1;
-                self.window.advance(self.next);
-                return Some(b.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
-            }
-            let (k, b) = self.rx.as_ref()?.recv().ok()?;
-            self.pending.insert(k, b);
-        }
+        let b = self.delivery.take(self.next)?;
+        self.next += 1;
+        self.window.advance(self.next);
+        Some(b.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     }
 
     /// Number of the next item [`Pipeline::next_item`] returns.
@@ -426,23 +521,24 @@ impl<T> Drop for Pipeline<T> {
         self.stop.store(true, Ordering::SeqCst);
         // Wake workers waiting for the window.
         self.window.advance(u64::MAX);
-        // Dropping the receiver (and the items waiting in it) wakes workers blocked on a full
-        // queue.
-        self.rx.take();
-        self.pending.clear();
+        // Items no one will take go now (what they hold, such as a slot, goes back), and again
+        // once the workers are joined (one may have left an item meanwhile).
+        self.delivery.clear();
         for h in self.workers.drain(..) {
             let _ = h.join();
         }
+        self.delivery.clear();
     }
 }
 
-pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
+fn run_lane<T, F: FnMut(u64) -> T>(
     (w, lane): (usize, Lane),
     mut produce: F,
-    tx: SyncSender<Produced<T>>,
+    delivery: &Delivery<T>,
     stop: Arc<AtomicBool>,
     window: &Window,
 ) {
+    let _leaving = Leaving(delivery);
     let mut k = lane.first;
     while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
         if !window.wait_for((w, lane), k, &stop) {
@@ -455,7 +551,8 @@ pub(crate) fn run_lane<T, F: FnMut(u64) -> T>(
         let failed = item.is_err();
         // A panic (a bug in a sampler or the gather) goes to the consumer at the item it happened
         // in, instead of ending the stream silently; the worker stops there.
-        if tx.send((k, item)).is_err() || failed {
+        delivery.put(k, item);
+        if failed {
             return;
         }
         k += lane.step;
@@ -506,6 +603,8 @@ mod tests {
                 move |k: u64| {
                     let past = k - next.load(Ordering::SeqCst);
                     worst.fetch_max(past, Ordering::SeqCst);
+                    // Items finish out of order.
+                    std::thread::sleep(Duration::from_micros(k * 37 % 3 * 100));
                     k * 3
                 }
             })
@@ -531,6 +630,30 @@ mod tests {
                 "{workers} workers, prefetch {prefetch}, burst {burst}: {worst} ahead"
             );
         }
+    }
+
+    #[test]
+    fn only_the_item_the_consumer_waits_for_wakes_it() {
+        within_a_minute(|| {
+            // Item 0 comes last: items 1 to 3 wait in their cells without waking the consumer,
+            // which waits for item 0.
+            let mut p = Pipeline::start((4, 1, 1), 0, Some(4), "test", |_| {
+                |k: u64| {
+                    if k == 0 {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    k
+                }
+            })
+            .unwrap();
+            assert_eq!(p.next_item(), Some(0));
+            assert!(p.delivery.woken.load(Ordering::SeqCst) <= 1);
+            for k in 1..4 {
+                assert_eq!(p.next_item(), Some(k));
+            }
+            assert_eq!(p.next_item(), None);
+            assert!(p.delivery.woken.load(Ordering::SeqCst) <= 1);
+        });
     }
 
     #[test]
