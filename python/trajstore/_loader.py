@@ -54,11 +54,13 @@ class Loader(CudaRing):
       priorities set with :meth:`update_priorities`; ``alpha``, and ``beta`` for importance
       weights in ``batch["weight"]``).
     - ``seed``: same seed, same batches, whatever ``workers``. (A prioritized sampler's batches
-      also depend on the priorities set when each was drawn: workers draw ``prefetch`` batches
-      ahead. ``state_dict`` holds the priorities, so a resumed run draws what the interrupted
-      one would have drawn next from the same priorities.)
+      also depend on the priorities set when each was drawn: workers draw up to ``2 * workers +
+      prefetch`` batches ahead. ``state_dict`` holds the priorities, so a resumed run draws what
+      the interrupted one would have drawn next from the same priorities.)
     - ``workers``, ``prefetch``: Rust threads gathering (default 2, 1 on a machine of two cores
-      or fewer: each gather is itself parallel), and batches queued ahead.
+      or fewer: each gather is itself parallel), and batches queued ahead. On the CPU, with
+      batches small enough, each worker may run up to 3 more batches ahead (64 MiB in all at
+      most; not with ``"prioritized"``), so that it is woken once every few batches.
     - ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
     - ``dtype_cast``: cast floating columns (e.g. ``torch.bfloat16``), on the device.
     - ``rank``, ``world_size``: data-parallel shard (ranks draw disjoint batches); ``"auto"``

@@ -19,7 +19,9 @@ pub mod stream;
 pub(crate) use feed::Feed;
 pub use feed::FollowStats;
 pub use pipeline::{MAX_WORKERS, global_batch};
-pub(crate) use pipeline::{Pipeline, WorkerPlans, burst, check_in_flight, check_rank, loader_end};
+pub(crate) use pipeline::{
+    Pipeline, WorkerPlans, check_in_flight, check_rank, feed_burst, loader_end,
+};
 pub use ring::{StagedBatch, StagingSlot};
 #[cfg(feature = "remote")]
 pub use spec::StreamFollow;
@@ -45,7 +47,8 @@ pub struct LoaderOptions {
     /// Batches gathered ahead of the consumer (queue depth). Default 4. With batches small
     /// enough, a [`Loader`] lets each worker run up to 3 more batches ahead (64 MiB in all at
     /// most, and within [`crate::sample::max_batch_bytes`]), so that workers faster than the
-    /// consumer are woken once every few batches, not once a batch.
+    /// consumer are woken once every few batches, not once a batch; not with a prioritized
+    /// sampler, whose batches use the priorities current when they are planned.
     pub prefetch: usize,
     /// Stop after this many batches (default: endless, or one epoch for epoch samplers).
     pub max_batches: Option<u64>,
@@ -472,7 +475,7 @@ impl Loader {
         check_in_flight(batch_bytes, &opts)?;
         let pool = Recycler::default();
         feed.consumed(start);
-        let burst = burst(batch_bytes, opts.workers, opts.prefetch);
+        let burst = feed_burst(&feed, start, batch_bytes, (opts.workers, opts.prefetch));
         let depth = (opts.workers, opts.prefetch, burst);
         let pipeline = Pipeline::start(depth, start, end, "loader", |lane| {
             let pool = pool.clone();

@@ -134,6 +134,21 @@ pub(crate) fn burst(batch_bytes: u64, workers: usize, prefetch: usize) -> usize 
         .unwrap_or(1) as usize
 }
 
+/// [`burst`] for a loader over `feed` from batch `start`: 1 where a sampler is prioritized, whose
+/// batches are drawn from the priorities current when they are planned (longer bursts would
+/// plan further ahead of the priorities the training loop sets).
+pub(crate) fn feed_burst(
+    feed: &Feed,
+    start: u64,
+    batch_bytes: u64,
+    (workers, prefetch): (usize, usize),
+) -> usize {
+    match feed.prioritized(start).iter().any(Option::is_some) {
+        true => 1,
+        false => burst(batch_bytes, workers, prefetch),
+    }
+}
+
 /// One worker's plans: batch `k` of this rank is the sampler's batch [`global_batch`], planned
 /// and gathered from the feed's generation of `k`; unless read-ahead is [`ReadAhead::Never`], the
 /// plan of the worker's next batch is made one batch early so that its pages can be `madvise`d

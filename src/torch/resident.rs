@@ -268,7 +268,8 @@ impl Resident {
         // wakes one once every few batches, with every buffer in flight kept by the pool.
         let bytes = (P_ROWS * layout.b * 8) as u64;
         let fits_pool = (POOL_MAX.saturating_sub(lo.prefetch + 2) / lo.workers.max(1)).max(1);
-        let burst = crate::loader::burst(bytes, lo.workers, lo.prefetch).min(fits_pool);
+        let burst = crate::loader::feed_burst(&run.feed, start, bytes, (lo.workers, lo.prefetch))
+            .min(fits_pool);
         let depth = (lo.workers, lo.prefetch, burst);
         let params = Pipeline::start(depth, start, end, "resident", |_| {
             let planner = planner.clone();

@@ -497,3 +497,55 @@ fn a_worker_panic_is_not_a_silent_end_of_stream() {
         Ok(Err(_)) => {} // the panic reached the consumer
     }
 }
+
+/// A prioritized loader draws each batch from the priorities current when a worker plans it, and
+/// plans at most `2 × workers + prefetch` batches ahead of the consumer (the window's `workers +
+/// prefetch`, and each worker's next plan, made one batch early for read-ahead; no bursts further
+/// ahead, which other loaders run when their batches are small): a change of priorities shows from
+/// the batch after those on.
+#[test]
+fn a_prioritized_loader_plans_no_further_ahead_than_the_window_and_read_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let (len, policy) = (6, BoundaryPolicy::Strict);
+    let index = snap.slice_index(len, policy).unwrap();
+    let n = index.num_windows();
+    let (workers, prefetch) = (2, 1);
+    let spec = SamplerSpec::new(SamplerKind::Prioritized, len, 8)
+        .with_policy(policy)
+        .with_alpha(1.0)
+        .with_seed(9);
+    let opts = LoaderOptions::default()
+        .with_workers(workers)
+        .with_prefetch(prefetch)
+        .with_max_batches(40);
+    let mut loader = loader_of(&snap, spec, &[col::REWARD], (0, 1), opts).unwrap();
+    let first = loader.next_batch().unwrap();
+    // Let the workers plan as far ahead as they may, then make one window all but certain.
+    std::thread::sleep(Duration::from_millis(300));
+    let target = windows_of(&index, &snap, &first)[0];
+    let windows: Vec<u64> = (0..n).collect();
+    let prios: Vec<f64> = windows
+        .iter()
+        .map(|&w| if w == target { 1e12 } else { 1e-12 })
+        .collect();
+    loader
+        .prioritized(0)
+        .expect("a prioritized sampler")
+        .update_priorities(&windows, &prios)
+        .unwrap();
+    // Batches 1..=2 × workers + prefetch may have been planned before; every later one after.
+    let mut k = 1;
+    while let Some(b) = loader.next_batch() {
+        if k > 2 * workers + prefetch {
+            let w = windows_of(&index, &snap, &b);
+            assert!(
+                w.iter().all(|&w| w == target),
+                "batch {k} was planned before the priorities changed: windows {w:?}, not \
+                 {target}"
+            );
+        }
+        k += 1;
+    }
+    assert_eq!(k, 40);
+}
