@@ -1,6 +1,7 @@
 //! The worker machinery shared by [`super::Loader`] and the torch loader: which batch numbers a
 //! worker produces ([`Lane`]), its plans with optional read-ahead ([`WorkerPlans`]), and a pool of
-//! threads that produce numbered items into a bounded queue consumed in order ([`Pipeline`]).
+//! threads that produce numbered items, at most a window ahead of the consumer, which takes them
+//! in order from one cell per item the window allows ([`Pipeline`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
