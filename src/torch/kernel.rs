@@ -787,3 +787,7 @@ pub fn compile_for(arch: &str) -> Result<Option<String>> {
     };
     Ok(Some(nvrtc.compile(arch)?.to_string_lossy().into_owned()))
 }
+
+#[cfg(test)]
+#[path = "kernel_tests.rs"]
+mod tests;

@@ -45,6 +45,63 @@
 #define TRAJSTORE_P_SLICE_END 10
 #define TRAJSTORE_P_ROWS 11
 
+// Units k0..k1 of one slice's run of one column into `d`: units v0..m from the source run `run`
+// (unit k of the run), m..v1 from the row `fin` (unit k mod per_row, where m is a row's first
+// unit), the rest zeros (row 0's). I is the index type: 32 bits where the run fits, as it
+// nearly always does (64-bit compares and adds are two instructions each on a GPU).
+template <typename T, typename I>
+__device__ inline void trajstore_copy_units(const T* __restrict__ run, const T* __restrict__ fin,
+                                            T* __restrict__ d, I per_row, I k0, I k1, I v0, I m,
+                                            I v1)
+{
+    for (I k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+        T value = 0;
+        if (k >= v0 && k < m) {
+            value = run[k];
+        } else if (k >= m && k < v1) {
+            I u = k - m;
+            if (u >= per_row) {
+                u %= per_row;
+            }
+            value = fin[u];
+        }
+        d[k] = value;
+    }
+}
+
+// Positions j0..j1 of one slice's run of one column, `per_row` units of T a row, into `d` (the
+// slice's run: unit k is unit k mod per_row of position k / per_row). Valid positions lo..hi
+// read the source rows row0 + j (the derived next observation: row0 + j + 1 before the episode's
+// last step `last`, its final row from there); invalid ones write the zeros of row 0. Each
+// region is a contiguous run of the source, so a unit needs no division (a division a word,
+// the first version, cost more instructions than the copy); only positions past `last`, at most
+// one in a slice that stays in its episode, take a remainder.
+template <typename T>
+__device__ inline void trajstore_copy_run(const T* src, T* d, long long per_row, int L,
+                                          long long j0, long long j1, long long lo, long long hi,
+                                          long long row0, bool derived, long long last,
+                                          long long final_row)
+{
+    const long long v0 = lo * per_row;
+    const long long v1 = hi > lo ? hi * per_row : v0;
+    // Units v0..m read the shifted run, m..v1 the final row.
+    long long m = v1;
+    if (derived && last < hi) {
+        m = last > lo ? last * per_row : v0;
+    }
+    const T* run = src + (derived ? row0 + 1 : row0) * per_row;
+    const T* fin = src + final_row * per_row;
+    if ((long long)L * per_row < 0x7FFFFFFFLL) {
+        trajstore_copy_units<T, unsigned int>(run, fin, d, (unsigned int)per_row,
+                                              (unsigned int)(j0 * per_row),
+                                              (unsigned int)(j1 * per_row), (unsigned int)v0,
+                                              (unsigned int)m, (unsigned int)v1);
+    } else {
+        trajstore_copy_units<T, long long>(run, fin, d, per_row, j0 * per_row, j1 * per_row, v0,
+                                           m, v1);
+    }
+}
+
 extern "C" __global__ void trajstore_resident_gather(
     const long long* __restrict__ params,
     const long long* __restrict__ cols,
@@ -83,22 +140,11 @@ extern "C" __global__ void trajstore_resident_gather(
             unsigned char* d =
                 (unsigned char*)((unsigned long long)out + (unsigned long long)cols[4 * c + 3]) + b * L * w;
             // Words where the row and both bases are 4-byte aligned, else bytes.
-            const long long unit = ((w & 3) == 0 && (((unsigned long long)src | (unsigned long long)d) & 3) == 0) ? 4 : 1;
-            const long long per_row = w / unit;
-            // 32-bit division where the run's index fits (it nearly always does).
-            const bool narrow = (long long)L * per_row <= 0xFFFFFFFFLL;
-            for (long long k = j0 * per_row + threadIdx.x; k < j1 * per_row; k += blockDim.x) {
-                const long long j = narrow ? (long long)((unsigned int)k / (unsigned int)per_row) : k / per_row;
-                const long long u = k - j * per_row;
-                // Invalid positions read row 0, the zeros every uploaded tensor starts with.
-                const bool valid = j >= lo && j < hi;
-                const long long row =
-                    !valid ? 0 : (!derived ? row0 + j : (j < last ? row0 + j + 1 : final_row));
-                if (unit == 4) {
-                    ((unsigned int*)d)[k] = ((const unsigned int*)src)[row * per_row + u];
-                } else {
-                    d[k] = src[row * w + u];
-                }
+            if ((w & 3) == 0 && (((unsigned long long)src | (unsigned long long)d) & 3) == 0) {
+                trajstore_copy_run((const unsigned int*)src, (unsigned int*)d, w / 4, L, j0, j1, lo,
+                                   hi, row0, derived, last, final_row);
+            } else {
+                trajstore_copy_run(src, d, w, L, j0, j1, lo, hi, row0, derived, last, final_row);
             }
         }
         unsigned char* f = (unsigned char*)((unsigned long long)out + (unsigned long long)flags_offset);
