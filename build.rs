@@ -10,7 +10,7 @@
 //! Also compiles the CUDA kernels for the CPU: the resident mode's gather
 //! (`src/torch/resident_host.cc` includes `resident_gather.cu`) and the frame decoder
 //! (`src/torch/frames_host.cc` includes `frame_decode.cu`); NVRTC compiles both for a GPU at run
-//! time.
+//! time. `src/torch/grid_sim.cc` runs the gather with a GPU's launch geometry for the tests.
 
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
@@ -73,6 +73,7 @@ fn host_kernel() {
         "expand.cu",
         "expand_host.cc",
         "cuda_host.h",
+        "grid_sim.cc",
     ] {
         println!("cargo:rerun-if-changed=src/torch/{f}");
     }
@@ -81,6 +82,7 @@ fn host_kernel() {
         .file("src/torch/resident_host.cc")
         .file("src/torch/frames_host.cc")
         .file("src/torch/expand_host.cc")
+        .file("src/torch/grid_sim.cc")
         .std("c++20")
         .include("src/torch")
         .warnings(true)

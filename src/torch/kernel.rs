@@ -645,9 +645,9 @@ impl CudaKernel {
         // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
         // addresses), on the legacy default stream.
         unsafe {
-            self.launch_1d(
+            self.launch_grid(
                 function,
-                (grid, block),
+                ((grid, 1), block),
                 &mut args,
                 std::ptr::null_mut(),
                 "cuLaunchKernel (frame decoder)",
@@ -675,9 +675,9 @@ impl CudaKernel {
         // SAFETY: the kernel's arguments in its order and types (the struct by value, laid out
         // as `expand.cu`'s), on the caller's stream.
         unsafe {
-            self.launch_1d(
+            self.launch_grid(
                 self.expand,
-                (grid, BLOCK),
+                ((grid, 1), BLOCK),
                 &mut params,
                 stream,
                 "cuLaunchKernel (expand)",
@@ -685,17 +685,16 @@ impl CudaKernel {
         }
     }
 
-    /// Launches `function` on a one-dimensional grid of `grid.0` blocks of `grid.1` threads on
-    /// `stream` (null: the legacy default stream, where libtorch's work of this thread runs),
+    /// Launches `function` on a grid of `grid.0` blocks (x, y) of `grid.1` threads on `stream` (null: the legacy default stream, where libtorch's work of this thread runs),
     /// after making the device's primary context current.
     ///
     /// # Safety
     /// `args` are pointers to the kernel's arguments, in its parameter order and of its types;
     /// every address they hold is valid for what the kernel reads and writes.
-    unsafe fn launch_1d(
+    unsafe fn launch_grid(
         &self,
         function: CuFunction,
-        (grid, block): (c_uint, u32),
+        (grid, block): ((c_uint, c_uint), u32),
         args: &mut [*mut c_void],
         stream: *mut c_void,
         what: &str,
@@ -707,8 +706,8 @@ impl CudaKernel {
             self.driver.check(
                 (self.driver.launch_kernel)(
                     function,
-                    grid,
-                    1,
+                    grid.0,
+                    grid.1,
                     1,
                     block,
                     1,
@@ -743,8 +742,12 @@ impl CudaKernel {
     /// As [`Kernel::run`].
     unsafe fn launch(&self, l: &Launch, ncols: c_int, b: c_int, len: c_int) -> Result<()> {
         let rows = (l.b as u64) * (l.l as u64);
-        // A block a slice.
-        let grid = (l.b as u64).clamp(1, 1 << 20) as c_uint;
+        // A block a slice (x) and column, the flag planes last (y).
+        // (The kernel strides over both, so a grid smaller than the batch is still whole.)
+        let grid = (
+            (l.b as u64).clamp(1, 1 << 20) as c_uint,
+            (ncols as c_uint + 1).min(65_535),
+        );
         let (mut params, mut cols, mut out) = (l.params, l.cols, l.out);
         let mut params_out = l.params_out;
         let (mut ncols, mut b, mut len) = (ncols, b, len);
@@ -765,7 +768,7 @@ impl CudaKernel {
         // SAFETY: the kernel's arguments in its parameter order and types (pointers as 64-bit
         // addresses); the null stream is the legacy default stream libtorch's work is on.
         unsafe {
-            self.launch_1d(
+            self.launch_grid(
                 self.function,
                 (grid, BLOCK),
                 &mut args,

@@ -1,10 +1,37 @@
 //! The resident gather kernel (resident_gather.cu, as compiled for the CPU) against a reference
 //! written position by position: every column width (4-byte words and bytes), the derived next
 //! observation with the episode's last step before, inside and after the valid positions, empty
-//! and reversed valid ranges, and calls that cover part of a slice (as the CPU's row ranges and
-//! a GPU's grid do).
+//! and reversed valid ranges, and calls that cover part of a slice (the CPU's row ranges). The
+//! same kernel also runs with a GPU's launch geometry (grid_sim.cc: blocks per slice and column,
+//! threads striding a run, grids smaller than the work), so that the CUDA half's indexing is
+//! checked without a GPU.
 
 use super::trajstore_resident_gather_host;
+
+unsafe extern "C" {
+    /// grid_sim.cc: the kernel with a GPU's launch geometry, every block and thread in turn.
+    fn trajstore_resident_gather_grid(
+        grid_x: u32,
+        grid_y: u32,
+        block: u32,
+        params: *const i64,
+        cols: *const i64,
+        ncols: i32,
+        b: i32,
+        l: i32,
+        out: *mut u8,
+        flags_offset: i64,
+        params_out: *mut i64,
+    );
+}
+
+/// How a test runs the kernel: the CPU's row ranges (ending anywhere, inside a slice or at its
+/// end), or a grid of (x, y) blocks of so many threads.
+#[derive(Clone, Copy, Debug)]
+enum Run {
+    Ranges,
+    Grid(u32, u32, u32),
+}
 
 /// The kernel's parameter rows (resident.rs's `P_*`): row0, lo, hi, first, last step, final
 /// row, terminated, truncated, id, start step, slice end.
@@ -126,51 +153,86 @@ fn the_kernel_writes_what_a_position_by_position_reference_writes() {
         }
         let (want, want_flags) = reference(&params, &cols, b, l);
         let n = b * l;
-        let mut outs: Vec<Vec<u8>> = cols.iter().map(|c| vec![0xAAu8; n * c.w]).collect();
-        let mut flags = vec![0xAAu8; 6 * n];
-        let mut params_out = vec![-1i64; P * b];
-        let table: Vec<i64> = cols
-            .iter()
-            .zip(&mut outs)
-            .flat_map(|(c, o)| {
-                let src = c.src[c.skew..].as_ptr() as i64;
-                [src, c.w as i64, c.derived as i64, o.as_mut_ptr() as i64]
-            })
-            .collect();
-        // The rows in ranges that end anywhere, inside a slice or at its end.
-        let mut first = 0usize;
-        while first < n {
-            let end = (first + between(&mut rng, 1, 2 * l as i64) as usize).min(n);
-            // SAFETY: `params` is [11, b], `table` names `cols.len()` columns whose sources hold
-            // every row the parameters name and whose outputs hold [b, l] rows; `flags` holds the
-            // six planes; `params_out` is [11, b]. All outlive the call.
-            unsafe {
-                trajstore_resident_gather_host(
-                    params.as_ptr(),
-                    table.as_ptr(),
-                    cols.len() as _,
-                    b as _,
-                    l as _,
-                    std::ptr::null_mut(),
-                    flags.as_mut_ptr() as i64,
-                    first as i64,
-                    end as i64,
-                    params_out.as_mut_ptr(),
-                )
-            };
-            first = end;
-        }
-        for (c, (got, want)) in cols.iter().zip(outs.iter().zip(&want)) {
-            assert!(
-                got == want,
-                "round {round}: column of {} B (derived {}, skew {}), b {b} l {l}, params {params:?}",
-                c.w,
-                c.derived,
-                c.skew
+        let nc = cols.len() as u32;
+        // Ranges as the CPU runs them; the launch NVRTC's kernel gets (a block a slice and
+        // column, the flags last: kernel.rs); fewer blocks and threads than the work, which the
+        // grid-stride loops must cover; a block wider than a run.
+        let grids = [
+            Run::Ranges,
+            Run::Grid(b as u32, nc + 1, 256),
+            Run::Grid(1, 1, 1),
+            Run::Grid(2, 3, 5),
+            Run::Grid(b as u32, nc + 1, 3),
+        ];
+        for how in grids {
+            let mut outs: Vec<Vec<u8>> = cols.iter().map(|c| vec![0xAAu8; n * c.w]).collect();
+            let mut flags = vec![0xAAu8; 6 * n];
+            let mut params_out = vec![-1i64; P * b];
+            let table: Vec<i64> = cols
+                .iter()
+                .zip(&mut outs)
+                .flat_map(|(c, o)| {
+                    let src = c.src[c.skew..].as_ptr() as i64;
+                    [src, c.w as i64, c.derived as i64, o.as_mut_ptr() as i64]
+                })
+                .collect();
+            // SAFETY (both): `params` is [11, b], `table` names `cols.len()` columns whose
+            // sources hold every row the parameters name and whose outputs hold [b, l] rows;
+            // `flags` holds the six planes; `params_out` is [11, b]. All outlive the calls.
+            match how {
+                Run::Ranges => {
+                    let mut first = 0usize;
+                    while first < n {
+                        let end = (first + between(&mut rng, 1, 2 * l as i64) as usize).min(n);
+                        unsafe {
+                            trajstore_resident_gather_host(
+                                params.as_ptr(),
+                                table.as_ptr(),
+                                cols.len() as _,
+                                b as _,
+                                l as _,
+                                std::ptr::null_mut(),
+                                flags.as_mut_ptr() as i64,
+                                first as i64,
+                                end as i64,
+                                params_out.as_mut_ptr(),
+                            )
+                        };
+                        first = end;
+                    }
+                }
+                Run::Grid(x, y, threads) => unsafe {
+                    trajstore_resident_gather_grid(
+                        x,
+                        y,
+                        threads,
+                        params.as_ptr(),
+                        table.as_ptr(),
+                        cols.len() as _,
+                        b as _,
+                        l as _,
+                        std::ptr::null_mut(),
+                        flags.as_mut_ptr() as i64,
+                        params_out.as_mut_ptr(),
+                    )
+                },
+            }
+            for (c, (got, want)) in cols.iter().zip(outs.iter().zip(&want)) {
+                assert!(
+                    got == want,
+                    "round {round}, {how:?}: column of {} B (derived {}, skew {}), b {b} l {l}, \
+                     params {params:?}",
+                    c.w,
+                    c.derived,
+                    c.skew
+                );
+            }
+            assert_eq!(flags, want_flags, "round {round}, {how:?}: flags");
+            // The parameters' copy, written by the call that gathers each slice's step 0.
+            assert_eq!(
+                params_out, params,
+                "round {round}, {how:?}: the parameters' copy"
             );
         }
-        assert_eq!(flags, want_flags, "round {round}: flags");
-        // The parameters' copy, written by the call that gathers each slice's step 0.
-        assert_eq!(params_out, params, "round {round}: the parameters' copy");
     }
 }

@@ -27,10 +27,12 @@
 // B * L (step j of slice b is row b * L + j) are written: the whole batch on a GPU, a chunk per
 // thread on the CPU.
 //
-// A block per slice (grid-stride): a slice's rows of one column are one contiguous run of L * row
-// bytes in `out`, and its valid rows come from consecutive rows of the source, so the block's
-// threads copy 4-byte words side by side (thread k the k-th word of the run): every load and
-// store of a warp is coalesced, and the block keeps as many words in flight as it has threads.
+// A block per slice and column (grid-stride in x over slices; in y over the columns and, after
+// the last, the flag planes): a slice's rows of one column are one contiguous run of L * row bytes
+// in `out`, and its valid rows come from consecutive rows of the source, so the block's threads
+// copy 4-byte words side by side (thread k the k-th word of the run): every load and store of a
+// warp is coalesced. A batch of a few hundred slices is bound by memory latency, not bandwidth:
+// the columns of a slice run in blocks of their own, and each thread has four loads in flight.
 // (A warp per row, the first version, left 15 of 32 lanes idle on a 68-byte row and waited on
 // each row's parameters in turn: 0.3 TB/s on an H200.)
 
@@ -49,23 +51,49 @@
 // (unit k of the run), m..v1 from the row `fin` (unit k mod per_row, where m is a row's first
 // unit), the rest zeros (row 0's). I is the index type: 32 bits where the run fits, as it
 // nearly always does (64-bit compares and adds are two instructions each on a GPU).
+// Unit k of one slice's run of one column: units v0..m from the source run `run` (unit k of the
+// run), m..v1 from the row `fin` (unit k mod per_row, where m is a row's first unit), the rest
+// zeros (row 0's).
+template <typename T, typename I>
+__device__ inline T trajstore_unit(const T* __restrict__ run, const T* __restrict__ fin, I per_row,
+                                   I v0, I m, I v1, I k)
+{
+    if (k >= v0 && k < m) {
+        return run[k];
+    }
+    if (k >= m && k < v1) {
+        I u = k - m;
+        if (u >= per_row) {
+            u %= per_row;
+        }
+        return fin[u];
+    }
+    return 0;
+}
+
+// Units k0..k1 of one slice's run of one column into `d` (see trajstore_unit). Each thread loads
+// four units before it stores any, so that four loads are in flight and a batch of a few hundred
+// slices does not wait one memory latency per unit. I is the index type: 32 bits where the run
+// fits, as it nearly always does (64-bit compares and adds are two instructions each on a GPU).
 template <typename T, typename I>
 __device__ inline void trajstore_copy_units(const T* __restrict__ run, const T* __restrict__ fin,
                                             T* __restrict__ d, I per_row, I k0, I k1, I v0, I m,
                                             I v1)
 {
-    for (I k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
-        T value = 0;
-        if (k >= v0 && k < m) {
-            value = run[k];
-        } else if (k >= m && k < v1) {
-            I u = k - m;
-            if (u >= per_row) {
-                u %= per_row;
-            }
-            value = fin[u];
-        }
-        d[k] = value;
+    const I step = blockDim.x;
+    I k = k0 + threadIdx.x;
+    for (; k + 3 * step < k1; k += 4 * step) {
+        const T a = trajstore_unit(run, fin, per_row, v0, m, v1, k);
+        const T b = trajstore_unit(run, fin, per_row, v0, m, v1, k + step);
+        const T c = trajstore_unit(run, fin, per_row, v0, m, v1, k + 2 * step);
+        const T e = trajstore_unit(run, fin, per_row, v0, m, v1, k + 3 * step);
+        d[k] = a;
+        d[k + step] = b;
+        d[k + 2 * step] = c;
+        d[k + 3 * step] = e;
+    }
+    for (; k < k1; k += step) {
+        d[k] = trajstore_unit(run, fin, per_row, v0, m, v1, k);
     }
 }
 
@@ -122,45 +150,54 @@ extern "C" __global__ void trajstore_resident_gather(
         if (j0 >= j1) {
             continue;
         }
-        if (params_out != 0 && j0 == 0) {
-            for (long long r = threadIdx.x; r < TRAJSTORE_P_ROWS; r += blockDim.x) {
-                params_out[r * B + b] = params[r * B + b];
-            }
-        }
         const long long row0 = params[TRAJSTORE_P_ROW0 * (long long)B + b];
         const long long lo = params[TRAJSTORE_P_LO * (long long)B + b];
         const long long hi = params[TRAJSTORE_P_HI * (long long)B + b];
         const long long last = params[TRAJSTORE_P_LAST_STEP * (long long)B + b];
-        const long long final_row = params[TRAJSTORE_P_FINAL * (long long)B + b];
-        for (int c = 0; c < ncols; ++c) {
-            const unsigned char* src = (const unsigned char*)(unsigned long long)cols[4 * c];
-            const long long w = cols[4 * c + 1];
-            const bool derived = cols[4 * c + 2] != 0;
-            // `out` plus the column's offset: on the CPU `out` is 0 and the offset an address.
-            unsigned char* d =
-                (unsigned char*)((unsigned long long)out + (unsigned long long)cols[4 * c + 3]) + b * L * w;
-            // Words where the row and both bases are 4-byte aligned, else bytes.
-            if ((w & 3) == 0 && (((unsigned long long)src | (unsigned long long)d) & 3) == 0) {
-                trajstore_copy_run((const unsigned int*)src, (unsigned int*)d, w / 4, L, j0, j1, lo,
-                                   hi, row0, derived, last, final_row);
-            } else {
-                trajstore_copy_run(src, d, w, L, j0, j1, lo, hi, row0, derived, last, final_row);
+        // Block y of the slice's blocks: column y, and after the last column the flag planes
+        // and the parameters' copy (grid-stride: on the CPU one block does them all, in turn).
+        for (int c = blockIdx.y; c <= ncols; c += gridDim.y) {
+            if (c < ncols) {
+                const long long final_row = params[TRAJSTORE_P_FINAL * (long long)B + b];
+                const unsigned char* src = (const unsigned char*)(unsigned long long)cols[4 * c];
+                const long long w = cols[4 * c + 1];
+                const bool derived = cols[4 * c + 2] != 0;
+                // `out` plus the column's offset: on the CPU `out` is 0 and the offset an
+                // address.
+                unsigned char* d =
+                    (unsigned char*)((unsigned long long)out + (unsigned long long)cols[4 * c + 3]) +
+                    b * L * w;
+                // Words where the row and both bases are 4-byte aligned, else bytes.
+                if ((w & 3) == 0 && (((unsigned long long)src | (unsigned long long)d) & 3) == 0) {
+                    trajstore_copy_run((const unsigned int*)src, (unsigned int*)d, w / 4, L, j0, j1,
+                                       lo, hi, row0, derived, last, final_row);
+                } else {
+                    trajstore_copy_run(src, d, w, L, j0, j1, lo, hi, row0, derived, last,
+                                       final_row);
+                }
+                continue;
             }
-        }
-        unsigned char* f = (unsigned char*)((unsigned long long)out + (unsigned long long)flags_offset);
-        const long long first = params[TRAJSTORE_P_FIRST * (long long)B + b];
-        const bool terminated = params[TRAJSTORE_P_TERMINATED * (long long)B + b] != 0;
-        const bool truncated = params[TRAJSTORE_P_TRUNCATED * (long long)B + b] != 0;
-        const long long slice_end = params[TRAJSTORE_P_SLICE_END * (long long)B + b];
-        for (long long j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-            const long long i = b * L + j;
-            const bool is_last = j == last;
-            f[i] = j >= lo && j < hi;
-            f[n + i] = j == first;
-            f[2 * n + i] = is_last;
-            f[3 * n + i] = is_last && terminated;
-            f[4 * n + i] = is_last && truncated;
-            f[5 * n + i] = j == slice_end;
+            if (params_out != 0 && j0 == 0) {
+                for (long long r = threadIdx.x; r < TRAJSTORE_P_ROWS; r += blockDim.x) {
+                    params_out[r * B + b] = params[r * B + b];
+                }
+            }
+            unsigned char* f =
+                (unsigned char*)((unsigned long long)out + (unsigned long long)flags_offset);
+            const long long first = params[TRAJSTORE_P_FIRST * (long long)B + b];
+            const bool terminated = params[TRAJSTORE_P_TERMINATED * (long long)B + b] != 0;
+            const bool truncated = params[TRAJSTORE_P_TRUNCATED * (long long)B + b] != 0;
+            const long long slice_end = params[TRAJSTORE_P_SLICE_END * (long long)B + b];
+            for (long long j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+                const long long i = b * L + j;
+                const bool is_last = j == last;
+                f[i] = j >= lo && j < hi;
+                f[n + i] = j == first;
+                f[2 * n + i] = is_last;
+                f[3 * n + i] = is_last && terminated;
+                f[4 * n + i] = is_last && truncated;
+                f[5 * n + i] = j == slice_end;
+            }
         }
     }
 }
