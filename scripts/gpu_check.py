@@ -384,6 +384,10 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                   if m else {"mapped_error": failed.get("mapped")})
         run.figure(f"rust_resident_{slices}x{L}", workers=8, transitions_per_s=t["transitions_per_s"],
                    batches_per_s=t["batches_per_s"], setup_s=t["setup_s"], gather=t.get("resident_gather"),
+                   # The kernel alone, launched back to back (eighteenth session): whether the
+                   # kernel or the rest of a batch (the consumer, the parameters' copy) bounds it.
+                   kernel_us_per_batch=t.get("resident_kernel_us_per_batch"),
+                   loader_us_per_batch=1e6 / t["batches_per_s"],
                    unfused_transitions_per_s=u["transitions_per_s"],
                    over_unfused=t["transitions_per_s"] / u["transitions_per_s"], **mapped)
     # The fixed cost of a resident batch (4 slices x 4 steps: no bandwidth to speak of), which
@@ -394,9 +398,12 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                     *flag, "--num-slices", 4, "--slice-len", 4, "--columns", cols, "--iters",
                     "2000" if a.quick else "20000", "--json"], env=env_for(run), check=name != "mapped")
         if p.returncode == 0:
-            fixed[name] = 1e6 / json.loads(p.stdout)["torch"]["batches_per_s"]
+            ft = json.loads(p.stdout)["torch"]
+            fixed[name] = 1e6 / ft["batches_per_s"]
+            if name == "fused":
+                fixed["kernel"] = ft.get("resident_kernel_us_per_batch")
     run.figure("rust_resident_fixed_cost", fused_us_per_batch=fixed["fused"], unfused_us_per_batch=fixed["unfused"],
-               mapped_us_per_batch=fixed.get("mapped"))
+               mapped_us_per_batch=fixed.get("mapped"), fused_kernel_alone_us=fixed.get("kernel"))
     # Refused, not crashed: a budget smaller than the columns.
     p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "1MiB",
                 "--iters", "5"],

@@ -380,12 +380,39 @@ fn a_large_resident_batch_is_gathered_in_row_ranges_equal_to_streaming() {
         .with_seed(4);
     let index = snap.slice_index(15, BoundaryPolicy::Pad).unwrap();
     let s = SliceSampler::try_new(index, snap.episodes(), &spec).unwrap();
-    let mut l = loader(&snap, spec, &COLUMNS, cpu(2, 3).with_resident(1 << 30));
-    assert_eq!(l.resident_gather().as_deref(), Some("fused"));
-    for k in 0..3 {
-        let t = l.next_batch().unwrap().unwrap();
-        assert_eq!(t.shape(), (200, 15));
-        assert_equals_gather(&t, &gathered(&snap, &s, &COLUMNS, k), &format!("#{k}"));
+    // All the columns (`step` is widened: no output ring), and without `step` (the ring).
+    for cols in [&COLUMNS[..], &COLUMNS[..4]] {
+        let ring = cols.len() == 4;
+        let opts = cpu(2, 3).with_resident(1 << 30);
+        let mut l = loader(&snap, spec.clone(), cols, opts);
+        assert_eq!(l.resident_gather().as_deref(), Some("fused"));
+        assert!(l.time_resident_kernel(1).is_none(), "before a batch");
+        let mut before = None;
+        for k in 0..3 {
+            let t = l.next_batch().unwrap().unwrap();
+            assert_eq!(t.shape(), (200, 15));
+            let want = gathered(&snap, &s, cols, k);
+            assert_equals_gather(&t, &want, &format!("#{k}"));
+            // The kernel alone (`bench --resident`), relaunched into a buffer of the ring that
+            // nothing holds: none while the last two batches are held; once the one before is
+            // dropped, into its buffer, and `t` keeps its values.
+            assert!(
+                l.time_resident_kernel(2).is_none(),
+                "#{k}: every buffer held"
+            );
+            drop(before.take());
+            if ring && k > 0 {
+                let us = l.time_resident_kernel(4).unwrap().unwrap();
+                assert!(us > 0.0, "{us}");
+                assert_equals_gather(&t, &want, &format!("#{k} after the kernel alone"));
+            } else {
+                assert!(
+                    l.time_resident_kernel(1).is_none(),
+                    "#{k}: no ring, or held"
+                );
+            }
+            before = Some(t);
+        }
     }
 }
 

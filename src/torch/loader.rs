@@ -422,6 +422,18 @@ impl TorchLoader {
         }
     }
 
+    /// Resident mode with the fused gather's output ring: the kernel alone, µs a launch over
+    /// `launches` launches of the last batch's parameters (`bench --resident` reports it beside
+    /// the rate). None in the other modes, before the first batch, or while every buffer of the
+    /// ring is held.
+    #[doc(hidden)]
+    pub fn time_resident_kernel(&mut self, launches: u32) -> Option<Result<f64>> {
+        match &mut self.inner {
+            Inner::Resident(r) => r.time_kernel(launches),
+            _ => None,
+        }
+    }
+
     /// Hands a consumed CPU batch back so that a worker gathers into its tensors again instead of
     /// allocating new ones. Only recycle a batch none of whose tensors (or views of them) you
     /// still use: they will be overwritten. Batches on a CUDA device are simply dropped (their

@@ -321,6 +321,38 @@ impl Resident {
         self.params.position()
     }
 
+    /// The fused kernel alone: µs a launch over `launches` launches of the last batch's
+    /// parameters into an output buffer nothing outside the ring holds, back to back and timed
+    /// to the device's end (what `bench --resident` reports beside the loader's rate, so that a
+    /// run tells the kernel's time from the rest of a batch's). None without the output ring,
+    /// with parameters read in place, before a batch, or while every buffer is held.
+    pub(crate) fn time_kernel(&mut self, launches: u32) -> Option<Result<f64>> {
+        let (Ok(fused), Some(ring), false) = (&self.fused, &self.ring, self.mapped) else {
+            return None;
+        };
+        let slot = ring.slots.iter().find(|s| !s.held.by_others(&s.batch))?;
+        if self.params.position() == 0 || launches == 0 {
+            return None;
+        }
+        let sync = || {
+            if let Device::Cuda(n) = self.device {
+                tch::Cuda::synchronize(n as i64);
+            }
+        };
+        Some((|| {
+            sync();
+            let t = std::time::Instant::now();
+            for _ in 0..launches {
+                // SAFETY: as in `ring_batch`: the slot's parameters (a batch's, copied before),
+                // table and output, kept by the ring, on the default stream; nothing outside
+                // the ring holds its views, and the next batch through it overwrites it whole.
+                unsafe { fused.kernel.run(&slot.launch)? };
+            }
+            sync();
+            Ok(t.elapsed().as_secs_f64() * 1e6 / launches as f64)
+        })())
+    }
+
     pub(crate) fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
         let host = self.params.next_item()?;
         Some(host.and_then(|p| match self.ring.is_some() {

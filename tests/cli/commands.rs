@@ -150,12 +150,17 @@ fn bench_on_a_torch_device() {
         assert_eq!(v["torch"]["resident"], true);
         // The fused kernel's C++ copy on the CPU; libtorch operations with --resident-unfused.
         assert_eq!(v["torch"]["resident_gather"], "fused");
+        // The kernel alone, timed beside the loader's rate (not with the unfused gather, nor
+        // with the parameters read in place).
+        let kernel = &v["torch"]["resident_kernel_us_per_batch"];
+        assert!(kernel.as_f64().is_some_and(|k| k > 0.0), "{kernel}");
         let (code, out, err) =
             run(&[&args[..], &["cpu", "--resident", "--resident-unfused"]].concat());
         assert_eq!(code, 0, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let gather = v["torch"]["resident_gather"].as_str().unwrap();
         assert!(gather.starts_with("unfused"), "{gather}");
+        assert!(v["torch"]["resident_kernel_us_per_batch"].is_null());
         assert_eq!(v["torch"]["batches"].as_u64(), Some(10));
         // The fused kernel reading each batch's parameters in place (the workers' buffer).
         let (code, out, err) = run(&[

@@ -91,6 +91,12 @@ pub(crate) fn torch_bench(
     });
     let transfer = loader.transfer_bytes();
     let gather = loader.resident_gather();
+    // Resident: the fused kernel alone, as many launches as batches were measured (at most
+    // 2,000), against the loader's µs a batch.
+    let kernel_us = loader
+        .time_resident_kernel(n.clamp(1, 2000) as u32)
+        .transpose()
+        .map_err(one_line)?;
     let expand = loader.compact_expand();
     let ring = {
         let (a, b) = (loader.device_ring(), before_ring);
@@ -118,6 +124,7 @@ pub(crate) fn torch_bench(
         "device": device,
         "resident": a.resident,
         "resident_gather": gather,
+        "resident_kernel_us_per_batch": kernel_us,
         "compact_expand": expand,
         "device_ring": ring,
         "worker_us_per_batch": worker,
@@ -177,6 +184,13 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         f("gb_per_s"),
         f("setup_s")
     );
+    if let Some(k) = t["resident_kernel_us_per_batch"].as_f64() {
+        outln!(
+            "the gather kernel alone {k:.1} µs a batch (launched back to back), against {:.1} µs \
+             a batch from the loader",
+            1e6 / f("batches_per_s")
+        );
+    }
     let w = &t["worker_us_per_batch"];
     if w.is_object() {
         let g = |k: &str| w[k].as_f64().unwrap_or(f64::NAN);
