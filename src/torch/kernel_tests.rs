@@ -176,14 +176,15 @@ fn the_kernel_writes_what_a_position_by_position_reference_writes() {
                     [src, c.w as i64, c.derived as i64, o.as_mut_ptr() as i64]
                 })
                 .collect();
-            // SAFETY (both): `params` is [11, b], `table` names `cols.len()` columns whose
-            // sources hold every row the parameters name and whose outputs hold [b, l] rows;
-            // `flags` holds the six planes; `params_out` is [11, b]. All outlive the calls.
+            // Both calls: `params` is [11, b], `table` names `cols.len()` columns whose sources
+            // hold every row the parameters name and whose outputs hold [b, l] rows; `flags`
+            // holds the six planes; `params_out` is [11, b]. All outlive the calls.
             match how {
                 Run::Ranges => {
                     let mut first = 0usize;
                     while first < n {
                         let end = (first + between(&mut rng, 1, 2 * l as i64) as usize).min(n);
+                        // SAFETY: as above, rows first..end.
                         unsafe {
                             trajstore_resident_gather_host(
                                 params.as_ptr(),
@@ -201,6 +202,7 @@ fn the_kernel_writes_what_a_position_by_position_reference_writes() {
                         first = end;
                     }
                 }
+                // SAFETY: as above, every row.
                 Run::Grid(x, y, threads) => unsafe {
                     trajstore_resident_gather_grid(
                         x,
