@@ -1,6 +1,7 @@
 //! The loader: background workers that sample and gather batches ahead of the training loop into
 //! a bounded queue, deterministic whatever the number of workers, sharded across ranks.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
@@ -428,24 +429,54 @@ pub struct Loader {
 /// Hands consumed batches back to a [`Loader`]'s pool from anywhere (for instance when the last
 /// Python tensor viewing a batch is freed). Cheap to clone; batches recycled after the loader is
 /// gone are simply dropped.
-#[derive(Debug, Clone, Default)]
-pub struct Recycler(Arc<Mutex<Vec<Batch>>>);
+#[derive(Debug, Clone)]
+pub struct Recycler {
+    pool: Arc<Mutex<Vec<Batch>>>,
+    /// Batches kept at most: as many as the loader can have in use at once, so that a steady
+    /// state makes none.
+    keep: usize,
+    /// Batches made because the pool was empty.
+    made: Arc<AtomicU64>,
+}
+
+impl Default for Recycler {
+    fn default() -> Self {
+        Self::keeping(16)
+    }
+}
 
 impl Recycler {
-    /// Keeps `batch` for a worker to gather into (at most 16 are kept).
+    /// A pool that keeps at most `keep` batches (at least 16).
+    pub(crate) fn keeping(keep: usize) -> Self {
+        Self {
+            pool: Arc::default(),
+            keep: keep.max(16),
+            made: Arc::default(),
+        }
+    }
+
+    /// Keeps `batch` for a worker to gather into, unless the pool already holds as many as the
+    /// loader can have in use at once (its window of batches ahead, one being gathered by each
+    /// worker, the one consumed, at least 16).
     pub fn recycle(&self, batch: Batch) {
-        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < 16 {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < self.keep {
             pool.push(batch);
         }
     }
 
     pub(crate) fn take(&self) -> Batch {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default()
+        let batch = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        batch.unwrap_or_else(|| {
+            self.made.fetch_add(1, Ordering::Relaxed);
+            Batch::default()
+        })
+    }
+
+    /// The batches made so far because none was recycled: they stop growing once the loader
+    /// runs in a steady state with every batch recycled.
+    pub fn batches_made(&self) -> u64 {
+        self.made.load(Ordering::Relaxed)
     }
 }
 
@@ -473,9 +504,10 @@ impl Loader {
         let batch_bytes =
             gatherer.batch_bytes(sampler.num_slices(), sampler.slice_len() as usize)?;
         check_in_flight(batch_bytes, &opts)?;
-        let pool = Recycler::default();
         feed.consumed(start);
         let burst = feed_burst(&feed, start, batch_bytes, (opts.workers, opts.prefetch));
+        // The window ahead, a batch being gathered by each worker, one consumed and one more.
+        let pool = Recycler::keeping(opts.workers * (burst + 1) + opts.prefetch + 2);
         let depth = (opts.workers, opts.prefetch, burst);
         let pipeline = Pipeline::start(depth, start, end, "loader", |lane| {
             let pool = pool.clone();

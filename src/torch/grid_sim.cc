@@ -3,7 +3,7 @@
 // has no shared memory and no synchronisation, so any order of its threads is one a GPU may
 // run, and the CPU tests check the grid-stride loops, the blocks per column and each thread's
 // share of a run as NVRTC's launch lays them out (src/torch/kernel.rs), without a GPU. Only the
-// tests call it (src/torch/kernel_tests.rs).
+// tests call it (src/torch/kernel.rs, its unit tests).
 
 namespace {
 struct Dim3 {

@@ -50,6 +50,8 @@ pub(crate) enum Inner {
     Streaming {
         batches: Batches,
         pool: Arc<Mutex<Vec<TensorBatch>>>,
+        /// CPU batches `pool` keeps at most: as many as the loader can have in use at once.
+        keep: usize,
         /// Bytes of one batch's host-to-device copy (the packed slot; 0 on CPU).
         transfer: u64,
         /// Frames decoded on the device: what the workers shipped.
@@ -195,6 +197,7 @@ impl TorchLoader {
             inner: Inner::Streaming {
                 batches: Batches::Stream(Box::new(runs)),
                 pool,
+                keep: keep(&opts.loader),
                 transfer,
                 decode: None,
                 expand,
@@ -281,6 +284,7 @@ impl TorchLoader {
             inner: Inner::Streaming {
                 batches: Batches::Local(pipeline),
                 pool,
+                keep: keep(&opts.loader),
                 transfer,
                 decode,
                 expand,
@@ -439,16 +443,22 @@ impl TorchLoader {
     /// still use: they will be overwritten. Batches on a CUDA device are simply dropped (their
     /// memory goes back to libtorch's caching allocator).
     pub fn recycle(&self, batch: TensorBatch) {
-        if let Inner::Streaming { pool, .. } = &self.inner
+        if let Inner::Streaming { pool, keep, .. } = &self.inner
             && batch.device() == Device::Cpu
             && batch.flag_base.is_some()
         {
             let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
-            if pool.len() < 16 {
+            if pool.len() < *keep {
                 pool.push(batch);
             }
         }
     }
+}
+
+/// CPU batches the pool keeps at most (at least 16): the window ahead (bursts of 1), one being
+/// gathered by each worker, one consumed and one more, so that a steady state allocates none.
+fn keep(opts: &crate::LoaderOptions) -> usize {
+    (opts.workers * 2 + opts.prefetch + 2).max(16)
 }
 
 /// Checks the device (a CUDA device on a machine without one is an error) and that pinned

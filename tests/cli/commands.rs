@@ -274,6 +274,9 @@ fn bench_reports_pages_phases_and_the_io_floor() {
         assert!(p["disk_read_bytes"].is_u64(), "{p}");
     }
     assert_eq!(v["phases"]["loader"]["batches"].as_u64(), Some(5));
+    // Every batch recycled: the workers made at most one batch per batch delivered.
+    let made = v["loader_batches_made"].as_u64().unwrap();
+    assert!((1..=5).contains(&made), "{made}");
     assert!(f("loader_disk_bytes_per_batch") >= 0.0);
     assert!(f("floor_batches_per_s") > 0.0, "{v}");
     assert!(f("loader_over_floor") > 0.0, "{v}");

@@ -549,3 +549,31 @@ fn a_prioritized_loader_plans_no_further_ahead_than_the_window_and_read_ahead() 
     }
     assert_eq!(k, 40);
 }
+
+/// A training loop slower than the workers, recycling every batch: after the first batches the
+/// workers gather into recycled ones only. The workers wake in bursts (up to 4 batches each),
+/// so the pool swings by about `3 × workers` between their wake-ups; a pool capped at 16 (the
+/// first version) dropped what it could not keep with 8 workers, and the workers made new batches
+/// for ever.
+#[test]
+fn a_slow_consumer_that_recycles_every_batch_makes_no_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dataset(dir.path());
+    let spec = SamplerSpec::uniform(4, 4).with_seed(5);
+    let opts = LoaderOptions::default().with_workers(8).with_prefetch(2);
+    let mut loader = loader_of(&snap, spec, &COLUMNS, (0, 1), opts).unwrap();
+    let recycler = loader.recycler();
+    let mut made = vec![];
+    for k in 0..600 {
+        let b = loader.next_batch().unwrap();
+        // The training step: the workers catch up and wait at the window meanwhile.
+        std::thread::sleep(Duration::from_micros(200));
+        loader.recycle(b);
+        if k % 200 == 199 {
+            made.push(recycler.batches_made());
+        }
+    }
+    // Never more than the loader can have in use at once: the window (8 workers x 4 + 2), one
+    // being gathered by each worker and the consumer's (with 16 kept: 87, 141, 195).
+    assert!(made.iter().all(|&m| m <= 8 * 5 + 2 + 2), "{made:?}");
+}

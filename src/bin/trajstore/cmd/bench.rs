@@ -442,6 +442,8 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         loader.recycle(b);
     }
     let loader_s = t.elapsed().as_secs_f64();
+    // Batches the workers made rather than reused (every batch is recycled: the window's worth).
+    let batches_made = loader.recycler().batches_made();
     // What a checkpoint of the loader costs: its state, as bytes, and a source opened from it.
     let t_state = Instant::now();
     let state_bytes = loader.state().to_bytes();
@@ -551,6 +553,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         "loader_workers": a.workers,
         "loader_first_batch": loader_start,
         "loader_batches_per_s": loader_bps,
+        "loader_batches_made": batches_made,
         "loader_transitions_per_s": got as f64 * steps / loader_s,
         "loader_disk_bytes_per_batch": per_batch(loader_reads, got),
         "loader_follow": follow,
