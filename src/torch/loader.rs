@@ -457,7 +457,7 @@ impl TorchLoader {
 
 /// CPU batches the pool keeps at most (at least 16): the window ahead (bursts of 1), one being
 /// gathered by each worker, one consumed and one more, so that a steady state allocates none.
-fn keep(opts: &crate::LoaderOptions) -> usize {
+fn keep(opts: &crate::loader::LoaderOptions) -> usize {
     (opts.workers * 2 + opts.prefetch + 2).max(16)
 }
 
