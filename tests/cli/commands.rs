@@ -277,6 +277,29 @@ fn bench_reports_pages_phases_and_the_io_floor() {
     // Every batch recycled: the workers made at most one batch per batch delivered.
     let made = v["loader_batches_made"].as_u64().unwrap();
     assert!((1..=5).contains(&made), "{made}");
+    assert!(v["loader_consumer"]["step_us"].is_null(), "{v}");
+    // A training step of 20 µs a batch: how long the consumer waited for the next batch.
+    let (code, out, err) = run(&[&args[..], &["--consumer-us", "20", "--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let c: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c = &c["loader_consumer"];
+    assert_eq!(c["step_us"].as_f64(), Some(20.0), "{c}");
+    assert!(
+        c["wait_us_per_batch"].as_f64().is_some_and(|w| w >= 0.0),
+        "{c}"
+    );
+    assert!(
+        c["waited_share"]
+            .as_f64()
+            .is_some_and(|s| (0.0..=1.0).contains(&s)),
+        "{c}"
+    );
+    let (code, out, err) = run(&[&args[..], &["--consumer-us", "20"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("a 20 µs step a batch: waited"), "{out}");
+    let (code, _, err) = run(&[&args[..], &["--consumer-us", "2e6"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a step of 0 to 1,000,000 µs"), "{err}");
     assert!(f("loader_disk_bytes_per_batch") >= 0.0);
     assert!(f("floor_batches_per_s") > 0.0, "{v}");
     assert!(f("loader_over_floor") > 0.0, "{v}");

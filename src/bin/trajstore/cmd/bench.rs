@@ -9,6 +9,7 @@ use clap::Args;
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::json;
 
+use super::bench_floor::{print_consumer, print_io_floor};
 use super::bench_torch::*;
 use super::sample::{slice_sampler, slice_spec};
 use super::*;
@@ -133,10 +134,22 @@ pub(crate) struct BenchArgs {
     /// a collector meanwhile, `trajstore demo DATASET --append` in a loop): following's cost.
     #[arg(long, value_name = "SECS", value_parser = positive_secs)]
     follow: Option<f64>,
+    /// The loader phase spends US µs on every batch it takes, as a training step would (a busy
+    /// wait on the consuming thread), and reports how long it waited for the next batch: whether
+    /// the loader keeps a step of that length fed. JSON: loader_consumer.
+    #[arg(long, value_name = "US", value_parser = step_us)]
+    consumer_us: Option<f64>,
     /// With --device: cast floating columns on the device (none, bf16, f16).
     #[cfg(feature = "torch")]
     #[arg(long, default_value = "none", requires = "device")]
     pub(crate) cast: trajstore::torch::FloatCast,
+}
+
+fn step_us(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1e6).contains(&x) => Ok(x),
+        _ => Err(format!("`{s}`: a step of 0 to 1,000,000 µs")),
+    }
 }
 
 fn positive_secs(s: &str) -> std::result::Result<f64, String> {
@@ -437,11 +450,33 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("--workers {}: {e}", a.workers))?;
     let first_version = loader.versions()[0];
     let mut got = 0u64;
-    while let Some(b) = loader.next_batch() {
+    // Under --consumer-us: the time spent waiting for each batch after the first (the first
+    // waits for the workers' start), and the batches that waited over 10 µs.
+    let (mut waited, mut waits) = (Duration::ZERO, 0u64);
+    let step = a.consumer_us.map(|us| Duration::from_secs_f64(us * 1e-6));
+    loop {
+        let asked = Instant::now();
+        let Some(b) = loader.next_batch() else { break };
+        if let Some(step) = step {
+            let wait = asked.elapsed();
+            if got > 0 {
+                waited += wait;
+                waits += u64::from(wait > Duration::from_micros(10));
+            }
+            let until = Instant::now() + step;
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
         got += 1;
         loader.recycle(b);
     }
     let loader_s = t.elapsed().as_secs_f64();
+    let consumer = json!({
+        "step_us": a.consumer_us,
+        "wait_us_per_batch": step.map(|_| waited.as_secs_f64() * 1e6 / got.saturating_sub(1).max(1) as f64),
+        "waited_share": step.map(|_| waits as f64 / got.saturating_sub(1).max(1) as f64),
+    });
     // Batches the workers made rather than reused (every batch is recycled: the window's worth).
     let batches_made = loader.recycler().batches_made();
     // What a checkpoint of the loader costs: its state, as bytes, and a source opened from it.
@@ -520,7 +555,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         .and_then(|f| f["floor_batches_per_s"].as_f64());
     let per_batch =
         |r: DiskReads, batches: u64| r.read_bytes.map(|b| b as f64 / batches.max(1) as f64);
-    let v = json!({
+    let mut v = json!({
         "rss_anon_mib": rss_anon,
         "rss_file_mib": rss_file,
         "transitions": snap.num_transitions(),
@@ -574,6 +609,8 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             .map(|f| loader_bps / f),
         "torch": torch,
     });
+    // (Beside the macro: one more key there passes serde_json's recursion limit.)
+    v["loader_consumer"] = consumer;
     if a.s.json {
         outln!("{v}");
         return Ok(());
@@ -626,6 +663,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             follow["refreshes"]
         );
     }
+    print_consumer(&v);
     outln!(
         "loader state           {:>10} bytes; state() + to_bytes {state_save_us:.1} us, resume \
          (check + open) {state_resume_ms:.2} ms",
@@ -678,64 +716,6 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         print_io_floor(f, loader_bps);
     }
     Ok(())
-}
-
-/// The `--io-floor` table and the loader's fraction of the floor, as text.
-fn print_io_floor(f: &serde_json::Value, loader_bps: f64) {
-    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    outln!("");
-    outln!(
-        "disk random reads      {} over {} segment file{} ({}){}",
-        if f["direct"] == true {
-            "O_DIRECT"
-        } else {
-            "buffered"
-        },
-        f["files"],
-        if f["files"] == 1 { "" } else { "s" },
-        HumanBytes(f["file_bytes"].as_u64().unwrap_or(0)),
-        if f["direct"] == true {
-            ""
-        } else {
-            " - the file system refused O_DIRECT: cached pages make these optimistic"
-        }
-    );
-    outln!(
-        "  {:>7} {:>5} {:>12} {:>12} {:>16}",
-        "block",
-        "QD",
-        "reads/s",
-        "bytes/s",
-        "batches/s bound"
-    );
-    let rows = f["random_4k"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .chain([&f["bandwidth"]]);
-    for r in rows {
-        outln!(
-            "  {:>7} {:>5} {:>12} {:>12} {:>16.1}",
-            HumanBytes(r["block"].as_u64().unwrap_or(0)).to_string(),
-            r["queue_depth"].as_u64().unwrap_or(0),
-            HumanCount(num(r, "ios_per_s") as u64).to_string(),
-            format!("{}/s", HumanBytes(num(r, "bytes_per_s") as u64)),
-            num(r, "batches_per_s")
-        );
-    }
-    let floor = num(f, "floor_batches_per_s");
-    let runs_floor = num(f, "runs_floor_batches_per_s");
-    outln!(
-        "floor                  {floor:>10.1} batches/s  (one 4 KiB read per page at QD 64, or bandwidth)"
-    );
-    outln!(
-        "runs floor             {runs_floor:>10.1} batches/s  (one read per run of adjacent pages, best QD)"
-    );
-    outln!(
-        "loader / floor         {:>10.2}x  / runs floor {:.2}x  ({loader_bps:.1} batches/s; see the loader's disk reads above for how cold it was)",
-        loader_bps / floor,
-        loader_bps / runs_floor,
-    );
 }
 
 /// Samples and gathers the compact batch ([`trajstore::CompactInto`]) of `batches` into host
