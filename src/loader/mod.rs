@@ -21,7 +21,7 @@ pub(crate) use feed::Feed;
 pub use feed::FollowStats;
 pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{
-    Pipeline, WorkerPlans, check_in_flight, check_rank, feed_burst, loader_end,
+    Pipeline, WorkerPlans, check_in_flight, check_rank, feed_burst, items_in_use, loader_end,
 };
 pub use ring::{StagedBatch, StagingSlot};
 #[cfg(feature = "remote")]
@@ -456,8 +456,7 @@ impl Recycler {
     }
 
     /// Keeps `batch` for a worker to gather into, unless the pool already holds as many as the
-    /// loader can have in use at once (its window of batches ahead, one being gathered by each
-    /// worker, the one consumed, at least 16).
+    /// loader can have in use at once (at least 16).
     pub fn recycle(&self, batch: Batch) {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < self.keep {
@@ -506,8 +505,7 @@ impl Loader {
         check_in_flight(batch_bytes, &opts)?;
         feed.consumed(start);
         let burst = feed_burst(&feed, start, batch_bytes, (opts.workers, opts.prefetch));
-        // The window ahead, a batch being gathered by each worker, one consumed and one more.
-        let pool = Recycler::keeping(opts.workers * (burst + 1) + opts.prefetch + 2);
+        let pool = Recycler::keeping(items_in_use(opts.workers, opts.prefetch, burst));
         let depth = (opts.workers, opts.prefetch, burst);
         let pipeline = Pipeline::start(depth, start, end, "loader", |lane| {
             let pool = pool.clone();

@@ -135,6 +135,14 @@ pub(crate) fn burst(batch_bytes: u64, workers: usize, prefetch: usize) -> usize 
         .unwrap_or(1) as usize
 }
 
+/// The most items a [`Pipeline`] of `workers` with `prefetch` and `burst` has in use at once:
+/// its window ahead of the consumer, one being produced by each worker, the consumer's and one
+/// more. A pool of recycled items this large makes none in a steady state.
+pub(crate) fn items_in_use(workers: usize, prefetch: usize, burst: usize) -> usize {
+    let workers = workers.max(1);
+    workers * burst.clamp(1, MAX_BURST) + prefetch.max(1) + workers + 2
+}
+
 /// [`burst`] for a loader over `feed` from batch `start`: 1 where a sampler is prioritized, whose
 /// batches are drawn from the priorities current when they are planned (longer bursts would
 /// plan further ahead of the priorities the training loop sets).

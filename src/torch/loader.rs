@@ -431,8 +431,8 @@ impl TorchLoader {
     /// the rate). None in the other modes, before the first batch, or while every buffer of the
     /// ring is held.
     #[doc(hidden)]
-    pub fn time_resident_kernel(&mut self, launches: u32) -> Option<Result<f64>> {
-        match &mut self.inner {
+    pub fn time_resident_kernel(&self, launches: u32) -> Option<Result<f64>> {
+        match &self.inner {
             Inner::Resident(r) => r.time_kernel(launches),
             _ => None,
         }
@@ -455,10 +455,10 @@ impl TorchLoader {
     }
 }
 
-/// CPU batches the pool keeps at most (at least 16): the window ahead (bursts of 1), one being
-/// gathered by each worker, one consumed and one more, so that a steady state allocates none.
+/// CPU batches the pool keeps at most (at least 16): as many as the loader can have in use at
+/// once (bursts of 1), so that a steady state allocates none.
 fn keep(opts: &crate::loader::LoaderOptions) -> usize {
-    (opts.workers * 2 + opts.prefetch + 2).max(16)
+    crate::loader::items_in_use(opts.workers, opts.prefetch, 1).max(16)
 }
 
 /// Checks the device (a CUDA device on a machine without one is an error) and that pinned

@@ -326,7 +326,7 @@ impl Resident {
     /// to the device's end (what `bench --resident` reports beside the loader's rate, so that a
     /// run tells the kernel's time from the rest of a batch's). None without the output ring,
     /// with parameters read in place, before a batch, or while every buffer is held.
-    pub(crate) fn time_kernel(&mut self, launches: u32) -> Option<Result<f64>> {
+    pub(crate) fn time_kernel(&self, launches: u32) -> Option<Result<f64>> {
         let (Ok(fused), Some(ring), false) = (&self.fused, &self.ring, self.mapped) else {
             return None;
         };

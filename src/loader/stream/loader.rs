@@ -57,9 +57,8 @@ impl StreamLoader {
     /// prefetch` batches). Errors with [`crate::Error::InvalidArgument`] for a source of local datasets
     /// (use `Loader::new`).
     pub fn new(source: &BatchSource, opts: LoaderOptions) -> Result<Self> {
-        // The window ahead (bursts of 1), a batch being gathered by each worker, one consumed
-        // and one more.
-        let pool = Recycler::keeping(opts.workers * 2 + opts.prefetch + 2);
+        // Bursts of 1.
+        let pool = Recycler::keeping(super::super::items_in_use(opts.workers, opts.prefetch, 1));
         if let Some(mix) = source.stream_mix() {
             let (bytes, _) = super::batch_bytes(source)?;
             let n = (opts.workers.max(1) + opts.prefetch.max(1)).max(2);

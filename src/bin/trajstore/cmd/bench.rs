@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::json;
 
-use super::bench_floor::{print_consumer, print_io_floor};
+use super::bench_text::{print_consumer, print_io_floor};
 use super::bench_torch::*;
 use super::sample::{slice_sampler, slice_spec};
 use super::*;
@@ -472,10 +472,11 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         loader.recycle(b);
     }
     let loader_s = t.elapsed().as_secs_f64();
+    let timed = got.saturating_sub(1).max(1) as f64;
     let consumer = json!({
         "step_us": a.consumer_us,
-        "wait_us_per_batch": step.map(|_| waited.as_secs_f64() * 1e6 / got.saturating_sub(1).max(1) as f64),
-        "waited_share": step.map(|_| waits as f64 / got.saturating_sub(1).max(1) as f64),
+        "wait_us_per_batch": step.map(|_| waited.as_secs_f64() * 1e6 / timed),
+        "waited_share": step.map(|_| waits as f64 / timed),
     });
     // Batches the workers made rather than reused (every batch is recycled: the window's worth).
     let batches_made = loader.recycler().batches_made();

@@ -1,7 +1,7 @@
 //! One module per command, and the arguments several commands share.
 
 pub(crate) mod bench;
-pub(crate) mod bench_floor;
+pub(crate) mod bench_text;
 pub(crate) mod bench_torch;
 #[cfg(feature = "ballista")]
 pub(crate) mod cluster;
