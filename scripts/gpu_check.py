@@ -200,6 +200,24 @@ def watch(cmd, env):
     return cp, p.pid, seen, mapped, samples
 
 
+def cpu_facts() -> dict:
+    """What the CPU figures depend on, from `lscpu`: the model, whether the CPUs are hyperthreads
+    of fewer cores (16 CPUs of 8 cores decode at well under 16 times one), sockets, NUMA nodes,
+    the last-level cache. Empty where `lscpu` is missing."""
+    if not _has("lscpu"):
+        return {}
+    p = subprocess.run(["lscpu"], capture_output=True, text=True)
+    wanted = {"Model name": "model", "Thread(s) per core": "threads_per_core", "Core(s) per socket":
+              "cores_per_socket", "Socket(s)": "sockets", "NUMA node(s)": "numa_nodes", "L3 cache": "l3",
+              "CPU max MHz": "max_mhz", "Hypervisor vendor": "hypervisor"}
+    facts = {}
+    for line in p.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in wanted:
+            facts[wanted[key.strip()]] = value.strip()
+    return facts
+
+
 def section_env(run: Run, a) -> None:
     import torch
 
@@ -208,10 +226,12 @@ def section_env(run: Run, a) -> None:
     p = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current",
                         "--format=csv,noheader"], capture_output=True, text=True) if _has("nvidia-smi") else None
     run.info["nvidia_smi"] = p.stdout.strip() if p and p.returncode == 0 else None
+    run.info["cpu"] = cpu_facts()
     if torch.cuda.is_available():
         run.info["gpu"] = torch.cuda.get_device_name(0)
         run.info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
-    run.say(f"python {run.info['python']}, torch {run.info['torch']}, {run.info['cpus']} cpus, "
+    run.say(f"python {run.info['python']}, torch {run.info['torch']}, {run.info['cpus']} cpus "
+            f"({run.info['cpu']}), "
             f"gpu: {run.info.get('gpu', 'none')} ({run.info['nvidia_smi']})")
 
 
@@ -775,8 +795,10 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
     every frame decodes (`verify`), bytes per frame against raw, decoded frames/s on one core, and
     32 x (4-stack) in memory on every core beside TorchRL's single-frame storage + SliceSampler
     over the same episodes, in the same run."""
+    import torch
     import trajstore
 
+    cuda = torch.cuda.is_available()
     root = os.path.join(HERE, "atari")
     games = sorted(os.listdir(root)) if os.path.isdir(root) else []
     if not games:
@@ -795,19 +817,40 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
         run.figure(f"atari_{game}_frames", transitions=info.get("transitions"), episodes=info.get("episodes"),
                    bytes_per_frame=frames.get("bytes_per_frame"), ratio_to_raw=frames.get("ratio"),
                    decoded_frames_per_s_one_core=one["loader_batches_per_s"] * 256 * 64)
-        # Every core a worker, and one fewer (the consumer, woken once a batch, takes a core).
-        rates = {}
-        for w in sorted({int(workers), max(1, int(workers) - 1)}):
-            j = json.loads(run.sh([bin_, "bench", path, "--prefault", "--num-slices", "32", "--slice-len", "1",
-                                   "--columns", "observation,action,reward", "--frame-stack", "4", "--workers", w,
-                                   "--iters", "3000" if a.quick else "30000", "--json"], env=env_for(run)).stdout)
+        # From one worker to every core, and one fewer (the consumer, woken once a batch, takes a
+        # core): how the loader scales says whether decoding or the hand-over bounds it, beside
+        # the one-thread sample + gather of the same run (`sample_median_us`).
+        stacks = ["--num-slices", "32", "--slice-len", "1", "--columns", "observation,action,reward",
+                  "--frame-stack", "4"]
+        iters = "3000" if a.quick else "30000"
+        rates, one_thread_us = {}, []
+        n = int(workers)
+        for w in sorted({1, 2, 4, 8, n, max(1, n - 1)} & set(range(1, n + 1))):
+            j = json.loads(run.sh([bin_, "bench", path, "--prefault", *stacks, "--workers", w, "--iters", iters,
+                                   "--json"], env=env_for(run)).stdout)
             rates[w] = j["loader_batches_per_s"]
+            one_thread_us.append(j["sample_median_us"])
         best = max(rates, key=lambda w: rates[w])
         ours = rates[best]
         theirs = _torchrl_frame_stacks(trajstore.open(path), 32, 4, 200)
+        one_us = sorted(one_thread_us)[len(one_thread_us) // 2]
         run.figure(f"atari_{game}_32x4_loader", batches_per_s=ours, workers=best,
                    by_workers={str(w): round(r) for w, r in rates.items()},
+                   one_thread_sample_gather_us=one_us,
+                   over_one_thread={str(w): round(r * one_us / 1e6, 2) for w, r in rates.items()},
                    torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
+        if cuda:
+            # The same 4-stacks as a frame window of one step (`[32, 1, 4, 84, 84]`, a view) to
+            # the GPU: decoded by the workers, then shipped compressed and decoded on the device.
+            to_gpu = {}
+            for name, flag in (("workers_decode", []), ("device_decode", ["--device-decode"])):
+                t = json.loads(run.sh([bin_, "bench", path, "--prefault", "--device", "cuda", "--device-only", *stacks,
+                                       "--frame-window", *flag, "--workers", str(best), "--iters", iters, "--json"],
+                                      env=env_for(run), timeout=180).stdout)["torch"]
+                to_gpu[name] = t["batches_per_s"]
+            run.figure(f"atari_{game}_32x4_to_cuda", workers=best, **{f"{k}_batches_per_s": v for k, v in to_gpu.items()},
+                       torchrl_batches_per_s=theirs,
+                       over_torchrl={k: v / theirs for k, v in to_gpu.items()} if theirs else None)
 
 
 def _torchrl_frame_stacks(ds, slices: int, k: int, iters: int) -> float | None:
