@@ -408,6 +408,9 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
                    # kernel or the rest of a batch (the consumer, the parameters' copy) bounds it.
                    kernel_us_per_batch=t.get("resident_kernel_us_per_batch"),
                    loader_us_per_batch=1e6 / t["batches_per_s"],
+                   # Per batch (nineteenth session): a worker planning the parameters, the
+                   # consumer waiting for them and issuing the batch (copy, launch, views).
+                   **_resident_times(t), **{f"mapped_{k}": v for k, v in _resident_times(m or {}).items()},
                    unfused_transitions_per_s=u["transitions_per_s"],
                    over_unfused=t["transitions_per_s"] / u["transitions_per_s"], **mapped)
     # The fixed cost of a resident batch (4 slices x 4 steps: no bandwidth to speak of), which
@@ -422,8 +425,10 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
             fixed[name] = 1e6 / ft["batches_per_s"]
             if name == "fused":
                 fixed["kernel"] = ft.get("resident_kernel_us_per_batch")
-    run.figure("rust_resident_fixed_cost", fused_us_per_batch=fixed["fused"], unfused_us_per_batch=fixed["unfused"],
-               mapped_us_per_batch=fixed.get("mapped"), fused_kernel_alone_us=fixed.get("kernel"))
+            if name in ("fused", "mapped"):
+                fixed.update({f"{name}_{k}": v for k, v in _resident_times(ft).items()})
+    run.figure("rust_resident_fixed_cost", fused_us_per_batch=fixed.pop("fused"), unfused_us_per_batch=fixed.pop("unfused"),
+               mapped_us_per_batch=fixed.pop("mapped", None), fused_kernel_alone_us=fixed.pop("kernel", None), **fixed)
     # Refused, not crashed: a budget smaller than the columns.
     p = run.sh([bin_, "bench", ds, "--device", "cuda", "--device-only", "--resident", "--resident-budget", "1MiB",
                 "--iters", "5"],
@@ -432,6 +437,14 @@ def section_rust_figures(run: Run, a, ds: str, anchor) -> None:
     run.check("resident mode beyond its budget is a clear error (CLI)",
               p.returncode not in (0,) and p.returncode > 0 and "budget" in err and len(err.splitlines()) <= 4,
               f"rc={p.returncode}: {_tail(err, 200)}")
+
+
+def _resident_times(t: dict) -> dict:
+    """A resident bench's µs per batch: a worker planning the parameters, the consumer waiting
+    for them and issuing the batch (empty where the bench has none)."""
+    w = t.get("worker_us_per_batch") or {}
+    return {k: w.get(f) for k, f in (("planning_us", "gather"), ("consumer_wait_us", "consumer_wait"),
+                                     ("consumer_issue_us", "consumer_issue")) if w.get(f) is not None}
 
 
 # --- Python --------------------------------------------------------------------------------------

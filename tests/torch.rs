@@ -416,10 +416,12 @@ fn a_large_resident_batch_is_gathered_in_row_ranges_equal_to_streaming() {
     }
 }
 
-/// The workers' time is accounted per batch (what `bench --device` reports): every batch they
-/// produced, with time spent gathering; none in resident mode.
+/// The workers' and the consumer's time is accounted per batch (what `bench --device`
+/// reports): every batch the workers produced, with time spent gathering (resident mode:
+/// planning the parameters), every batch the consumer asked for (the end too) and, in resident
+/// mode, issued.
 #[test]
-fn streaming_workers_account_for_their_time() {
+fn workers_and_the_consumer_account_for_their_time() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dataset(dir.path(), false);
     let mut l = loader(&snap, uniform(BoundaryPolicy::Pad, 9), &COLUMNS, cpu(2, 6));
@@ -432,13 +434,22 @@ fn streaming_workers_account_for_their_time() {
     let t = l.worker_times().unwrap();
     assert_eq!(t.batches, 6, "{t:?}");
     assert!(t.gather_ns > 0 && t.device_ns > 0, "{t:?}");
-    let r = loader(
+    assert_eq!(t.asked, 7, "{t:?}");
+    assert!(t.waited_ns > 0, "{t:?}");
+    let mut r = loader(
         &snap,
         uniform(BoundaryPolicy::Pad, 9),
         &COLUMNS,
         cpu(2, 2).with_resident(1 << 30),
     );
-    assert_eq!(r.worker_times(), None);
+    assert_eq!(r.by_ref().map(Result::unwrap).count(), 2);
+    let t = r.worker_times().unwrap();
+    assert_eq!((t.batches, t.issued, t.asked), (2, 2, 3), "{t:?}");
+    assert!(
+        t.gather_ns > 0 && t.issue_ns > 0 && t.waited_ns > 0,
+        "{t:?}"
+    );
+    assert_eq!((t.wait_ns, t.device_ns), (0, 0), "{t:?}");
 }
 
 #[test]

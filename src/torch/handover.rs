@@ -26,7 +26,9 @@ use crate::error::{Error, Result};
 /// staging slot's copy, gathering into it, and everything after (through the device ring, the
 /// hand-over only; on CUDA without it: the copy's issue, the device allocation, views, the
 /// expansion or decode, the event; on the CPU: expansion, decode, transform, cast); and the
-/// consumer's time issuing ring copies. `bench --device` reports the means per batch.
+/// consumer's time issuing ring copies. `bench --device` reports the means per batch. In
+/// resident mode the workers' "gather" is planning a batch's parameters, and the consumer issues
+/// every batch (the parameters' copy, the kernel, the views).
 #[derive(Default)]
 pub(crate) struct WorkerTimes {
     batches: AtomicU64,
@@ -35,6 +37,8 @@ pub(crate) struct WorkerTimes {
     device_ns: AtomicU64,
     issued: AtomicU64,
     issue_ns: AtomicU64,
+    asked: AtomicU64,
+    waited_ns: AtomicU64,
 }
 
 /// Where a streaming loader's workers spent their time ([`super::TorchLoader::worker_times`]):
@@ -50,10 +54,15 @@ pub struct WorkerTimesTotal {
     /// What follows the gather until the batch is handed over.
     pub device_ns: u64,
     /// Batches whose copy the consumer issued into the device ring, in
-    /// [`super::TorchLoader::next_batch`].
+    /// [`super::TorchLoader::next_batch`] (resident mode: every batch).
     pub issued: u64,
-    /// The consumer's time issuing those copies.
+    /// The consumer's time issuing those copies (resident mode: the parameters' copy, the
+    /// gather's launch, the views).
     pub issue_ns: u64,
+    /// Batches the consumer asked the workers for in [`super::TorchLoader::next_batch`].
+    pub asked: u64,
+    /// The consumer's time waiting for them (nothing while the workers keep ahead).
+    pub waited_ns: u64,
 }
 
 impl WorkerTimes {
@@ -72,6 +81,13 @@ impl WorkerTimes {
         self.issued.fetch_add(1, Relaxed);
     }
 
+    /// The consumer waited for the workers' next item from `start` until now.
+    pub(crate) fn waited(&self, start: Instant) {
+        let ns = start.elapsed().as_nanos() as u64;
+        self.waited_ns.fetch_add(ns, Relaxed);
+        self.asked.fetch_add(1, Relaxed);
+    }
+
     pub(crate) fn total(&self) -> WorkerTimesTotal {
         WorkerTimesTotal {
             batches: self.batches.load(Relaxed),
@@ -80,6 +96,8 @@ impl WorkerTimes {
             device_ns: self.device_ns.load(Relaxed),
             issued: self.issued.load(Relaxed),
             issue_ns: self.issue_ns.load(Relaxed),
+            asked: self.asked.load(Relaxed),
+            waited_ns: self.waited_ns.load(Relaxed),
         }
     }
 }

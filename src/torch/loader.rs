@@ -305,13 +305,21 @@ impl TorchLoader {
     pub fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
         let b = match &mut self.inner {
             Inner::Streaming {
-                batches, issuer, ..
-            } => batches.next_item().map(|p| {
-                p.and_then(|p| match p {
-                    Produced::Batch(b) => Ok(b),
-                    Produced::Staged(s) => issuer.issue(s),
+                batches,
+                issuer,
+                times,
+                ..
+            } => {
+                let asked = std::time::Instant::now();
+                let item = batches.next_item();
+                times.waited(asked);
+                item.map(|p| {
+                    p.and_then(|p| match p {
+                        Produced::Batch(b) => Ok(b),
+                        Produced::Staged(s) => issuer.issue(s),
+                    })
                 })
-            }),
+            }
             Inner::Resident(r) => r.next_batch(),
         };
         if let Some(feed) = &self.feed {
@@ -402,14 +410,15 @@ impl TorchLoader {
         }
     }
 
-    /// When streaming, where the workers' time has gone since the loader started: batches, and
-    /// nanoseconds summed over every worker waiting for a staging slot, gathering, and issuing
-    /// the rest (see [`WorkerTimesTotal`]); None in resident mode. Two readings give the means
-    /// of the batches between them.
+    /// Where the workers' and the consumer's time has gone since the loader started: batches,
+    /// and nanoseconds summed over every worker waiting for a staging slot, gathering (resident
+    /// mode: planning the parameters), and issuing the rest, and the consumer's waiting and
+    /// issuing (see [`WorkerTimesTotal`]). Two readings give the means of the batches between
+    /// them.
     pub fn worker_times(&self) -> Option<WorkerTimesTotal> {
         match &self.inner {
             Inner::Streaming { times, .. } => Some(times.total()),
-            Inner::Resident(_) => None,
+            Inner::Resident(r) => Some(r.times()),
         }
     }
 

@@ -12,6 +12,7 @@
 //! ([`Resident::gather_kind`] says which).
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::DataType;
@@ -19,6 +20,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::device_ring::pick;
 use super::events::CopyDone;
+use super::handover::WorkerTimes;
 use super::kernel::{Kernel, Launch};
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
@@ -111,6 +113,8 @@ pub(crate) struct Resident {
     /// The kernel reads each batch's parameters in the workers' pinned buffer instead of a copy
     /// on the device ([`TorchLoaderOptions::resident_mapped_params`]): through the ring only.
     mapped: bool,
+    /// The workers' planning and the consumer's waiting and issuing, per batch.
+    times: Arc<WorkerTimes>,
 }
 
 /// One batch's parameters on the host, and on CUDA the event that says when their copy to the
@@ -271,10 +275,17 @@ impl Resident {
         let burst = crate::loader::feed_burst(&run.feed, start, bytes, (lo.workers, lo.prefetch))
             .min(fits_pool);
         let depth = (lo.workers, lo.prefetch, burst);
+        let times = Arc::new(WorkerTimes::default());
         let params = Pipeline::start(depth, start, end, "resident", |_| {
-            let planner = planner.clone();
+            let (planner, times) = (planner.clone(), times.clone());
             let mut plan = Vec::new();
-            move |k: u64| planner.params(k, &mut plan)
+            move |k: u64| {
+                let t = Instant::now();
+                let p = planner.params(k, &mut plan);
+                let now = Instant::now();
+                times.add(t, t, now, now);
+                p
+            }
         })?;
         let ring = (opts.device_ring
             && fused.is_ok()
@@ -291,7 +302,12 @@ impl Resident {
             fused,
             ring,
             mapped: opts.resident_mapped_params,
+            times,
         })
+    }
+
+    pub(crate) fn times(&self) -> super::WorkerTimesTotal {
+        self.times.total()
     }
 
     /// The output ring's batches and buffers allocated in place of held ones (zero batches
@@ -341,7 +357,7 @@ impl Resident {
         };
         Some((|| {
             sync();
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             for _ in 0..launches {
                 // SAFETY: as in `ring_batch`: the slot's parameters (a batch's, copied before),
                 // table and output, kept by the ring, on the default stream; nothing outside
@@ -354,11 +370,16 @@ impl Resident {
     }
 
     pub(crate) fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
-        let host = self.params.next_item()?;
-        Some(host.and_then(|p| match self.ring.is_some() {
+        let asked = Instant::now();
+        let host = self.params.next_item();
+        self.times.waited(asked);
+        let issuing = Instant::now();
+        let b = host?.and_then(|p| match self.ring.is_some() {
             true => self.ring_batch(p),
             false => self.batch(p),
-        }))
+        });
+        self.times.issued(issuing);
+        Some(b)
     }
 
     /// The batch of `host` through the output ring: its parameters copied into a free buffer's,

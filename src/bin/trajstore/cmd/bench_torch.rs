@@ -83,9 +83,14 @@ pub(crate) fn torch_bench(
             "wait": us(a.wait_ns, b.wait_ns),
             "gather": us(a.gather_ns, b.gather_ns),
             "device": us(a.device_ns, b.device_ns),
-            // The consumer's time issuing a ring batch's copy (per batch it issued).
+            // The consumer's time issuing a ring batch's copy (per batch it issued; resident:
+            // the parameters' copy, the kernel's launch, the views), and waiting for the
+            // workers (per batch it asked for).
             "consumer_issue": (a.issued > b.issued).then(|| {
                 a.issue_ns.saturating_sub(b.issue_ns) as f64 / (a.issued - b.issued) as f64 / 1e3
+            }),
+            "consumer_wait": (a.asked > b.asked).then(|| {
+                a.waited_ns.saturating_sub(b.waited_ns) as f64 / (a.asked - b.asked) as f64 / 1e3
             }),
         }))
     });
@@ -192,8 +197,16 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         );
     }
     let w = &t["worker_us_per_batch"];
-    if w.is_object() {
-        let g = |k: &str| w[k].as_f64().unwrap_or(f64::NAN);
+    let g = |k: &str| w[k].as_f64().unwrap_or(f64::NAN);
+    if w.is_object() && t["resident"].as_bool() == Some(true) {
+        outln!(
+            "per batch              a worker planning its parameters {:.1} µs; the consumer \
+             waiting for them {:.1} µs, issuing it (parameters, kernel, views) {:.1} µs",
+            g("gather"),
+            g("consumer_wait"),
+            g("consumer_issue")
+        );
+    } else if w.is_object() {
         outln!(
             "one worker, per batch   waiting for a slot {:.1} µs, gathering {:.1} µs, then {:.1} µs \
              to hand it over (on CUDA without the device ring: the copy's issue, views, \
@@ -204,8 +217,10 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         );
         if w["consumer_issue"].is_number() {
             outln!(
-                "the consumer, per batch {:.1} µs issuing its copy into the device ring",
-                g("consumer_issue")
+                "the consumer, per batch {:.1} µs issuing its copy into the device ring, {:.1} µs \
+                 waiting for the workers",
+                g("consumer_issue"),
+                g("consumer_wait")
             );
         }
     }
