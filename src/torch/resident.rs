@@ -340,7 +340,9 @@ impl Resident {
     /// The fused kernel alone: µs a launch over `launches` launches of the last batch's
     /// parameters into an output buffer nothing outside the ring holds, back to back and timed
     /// to the device's end (what `bench --resident` reports beside the loader's rate, so that a
-    /// run tells the kernel's time from the rest of a batch's). None without the output ring,
+    /// run tells the kernel's time from the rest of a batch's). The same rows each launch: where
+    /// they fit the cache they are read from it, so this is a lower bound on a batch of new rows.
+    /// None without the output ring,
     /// with parameters read in place, before a batch, or while every buffer is held.
     pub(crate) fn time_kernel(&self, launches: u32) -> Option<Result<f64>> {
         let (Ok(fused), Some(ring), false) = (&self.fused, &self.ring, self.mapped) else {
