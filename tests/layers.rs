@@ -125,6 +125,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
             "device_ring",
             "frame_decode",
             "options",
+            "times",
             "resident_ring",
             "resident",
             "handover",

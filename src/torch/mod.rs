@@ -30,6 +30,7 @@ mod options;
 mod resident;
 mod resident_ring;
 mod streaming;
+mod times;
 
 use arrow::datatypes::DataType;
 use tch::{Device, Kind, Tensor};
@@ -37,12 +38,12 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result};
 
 pub use device_ring::DeviceRingStats;
-pub use handover::WorkerTimesTotal;
 #[doc(hidden)]
 pub use kernel::compile_for as compile_resident_kernel;
 pub use loader::TorchLoader;
 pub use options::{TorchLoaderOptions, Transform};
 pub use resident::resident_bytes;
+pub use times::WorkerTimesTotal;
 
 /// Parses `cpu`, `cuda` (device 0) or `cuda:N`. A CUDA device is checked against libtorch
 /// ([`cuda_available`], [`cuda_device_count`]); `cpu` makes no CUDA call at all.

@@ -20,7 +20,6 @@ use tch::{Device, Kind, Tensor};
 
 use super::device_ring::pick;
 use super::events::CopyDone;
-use super::handover::WorkerTimes;
 use super::kernel::{Kernel, Launch};
 use super::layout::Layout;
 use super::options::TorchLoaderOptions;
@@ -28,6 +27,7 @@ use super::resident_ring::{
     Fused, OutRing, OutSlot, P_EP_ID, P_FINAL, P_FIRST, P_HI, P_LAST_STEP, P_LO, P_ROW0, P_ROWS,
     P_SLICE_END, P_START, P_TERMINATED, P_TRUNCATED, fused_views, out_slot,
 };
+use super::times::WorkerTimes;
 use super::{FloatCast, TensorBatch, storage_kind, widen};
 use crate::error::{Error, Result};
 use crate::format::col;
