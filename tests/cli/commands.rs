@@ -154,6 +154,31 @@ fn bench_on_a_torch_device() {
         // with the parameters read in place).
         let kernel = &v["torch"]["resident_kernel_us_per_batch"];
         assert!(kernel.as_f64().is_some_and(|k| k > 0.0), "{kernel}");
+        // Where a batch's time goes: the consumer issuing it and waiting for its parameters (a
+        // worker's planning too, unless the workers planned every batch during the warm-up, as
+        // they may in a run this short); the text says so in one line.
+        let w = &v["torch"]["worker_us_per_batch"];
+        assert!(
+            w["consumer_issue"].as_f64().is_some_and(|us| us > 0.0),
+            "{w}"
+        );
+        assert!(
+            w["consumer_wait"].as_f64().is_some_and(|us| us >= 0.0),
+            "{w}"
+        );
+        assert!(
+            w["gather"].is_null() || w["gather"].as_f64().unwrap() > 0.0,
+            "{w}"
+        );
+        let text = [&args[..args.len() - 2], &["--device", "cpu", "--resident"]].concat();
+        let (code, out, err) = run(&text);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.lines()
+                .any(|l| l.contains("a worker planning its parameters")
+                    && l.contains("the consumer waiting for them")),
+            "{out}"
+        );
         let (code, out, err) =
             run(&[&args[..], &["cpu", "--resident", "--resident-unfused"]].concat());
         assert_eq!(code, 0, "{err}");

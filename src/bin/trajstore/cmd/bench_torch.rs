@@ -75,10 +75,12 @@ pub(crate) fn torch_bench(
     sync();
     let secs = t.elapsed().as_secs_f64();
     // The workers' time per batch over the measured half (they run ahead by the prefetch).
-    let worker = loader.worker_times().zip(before).and_then(|(a, b)| {
-        let n = a.batches.checked_sub(b.batches).filter(|&n| n > 0)? as f64;
-        let us = |x: u64, y: u64| x.saturating_sub(y) as f64 / n / 1e3;
-        Some(json!({
+    // The workers' figures are null where they made no batch in the measured half (resident
+    // workers plan ahead of the consumer: a short run's may all be planned during the warm-up).
+    let worker = loader.worker_times().zip(before).map(|(a, b)| {
+        let n = a.batches.saturating_sub(b.batches) as f64;
+        let us = |x: u64, y: u64| (n > 0.0).then(|| x.saturating_sub(y) as f64 / n / 1e3);
+        json!({
             "batches": n,
             "wait": us(a.wait_ns, b.wait_ns),
             "gather": us(a.gather_ns, b.gather_ns),
@@ -92,7 +94,7 @@ pub(crate) fn torch_bench(
             "consumer_wait": (a.asked > b.asked).then(|| {
                 a.waited_ns.saturating_sub(b.waited_ns) as f64 / (a.asked - b.asked) as f64 / 1e3
             }),
-        }))
+        })
     });
     let transfer = loader.transfer_bytes();
     let gather = loader.resident_gather();
@@ -197,30 +199,33 @@ pub(crate) fn print_torch_bench(t: &serde_json::Value) {
         );
     }
     let w = &t["worker_us_per_batch"];
-    let g = |k: &str| w[k].as_f64().unwrap_or(f64::NAN);
+    // "-" where a figure has no batch to divide by (as a short run's planning workers).
+    let us = |k: &str| {
+        w[k].as_f64()
+            .map_or("-".to_string(), |x| format!("{x:.1} µs"))
+    };
     if w.is_object() && t["resident"].as_bool() == Some(true) {
         outln!(
-            "per batch              a worker planning its parameters {:.1} µs; the consumer \
-             waiting for them {:.1} µs, issuing it (parameters, kernel, views) {:.1} µs",
-            g("gather"),
-            g("consumer_wait"),
-            g("consumer_issue")
+            "per batch              a worker planning its parameters {}; the consumer waiting \
+             for them {}, issuing it (parameters, kernel, views) {}",
+            us("gather"),
+            us("consumer_wait"),
+            us("consumer_issue")
         );
     } else if w.is_object() {
         outln!(
-            "one worker, per batch   waiting for a slot {:.1} µs, gathering {:.1} µs, then {:.1} µs \
-             to hand it over (on CUDA without the device ring: the copy's issue, views, \
-             expansion, event)",
-            g("wait"),
-            g("gather"),
-            g("device")
+            "one worker, per batch   waiting for a slot {}, gathering {}, then {} to hand it over \
+             (on CUDA without the device ring: the copy's issue, views, expansion, event)",
+            us("wait"),
+            us("gather"),
+            us("device")
         );
         if w["consumer_issue"].is_number() {
             outln!(
-                "the consumer, per batch {:.1} µs issuing its copy into the device ring, {:.1} µs \
-                 waiting for the workers",
-                g("consumer_issue"),
-                g("consumer_wait")
+                "the consumer, per batch {} issuing its copy into the device ring, {} waiting for \
+                 the workers",
+                us("consumer_issue"),
+                us("consumer_wait")
             );
         }
     }
