@@ -342,8 +342,8 @@ impl Resident {
     /// to the device's end (what `bench --resident` reports beside the loader's rate, so that a
     /// run tells the kernel's time from the rest of a batch's). The same rows each launch: where
     /// they fit the cache they are read from it, so this is a lower bound on a batch of new rows.
-    /// None without the output ring,
-    /// with parameters read in place, before a batch, or while every buffer is held.
+    /// None without the output ring, with parameters read in place, before a batch, or while
+    /// every buffer is held.
     pub(crate) fn time_kernel(&self, launches: u32) -> Option<Result<f64>> {
         let (Ok(fused), Some(ring), false) = (&self.fused, &self.ring, self.mapped) else {
             return None;
@@ -374,8 +374,7 @@ impl Resident {
     pub(crate) fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
         let asked = Instant::now();
         let host = self.params.next_item();
-        self.times.waited(asked);
-        let issuing = Instant::now();
+        let issuing = self.times.waited(asked);
         let b = host?.and_then(|p| match self.ring.is_some() {
             true => self.ring_batch(p),
             false => self.batch(p),

@@ -65,11 +65,14 @@ impl WorkerTimes {
         self.issued.fetch_add(1, Relaxed);
     }
 
-    /// The consumer waited for the workers' next item from `start` until now.
-    pub(crate) fn waited(&self, start: Instant) {
-        let ns = start.elapsed().as_nanos() as u64;
-        self.waited_ns.fetch_add(ns, Relaxed);
+    /// The consumer waited for the workers' next item from `start` until now, which it returns
+    /// (where its issue of the item starts).
+    pub(crate) fn waited(&self, start: Instant) -> Instant {
+        let now = Instant::now();
+        self.waited_ns
+            .fetch_add(now.duration_since(start).as_nanos() as u64, Relaxed);
         self.asked.fetch_add(1, Relaxed);
+        now
     }
 
     pub(crate) fn total(&self) -> WorkerTimesTotal {
