@@ -837,7 +837,7 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
         stacks = ["--num-slices", "32", "--slice-len", "1", "--columns", "observation,action,reward",
                   "--frame-stack", "4"]
         iters = "3000" if a.quick else "30000"
-        rates, one_thread_us, one_thread_mean_us = {}, [], []
+        rates, one_thread_us, one_thread_mean_us, spread = {}, [], [], {}
         n = int(workers)
         for w in sorted({1, 2, 4, 8, n, max(1, n - 1)} & set(range(1, n + 1))):
             j = json.loads(run.sh([bin_, "bench", path, "--prefault", *stacks, "--workers", w, "--iters", iters,
@@ -846,6 +846,14 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
             one_thread_us.append(j["sample_median_us"])
             loop = j["phases"]["single_thread"]
             one_thread_mean_us.append(loop["secs"] * 1e6 / loop["batches"])
+            # Each worker takes the next batch free: the fewest and most one made say how
+            # unevenly the cores ran (hyperthread siblings, the consumer's core).
+            per = j.get("loader_batches_per_worker") or [0]
+            spread[w] = [min(per), max(per)]
+        # Every core but the consumer's, with a deeper queue: whether the window bounds it.
+        m = max(1, n - 1)
+        deep = json.loads(run.sh([bin_, "bench", path, "--prefault", *stacks, "--workers", m, "--prefetch", "64",
+                                  "--iters", iters, "--json"], env=env_for(run)).stdout)
         best = max(rates, key=lambda w: rates[w])
         ours = rates[best]
         theirs = _torchrl_frame_stacks(trajstore.open(path), 32, 4, 200)
@@ -855,6 +863,8 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
                    by_workers={str(w): round(r) for w, r in rates.items()},
                    one_thread_sample_gather_us=one_us, one_thread_mean_us=mean_us,
                    over_one_thread_mean={str(w): round(r * mean_us / 1e6, 2) for w, r in rates.items()},
+                   batches_per_worker_min_max={str(w): v for w, v in spread.items()},
+                   prefetch_64={"workers": m, "batches_per_s": deep["loader_batches_per_s"]},
                    torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
         if cuda:
             # The same 4-stacks as a frame window of one step (`[32, 1, 4, 84, 84]`, a view) to

@@ -19,10 +19,10 @@ pub mod stream;
 
 pub(crate) use feed::Feed;
 pub use feed::FollowStats;
-pub use pipeline::{MAX_WORKERS, global_batch};
 pub(crate) use pipeline::{
-    Pipeline, WorkerPlans, check_in_flight, check_rank, feed_burst, items_in_use, loader_end,
+    Lane, Pipeline, WorkerPlans, check_in_flight, check_rank, feed_burst, items_in_use, loader_end,
 };
+pub use pipeline::{MAX_WORKERS, global_batch};
 pub use ring::{StagedBatch, StagingSlot};
 #[cfg(feature = "remote")]
 pub use spec::StreamFollow;
@@ -507,10 +507,10 @@ impl Loader {
         let burst = feed_burst(&feed, start, batch_bytes, (opts.workers, opts.prefetch));
         let pool = Recycler::keeping(items_in_use(opts.workers, opts.prefetch, burst));
         let depth = (opts.workers, opts.prefetch, burst);
-        let pipeline = Pipeline::start(depth, start, end, "loader", |lane| {
+        let pipeline = Pipeline::start(depth, start, end, "loader", || {
             let pool = pool.clone();
             let mut planner = WorkerPlans::new(feed.clone());
-            move |k: u64| {
+            move |k: u64, lane: &mut Lane| {
                 planner.plan(k, lane);
                 let mut batch = pool.take();
                 if let Err(e) = planner.gatherer().gather(planner.current(), &mut batch) {
@@ -540,6 +540,13 @@ impl Loader {
         let mut s = self.feed.state(next, true);
         s.iteration_end = self.end.filter(|&e| e > next);
         s
+    }
+
+    /// The batches each worker gathered so far, in worker order. Each worker gathers the next
+    /// batch no worker has taken, so a worker on a slower or busier core gathers fewer: the
+    /// spread says how evenly the cores ran.
+    pub fn batches_per_worker(&self) -> Vec<u64> {
+        self.pipeline.made_per_worker()
     }
 
     /// The versions the next batch is planned from, one per dataset.

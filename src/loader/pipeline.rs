@@ -1,8 +1,10 @@
 //! The worker machinery shared by [`super::Loader`] and the torch loader: which batch numbers a
-//! worker produces ([`Lane`]), its plans with optional read-ahead ([`WorkerPlans`]), and a pool of
-//! threads that produce numbered items, at most a window ahead of the consumer, which takes them
-//! in order from one cell per item the window allows ([`Pipeline`]).
+//! worker produces ([`Lane`]: the next one free, whichever worker asks), its plans with optional
+//! read-ahead ([`WorkerPlans`]), and a pool of threads that produce numbered items, at most a
+//! window ahead of the consumer, which takes them in order from one cell per item the window
+//! allows ([`Pipeline`]).
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -160,8 +162,8 @@ pub(crate) fn feed_burst(
 
 /// One worker's plans: batch `k` of this rank is the sampler's batch [`global_batch`], planned
 /// and gathered from the feed's generation of `k`; unless read-ahead is [`ReadAhead::Never`], the
-/// plan of the worker's next batch is made one batch early so that its pages can be `madvise`d
-/// while the current one is gathered.
+/// worker's next batch is claimed and planned one batch early ([`Lane::after`]) so that its pages
+/// can be `madvise`d while the current one is gathered.
 pub(crate) struct WorkerPlans {
     feed: Arc<Feed>,
     rank: u64,
@@ -172,6 +174,8 @@ pub(crate) struct WorkerPlans {
     current_gen: Option<Arc<Generation>>,
     ahead: Vec<SliceRef>,
     ahead_gen: Option<Arc<Generation>>,
+    /// The batch `ahead` is the plan of.
+    ahead_for: Option<u64>,
 }
 
 impl WorkerPlans {
@@ -187,12 +191,13 @@ impl WorkerPlans {
             current_gen: None,
             ahead: Vec::new(),
             ahead_gen: None,
+            ahead_for: None,
         }
     }
 
-    /// Makes the plan of this worker's batch `k` (the worker produces the batches of `lane`),
+    /// Makes the plan of this worker's batch `k` (the worker claims its batches from `lane`),
     /// then [`WorkerPlans::current`] and [`WorkerPlans::gatherer`].
-    pub(crate) fn plan(&mut self, k: u64, lane: Lane) {
+    pub(crate) fn plan(&mut self, k: u64, lane: &mut Lane) {
         let global = |k: u64| global_batch(k, self.rank, self.world, self.per_epoch);
         let make = |k: u64, out: &mut Vec<SliceRef>| {
             let g = self.feed.generation(k);
@@ -200,12 +205,13 @@ impl WorkerPlans {
             g
         };
         if self.read_ahead != ReadAhead::Never {
-            if self.ahead_gen.is_none() {
+            if self.ahead_for != Some(k) {
                 self.ahead_gen = Some(make(k, &mut self.ahead));
             }
             std::mem::swap(&mut self.plan, &mut self.ahead);
             self.current_gen = self.ahead_gen.take();
-            if let Some(next) = lane.after(k) {
+            self.ahead_for = lane.after();
+            if let Some(next) = self.ahead_for {
                 let g = make(next, &mut self.ahead);
                 g.gatherer
                     .advise_ahead(&self.ahead, self.read_ahead == ReadAhead::Always);
@@ -231,29 +237,78 @@ impl WorkerPlans {
     }
 }
 
-/// Which batch numbers one worker produces: `first, first + step, ...` below `end`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Lane {
-    /// The worker's first batch.
-    first: u64,
-    step: u64,
+/// The item numbers of a [`Pipeline`], handed out in order, each once, to whichever worker asks
+/// first: a worker that runs slower than the others (a core shared with a hyperthread sibling or
+/// with the consumer, a descheduled thread) produces fewer items instead of every `workers`-th
+/// one, which the consumer, taking them in order, would wait for at that worker's pace.
+#[derive(Debug)]
+struct Claims {
+    next: AtomicU64,
     end: Option<u64>,
 }
 
+impl Claims {
+    /// The next `n` unclaimed items (fewer, or none, at the end).
+    fn claim(&self, n: u64) -> Range<u64> {
+        let k = self.next.fetch_add(n, Ordering::Relaxed);
+        let hi = k.saturating_add(n);
+        k..self.end.map_or(hi, |e| hi.min(e).max(k))
+    }
+}
+
+/// Which items one worker produces: it claims them from the numbers every worker of its pipeline
+/// shares ([`Claims`]), so that they rise but are not evenly spaced. While the workers set the
+/// pace it claims one item at a time; once it had to wait for the consumer ([`Window`]), `burst`
+/// consecutive ones, so that it is woken once for all of them.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    claims: Arc<Claims>,
+    /// Items claimed and not produced yet, after the current one.
+    pending: Range<u64>,
+    /// The first item of the last claim.
+    claimed: u64,
+    /// Items a claim takes: 1, or `burst` after a wait for the window.
+    take: u64,
+    burst: u64,
+}
+
 impl Lane {
-    /// The batch this worker produces after `k`, if any.
-    pub(crate) fn after(&self, k: u64) -> Option<u64> {
-        let next = k + self.step;
-        self.end.is_none_or(|e| next < e).then_some(next)
+    fn claim(&mut self) {
+        if self.pending.is_empty() {
+            self.pending = self.claims.claim(self.take);
+            self.claimed = self.pending.start;
+        }
     }
 
-    /// This worker's `n`-th batch from `k` on (`k` itself for 0), or its last one if the lane
-    /// ends before.
-    fn nth_from(&self, k: u64, n: u64) -> u64 {
-        let far = k.saturating_add(n.saturating_mul(self.step));
-        match self.end {
-            Some(e) if far >= e && e > k => k + (e - 1 - k) / self.step * self.step,
-            _ => far,
+    /// The item this worker produces next, and whether it is the first of a claim.
+    fn next(&mut self) -> Option<(u64, bool)> {
+        self.claim();
+        self.pending.next().map(|k| (k, k == self.claimed))
+    }
+
+    /// The item this worker produces after its current one, claimed now if it is not yet, so
+    /// that it can be planned early; `None` past the end.
+    pub(crate) fn after(&mut self) -> Option<u64> {
+        self.claim();
+        (!self.pending.is_empty()).then_some(self.pending.start)
+    }
+
+    /// After a wait for the window (`waited`) for item `k`, the first of its claim if `first`:
+    /// claims take `burst` items from a wait on, until a claim's first item needs none.
+    fn paced(&mut self, waited: bool, first: bool) {
+        if waited {
+            self.take = self.burst;
+        } else if first {
+            self.take = 1;
+        }
+    }
+
+    /// The last item this worker holds, `k` being its current one: at the window it waits until
+    /// it may produce all of them.
+    fn last(&self, k: u64) -> u64 {
+        match self.pending.is_empty() {
+            true => k,
+            false => self.pending.end - 1,
         }
     }
 }
@@ -375,47 +430,54 @@ pub(crate) struct Pipeline<T> {
 /// asked for item `k - ahead` (so at most `ahead` items exist besides the consumer's, however
 /// unevenly the workers run; without it, items finished out of order pile up in `pending`).
 ///
-/// Each step of the consumer lets exactly one more item be produced, whose worker is known
-/// (worker `w` produces items `first + w + i * workers`), so only that worker is woken, and only
-/// when it is waiting: no system call a batch while the workers keep up, and never every
-/// worker woken for one of them to go on (a condition variable shared by all, notified to all,
-/// cost the consumer a wake-up of every waiting worker per batch).
+/// A step of the consumer wakes only the workers that wait for an item the step lets be
+/// produced, and looks at them only while some worker waits: no system call a batch while the
+/// workers keep up, and never every worker woken for one of them to go on (a condition variable
+/// shared by all, notified to all, cost the consumer a wake-up of every waiting worker per
+/// batch).
 ///
-/// A worker that reaches the window waits until it may produce `burst` items of its own (its
-/// last one, if its lane ends before), and the window is `burst - 1` items per worker wider, so
-/// that as many items are ready as without it when the worker is woken: with workers faster than
-/// the consumer, the consumer wakes a worker once every `burst` items instead of once an item.
+/// A worker that reaches the window waits until it may produce every item it holds, and from
+/// then on claims `burst` items at a time ([`Lane`]); the window is `burst - 1` items per worker
+/// wider, so that as many items are ready as without it when the worker is woken: with workers
+/// faster than the consumer, the consumer wakes a worker once every `burst` items instead of
+/// once an item. A worker holding the consumer's next item is always let go on, as its last
+/// item is at most `burst - 1` past it, less than the window.
 pub(crate) struct Window {
     /// The consumer's next item.
     next: AtomicU64,
     ahead: u64,
-    burst: u64,
-    first: u64,
     /// Times a worker found its item outside the window and waited.
     blocked: AtomicU64,
-    /// Per worker: the item it waits to produce (`u64::MAX`: not waiting), under its own lock.
+    /// Workers waiting now: the consumer looks for one to wake only when there is one.
+    waiting: AtomicUsize,
+    /// Per worker: the item it waits to be let produce (`u64::MAX`: not waiting), under its own
+    /// lock.
     waits: Vec<Wait>,
 }
 
+/// One worker's: on a cache line of its own.
+#[repr(align(128))]
 struct Wait {
     item: AtomicU64,
     lock: Mutex<()>,
     moved: Condvar,
+    /// Items the worker produced.
+    made: AtomicU64,
 }
 
 impl Window {
-    fn new(first: u64, ahead: u64, burst: u64, workers: usize) -> Self {
+    fn new(first: u64, ahead: u64, workers: usize) -> Self {
         Self {
             next: AtomicU64::new(first),
             ahead,
-            burst,
-            first,
             blocked: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
             waits: (0..workers)
                 .map(|_| Wait {
                     item: AtomicU64::new(u64::MAX),
                     lock: Mutex::new(()),
                     moved: Condvar::new(),
+                    made: AtomicU64::new(0),
                 })
                 .collect(),
         }
@@ -425,68 +487,76 @@ impl Window {
         k < self.next.load(Ordering::SeqCst).saturating_add(self.ahead)
     }
 
-    /// Blocks worker `w` (of `lane`) until item `k` may be produced, and when it must wait, until
-    /// its next `burst` items may; `false` when the pipeline stops meanwhile.
-    fn wait_for(&self, (w, lane): (usize, Lane), k: u64, stop: &AtomicBool) -> bool {
-        if !self.allows(k) {
+    /// Blocks worker `w` until item `k` may be produced, and when it must wait, until its `last`
+    /// item may (see [`Window`]): `Some(true)` if it waited, `None` when the pipeline stops
+    /// meanwhile.
+    fn wait_for(&self, w: usize, (k, last): (u64, u64), stop: &AtomicBool) -> Option<bool> {
+        let waited = !self.allows(k);
+        if waited {
             self.blocked.fetch_add(1, Ordering::Relaxed);
-            let k = lane.nth_from(k, self.burst - 1);
+            let k = last.max(k);
             let wait = &self.waits[w];
             let mut g = wait.lock.lock().unwrap_or_else(|e| e.into_inner());
-            // Published before `next` is read again (both sequentially consistent): either the
-            // consumer's advance sees this item and notifies under the lock, which this thread
-            // holds until `wait` releases it, or this thread sees the advance.
+            // Counted and published before `next` is read again (all sequentially consistent):
+            // either the consumer's advance sees this worker waiting for this item and notifies
+            // under the lock, which this thread holds until `wait` releases it, or this thread
+            // sees the advance.
+            self.waiting.fetch_add(1, Ordering::SeqCst);
             wait.item.store(k, Ordering::SeqCst);
             while !self.allows(k) && !stop.load(Ordering::SeqCst) {
                 g = wait.moved.wait(g).unwrap_or_else(|e| e.into_inner());
             }
             wait.item.store(u64::MAX, Ordering::SeqCst);
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        !stop.load(Ordering::SeqCst)
+        (!stop.load(Ordering::SeqCst)).then_some(waited)
     }
 
     /// The consumer's next item is `next` (one more than before; `u64::MAX` to stop): wakes the
-    /// worker of the item that may now be produced, if it waits for that item or an earlier one
-    /// (every waiting worker when stopping).
+    /// workers waiting for an item that may now be produced (every waiting worker when
+    /// stopping).
     fn advance(&self, next: u64) {
         self.next.store(next, Ordering::SeqCst);
+        if next != u64::MAX && self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let newly = next.saturating_add(self.ahead) - 1;
-        let wake = |wait: &Wait| {
-            if wait.item.load(Ordering::SeqCst) <= newly {
+        for wait in &self.waits {
+            let item = wait.item.load(Ordering::SeqCst);
+            if item != u64::MAX && item <= newly {
                 let _g = wait.lock.lock().unwrap_or_else(|e| e.into_inner());
                 wait.moved.notify_one();
             }
-        };
-        if next == u64::MAX || newly < self.first {
-            self.waits.iter().for_each(wake);
-        } else {
-            let n = self.waits.len() as u64;
-            wake(&self.waits[((newly - self.first) % n) as usize]);
         }
     }
 }
 
 impl<T: Send + 'static> Pipeline<T> {
-    /// Starts `workers` threads; worker `w` produces items `first + w, first + w + workers, ...`
-    /// (below `end`) with the closure `make(lane)` returns, at most `workers * burst + prefetch`
-    /// items ahead of the consumer; a worker that reaches that bound waits until it may produce
-    /// `burst` items (see [`Window`] and [`burst`]; 1: woken for every item).
+    /// Starts `workers` threads, each producing with the closure `make()` returns the items from
+    /// `first` (below `end`) that it claims, the next free one each time ([`Lane`]; the closure
+    /// may claim its worker's next one early with [`Lane::after`]), at most `workers * burst +
+    /// prefetch` items ahead of the consumer; a worker that reaches that bound waits until it may
+    /// produce about `burst` items (see [`Window`] and [`burst`]; 1: woken for every item).
     pub(crate) fn start<F>(
         (workers, prefetch, burst): (usize, usize, usize),
         first: u64,
         end: Option<u64>,
         name: &str,
-        make: impl Fn(Lane) -> F,
+        make: impl Fn() -> F,
     ) -> Result<Self>
     where
-        F: FnMut(u64) -> T + Send + 'static,
+        F: FnMut(u64, &mut Lane) -> T + Send + 'static,
     {
         let (workers, burst) = (workers.max(1), burst.clamp(1, MAX_BURST));
         let ahead = workers * burst + prefetch.max(1);
         // A cell for every item the window lets exist: the window alone bounds them.
         let delivery = Arc::new(Delivery::new(ahead, workers));
         let stop = Arc::new(AtomicBool::new(false));
-        let window = Arc::new(Window::new(first, ahead as u64, burst as u64, workers));
+        let window = Arc::new(Window::new(first, ahead as u64, workers));
+        let claims = Arc::new(Claims {
+            next: AtomicU64::new(first),
+            end,
+        });
         let mut pipeline = Self {
             delivery,
             next: first,
@@ -497,11 +567,13 @@ impl<T: Send + 'static> Pipeline<T> {
         };
         for w in 0..workers {
             let lane = Lane {
-                first: first.saturating_add(w as u64),
-                step: workers as u64,
-                end,
+                claims: claims.clone(),
+                pending: first..first,
+                claimed: first,
+                take: 1,
+                burst: burst as u64,
             };
-            let produce = make(lane);
+            let produce = make();
             let (delivery, stop, window) = (
                 pipeline.delivery.clone(),
                 pipeline.stop.clone(),
@@ -538,6 +610,13 @@ impl<T: Send + 'static> Pipeline<T> {
     pub(crate) fn position(&self) -> u64 {
         self.next
     }
+
+    /// The items each worker produced so far (taken or not): even where the workers' cores are,
+    /// uneven where some run slower (each claims the next free item).
+    pub(crate) fn made_per_worker(&self) -> Vec<u64> {
+        let made = self.window.waits.iter();
+        made.map(|w| w.made.load(Ordering::Relaxed)).collect()
+    }
 }
 
 impl<T> Drop for Pipeline<T> {
@@ -555,31 +634,34 @@ impl<T> Drop for Pipeline<T> {
     }
 }
 
-fn run_lane<T, F: FnMut(u64) -> T>(
-    (w, lane): (usize, Lane),
+fn run_lane<T, F: FnMut(u64, &mut Lane) -> T>(
+    (w, mut lane): (usize, Lane),
     mut produce: F,
     delivery: &Delivery<T>,
     stop: Arc<AtomicBool>,
     window: &Window,
 ) {
     let _leaving = Leaving(delivery);
-    let mut k = lane.first;
-    while !stop.load(Ordering::Relaxed) && lane.end.is_none_or(|e| k < e) {
-        if !window.wait_for((w, lane), k, &stop) {
+    while !stop.load(Ordering::Relaxed) {
+        let Some((k, first)) = lane.next() else {
             return;
-        }
+        };
+        let Some(waited) = window.wait_for(w, (k, lane.last(k)), &stop) else {
+            return;
+        };
+        lane.paced(waited, first);
         // Not `crate::guard::quietly`: this panic is a bug, not bad input, and the
         // consumer resumes it with `resume_unwind`, which runs no panic hook; the hook's message
         // here, on the worker's thread, is the only place its text and location are printed.
-        let item = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(k)));
+        let item = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(k, &mut lane)));
         let failed = item.is_err();
         // A panic (a bug in a sampler or the gather) goes to the consumer at the item it happened
         // in, instead of ending the stream silently; the worker stops there.
+        window.waits[w].made.fetch_add(1, Ordering::Relaxed);
         delivery.put(k, item);
         if failed {
             return;
         }
-        k += lane.step;
     }
 }
 
@@ -622,9 +704,9 @@ mod tests {
             let next = Arc::new(AtomicU64::new(10));
             let worst = Arc::new(AtomicU64::new(0));
             let depth = (workers, prefetch, burst);
-            let mut p = Pipeline::start(depth, 10, Some(410), "test", |_| {
+            let mut p = Pipeline::start(depth, 10, Some(410), "test", || {
                 let (next, worst) = (next.clone(), worst.clone());
-                move |k: u64| {
+                move |k: u64, _: &mut Lane| {
                     let past = k - next.load(Ordering::SeqCst);
                     worst.fetch_max(past, Ordering::SeqCst);
                     // Items finish out of order.
@@ -661,8 +743,8 @@ mod tests {
         within_a_minute(|| {
             // Item 0 comes last: items 1 to 3 wait in their cells without waking the consumer,
             // which waits for item 0.
-            let mut p = Pipeline::start((4, 1, 1), 0, Some(4), "test", |_| {
-                |k: u64| {
+            let mut p = Pipeline::start((4, 1, 1), 0, Some(4), "test", || {
+                |k: u64, _: &mut Lane| {
                     if k == 0 {
                         std::thread::sleep(Duration::from_millis(100));
                     }
@@ -686,9 +768,10 @@ mod tests {
             // A consumer much slower than its workers: each time a worker finds its item outside
             // the window it waits, and is woken only when it may produce `burst` items.
             for (workers, burst) in [(1, 4), (2, 4), (3, 2)] {
-                let mut p =
-                    Pipeline::start((workers, 1, burst), 0, Some(240), "test", |_| |k: u64| k)
-                        .unwrap();
+                let mut p = Pipeline::start((workers, 1, burst), 0, Some(240), "test", || {
+                    |k: u64, _: &mut Lane| k
+                })
+                .unwrap();
                 for k in 0..240 {
                     std::thread::sleep(Duration::from_micros(300));
                     assert_eq!(p.next_item(), Some(k));
@@ -713,24 +796,85 @@ mod tests {
         assert_eq!(burst(16 << 20, 2, 4), 3);
         assert_eq!(burst(100 << 20, 2, 4), 1);
         assert_eq!(burst(1 << 20, 64, 4), 2);
-        // A lane's n-th item from k, or its last one before the end.
-        let lane = Lane {
-            first: 1,
-            step: 3,
-            end: Some(20),
-        };
-        assert_eq!(lane.nth_from(4, 0), 4);
-        assert_eq!(lane.nth_from(4, 3), 13);
-        assert_eq!(lane.nth_from(13, 3), 19);
-        assert_eq!(lane.nth_from(19, 3), 19);
-        let endless = Lane { end: None, ..lane };
-        assert_eq!(endless.nth_from(19, 3), 28);
+    }
+
+    #[test]
+    fn a_slow_worker_produces_fewer_items_instead_of_setting_the_pace() {
+        within_a_minute(|| {
+            // Worker 0 takes 20 ms an item, the three others 0.2 ms. Had each worker every
+            // fourth item, as before, the slow one would make a quarter of them and the consumer
+            // would wait 20 ms every four items; claiming the next free item, the fast workers
+            // fill the window while it works.
+            let made = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let workers = Arc::new(AtomicU64::new(0));
+            let mut p = Pipeline::start((4, 32, 1), 0, Some(400), "test", || {
+                let w = workers.fetch_add(1, Ordering::SeqCst);
+                let made = made.clone();
+                move |k: u64, _: &mut Lane| {
+                    let ms = if w == 0 { 20.0 } else { 0.2 };
+                    std::thread::sleep(Duration::from_secs_f64(ms * 1e-3));
+                    made.lock().unwrap().push(w);
+                    k
+                }
+            })
+            .unwrap();
+            for k in 0..400 {
+                assert_eq!(p.next_item(), Some(k));
+            }
+            assert_eq!(p.next_item(), None);
+            let made = made.lock().unwrap();
+            let slow = made.iter().filter(|&&w| w == 0).count();
+            assert_eq!(made.len(), 400);
+            // What the loaders report (`Loader::batches_per_worker`) says the same.
+            let per = p.made_per_worker();
+            assert_eq!(per.iter().sum::<u64>(), 400);
+            assert_eq!(per[0], slow as u64);
+            assert!(slow <= 400 / 8, "the slow worker made {slow} of 400 items");
+        });
+    }
+
+    #[test]
+    fn workers_claim_each_item_once_and_in_order_with_read_ahead() {
+        within_a_minute(|| {
+            // Each worker claims its next item early (as read-ahead planning does) and then
+            // produces exactly that one: every item once, whatever the interleaving.
+            let claimed = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let mut p = Pipeline::start((3, 2, 2), 5, Some(305), "test", || {
+                let claimed = claimed.clone();
+                let mut expected: Option<u64> = None;
+                move |k: u64, lane: &mut Lane| {
+                    if let Some(e) = expected {
+                        assert_eq!(k, e, "a worker produced another item than it claimed");
+                    }
+                    expected = lane.after();
+                    assert_eq!(lane.after(), expected, "after() claims once");
+                    if let Some(e) = expected {
+                        assert!(e > k);
+                        claimed.lock().unwrap().push(e);
+                    }
+                    std::thread::sleep(Duration::from_micros(k % 7 * 50));
+                    k
+                }
+            })
+            .unwrap();
+            for k in 5..305 {
+                assert_eq!(p.next_item(), Some(k));
+            }
+            assert_eq!(p.next_item(), None);
+            let mut claimed = claimed.lock().unwrap().clone();
+            let n = claimed.len();
+            claimed.sort_unstable();
+            claimed.dedup();
+            assert_eq!(claimed.len(), n, "an item claimed twice");
+            assert!(claimed.iter().all(|&e| (5..305).contains(&e)));
+        });
     }
 
     #[test]
     fn dropping_a_pipeline_whose_workers_wait_returns() {
         within_a_minute(|| {
-            let mut p = Pipeline::start((8, 1, 2), 0, None, "test", |_| |k: u64| k).unwrap();
+            let mut p =
+                Pipeline::start((8, 1, 2), 0, None, "test", || |k: u64, _: &mut Lane| k).unwrap();
             assert_eq!(p.next_item(), Some(0));
             // Every worker is now waiting for the window: dropping wakes and joins them.
             std::thread::sleep(Duration::from_millis(20));

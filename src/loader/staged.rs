@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use super::ring::Ring;
-use super::{Feed, LoaderOptions, LoaderState, Pipeline, WorkerPlans, check_in_flight};
+use super::{Feed, Lane, LoaderOptions, LoaderState, Pipeline, WorkerPlans, check_in_flight};
 use super::{StagedBatch, StagingSlot};
 use crate::error::Result;
 
@@ -89,10 +89,10 @@ impl StagedLoader {
             start,
             end,
             "staged-loader",
-            |lane| {
+            || {
                 let ring = ring.clone();
                 let mut planner = WorkerPlans::new(feed.clone());
-                move |k: u64| {
+                move |k: u64, lane: &mut Lane| {
                     planner.plan(k, lane);
                     ring.fill(k, planner.gatherer(), planner.current())
                 }

@@ -17,7 +17,7 @@ use super::streaming::StreamWorker;
 use super::times::{WorkerTimes, WorkerTimesTotal};
 use super::{TensorBatch, check_device};
 use crate::error::{Error, Result};
-use crate::loader::{Feed, Pipeline, Run, WorkerPlans, check_in_flight};
+use crate::loader::{Feed, Lane, Pipeline, Run, WorkerPlans, check_in_flight};
 
 /// Yields [`TensorBatch`]es on the target device in a fixed order: batch `k` of rank `r` is the
 /// sampler's batch [`crate::loader::global_batch`], whatever the number of workers, and equal (bit for bit,
@@ -263,7 +263,7 @@ impl TorchLoader {
             start,
             end,
             "torch-loader",
-            |lane| {
+            || {
                 let mut worker = stream_worker(
                     &layout,
                     &opts,
@@ -273,7 +273,7 @@ impl TorchLoader {
                     (times.clone(), host.clone()),
                 );
                 let mut planner = WorkerPlans::new(feed.clone());
-                move |k: u64| {
+                move |k: u64, lane: &mut Lane| {
                     planner.plan(k, lane);
                     worker.produce_feed(planner.gatherer(), planner.current())
                 }

@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::format::col;
 use crate::gather::{Gatherer, values_from_row0};
 use crate::index::SliceRef;
-use crate::loader::Pipeline;
+use crate::loader::{Lane, Pipeline};
 use crate::sample::Sampler;
 use crate::store::Snapshot;
 
@@ -276,10 +276,10 @@ impl Resident {
             .min(fits_pool);
         let depth = (lo.workers, lo.prefetch, burst);
         let times = Arc::new(WorkerTimes::default());
-        let params = Pipeline::start(depth, start, end, "resident", |_| {
+        let params = Pipeline::start(depth, start, end, "resident", || {
             let (planner, times) = (planner.clone(), times.clone());
             let mut plan = Vec::new();
-            move |k: u64| {
+            move |k: u64, _: &mut Lane| {
                 let t = Instant::now();
                 let p = planner.params(k, &mut plan);
                 let now = Instant::now();

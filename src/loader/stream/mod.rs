@@ -65,7 +65,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{BatchSource, LoaderOptions, Pipeline, Recycler, StreamFollow, check_in_flight};
+use super::{BatchSource, Lane, LoaderOptions, Pipeline, Recycler, StreamFollow, check_in_flight};
 use crate::error::{Error, Result};
 use crate::gather::{Batch, FrameStack, Gatherer};
 use crate::index::{EpisodeIndex, SliceIndex, SliceRef};
@@ -442,11 +442,11 @@ impl<T: Send + 'static> Run<T> {
         };
         let pipeline =
             // Bursts of 1: the windows' schedule counts on `workers + prefetch` batches ahead.
-            Pipeline::start((opts.workers, opts.prefetch, 1), start, end, "stream", |_lane| {
+            Pipeline::start((opts.workers, opts.prefetch, 1), start, end, "stream", || {
                 let shared = shared.clone();
                 let mut produce = sink();
                 let mut plan: Vec<SliceRef> = Vec::new();
-                move |k: u64| -> Result<T> {
+                move |k: u64, _: &mut Lane| -> Result<T> {
                     let (w, local) = shared.schedule.locate(k);
                     let view = shared.view(&w)?;
                     let number = if shared.schedule.is_whole() { k } else { local };

@@ -66,6 +66,16 @@ pub(crate) struct BenchArgs {
             .range(1..=trajstore::loader::MAX_WORKERS as u64)
     )]
     pub(crate) workers: usize,
+    /// Batches the loader queues ahead of the consumer (1 to 4096; default 4, fewer where the
+    /// batches in flight would not fit the library's memory limit). The workers run at most
+    /// `workers * burst + prefetch` batches ahead of the consumer: a deeper queue rides out a
+    /// worker that the OS deschedules for a while, at the cost of memory.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096)
+    )]
+    pub(crate) prefetch: Option<usize>,
     /// How pages that are not in memory are read: `auto` asks the kernel for all the pages of
     /// a batch at once (and loader workers for their next batch's) while gathers take major page
     /// faults, and stops once the pages are found in memory; `always`; `never` (each page is
@@ -443,7 +453,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         &source,
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
-            .with_prefetch(prefetch_that_fits(bytes, a.workers))
+            .with_prefetch(
+                a.prefetch
+                    .unwrap_or_else(|| prefetch_that_fits(bytes, a.workers)),
+            )
             .with_start(loader_start)
             .with_max_batches(loader_batches),
     )
@@ -480,6 +493,8 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     });
     // Batches the workers made rather than reused (every batch is recycled: the window's worth).
     let batches_made = loader.recycler().batches_made();
+    // How evenly the workers' cores ran: each takes the next batch no worker has.
+    let per_worker = loader.batches_per_worker();
     // What a checkpoint of the loader costs: its state, as bytes, and a source opened from it.
     let t_state = Instant::now();
     let state_bytes = loader.state().to_bytes();
@@ -610,8 +625,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             .map(|f| loader_bps / f),
         "torch": torch,
     });
-    // (Beside the macro: one more key there passes serde_json's recursion limit.)
+    // (Beside the macro: more keys there pass serde_json's recursion limit.)
     v["loader_consumer"] = consumer;
+    v["loader_batches_per_worker"] = json!(per_worker);
     if a.s.json {
         outln!("{v}");
         return Ok(());
@@ -656,6 +672,11 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         format!("loader ({} workers)", a.workers),
         HumanCount((got as f64 * steps / loader_s) as u64)
     );
+    if let (Some(lo), Some(hi)) = (per_worker.iter().min(), per_worker.iter().max()) {
+        if per_worker.len() > 1 {
+            outln!("  batches per worker   {lo} to {hi} (a worker takes the next batch free)");
+        }
+    }
     if let Some(secs) = a.follow {
         outln!(
             "  following (every {secs} s): versions {} to {}, {} refreshes",

@@ -29,6 +29,10 @@ pub(crate) fn torch_bench(
     let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
         trajstore::LoaderOptions::default()
             .with_workers(a.workers)
+            .with_prefetch(
+                a.prefetch
+                    .unwrap_or(trajstore::LoaderOptions::default().prefetch),
+            )
             .with_start(start)
             .with_max_batches(2 * iters),
     );
