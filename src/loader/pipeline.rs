@@ -257,55 +257,41 @@ impl Claims {
 }
 
 /// Which items one worker produces: it claims them from the numbers every worker of its pipeline
-/// shares ([`Claims`]), so that they rise but are not evenly spaced. While the workers set the
-/// pace it claims one item at a time; once it had to wait for the consumer ([`Window`]), `burst`
-/// consecutive ones, so that it is woken once for all of them.
+/// shares ([`Claims`]), one at a time, so that they rise but are not evenly spaced; a worker that
+/// must wait for the consumer ([`Window`]) first claims `burst - 1` more, to be woken once for all
+/// of them.
 #[derive(Debug)]
 pub(crate) struct Lane {
     claims: Arc<Claims>,
     /// Items claimed and not produced yet, after the current one.
     pending: Range<u64>,
-    /// The first item of the last claim.
-    claimed: u64,
-    /// Items a claim takes: 1, or `burst` after a wait for the window.
-    take: u64,
     burst: u64,
 }
 
 impl Lane {
-    fn claim(&mut self) {
+    /// The item this worker produces next.
+    fn next(&mut self) -> Option<u64> {
         if self.pending.is_empty() {
-            self.pending = self.claims.claim(self.take);
-            self.claimed = self.pending.start;
+            self.pending = self.claims.claim(1);
         }
-    }
-
-    /// The item this worker produces next, and whether it is the first of a claim.
-    fn next(&mut self) -> Option<(u64, bool)> {
-        self.claim();
-        self.pending.next().map(|k| (k, k == self.claimed))
+        self.pending.next()
     }
 
     /// The item this worker produces after its current one, claimed now if it is not yet, so
     /// that it can be planned early; `None` past the end.
     pub(crate) fn after(&mut self) -> Option<u64> {
-        self.claim();
+        if self.pending.is_empty() {
+            self.pending = self.claims.claim(1);
+        }
         (!self.pending.is_empty()).then_some(self.pending.start)
     }
 
-    /// After a wait for the window (`waited`) for item `k`, the first of its claim if `first`:
-    /// claims take `burst` items from a wait on, until a claim's first item needs none.
-    fn paced(&mut self, waited: bool, first: bool) {
-        if waited {
-            self.take = self.burst;
-        } else if first {
-            self.take = 1;
+    /// Before a wait for the window with item `k` current: claims `burst - 1` more items if it
+    /// holds none, and returns the last item it holds, which it waits to be let produce.
+    fn hold_burst(&mut self, k: u64) -> u64 {
+        if self.pending.is_empty() && self.burst > 1 {
+            self.pending = self.claims.claim(self.burst - 1);
         }
-    }
-
-    /// The last item this worker holds, `k` being its current one: at the window it waits until
-    /// it may produce all of them.
-    fn last(&self, k: u64) -> u64 {
         match self.pending.is_empty() {
             true => k,
             false => self.pending.end - 1,
@@ -436,12 +422,11 @@ pub(crate) struct Pipeline<T> {
 /// shared by all, notified to all, cost the consumer a wake-up of every waiting worker per
 /// batch).
 ///
-/// A worker that reaches the window waits until it may produce every item it holds, and from
-/// then on claims `burst` items at a time ([`Lane`]); the window is `burst - 1` items per worker
+/// A worker that reaches the window claims `burst - 1` more items and waits until it may
+/// produce all it holds ([`Lane::hold_burst`]); the window is `burst - 1` items per worker
 /// wider, so that as many items are ready as without it when the worker is woken: with workers
-/// faster than the consumer, the consumer wakes a worker once every `burst` items instead of
-/// once an item. A worker holding the consumer's next item is always let go on, as its last
-/// item is at most `burst - 1` past it, less than the window.
+/// faster than the consumer, the consumer wakes a worker about once every `burst` items instead
+/// of once an item.
 pub(crate) struct Window {
     /// The consumer's next item.
     next: AtomicU64,
@@ -487,14 +472,14 @@ impl Window {
         k < self.next.load(Ordering::SeqCst).saturating_add(self.ahead)
     }
 
-    /// Blocks worker `w` until item `k` may be produced, and when it must wait, until its `last`
-    /// item may (see [`Window`]): `Some(true)` if it waited, `None` when the pipeline stops
-    /// meanwhile.
-    fn wait_for(&self, w: usize, (k, last): (u64, u64), stop: &AtomicBool) -> Option<bool> {
-        let waited = !self.allows(k);
-        if waited {
+    /// Blocks worker `w` until item `k` may be produced; when it must wait, it holds `burst`
+    /// items (see [`Lane::hold_burst`]) and waits until it may produce them all, or as many as
+    /// the window allows past `k` (so that a worker holding the consumer's next item is always
+    /// let go on); `false` when the pipeline stops meanwhile.
+    fn wait_for(&self, w: usize, k: u64, lane: &mut Lane, stop: &AtomicBool) -> bool {
+        if !self.allows(k) {
             self.blocked.fetch_add(1, Ordering::Relaxed);
-            let k = last.max(k);
+            let k = lane.hold_burst(k).min(k.saturating_add(self.ahead - 1));
             let wait = &self.waits[w];
             let mut g = wait.lock.lock().unwrap_or_else(|e| e.into_inner());
             // Counted and published before `next` is read again (all sequentially consistent):
@@ -509,7 +494,7 @@ impl Window {
             wait.item.store(u64::MAX, Ordering::SeqCst);
             self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        (!stop.load(Ordering::SeqCst)).then_some(waited)
+        !stop.load(Ordering::SeqCst)
     }
 
     /// The consumer's next item is `next` (one more than before; `u64::MAX` to stop): wakes the
@@ -569,8 +554,6 @@ impl<T: Send + 'static> Pipeline<T> {
             let lane = Lane {
                 claims: claims.clone(),
                 pending: first..first,
-                claimed: first,
-                take: 1,
                 burst: burst as u64,
             };
             let produce = make();
@@ -643,13 +626,10 @@ fn run_lane<T, F: FnMut(u64, &mut Lane) -> T>(
 ) {
     let _leaving = Leaving(delivery);
     while !stop.load(Ordering::Relaxed) {
-        let Some((k, first)) = lane.next() else {
+        let Some(k) = lane.next() else { return };
+        if !window.wait_for(w, k, &mut lane, &stop) {
             return;
-        };
-        let Some(waited) = window.wait_for(w, (k, lane.last(k)), &stop) else {
-            return;
-        };
-        lane.paced(waited, first);
+        }
         // Not `crate::guard::quietly`: this panic is a bug, not bad input, and the
         // consumer resumes it with `resume_unwind`, which runs no panic hook; the hook's message
         // here, on the worker's thread, is the only place its text and location are printed.
