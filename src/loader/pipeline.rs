@@ -438,6 +438,8 @@ pub(crate) struct Window {
     /// Per worker: the item it waits to be let produce (`u64::MAX`: not waiting), under its own
     /// lock.
     waits: Vec<Wait>,
+    /// Per worker: the items it produced.
+    made: Box<[Made]>,
 }
 
 /// One worker's: on a cache line of its own.
@@ -446,9 +448,13 @@ struct Wait {
     item: AtomicU64,
     lock: Mutex<()>,
     moved: Condvar,
-    /// Items the worker produced.
-    made: AtomicU64,
 }
+
+/// Items one worker produced, on a cache line of its own (written once an item; the consumer
+/// reads its worker's [`Wait`] while one waits).
+#[repr(align(128))]
+#[derive(Default)]
+struct Made(AtomicU64);
 
 impl Window {
     fn new(first: u64, ahead: u64, workers: usize) -> Self {
@@ -462,9 +468,9 @@ impl Window {
                     item: AtomicU64::new(u64::MAX),
                     lock: Mutex::new(()),
                     moved: Condvar::new(),
-                    made: AtomicU64::new(0),
                 })
                 .collect(),
+            made: (0..workers).map(|_| Made::default()).collect(),
         }
     }
 
@@ -597,8 +603,8 @@ impl<T: Send + 'static> Pipeline<T> {
     /// The items each worker produced so far (taken or not): even where the workers' cores are,
     /// uneven where some run slower (each claims the next free item).
     pub(crate) fn made_per_worker(&self) -> Vec<u64> {
-        let made = self.window.waits.iter();
-        made.map(|w| w.made.load(Ordering::Relaxed)).collect()
+        let made = self.window.made.iter();
+        made.map(|m| m.0.load(Ordering::Relaxed)).collect()
     }
 }
 
@@ -637,7 +643,7 @@ fn run_lane<T, F: FnMut(u64, &mut Lane) -> T>(
         let failed = item.is_err();
         // A panic (a bug in a sampler or the gather) goes to the consumer at the item it happened
         // in, instead of ending the stream silently; the worker stops there.
-        window.waits[w].made.fetch_add(1, Ordering::Relaxed);
+        window.made[w].0.fetch_add(1, Ordering::Relaxed);
         delivery.put(k, item);
         if failed {
             return;
