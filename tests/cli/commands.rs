@@ -302,6 +302,9 @@ fn bench_reports_pages_phases_and_the_io_floor() {
     // Every batch recycled: the workers made at most one batch per batch delivered.
     let made = v["loader_batches_made"].as_u64().unwrap();
     assert!((1..=5).contains(&made), "{made}");
+    // Each of the 2 workers (the default) counted the batches it gathered: 5 in all.
+    let per: Vec<u64> = serde_json::from_value(v["loader_batches_per_worker"].clone()).unwrap();
+    assert_eq!((per.len(), per.iter().sum::<u64>()), (2, 5), "{per:?}");
     assert!(v["loader_consumer"]["step_us"].is_null(), "{v}");
     // A training step of 20 µs a batch: how long the consumer waited for the next batch.
     let (code, out, err) = run(&[&args[..], &["--consumer-us", "20", "--json"]].concat());
@@ -375,6 +378,7 @@ fn bench_reports_pages_phases_and_the_io_floor() {
         "major faults",
         "O_DIRECT",
         "loader / floor",
+        "batches per worker",
     ] {
         assert!(
             out.contains(s) || (s == "O_DIRECT" && out.contains("buffered")),
@@ -384,9 +388,17 @@ fn bench_reports_pages_phases_and_the_io_floor() {
     let (code, out, _) = run(&["bench", "--help"]);
     assert_eq!(code, 0);
     assert!(
-        out.contains("drop_caches") && out.contains("--io-floor"),
+        out.contains("drop_caches") && out.contains("--io-floor") && out.contains("--prefetch"),
         "{out}"
     );
+    // A deeper queue gathers the same number of batches; an empty one is refused.
+    let (code, out, err) = run(&["bench", d, "--iters", "5", "--prefetch", "32", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let p: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["phases"]["loader"]["batches"].as_u64(), Some(5), "{p}");
+    let (code, _, err) = run(&["bench", d, "--prefetch", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--prefetch"), "{err}");
     // The hidden duration needs --io-floor and a sane value.
     let (code, _, err) = run(&["bench", d, "--io-floor", "--io-floor-secs", "0"]);
     assert_eq!(code, 1, "{err}");

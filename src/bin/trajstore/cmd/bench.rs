@@ -672,10 +672,12 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         format!("loader ({} workers)", a.workers),
         HumanCount((got as f64 * steps / loader_s) as u64)
     );
-    if let (Some(lo), Some(hi)) = (per_worker.iter().min(), per_worker.iter().max()) {
-        if per_worker.len() > 1 {
-            outln!("  batches per worker   {lo} to {hi} (a worker takes the next batch free)");
-        }
+    if let (Some(lo), Some(hi), true) = (
+        per_worker.iter().min(),
+        per_worker.iter().max(),
+        per_worker.len() > 1,
+    ) {
+        outln!("  batches per worker   {lo} to {hi} (a worker takes the next batch free)");
     }
     if let Some(secs) = a.follow {
         outln!(
