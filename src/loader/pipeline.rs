@@ -269,20 +269,23 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    /// The item this worker produces next.
-    fn next(&mut self) -> Option<u64> {
+    /// Claims one item if the worker holds none after its current one.
+    fn hold_one(&mut self) {
         if self.pending.is_empty() {
             self.pending = self.claims.claim(1);
         }
+    }
+
+    /// The item this worker produces next.
+    fn next(&mut self) -> Option<u64> {
+        self.hold_one();
         self.pending.next()
     }
 
     /// The item this worker produces after its current one, claimed now if it is not yet, so
     /// that it can be planned early; `None` past the end.
     pub(crate) fn after(&mut self) -> Option<u64> {
-        if self.pending.is_empty() {
-            self.pending = self.claims.claim(1);
-        }
+        self.hold_one();
         (!self.pending.is_empty()).then_some(self.pending.start)
     }
 
@@ -513,8 +516,8 @@ impl Window {
         }
         let newly = next.saturating_add(self.ahead) - 1;
         for wait in &self.waits {
-            let item = wait.item.load(Ordering::SeqCst);
-            if item != u64::MAX && item <= newly {
+            // Not waiting is `u64::MAX`, past any `newly`.
+            if wait.item.load(Ordering::SeqCst) <= newly {
                 let _g = wait.lock.lock().unwrap_or_else(|e| e.into_inner());
                 wait.moved.notify_one();
             }

@@ -66,10 +66,10 @@ pub(crate) struct BenchArgs {
             .range(1..=trajstore::loader::MAX_WORKERS as u64)
     )]
     pub(crate) workers: usize,
-    /// Batches the loader queues ahead of the consumer (1 to 4096; default 4, fewer where the
-    /// batches in flight would not fit the library's memory limit). The workers run at most
-    /// `workers * burst + prefetch` batches ahead of the consumer: a deeper queue rides out a
-    /// worker that the OS deschedules for a while, at the cost of memory.
+    /// Batches the loader queues ahead of the consumer (1 to 4096; default 4, for the CPU loader
+    /// fewer where the batches in flight would not fit the library's memory limit). The workers
+    /// run at most `workers * burst + prefetch` batches ahead of the consumer: a deeper queue
+    /// rides out a worker that the OS deschedules for a while, at the cost of memory.
     #[arg(
         long,
         value_name = "N",

@@ -26,16 +26,14 @@ pub(crate) fn torch_bench(
     let dev = parse_device(device).map_err(one_line)?;
     let cast = a.cast;
     let iters = a.iters as u64;
-    let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(
-        trajstore::LoaderOptions::default()
-            .with_workers(a.workers)
-            .with_prefetch(
-                a.prefetch
-                    .unwrap_or(trajstore::LoaderOptions::default().prefetch),
-            )
-            .with_start(start)
-            .with_max_batches(2 * iters),
-    );
+    let mut lo = trajstore::LoaderOptions::default()
+        .with_workers(a.workers)
+        .with_start(start)
+        .with_max_batches(2 * iters);
+    if let Some(p) = a.prefetch {
+        lo = lo.with_prefetch(p);
+    }
+    let mut opts = TorchLoaderOptions::new(dev).with_cast(cast).with_loader(lo);
     if a.resident {
         opts = opts
             .with_resident(a.resident_budget)
