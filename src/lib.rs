@@ -83,7 +83,8 @@ mod guard;
 
 pub use error::{ConflictKind, Error, Result};
 pub use gather::{
-    Batch, BatchColumn, CompactInto, FrameStack, GatherInto, Gatherer, ReadAhead, StackPad,
+    Batch, BatchColumn, CompactInto, FrameCacheStats, FrameStack, GatherInto, Gatherer, ReadAhead,
+    StackPad,
 };
 pub use index::{BoundaryPolicy, EpisodeIndex, EpisodeLocation, SliceIndex, SliceRef};
 pub use loader::{

@@ -27,6 +27,8 @@ const FOLDERS: &[(&str, &[&str])] = &[
         &[
             "batch",
             "readahead",
+            "simd",
+            "frame_cache",
             "frames",
             "stored",
             "pages",

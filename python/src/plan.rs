@@ -70,21 +70,25 @@ struct LoaderArgs {
     frame_pad: StackPad,
     frame_channels_last: bool,
     frame_window: bool,
+    #[pyo3(from_py_with = frame_cache)]
+    frame_cache: u64,
 }
 
 impl LoaderArgs {
     /// The `frame_stack`, `frame_pad`, `frame_channels_last` and `frame_window` options as a
     /// [`FrameStack`].
     fn frame_stack(&self) -> PyResult<Option<FrameStack>> {
-        self.frame_stack
-            .map(|k| {
-                Ok(FrameStack::new(k)
-                    .py()?
-                    .with_pad(self.frame_pad)
-                    .with_channels_last(self.frame_channels_last)
-                    .with_window(self.frame_window))
-            })
-            .transpose()
+        let stack = match (self.frame_stack, self.frame_cache) {
+            (None, 0) => return Ok(None),
+            // A cache without a stack: one frame per step, `[H, W]`.
+            (None, _) => FrameStack::unstacked(),
+            (Some(k), _) => FrameStack::new(k)
+                .py()?
+                .with_pad(self.frame_pad)
+                .with_channels_last(self.frame_channels_last)
+                .with_window(self.frame_window),
+        };
+        Ok(Some(stack.with_cache(self.frame_cache)))
     }
 }
 
@@ -127,6 +131,23 @@ fn parsed_opt<T: FromStr<Err = trajstore::Error>>(v: &Bound<'_, PyAny>) -> PyRes
         return Ok(None);
     }
     parsed(v).map(Some)
+}
+
+/// The `frame_cache` option: None (0: no cache), bytes, or a size such as "2GiB".
+fn frame_cache(v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if v.is_none() {
+        return Ok(0);
+    }
+    match v.extract::<String>() {
+        Ok(s) => trajstore::sql::limits::parse_size(&s),
+        Err(_) => v.extract::<u64>().ok(),
+    }
+    .ok_or_else(|| {
+        argument(
+            "frame_cache",
+            format!("frame_cache={v}: bytes, or a size as a string such as \"2GiB\""),
+        )
+    })
 }
 
 /// The `readahead` option: "auto", "always", "never" (or "on", "off"), or a bool (True: always).

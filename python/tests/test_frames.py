@@ -117,6 +117,40 @@ def test_frame_stacks_equal_the_raw_frames(frames_path, pad, policy):
     assert seen == 5
 
 
+# Every frame (67 of 120 B each), a part of them (the first 30 frames), one frame per step.
+@pytest.mark.parametrize("cache,k", [("1MiB", 4), (30 * H * W, 4), ("1MiB", None)])
+def test_a_frame_cache_gives_the_same_batches(frames_path, cache, k):
+    """frame_cache: the frames copied from memory equal the frames decoded, batch for batch,
+    whether the cache holds every frame or only the first ones."""
+    path, obs = frames_path
+    ds = trajstore.open(path)
+    args = dict(
+        slice_len=5, num_slices=16, columns=["observation", "next_observation"], policy="pad",
+        frame_stack=k, backend="numpy", max_batches=6, seed=5,
+    )
+    plain = list(ds.loader(**args))  # type: ignore[arg-type]
+    cached = list(ds.loader(frame_cache=cache, **args))  # type: ignore[arg-type]
+    assert len(plain) == len(cached) == 6
+    for a, b in zip(plain, cached):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+    if k is not None:
+        starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+        b0 = cached[0]
+        want, want_next = reference(obs, starts, b0["episode_id"] - ds.first_episode_id, b0["start_step"], 5, k, "repeat")
+        mask = b0["mask"].astype(bool)
+        np.testing.assert_array_equal(b0["observation"][mask], want[mask])
+
+
+def test_a_frame_cache_refuses_bad_sizes_and_following(frames_path):
+    path, _ = frames_path
+    ds = trajstore.open(path)
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame_cache"):
+        ds.loader(slice_len=2, num_slices=4, frame_cache="lots", backend="numpy")
+    with pytest.raises(trajstore.InvalidArgumentError, match="frame_cache"):
+        ds.loader(slice_len=2, num_slices=4, frame_cache="1MiB", follow=True, backend="numpy")
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("policy", ["strict", "pad", "span:2:3"])
 def test_frame_windows_are_strided_views_of_the_same_stacks(frames_path, backend, policy):

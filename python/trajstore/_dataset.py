@@ -312,6 +312,7 @@ class Snapshot(Described):
         frame_pad: FramePad = "repeat",
         frame_channels_last: bool = False,
         frame_window: bool = False,
+        frame_cache: Union[int, str, None] = None,
         follow: Follow = None,
     ) -> Loader:
         """Batches of ``num_slices`` slices of ``slice_len`` consecutive steps inside episodes,

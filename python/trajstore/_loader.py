@@ -98,6 +98,12 @@ class Loader(CudaRing):
       ``device="cuda"`` the staging slots hold the ``L + K - 1`` frames, one copy carries them,
       and the view is made of the device buffer. Not with ``frame_channels_last`` (``permute``
       the view).
+    - ``frame_cache``: keep up to this many bytes of decoded frames in memory (an int, or a
+      size such as ``"2GiB"``): the frame columns' frames (all of them where they fit, else the
+      first ones) are decoded once, in parallel, when the loader is made, and copied afterwards
+      instead of decoded (about twice the batches per second on Atari frames). It costs the
+      memory of raw frames, as TorchRL's in-memory storages do; loaders of one snapshot share
+      it. A frame that does not decode raises here. Not with ``follow`` or a streamed dataset.
     - ``follow``: sample a dataset that a collector keeps committing to: ``True`` (look for a
       newer version every second), a number of seconds, or ``{"every": seconds,
       "every_batches": n}`` (whichever comes first). A newer version is mapped in the

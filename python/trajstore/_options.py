@@ -237,6 +237,7 @@ def settle(datasets: Sequence[Snapshot], args: LoaderArgs, follow: Follow, mix: 
         "frame_pad": args["frame_pad"],
         "frame_channels_last": args["frame_channels_last"],
         "frame_window": args["frame_window"],
+        "frame_cache": args["frame_cache"],
         "episodes_sql": episodes_sql,
     }
     if args["frame_channels_last"] and args["frame_stack"] is None:

@@ -102,6 +102,7 @@ class LoaderArgs(TypedDict, total=False):
     frame_pad: FramePad
     frame_channels_last: bool
     frame_window: bool
+    frame_cache: Union[int, str, None]
 
 
 # --- what the native Plan takes (python/src/plan.rs: every key given, no defaults there) -------
@@ -130,6 +131,7 @@ class PlanOptions(TypedDict):
     frame_pad: FramePad
     frame_channels_last: bool
     frame_window: bool
+    frame_cache: Union[int, str, None]
 
 
 class PartOptions(TypedDict):

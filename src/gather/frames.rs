@@ -35,6 +35,10 @@ use crate::error::{Error, Result};
 use crate::frames::{FrameColumn, FrameDecoder};
 use crate::store::Segment;
 
+pub(super) use super::frame_cache::located;
+use super::frame_cache::{self, FrameCache};
+use super::simd;
+
 /// The most frames a [`FrameStack`] may hold.
 pub const MAX_FRAME_STACK: usize = 64;
 
@@ -85,6 +89,10 @@ pub struct FrameStack {
     /// Each slice's window of `L + K - 1` frames instead of `L` written-out stacks (see the
     /// module's documentation and [`crate::gather::BatchColumn::lead`]).
     pub window: bool,
+    /// Bytes of decoded frames kept in memory (0: none); see [`FrameStack::with_cache`].
+    pub cache: u64,
+    /// One frame per step without a stack axis ([`FrameStack::unstacked`]).
+    pub(crate) unstacked: bool,
 }
 
 impl FrameStack {
@@ -106,7 +114,18 @@ impl FrameStack {
             pad: StackPad::Repeat,
             channels_last: false,
             window: false,
+            cache: 0,
+            unstacked: false,
         })
+    }
+    /// One frame per step, `[H, W]` as without a stack (no stack axis, unlike `new(1)`'s
+    /// `[1, H, W]`): the options of frame columns, such as [`FrameStack::with_cache`], without
+    /// stacking.
+    pub fn unstacked() -> Self {
+        Self {
+            unstacked: true,
+            ..Self::new(1).expect("1 frame")
+        }
     }
     /// Gathers each slice's window of frames (`[L + K - 1, H, W]`), of which step `j`'s stack
     /// is rows `j .. j + K`, instead of writing out `L` stacks of `K` frames: a quarter of the
@@ -115,6 +134,19 @@ impl FrameStack {
     /// `permute` of the window's view).
     pub fn with_window(mut self, window: bool) -> Self {
         self.window = window;
+        self
+    }
+    /// Keeps up to `bytes` of decoded frames in memory: each gathered frame column's first
+    /// frames (all of them where they fit) are decoded once, in parallel, when the gatherer is
+    /// made, and copied from there afterwards instead of decoded (a `memcpy`, about half the
+    /// time of a decode on Atari frames). For data that is sampled far more often than it is
+    /// opened, in memory that the decoded frames fit (as raw frames do in TorchRL's storages).
+    /// Gatherers of one snapshot with the same budget share one cache; a loader that follows
+    /// new versions or streams from object storage refuses one. Under uniform sampling the
+    /// share of frames served from memory is the share cached, whichever frames they are. A
+    /// frame that does not decode is an error when the gatherer is made.
+    pub fn with_cache(mut self, bytes: u64) -> Self {
+        self.cache = bytes;
         self
     }
     /// Sets the padding before an episode's first frame.
@@ -132,6 +164,9 @@ impl FrameStack {
     /// The shape of one step's stack of frames of `frame` (`[H, W]` or `[H, W, C]`).
     pub fn shape(&self, frame: &[usize]) -> Vec<usize> {
         let mut shape = frame.to_vec();
+        if self.unstacked {
+            return shape;
+        }
         if !self.channels_last {
             shape.insert(0, self.frames);
         } else if shape.len() >= 3 {
@@ -158,6 +193,8 @@ pub(crate) struct FrameSource {
     /// ([`FrameSource::table_window`]) and the frames' stored bytes, not the decoded frames.
     pub(crate) stored: bool,
     decoders: Decoders,
+    /// Decoded frames of the column kept in memory ([`FrameStack::with_cache`]).
+    pub(super) cache: Option<Arc<FrameCache>>,
 }
 
 /// The decoders of one frame column, in shards: a thread takes from, and gives back to, the
@@ -264,12 +301,7 @@ impl FrameSource {
             decoder: column.decoder()?,
             scratch: Vec::new(),
         };
-        let stack = stack.unwrap_or(FrameStack {
-            frames: 1,
-            pad: StackPad::Repeat,
-            channels_last: false,
-            window: false,
-        });
+        let stack = stack.unwrap_or_else(FrameStack::unstacked);
         if stack.window && stack.channels_last && stack.frames > 1 {
             return Err(Error::argument(
                 "frame_window",
@@ -286,6 +318,7 @@ impl FrameSource {
             window: stack.lead() > 0,
             stored: false,
             decoders: Decoders::new(first),
+            cache: None,
         })
     }
 
@@ -507,9 +540,11 @@ impl FrameSource {
         let (s_lo, s_hi) = (lo.max(0) as usize, (hi as usize).min(len.saturating_sub(1)));
         if s_hi >= s_lo {
             let run = seg.frames(self.name(), row0 + s_lo as u64, s_hi - s_lo + 1)?;
+            let cached = self.cached(seg);
             for u in s_lo..=s_hi {
                 let p = (u as i64 - u0) as usize;
-                dec.decode_into(run.frame(u - s_lo)?, &mut dst[row(p)])?;
+                let stored = || run.frame(u - s_lo);
+                frame_cache::frame_into(cached, row0 + u as u64, stored, &mut dst[row(p)], dec)?;
             }
         }
         if hi as usize >= len {
@@ -526,6 +561,11 @@ impl FrameSource {
             }
         }
         Ok(())
+    }
+
+    /// The decoded frames of `seg`'s first rows that the cache holds (none without a cache).
+    fn cached(&self, seg: &Segment) -> &[u8] {
+        self.cache.as_deref().map_or(&[], |c| c.rows(seg))
     }
 
     /// Channels per pixel of a frame (1 for `[H, W]`).
@@ -550,8 +590,9 @@ impl FrameSource {
         dec: &mut FrameDecoder,
     ) -> Result<()> {
         if u < len {
-            let run = seg.frames(self.name(), row0 + u as u64, 1)?;
-            dec.decode_into(run.frame(0)?, out)
+            let row = row0 + u as u64;
+            let stored = || seg.frames(self.name(), row, 1).and_then(|r| r.frame(0));
+            frame_cache::frame_into(self.cached(seg), row, stored, out, dec)
         } else {
             match seg.episode_table().final_frame(table_row) {
                 Some(bytes) => dec.decode_into(bytes, out),
@@ -592,6 +633,7 @@ impl FrameSource {
             None
         };
         let obs_lo = a.saturating_sub(k - 1);
+        let cached = self.cached(seg);
         for u in lo..eb {
             let at = self.canonical(u, ea);
             let out = &mut dst[at..at + f];
@@ -602,7 +644,8 @@ impl FrameSource {
                 }
                 _ if u < len => {
                     let run = run.as_ref().expect("stored frames in range");
-                    dec.decode_into(run.frame(u - lo)?, out)?;
+                    let stored = || run.frame(u - lo);
+                    frame_cache::frame_into(cached, row0 + u as u64, stored, out, dec)?;
                 }
                 _ => self.decode_frame(seg, row0, table_row, len, u, out, dec)?,
             }
@@ -665,16 +708,6 @@ impl FrameSource {
     }
 }
 
-/// `e` naming the segment file (relative to the dataset), the frame column `column` and the
-/// episode at `table_row` of the segment's episode table.
-pub(super) fn located(e: Error, seg: &Segment, table_row: usize, column: &str) -> Error {
-    let e = e.in_input(&seg.entry().path).in_column(column);
-    match seg.episode_table().ids().get(table_row) {
-        Some(&id) => e.in_episode(id as i64),
-        None => e,
-    }
-}
-
 /// One step's stack, `[K, P, C]` in `from` (K frames of P pixels of C channels), written
 /// pixel-major as `[P, K, C]` into `to`.
 fn interleave(from: &[u8], to: &mut [u8], k: usize, c: usize) {
@@ -719,75 +752,5 @@ fn shift_in(old: &[u8], new: &[u8], to: &mut [u8], k: usize, c: usize) {
         let (o, t) = (&old[p * px..(p + 1) * px], &mut to[p * px..(p + 1) * px]);
         t[..px - c].copy_from_slice(&o[c..]);
         t[px - c..].copy_from_slice(&new[p * c..(p + 1) * c]);
-    }
-}
-
-/// The 4-frame grayscale stacks of Atari agents, 16 pixels at a time with SSE2 (part of every
-/// x86-64 CPU); 13x faster than the byte loop. Each returns how many pixels it did (a multiple of
-/// 16; 0 elsewhere than x86-64): the caller does the rest.
-mod simd {
-    /// Interleaves four frames of `f0.len()` pixels into `to` (`[P, 4]`).
-    #[cfg(target_arch = "x86_64")]
-    pub(super) fn interleave4(f0: &[u8], f1: &[u8], f2: &[u8], f3: &[u8], to: &mut [u8]) -> usize {
-        use std::arch::x86_64::*;
-        let n = f0.len() / 16 * 16;
-        assert!(f1.len() >= n && f2.len() >= n && f3.len() >= n && to.len() >= 4 * n);
-        for i in (0..n).step_by(16) {
-            // SAFETY: i + 16 <= n, within every frame, and 4 * (i + 16) <= to.len() (asserted);
-            // unaligned loads and stores; SSE2 is part of x86-64.
-            unsafe {
-                let load = |f: &[u8]| _mm_loadu_si128(f.as_ptr().add(i) as *const __m128i);
-                let (a, b, c, d) = (load(f0), load(f1), load(f2), load(f3));
-                let (ab_lo, ab_hi) = (_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b));
-                let (cd_lo, cd_hi) = (_mm_unpacklo_epi8(c, d), _mm_unpackhi_epi8(c, d));
-                let o = to.as_mut_ptr().add(4 * i) as *mut __m128i;
-                _mm_storeu_si128(o, _mm_unpacklo_epi16(ab_lo, cd_lo));
-                _mm_storeu_si128(o.add(1), _mm_unpackhi_epi16(ab_lo, cd_lo));
-                _mm_storeu_si128(o.add(2), _mm_unpacklo_epi16(ab_hi, cd_hi));
-                _mm_storeu_si128(o.add(3), _mm_unpackhi_epi16(ab_hi, cd_hi));
-            }
-        }
-        n
-    }
-
-    /// [`super::shift_in`] for `[P, 4]` stacks of single bytes: each pixel's four bytes, as a
-    /// little-endian u32, shifted right by one byte with the new frame's byte on top.
-    #[cfg(target_arch = "x86_64")]
-    pub(super) fn shift_in4(old: &[u8], new: &[u8], to: &mut [u8]) -> usize {
-        use std::arch::x86_64::*;
-        let n = new.len() / 16 * 16;
-        assert!(old.len() >= 4 * n && to.len() >= 4 * n);
-        for i in (0..n).step_by(16) {
-            // SAFETY: i + 16 <= n <= new.len(), and 4 * (i + 16) <= old.len(), to.len()
-            // (asserted); unaligned loads and stores; SSE2 is part of x86-64.
-            unsafe {
-                let zero = _mm_setzero_si128();
-                let v = _mm_loadu_si128(new.as_ptr().add(i) as *const __m128i);
-                let (lo, hi) = (_mm_unpacklo_epi8(zero, v), _mm_unpackhi_epi8(zero, v));
-                let top = [
-                    _mm_unpacklo_epi16(zero, lo),
-                    _mm_unpackhi_epi16(zero, lo),
-                    _mm_unpacklo_epi16(zero, hi),
-                    _mm_unpackhi_epi16(zero, hi),
-                ];
-                let src = old.as_ptr().add(4 * i) as *const __m128i;
-                let dst = to.as_mut_ptr().add(4 * i) as *mut __m128i;
-                for (j, t) in top.into_iter().enumerate() {
-                    let shifted = _mm_srli_epi32(_mm_loadu_si128(src.add(j)), 8);
-                    _mm_storeu_si128(dst.add(j), _mm_or_si128(shifted, t));
-                }
-            }
-        }
-        n
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub(super) fn interleave4(_: &[u8], _: &[u8], _: &[u8], _: &[u8], _: &mut [u8]) -> usize {
-        0
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub(super) fn shift_in4(_: &[u8], _: &[u8], _: &mut [u8]) -> usize {
-        0
     }
 }

@@ -23,9 +23,12 @@ pub(crate) use into::either;
 pub use into::{CompactInto, GatherInto};
 use into::{Dest, FlagPtrs, FlagsInto};
 pub use readahead::{COLD_FAULTS, ReadAhead, WARM_AFTER, major_faults};
+mod frame_cache;
 mod frames;
 mod mix;
+mod simd;
 mod stored;
+pub use frame_cache::FrameCacheStats;
 pub use frames::{FrameStack, MAX_FRAME_STACK, StackPad};
 pub(crate) use stored::{FrameArena, TABLE_ROW};
 
@@ -136,6 +139,7 @@ impl Gatherer {
     ) -> Result<Self> {
         let schema = snap.schema().arrow_schema().clone();
         let mut plans = Vec::with_capacity(columns.len());
+        let mut caches = frame_cache::Caches::new(stack.map_or(0, |s| s.cache));
         for &name in columns {
             let frame_of = if name == col::NEXT_OBSERVATION && schema.field_with_name(name).is_err()
             {
@@ -144,7 +148,8 @@ impl Gatherer {
                 name
             };
             if let Some(fc) = snap.frame_column(frame_of) {
-                let source = frames::FrameSource::new(fc.clone(), frame_of != name, stack)?;
+                let mut source = frames::FrameSource::new(fc.clone(), frame_of != name, stack)?;
+                source.cache = caches.of(snap, fc)?;
                 let shape = match stack {
                     Some(st) => st.shape(&fc.spec.shape),
                     None => fc.spec.shape.clone(),
@@ -242,18 +247,18 @@ impl Gatherer {
                 source,
             });
         }
-        if stack.is_some()
+        if let Some(st) = stack
             && !plans
                 .iter()
                 .any(|p| matches!(p.source, ColumnSource::Frames(_)))
         {
+            let arg = ["frame_stack", "frame_cache"][st.unstacked as usize];
+            let why = "needs a frame column among the gathered columns";
+            let cols = columns.join(", ");
+            let tensors = "this dataset stores its observations as tensors";
             return Err(Error::argument(
-                "frame_stack",
-                format!(
-                    "frame stacking needs a frame column among the gathered columns ({}); this \
-                     dataset stores its observations as tensors",
-                    columns.join(", ")
-                ),
+                arg,
+                format!("{arg} {why} ({cols}); {tensors}"),
             ));
         }
         let mut episode_flags = Vec::with_capacity(snap.episodes().len());

@@ -78,7 +78,9 @@ impl Gatherer {
             ));
         }
         let names: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
-        let mut g = Self::with_frame_stack(&self.snap, &names, self.stack)?;
+        // Stored frames are shipped, not decoded here: no cache.
+        let stack = self.stack.map(|s| s.with_cache(0));
+        let mut g = Self::with_frame_stack(&self.snap, &names, stack)?;
         g.set_read_ahead(self.read_ahead());
         let mut any = false;
         for c in &mut g.columns {

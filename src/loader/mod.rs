@@ -137,6 +137,7 @@ impl BatchSource {
     /// the argument at fault (rank, world size, sampler options, a state of another loader).
     pub fn open(spec: LoaderSpec) -> Result<Self> {
         check_rank(spec.rank, spec.world_size)?;
+        spec.check_frame_cache()?;
         #[cfg(feature = "remote")]
         let mut spec = spec;
         #[cfg(feature = "remote")]

@@ -266,6 +266,30 @@ impl LoaderSpec {
         self.frame_stack = Some(stack);
         self
     }
+    /// A frame cache ([`FrameStack::with_cache`]) is filled once, for one snapshot: a spec that
+    /// also follows new versions or streams from object storage is an
+    /// [`crate::Error::InvalidArgument`] about `frame_cache`.
+    pub(crate) fn check_frame_cache(&self) -> crate::Result<()> {
+        if self.frame_stack.is_none_or(|s| s.cache == 0) {
+            return Ok(());
+        }
+        #[cfg(feature = "remote")]
+        let streamed = !self.streamed.is_empty();
+        #[cfg(not(feature = "remote"))]
+        let streamed = false;
+        let why = match (streamed, self.parts.iter().any(|p| p.follow.is_some())) {
+            (true, _) => "a loader that streams from object storage",
+            (_, true) => "a loader that follows new versions",
+            _ => return Ok(()),
+        };
+        Err(crate::Error::argument(
+            "frame_cache",
+            format!(
+                "decoded frames are cached once for one snapshot, not by {why}; drop the \
+                 frame cache, or train on a snapshot (pull the dataset first to stream it)"
+            ),
+        ))
+    }
     /// Continues exactly where `state` was taken (`Loader::state`): the source opens each
     /// dataset at the version the state names and checks that the state is of these datasets,
     /// this rank and world size and these sampler options, and restores a prioritized sampler's

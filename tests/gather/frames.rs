@@ -17,10 +17,10 @@ use trajstore::{
 
 use crate::store::frames::{frame, frame_schema};
 
-const SHAPE: [usize; 2] = [12, 10];
-const F: usize = 120;
+pub(crate) const SHAPE: [usize; 2] = [12, 10];
+pub(crate) const F: usize = 120;
 /// Episode lengths: one step, shorter than a stack, and longer ones.
-const LENGTHS: [usize; 6] = [1, 2, 3, 7, 20, 33];
+pub(crate) const LENGTHS: [usize; 6] = [1, 2, 3, 7, 20, 33];
 
 fn frames_array(frames: &[Vec<u8>]) -> ArrayRef {
     let item = Arc::new(Field::new("item", DataType::UInt8, false));
@@ -49,7 +49,17 @@ fn write_shaped(dir: &std::path::Path, codec: FrameCodec, shape: &[usize]) -> (S
         true => codec.to_string(),
         false => format!("{codec}-{}", shape.len()),
     };
-    let ds = Dataset::create(dir.join(name), &frame_schema(codec, shape)).unwrap();
+    write_in(&dir.join(name), codec, shape, LENGTHS.len())
+}
+
+/// [`write`] into `path`, committing every `per_commit` episodes (one segment each).
+pub(crate) fn write_in(
+    path: &std::path::Path,
+    codec: FrameCodec,
+    shape: &[usize],
+    per_commit: usize,
+) -> (Snapshot, Episodes) {
+    let ds = Dataset::create(path, &frame_schema(codec, shape)).unwrap();
     let mut w = ds.writer(WriterOptions::default()).unwrap();
     let mut eps = vec![];
     for (e, &len) in LENGTHS.iter().enumerate() {
@@ -74,6 +84,9 @@ fn write_shaped(dir: &std::path::Path, codec: FrameCodec, shape: &[usize]) -> (S
         };
         w.append_episode(&batch, end).unwrap();
         eps.push((frames, fin));
+        if (e + 1) % per_commit == 0 && e + 1 < LENGTHS.len() {
+            w.commit().unwrap();
+        }
     }
     w.commit().unwrap();
     drop(w);
@@ -117,7 +130,14 @@ impl Episodes {
     }
 }
 
-fn check(batch: &Batch, plan: &[SliceRef], eps: &Episodes, k: usize, pad: StackPad, what: &str) {
+pub(crate) fn check(
+    batch: &Batch,
+    plan: &[SliceRef],
+    eps: &Episodes,
+    k: usize,
+    pad: StackPad,
+    what: &str,
+) {
     let l = batch.slice_len;
     let obs = batch.column("observation").unwrap();
     let next = batch.column("next_observation").unwrap();
@@ -577,6 +597,23 @@ fn a_damaged_frame_is_a_named_error_from_the_gather() {
         } => {}
         other => panic!("expected the file and episode in {other:?}"),
     }
+    // With a frame cache, the frame is decoded when the gatherer is made: the same named error.
+    let cached = Some(FrameStack::new(2).unwrap().with_cache(1 << 20));
+    let e = Gatherer::with_frame_stack(&snap, &["observation"], cached).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidData {
+                episode: Some(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("observation") && e.to_string().contains(&seg_path),
+        "{e}"
+    );
     // Decoded where the batch lands (its C++ copy on the CPU): the frame fails there, named.
     #[cfg(feature = "torch")]
     {

@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::json;
 
-use super::bench_text::{print_consumer, print_io_floor};
+use super::bench_text::{print_consumer, print_frame_cache, print_io_floor};
 use super::bench_torch::*;
 use super::sample::{slice_sampler, slice_spec};
 use super::*;
@@ -628,6 +628,13 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     // (Beside the macro: more keys there pass serde_json's recursion limit.)
     v["loader_consumer"] = consumer;
     v["loader_batches_per_worker"] = json!(per_worker);
+    let fc = gatherer.frame_cache();
+    v["frame_cache"] = json!({
+        "frames": fc.frames,
+        "frames_stored": fc.frames_stored,
+        "bytes": fc.bytes,
+        "fill_seconds": fc.fill_seconds,
+    });
     if a.s.json {
         outln!("{v}");
         return Ok(());
@@ -646,6 +653,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         HumanBytes((pages * page as f64) as u64)
     );
     outln!("open + first batch     {first_batch_ms:>10.2} ms");
+    print_frame_cache(&v["frame_cache"]);
     if 2 * iters as u64 >= FIRST_K {
         outln!("open + first {FIRST_K} batches {first_k_s:>9.3} s (one thread)");
     }

@@ -1,5 +1,5 @@
 //! `trajstore bench`'s text output beside its measurements: the `--io-floor` table, and the
-//! loader under a training step of `--consumer-us`.
+//! loader under a training step of `--consumer-us`, the decoded-frame cache.
 
 use indicatif::{HumanBytes, HumanCount};
 
@@ -75,5 +75,21 @@ pub(crate) fn print_consumer(v: &serde_json::Value) {
         num("wait_us_per_batch"),
         100.0 * num("waited_share"),
         v["loader_batches_made"]
+    );
+}
+
+/// The decoded-frame cache's line (`--frame-cache`), if there is one.
+pub(crate) fn print_frame_cache(c: &serde_json::Value) {
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    if n("frames") == 0 {
+        return;
+    }
+    outln!(
+        "  frame cache          {} of {} frames decoded in memory ({}), filled in {:.2} s \
+         (included above)",
+        HumanCount(n("frames")),
+        HumanCount(n("frames_stored")),
+        HumanBytes(n("bytes")),
+        c["fill_seconds"].as_f64().unwrap_or(f64::NAN)
     );
 }

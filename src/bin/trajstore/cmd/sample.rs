@@ -68,6 +68,7 @@ pub(crate) fn demo_sample(snap: &Snapshot) -> Result<String> {
         frame_pad: trajstore::StackPad::Repeat,
         channels_last: false,
         frame_window: false,
+        frame_cache: None,
     };
     let sampler = slice_sampler(snap, &args)?;
     let gatherer = args.gatherer(snap)?;
