@@ -856,6 +856,10 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
                                   "--iters", iters, "--json"], env=env_for(run)).stdout)
         best = max(rates, key=lambda w: rates[w])
         ours = rates[best]
+        # The decoded frames in memory (--frame-cache: copied, not decoded; raw frames' memory,
+        # as TorchRL's storage holds them), at the best worker count.
+        cached = json.loads(run.sh([bin_, "bench", path, "--prefault", *stacks, "--workers", best, "--frame-cache",
+                                    "8GiB", "--iters", iters, "--json"], env=env_for(run)).stdout)
         theirs = _torchrl_frame_stacks(trajstore.open(path), 32, 4, 200)
         one_us = sorted(one_thread_us)[len(one_thread_us) // 2]
         mean_us = sorted(one_thread_mean_us)[len(one_thread_mean_us) // 2]
@@ -865,6 +869,11 @@ def _atari(run: Run, a, bin_: str, workers: str) -> None:
                    over_one_thread_mean={str(w): round(r * mean_us / 1e6, 2) for w, r in rates.items()},
                    batches_per_worker_min_max={str(w): v for w, v in spread.items()},
                    prefetch_64={"workers": m, "batches_per_s": deep["loader_batches_per_s"]},
+                   frame_cache={"workers": best, "batches_per_s": cached["loader_batches_per_s"],
+                                "one_thread_sample_gather_us": cached["sample_median_us"],
+                                "fill_seconds": cached["frame_cache"]["fill_seconds"],
+                                "bytes": cached["frame_cache"]["bytes"],
+                                "over_torchrl": cached["loader_batches_per_s"] / theirs if theirs else None},
                    torchrl_batches_per_s=theirs, over_torchrl=ours / theirs if theirs else None)
         if cuda:
             # The same 4-stacks as a frame window of one step (`[32, 1, 4, 84, 84]`, a view) to

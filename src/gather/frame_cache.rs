@@ -260,10 +260,16 @@ pub(super) fn located(e: Error, seg: &Segment, table_row: usize, column: &str) -
     }
 }
 
+/// Bytes of one slice's destination from which cached frames are copied with non-temporal
+/// stores ([`super::simd::copy_streaming`]): a window of 64 steps of Atari frames is 473 KB, and
+/// a batch of such slices is far larger than the caches.
+pub(super) const STREAM_SLICE_BYTES: usize = 256 << 10;
+
 /// Frame `row` of a segment into `out`: copied from `cached` ([`FrameCache::rows`] of that
-/// segment) where it holds the row, else decoded with `dec` from the bytes `stored` gives.
+/// segment) where it holds the row (with non-temporal stores if `streaming`), else decoded with
+/// `dec` from the bytes `stored` gives.
 pub(super) fn frame_into<'a>(
-    cached: &[u8],
+    (cached, streaming): (&[u8], bool),
     row: u64,
     stored: impl FnOnce() -> Result<&'a [u8]>,
     out: &mut [u8],
@@ -272,6 +278,10 @@ pub(super) fn frame_into<'a>(
     let f = out.len();
     let at = row as usize * f;
     match cached.get(at..at + f) {
+        Some(frame) if streaming => {
+            super::simd::copy_streaming(out, frame);
+            Ok(())
+        }
         Some(frame) => {
             out.copy_from_slice(frame);
             Ok(())

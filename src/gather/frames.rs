@@ -540,7 +540,10 @@ impl FrameSource {
         let (s_lo, s_hi) = (lo.max(0) as usize, (hi as usize).min(len.saturating_sub(1)));
         if s_hi >= s_lo {
             let run = seg.frames(self.name(), row0 + s_lo as u64, s_hi - s_lo + 1)?;
-            let cached = self.cached(seg);
+            let cached = (
+                self.cached(seg),
+                dst.len() >= frame_cache::STREAM_SLICE_BYTES,
+            );
             for u in s_lo..=s_hi {
                 let p = (u as i64 - u0) as usize;
                 let stored = || run.frame(u - s_lo);
@@ -592,7 +595,7 @@ impl FrameSource {
         if u < len {
             let row = row0 + u as u64;
             let stored = || seg.frames(self.name(), row, 1).and_then(|r| r.frame(0));
-            frame_cache::frame_into(self.cached(seg), row, stored, out, dec)
+            frame_cache::frame_into((self.cached(seg), false), row, stored, out, dec)
         } else {
             match seg.episode_table().final_frame(table_row) {
                 Some(bytes) => dec.decode_into(bytes, out),
@@ -633,7 +636,10 @@ impl FrameSource {
             None
         };
         let obs_lo = a.saturating_sub(k - 1);
-        let cached = self.cached(seg);
+        // Written-out stacks read their frames back (copies into the other slots): streamed
+        // stores, which leave them in memory only, are for frames written once.
+        let once = k == 1 && dst.len() >= frame_cache::STREAM_SLICE_BYTES;
+        let cached = (self.cached(seg), once);
         for u in lo..eb {
             let at = self.canonical(u, ea);
             let out = &mut dst[at..at + f];

@@ -66,3 +66,37 @@ pub(super) fn interleave4(_: &[u8], _: &[u8], _: &[u8], _: &[u8], _: &mut [u8]) 
 pub(super) fn shift_in4(_: &[u8], _: &[u8], _: &mut [u8]) -> usize {
     0
 }
+
+/// Copies `src` into `dst` (of the same length) with non-temporal stores (SSE2, part of every
+/// x86-64 CPU): the destination's cache lines are written to memory without first being read
+/// into the cache. For batches far larger than the caches, where nothing written stays cached
+/// for the consumer anyway, this saves the read for ownership, a third of a copy's memory
+/// traffic. Ends with a store fence, so that the bytes are ordered before the release that
+/// hands the batch over. A plain copy elsewhere than x86-64.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::*;
+    assert_eq!(dst.len(), src.len());
+    let head = dst.as_ptr().align_offset(16).min(dst.len());
+    dst[..head].copy_from_slice(&src[..head]);
+    let end = head + (dst.len() - head) / 64 * 64;
+    for i in (head..end).step_by(64) {
+        // SAFETY: i + 64 <= end <= dst.len() == src.len() (asserted); dst + i is 16-byte
+        // aligned (head aligns it, the steps are 64); the loads are unaligned.
+        unsafe {
+            let s = src.as_ptr().add(i) as *const __m128i;
+            let d = dst.as_mut_ptr().add(i) as *mut __m128i;
+            for j in 0..4 {
+                _mm_stream_si128(d.add(j), _mm_loadu_si128(s.add(j)));
+            }
+        }
+    }
+    dst[end..].copy_from_slice(&src[end..]);
+    // SAFETY: a store fence has no precondition; SSE is part of x86-64.
+    unsafe { _mm_sfence() };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    dst.copy_from_slice(src);
+}

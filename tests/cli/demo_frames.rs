@@ -70,6 +70,68 @@ fn demo_frames_writes_a_compressed_frame_column_that_samples_in_stacks() {
     assert_eq!(obs["shape"], serde_json::json!([8, 1, 4, 84, 84]), "{obs}");
     assert_eq!(obs["dtype"], "UInt8", "{obs}");
 
+    // --frame-cache: the same slices and shapes (tests/gather/frame_cache.rs compares bytes);
+    // without a stack, one frame
+    // per step as without the cache; bench reports what the cache holds.
+    let sample = |extra: &[&str]| {
+        let base = [
+            "sample",
+            d,
+            "--slice-len",
+            "1",
+            "--num-slices",
+            "8",
+            "--json",
+        ];
+        let (code, out, err) = run(&[&base[..], extra].concat());
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let stacked = sample(&["--frame-stack", "4"]);
+    assert_eq!(stacked, v);
+    assert_eq!(
+        sample(&["--frame-stack", "4", "--frame-cache", "64MiB"]),
+        stacked
+    );
+    let one = sample(&["--frame-cache", "1MiB"]);
+    assert_eq!(one, sample(&[]));
+    assert_eq!(
+        one["columns"][0]["shape"],
+        serde_json::json!([8, 1, 84, 84]),
+        "{one}"
+    );
+    let (code, out, err) = run(&[
+        "bench",
+        d,
+        "--frame-stack",
+        "4",
+        "--slice-len",
+        "1",
+        "--num-slices",
+        "8",
+        "--iters",
+        "20",
+        "--workers",
+        "2",
+        "--frame-cache",
+        "10MiB",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let b: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c = &b["frame_cache"];
+    // 10 MiB hold 1,486 whole frames of 7,056 bytes.
+    assert_eq!(c["frames"].as_u64(), Some(10 * 1024 * 1024 / 7056), "{c}");
+    assert_eq!(
+        c["bytes"].as_u64(),
+        Some(10 * 1024 * 1024 / 7056 * 7056),
+        "{c}"
+    );
+    assert_eq!(c["frames_stored"].as_u64(), Some(3000), "{c}");
+    let (code, _, err) = run(&["sample", d, "--frame-cache", "lots"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--frame-cache"), "{err}");
+
     // The same seed gives the same bytes; --help says what --frames writes.
     let d2 = dir.path().join("again.trajstore");
     let d2 = d2.to_str().unwrap();
