@@ -71,8 +71,7 @@ fn demo_frames_writes_a_compressed_frame_column_that_samples_in_stacks() {
     assert_eq!(obs["dtype"], "UInt8", "{obs}");
 
     // --frame-cache: the same slices and shapes (tests/gather/frame_cache.rs compares bytes);
-    // without a stack, one frame
-    // per step as without the cache; bench reports what the cache holds.
+    // without a stack, one frame per step as without the cache; bench reports what it holds.
     let sample = |extra: &[&str]| {
         let base = [
             "sample",
