@@ -290,15 +290,25 @@ pub(super) fn frame_into<'a>(
     }
 }
 
-/// A cache of `bytes` is refused when the system reports less memory available (Linux's
-/// `MemAvailable`; elsewhere nothing is checked).
+/// A cache of `bytes` is refused when the system reports less memory available: Linux's
+/// `MemAvailable`, or what the process's cgroup (v2) still allows when that is less, as in a
+/// container; elsewhere nothing is checked.
 fn check_memory(bytes: u64, budget: u64) -> Result<()> {
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let system = read("/proc/meminfo").and_then(|m| {
         m.lines()
             .find_map(|l| l.strip_prefix("MemAvailable:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kib| kib * 1024)
     });
+    let number = |p: &str| read(p).and_then(|v| v.trim().parse::<u64>().ok());
+    let cgroup = number("/sys/fs/cgroup/memory.max")
+        .zip(number("/sys/fs/cgroup/memory.current"))
+        .map(|(max, used)| max.saturating_sub(used));
+    let available = match (system, cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     match available {
         Some(a) if a < bytes => Err(too_large(
             bytes,
@@ -321,4 +331,26 @@ fn too_large(bytes: u64, budget: u64, why: &str) -> Error {
             crate::format::human_bytes(budget)
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More memory than the machine has is refused before anything is mapped, naming the option.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_cache_larger_than_the_available_memory_is_refused() {
+        match check_memory(1 << 60, 1 << 60) {
+            Err(Error::InvalidArgument {
+                argument: Some(a),
+                reason,
+            }) => {
+                assert_eq!(a, "frame_cache");
+                assert!(reason.contains("memory available"), "{reason}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(check_memory(4096, 4096).is_ok());
+    }
 }

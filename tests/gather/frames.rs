@@ -488,30 +488,28 @@ fn every_loader_gives_the_stacks_the_gather_makes() {
         .with_policy(BoundaryPolicy::Pad)
         .with_seed(9);
     let cols = ["observation", "next_observation", "action"];
-    let spec = LoaderSpec::single(snap.clone(), sampler.clone(), &cols).with_frame_stack(stack);
-    let source = BatchSource::open(spec).unwrap();
-    let mut loader = Loader::new(
-        &source,
-        LoaderOptions::default().with_workers(3).with_max_batches(6),
-    )
-    .unwrap();
-    let built = sampler.build(&snap).unwrap();
-    let mut plan = vec![];
-    let mut n = 0;
-    while let Some(batch) = loader.next_batch() {
-        built.sampler.plan(n, &mut plan);
-        assert_eq!(batch.column("observation").unwrap().shape, vec![4, 12, 10]);
-        check(
-            &batch,
-            &plan,
-            &eps,
-            4,
-            StackPad::Zeros,
-            &format!("loader batch {n}"),
-        );
-        n += 1;
+    // Decoding every frame, and copying them from a cache of every frame or of the first 20.
+    for cache in [0, 1 << 20, 20 * F as u64] {
+        let spec = LoaderSpec::single(snap.clone(), sampler.clone(), &cols)
+            .with_frame_stack(stack.with_cache(cache));
+        let source = BatchSource::open(spec).unwrap();
+        let mut loader = Loader::new(
+            &source,
+            LoaderOptions::default().with_workers(3).with_max_batches(6),
+        )
+        .unwrap();
+        let built = sampler.build(&snap).unwrap();
+        let mut plan = vec![];
+        let mut n = 0;
+        while let Some(batch) = loader.next_batch() {
+            built.sampler.plan(n, &mut plan);
+            assert_eq!(batch.column("observation").unwrap().shape, vec![4, 12, 10]);
+            let what = format!("loader batch {n}, cache {cache}");
+            check(&batch, &plan, &eps, 4, StackPad::Zeros, &what);
+            n += 1;
+        }
+        assert_eq!(n, 6);
     }
-    assert_eq!(n, 6);
     // A stack without a frame column is refused, naming the option.
     let tensors = trajstore::synth::SynthSpec {
         transitions: 100,
@@ -536,6 +534,14 @@ fn every_loader_gives_the_stacks_the_gather_makes() {
             argument: Some(a), ..
         }) => assert_eq!(a, "frame_stack"),
         other => panic!("expected an error about frame_stack, got {other:?}"),
+    }
+    // So is a frame cache.
+    let cached = FrameStack::unstacked().with_cache(1 << 20);
+    match Gatherer::with_frame_stack(&ds.snapshot().unwrap(), &["observation"], Some(cached)) {
+        Err(Error::InvalidArgument {
+            argument: Some(a), ..
+        }) => assert_eq!(a, "frame_cache"),
+        other => panic!("expected an error about frame_cache, got {other:?}"),
     }
     assert!(FrameStack::new(0).is_err() && FrameStack::new(65).is_err());
 }
@@ -642,33 +648,39 @@ fn the_torch_loader_hands_out_the_same_uint8_stacks() {
     use trajstore::torch::{TorchLoader, TorchLoaderOptions, parse_device};
     let dir = tempfile::tempdir().unwrap();
     let (snap, eps) = write(dir.path(), FrameCodec::ZstdDict);
-    let stack = FrameStack::new(4).unwrap();
     let sampler = SamplerSpec::uniform(3, 8).with_seed(5);
-    let spec =
-        LoaderSpec::single(snap.clone(), sampler.clone(), &["observation"]).with_frame_stack(stack);
-    let source = BatchSource::open(spec).unwrap();
-    let opts = TorchLoaderOptions::new(parse_device("cpu").unwrap())
-        .with_loader(LoaderOptions::default().with_max_batches(3));
-    let mut loader = TorchLoader::new(&source, opts).unwrap();
-    let built = sampler.build(&snap).unwrap();
-    let mut plan = vec![];
-    for k in 0..3 {
-        let batch = loader.next_batch().unwrap().unwrap();
-        let obs = batch.get("observation").unwrap();
-        assert_eq!(obs.size(), vec![8, 3, 4, 12, 10]);
-        assert_eq!(obs.kind(), tch::Kind::Uint8);
-        let got: Vec<u8> = Vec::try_from(obs.flatten(0, -1)).unwrap();
-        built.sampler.plan(k, &mut plan);
-        for (i, s) in plan.iter().enumerate() {
-            let (want, _) = eps.slice(s, 3, 4, StackPad::Repeat);
-            let step = 3 * 4 * F;
-            assert!(
-                got[i * step..(i + 1) * step] == want[..],
-                "batch {k} slice {i}"
-            );
+    let mut source = None;
+    // Decoding, and copying the frames from a cache of every frame.
+    for cache in [0, 1 << 20] {
+        let stack = FrameStack::new(4).unwrap().with_cache(cache);
+        let spec = LoaderSpec::single(snap.clone(), sampler.clone(), &["observation"])
+            .with_frame_stack(stack);
+        let src = BatchSource::open(spec).unwrap();
+        let opts = TorchLoaderOptions::new(parse_device("cpu").unwrap())
+            .with_loader(LoaderOptions::default().with_max_batches(3));
+        let mut loader = TorchLoader::new(&src, opts).unwrap();
+        let built = sampler.build(&snap).unwrap();
+        let mut plan = vec![];
+        for k in 0..3 {
+            let batch = loader.next_batch().unwrap().unwrap();
+            let obs = batch.get("observation").unwrap();
+            assert_eq!(obs.size(), vec![8, 3, 4, 12, 10]);
+            assert_eq!(obs.kind(), tch::Kind::Uint8);
+            let got: Vec<u8> = Vec::try_from(obs.flatten(0, -1)).unwrap();
+            built.sampler.plan(k, &mut plan);
+            for (i, s) in plan.iter().enumerate() {
+                let (want, _) = eps.slice(s, 3, 4, StackPad::Repeat);
+                let step = 3 * 4 * F;
+                assert!(
+                    got[i * step..(i + 1) * step] == want[..],
+                    "batch {k} slice {i}, cache {cache}"
+                );
+            }
         }
+        assert!(loader.next_batch().is_none());
+        source.get_or_insert(src);
     }
-    assert!(loader.next_batch().is_none());
+    let source = source.expect("made");
     // The resident mode uploads raw columns: frame columns are refused, naming the option.
     let opts = TorchLoaderOptions::new(parse_device("cpu").unwrap()).with_resident(1 << 30);
     match TorchLoader::new(&source, opts) {
