@@ -96,21 +96,35 @@ impl Caches {
         if self.budget == 0 {
             return Ok(None);
         }
-        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-        live.retain(|w| w.strong_count() > 0);
-        let found = live
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|c| c.budget == self.budget && c.is_of(snap, &column.name));
+        let budget = self.budget;
+        let live = || {
+            let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            live.retain(|w| w.strong_count() > 0);
+            let found = live
+                .iter()
+                .filter_map(Weak::upgrade)
+                .find(|c| c.budget == budget && c.is_of(snap, &column.name));
+            (live, found)
+        };
+        // (Its own statement: the lock is released before a fill.)
+        let found = live().1;
         let cache = match found {
             Some(c) => c,
             None => {
-                let Some(c) = FrameCache::fill(snap, column, self.budget)? else {
+                // Filled without the list's lock (the fill runs on the rayon pool, whose
+                // threads may be making gatherers too); a cache another thread filled meanwhile
+                // is taken instead of this one.
+                let Some(c) = FrameCache::fill(snap, column, budget)? else {
                     return Ok(None);
                 };
-                let c = Arc::new(c);
-                live.push(Arc::downgrade(&c));
-                c
+                match live() {
+                    (_, Some(other)) => other,
+                    (mut list, None) => {
+                        let c = Arc::new(c);
+                        list.push(Arc::downgrade(&c));
+                        c
+                    }
+                }
             }
         };
         self.budget = self.budget.saturating_sub(cache.data.len() as u64);
@@ -152,7 +166,20 @@ impl FrameCache {
         let mut rest = &mut data[..];
         for (seg, _, rows) in &segments {
             let table = seg.episode_table();
+            let mut next = 0;
             for (e, (&start, &len)) in table.row_starts().iter().zip(table.lengths()).enumerate() {
+                // The jobs' destinations follow each other: so must the episodes' rows.
+                if start != next && start < *rows {
+                    return Err(located(
+                        Error::invalid_data(format!(
+                            "episode rows start at {start}, after {next} rows of episodes"
+                        )),
+                        seg,
+                        e,
+                        &column.name,
+                    ));
+                }
+                next = start + len;
                 let mut row = start;
                 while row < (start + len).min(*rows) {
                     let n = (start + len).min(*rows).min(row + JOB_FRAMES) - row;
