@@ -278,16 +278,16 @@ impl LoaderSpec {
         #[cfg(not(feature = "remote"))]
         let streamed = false;
         let why = match (streamed, self.parts.iter().any(|p| p.follow.is_some())) {
-            (true, _) => "a loader that streams from object storage",
-            (_, true) => "a loader that follows new versions",
+            (true, _) => {
+                "a loader that streams from object storage has none (pull the dataset to \
+                 cache its frames)"
+            }
+            (_, true) => "a loader that follows new versions has none (drop one or the other)",
             _ => return Ok(()),
         };
         Err(crate::Error::argument(
             "frame_cache",
-            format!(
-                "decoded frames are cached once for one snapshot, not by {why}; drop the \
-                 frame cache, or train on a snapshot (pull the dataset first to stream it)"
-            ),
+            format!("decoded frames are cached once, for one snapshot: {why}"),
         ))
     }
     /// Continues exactly where `state` was taken (`Loader::state`): the source opens each

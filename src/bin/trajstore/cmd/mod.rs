@@ -127,7 +127,7 @@ pub(crate) struct SliceArgs {
     /// of them where they fit, else the first ones) are decoded once, in parallel, when the
     /// sampler starts, and copied afterwards instead of decoded (about twice as fast on Atari
     /// frames). It costs the memory of raw frames, as TorchRL's in-memory storages do; without
-    /// it every gathered frame is decoded. Not with --follow.
+    /// it every gathered frame is decoded. Not with --follow, nor in `stream` (object storage).
     #[arg(long, value_name = "SIZE", value_parser = crate::output::parse_size)]
     frame_cache: Option<u64>,
 }
