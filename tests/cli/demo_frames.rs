@@ -48,19 +48,14 @@ fn demo_frames_writes_a_compressed_frame_column_that_samples_in_stacks() {
         "{out}"
     );
 
-    let (code, out, err) = run(&[
-        "sample",
-        d,
-        "--frame-stack",
-        "4",
-        "--slice-len",
-        "1",
-        "--num-slices",
-        "8",
-        "--json",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // One batch of 8 slices of 1 step, as JSON, with `extra` options.
+    let shape = ["--slice-len", "1", "--num-slices", "8", "--json"];
+    let sample = |extra: &[&str]| {
+        let (code, out, err) = run(&[&["sample", d][..], &shape, extra].concat());
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let v = sample(&["--frame-stack", "4"]);
     let obs = v["columns"]
         .as_array()
         .unwrap()
@@ -72,26 +67,7 @@ fn demo_frames_writes_a_compressed_frame_column_that_samples_in_stacks() {
 
     // --frame-cache: the same slices and shapes (tests/gather/frame_cache.rs compares bytes);
     // without a stack, one frame per step as without the cache; bench reports what it holds.
-    let sample = |extra: &[&str]| {
-        let base = [
-            "sample",
-            d,
-            "--slice-len",
-            "1",
-            "--num-slices",
-            "8",
-            "--json",
-        ];
-        let (code, out, err) = run(&[&base[..], extra].concat());
-        assert_eq!(code, 0, "{err}");
-        serde_json::from_str::<serde_json::Value>(&out).unwrap()
-    };
-    let stacked = sample(&["--frame-stack", "4"]);
-    assert_eq!(stacked, v);
-    assert_eq!(
-        sample(&["--frame-stack", "4", "--frame-cache", "64MiB"]),
-        stacked
-    );
+    assert_eq!(sample(&["--frame-stack", "4", "--frame-cache", "64MiB"]), v);
     let one = sample(&["--frame-cache", "1MiB"]);
     assert_eq!(one, sample(&[]));
     assert_eq!(
@@ -99,23 +75,9 @@ fn demo_frames_writes_a_compressed_frame_column_that_samples_in_stacks() {
         serde_json::json!([8, 1, 84, 84]),
         "{one}"
     );
-    let (code, out, err) = run(&[
-        "bench",
-        d,
-        "--frame-stack",
-        "4",
-        "--slice-len",
-        "1",
-        "--num-slices",
-        "8",
-        "--iters",
-        "20",
-        "--workers",
-        "2",
-        "--frame-cache",
-        "10MiB",
-        "--json",
-    ]);
+    let cached = ["--iters", "20", "--workers", "2", "--frame-cache", "10MiB"];
+    let bench = [&["bench", d, "--frame-stack", "4"][..], &shape, &cached].concat();
+    let (code, out, err) = run(&bench);
     assert_eq!(code, 0, "{err}");
     let b: serde_json::Value = serde_json::from_str(&out).unwrap();
     let c = &b["frame_cache"];
