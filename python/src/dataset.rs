@@ -11,7 +11,7 @@ use trajstore::{DatasetBuilder, Snapshot};
 
 use crate::arrow_io::{ArrowBatch, ArrowStream};
 use crate::dlpack::Buffer;
-use crate::errors::{IntoPyResult, argument, to_py};
+use crate::errors::{IntoPyResult, argument, size, to_py};
 
 /// Opens the dataset at `uri` (a directory, `file://`, or `s3://bucket/prefix` mirrored into
 /// `cache_dir`), at its newest version or at `version`.
@@ -48,19 +48,12 @@ pub fn open(
 pub fn set_sql_memory_limit(limit: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let bytes = match limit {
         None => None,
-        Some(v) => {
-            let parsed = if let Ok(s) = v.extract::<String>() {
-                trajstore::sql::limits::parse_size(&s)
-            } else {
-                v.extract::<u64>().ok().filter(|&n| n >= 1 << 20)
-            };
-            Some(parsed.ok_or_else(|| {
-                argument(
-                    "limit",
-                    format!("{v}: a size of at least 1 MiB, in bytes or as a string like \"8GiB\""),
-                )
-            })?)
-        }
+        Some(v) => Some(size(v).filter(|&n| n >= 1 << 20).ok_or_else(|| {
+            argument(
+                "limit",
+                format!("{v}: a size of at least 1 MiB, in bytes or as a string like \"8GiB\""),
+            )
+        })?),
     };
     trajstore::sql::set_memory_limit(bytes);
     Ok(())

@@ -61,6 +61,14 @@ pub(crate) fn to_py(e: Error) -> PyErr {
     })
 }
 
+/// A size option's value: bytes, or a string such as `"8GiB"` (None if it is neither).
+pub(crate) fn size(v: &Bound<'_, PyAny>) -> Option<u64> {
+    match v.extract::<String>() {
+        Ok(s) => trajstore::sql::limits::parse_size(&s),
+        Err(_) => v.extract::<u64>().ok(),
+    }
+}
+
 /// An `InvalidArgumentError` about `argument`.
 pub(crate) fn argument(argument: &str, reason: impl Into<String>) -> PyErr {
     to_py(Error::argument(argument, reason.into()))

@@ -19,7 +19,7 @@ use trajstore::{
 
 use crate::dataset::PySnapshot;
 use crate::dlpack::DlType;
-use crate::errors::{IntoPyResult, argument};
+use crate::errors::{IntoPyResult, argument, size};
 
 /// A gathered column: name, element type, per-step shape.
 pub(crate) struct Column {
@@ -138,11 +138,7 @@ fn frame_cache(v: &Bound<'_, PyAny>) -> PyResult<u64> {
     if v.is_none() {
         return Ok(0);
     }
-    match v.extract::<String>() {
-        Ok(s) => trajstore::sql::limits::parse_size(&s),
-        Err(_) => v.extract::<u64>().ok(),
-    }
-    .ok_or_else(|| {
+    size(v).ok_or_else(|| {
         argument(
             "frame_cache",
             format!("frame_cache={v}: bytes, or a size as a string such as \"2GiB\""),

@@ -9,7 +9,7 @@ use trajstore::remote::{Stream, StreamOptions};
 use trajstore::store::info::{info_json, render_info};
 
 use crate::arrow_io::ArrowStream;
-use crate::errors::{IntoPyResult, argument};
+use crate::errors::{IntoPyResult, argument, size};
 
 /// Opens `url` for streaming through caches of `cache_limit` bytes in all for the node's
 /// `ranks_per_node` ranks, at its newest version or `version`; `reuse` is the uniform
@@ -25,12 +25,7 @@ pub fn open_stream(
     reuse: f64,
     ranks_per_node: u64,
 ) -> PyResult<PyStream> {
-    let limit = if let Ok(s) = cache_limit.extract::<String>() {
-        trajstore::sql::limits::parse_size(&s)
-    } else {
-        cache_limit.extract::<u64>().ok().filter(|&n| n > 0)
-    }
-    .ok_or_else(|| {
+    let limit = size(cache_limit).filter(|&n| n > 0).ok_or_else(|| {
         argument(
             "cache_limit",
             format!(

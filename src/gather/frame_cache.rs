@@ -34,6 +34,9 @@ pub(crate) struct FrameCache {
     /// in `data` and how many rows are cached (holding the segments keeps their addresses, which
     /// identify the snapshot when gatherers look for a cache to share).
     segments: Vec<(Arc<Segment>, usize, u64)>,
+    /// The segments holding cached rows, as (segment id, index in `segments`), by id: the
+    /// gather finds a slice's segment here for every slice, with a binary search.
+    cached: Vec<(u64, usize)>,
     frame_len: usize,
     /// Written by the fill only, before the cache is shared.
     data: memmap2::MmapMut,
@@ -207,10 +210,16 @@ impl FrameCache {
         jobs.into_par_iter().try_for_each(|(seg, e, row, dst)| {
             decode(seg, row, dst).map_err(|err| located(err, seg, e, &column.name))
         })?;
+        let mut cached: Vec<(u64, usize)> = (segments.iter().enumerate())
+            .filter(|(_, (_, _, rows))| *rows > 0)
+            .map(|(i, (s, ..))| (s.entry().id, i))
+            .collect();
+        cached.sort_unstable();
         Ok(Some(Self {
             column: column.name.clone(),
             budget,
             segments,
+            cached,
             frame_len: f,
             data,
             fill_s: t.elapsed().as_secs_f64(),
@@ -234,14 +243,15 @@ impl FrameCache {
     }
 
     /// The decoded frames of `seg`'s first rows that are held, row after row (empty if none).
+    /// `seg` is one of the snapshot's segments (ids are unique within a dataset).
     pub(super) fn rows(&self, seg: &Segment) -> &[u8] {
-        match self
-            .segments
-            .iter()
-            .find(|(s, ..)| std::ptr::eq(Arc::as_ptr(s), seg))
-        {
-            Some(&(_, at, rows)) => &self.data[at..at + rows as usize * self.frame_len],
-            None => &[],
+        let id = seg.entry().id;
+        match self.cached.binary_search_by_key(&id, |&(id, _)| id) {
+            Ok(i) => {
+                let (_, at, rows) = self.segments[self.cached[i].1];
+                &self.data[at..at + rows as usize * self.frame_len]
+            }
+            Err(_) => &[],
         }
     }
 

@@ -143,9 +143,9 @@ impl FrameStack {
     /// opened, in memory that the decoded frames fit (as raw frames do in TorchRL's storages).
     /// Gatherers of one snapshot with the same budget share one cache (in a mix, each dataset
     /// has its own, of this budget); a loader that follows new versions or streams from object
-    /// storage refuses one. Under uniform sampling the
-    /// share of frames served from memory is the share cached, whichever frames they are. A
-    /// frame that does not decode is an error when the gatherer is made.
+    /// storage refuses one. Under uniform sampling the share of frames served from memory is
+    /// the share cached, whichever frames they are. A frame that does not decode is an error
+    /// when the gatherer is made. 0 (the default) keeps none.
     pub fn with_cache(mut self, bytes: u64) -> Self {
         self.cache = bytes;
         self

@@ -142,7 +142,8 @@ impl SliceArgs {
                     .with_channels_last(self.channels_last)
                     .with_window(self.frame_window),
             ),
-            None => self.frame_cache.map(|_| trajstore::FrameStack::unstacked()),
+            // --frame-cache alone: one frame per step, [H, W], cached (0: no cache).
+            None => (self.frame_cache > Some(0)).then(trajstore::FrameStack::unstacked),
         }
         .map(|st| st.with_cache(self.frame_cache.unwrap_or(0))))
     }
